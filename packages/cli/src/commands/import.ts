@@ -1,0 +1,138 @@
+import { readFile, stat } from 'node:fs/promises';
+import { basename } from 'node:path';
+import {
+  findModelConfig,
+  KdtrWriter,
+  openTensors,
+  ShardedKdtrWriter,
+  type AnyTensorStore,
+} from '@kdtree/format';
+import { parseByteSize, type CommandSpec, type Parsed } from '../args.js';
+import { CliError, CliUsageError } from '../cli-error.js';
+import { CLI_VERSION, json, type CommandIO } from '../io.js';
+import { formatBytes, formatDuration } from '../output.js';
+
+export const importSpec: CommandSpec = {
+  name: 'import',
+  summary: 'Import safetensors files, a sharded checkpoint (model.safetensors.index.json) or a HuggingFace model directory into a KDTR bundle. Tensors keep their names, dtypes and bytes; config.json goes into the metadata.',
+  usage: 'kdtree import SRC... -o OUT.kdtr [--config config.json] [--shard-size 5GB] [--json] [--quiet]',
+  help: [
+    '-o, --output FILE     the bundle to write (with --shard-size: the index, e.g. model.kdtr.json)',
+    '--config FILE         model config.json to store (default: config.json of a model directory)',
+    '--shard-size SIZE     write a multi-file bundle, shards of at most SIZE (e.g. 5GB)',
+    '--json                print a JSON summary on stdout',
+    '-q, --quiet           no progress bar',
+  ],
+  options: {
+    output: { type: 'string', short: 'o' },
+    config: { type: 'string' },
+    'shard-size': { type: 'string' },
+    json: { type: 'boolean' },
+    quiet: { type: 'boolean', short: 'q' },
+  },
+  positionals: [1, Infinity],
+};
+
+export async function readJsonFile(path: string, what: string): Promise<Record<string, unknown>> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (error) {
+    throw new CliError(`${path}: cannot read ${what}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`);
+  }
+  try {
+    const value = JSON.parse(text);
+    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object');
+    return value;
+  } catch (error) {
+    throw new CliError(`${path}: ${what} is not a JSON object (${(error as Error).message})`);
+  }
+}
+
+/** Opens every source; on any failure closes what was opened. */
+export async function openSources(paths: string[]): Promise<AnyTensorStore[]> {
+  const stores: AnyTensorStore[] = [];
+  try {
+    for (const p of paths) {
+      await stat(p).catch(() => {
+        throw new CliError(`${p}: no such file or directory`);
+      });
+      stores.push(await openTensors(p));
+    }
+  } catch (error) {
+    await Promise.all(stores.map((s) => s.close()));
+    throw error;
+  }
+  return stores;
+}
+
+export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
+  const output = p.values.output as string | undefined;
+  if (!output) throw new CliUsageError('import: -o OUT.kdtr is required', 'import');
+  const shardSize = p.values['shard-size'] === undefined ? undefined : parseByteSize(p.values['shard-size'] as string, '--shard-size');
+  const stores = await openSources(p.positionals);
+  try {
+    let configPath = p.values.config as string | undefined;
+    if (configPath === undefined) {
+      for (const src of p.positionals) {
+        if ((await stat(src)).isDirectory() || basename(src).endsWith('.index.json')) {
+          configPath = await findModelConfig(src);
+          if (configPath) break;
+        }
+      }
+    }
+    const config = configPath === undefined ? undefined : await readJsonFile(configPath, 'model config');
+    const owner = new Map<string, string>();
+    for (const store of stores) {
+      for (const t of store.tensors) {
+        const first = owner.get(t.name);
+        if (first !== undefined) throw new CliError(`tensor '${t.name}' is in both ${first} and ${store.path}`);
+        owner.set(t.name, store.path);
+      }
+    }
+    const first = stores[0];
+    const metadata: Record<string, unknown> = {
+      provenance: {
+        tool: `kdtree import (@kdtree/cli ${CLI_VERSION})`,
+        created: new Date().toISOString(),
+        sources: stores.map((s) => ({ path: s.path, format: s.format, tensors: s.tensors.length, bytes: s.totalBytes })),
+      },
+    };
+    if (config !== undefined) metadata.config = config;
+    if (first.format === 'safetensors' || first.format === 'safetensors-index') metadata['safetensors.metadata'] = first.metadata;
+    const writer = shardSize === undefined ? await KdtrWriter.create(output, { metadata }) : await ShardedKdtrWriter.create(output, { metadata, maxShardBytes: shardSize });
+    const total = stores.reduce((s, st) => s + st.totalBytes, 0);
+    const bar = io.progress('import', total, { enabled: !p.values.quiet && !p.values.json });
+    const started = performance.now();
+    let done = 0;
+    let count = 0;
+    try {
+      for (const store of stores) {
+        for (const t of store.tensors) {
+          await writer.add({ name: t.name, dtype: t.dtype, shape: t.shape }, counted(store.chunks(t.name), (n) => bar.update((done += n), t.name)));
+          count++;
+        }
+      }
+      await writer.close();
+    } catch (error) {
+      await writer.abort();
+      throw error;
+    }
+    bar.finish();
+    const seconds = (performance.now() - started) / 1000;
+    const summary = { output, tensors: count, bytes: total, sources: stores.length, config: configPath ?? null, seconds: Number(seconds.toFixed(3)) };
+    if (p.values.json) io.out(json(summary));
+    else io.out(`imported ${count} tensors (${formatBytes(total)}) from ${stores.length} source(s) into ${output} in ${formatDuration(seconds)}${configPath ? `, config from ${configPath}` : ''}`);
+    return 0;
+  } finally {
+    await Promise.all(stores.map((s) => s.close()));
+  }
+}
+
+/** Passes chunks through, reporting each chunk's size. */
+export async function* counted(chunks: AsyncIterable<Uint8Array>, onBytes: (n: number) => void): AsyncGenerator<Uint8Array> {
+  for await (const chunk of chunks) {
+    yield chunk;
+    onBytes(chunk.byteLength);
+  }
+}

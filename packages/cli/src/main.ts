@@ -1,0 +1,84 @@
+import { FormatError } from '@kdtree/format';
+import { helpText, parseCommand, type CommandSpec, type Parsed } from './args.js';
+import { CliError } from './cli-error.js';
+import { demoSpec, runDemo } from './commands/demo.js';
+import { exportSpec, runExport } from './commands/export.js';
+import { importSpec, runImport } from './commands/import.js';
+import { inspectSpec, runInspect } from './commands/inspect.js';
+import { runVerify, verifySpec } from './commands/verify.js';
+import { CLI_VERSION, processIO, type CommandIO } from './io.js';
+
+interface Command {
+  spec: CommandSpec;
+  run(parsed: Parsed, io: CommandIO): Promise<number>;
+}
+
+export const COMMANDS: Command[] = [
+  { spec: demoSpec, run: runDemo },
+  { spec: importSpec, run: runImport },
+  { spec: exportSpec, run: runExport },
+  { spec: inspectSpec, run: runInspect },
+  { spec: verifySpec, run: runVerify },
+];
+
+function topHelp(): string {
+  const width = Math.max(...COMMANDS.map((c) => c.spec.name.length));
+  return [
+    `kdtree ${CLI_VERSION}: KDTR bundles, INT4 quantization and golden references for Kimi K2.x`,
+    '',
+    'usage: kdtree <command> [options]',
+    '',
+    'Commands:',
+    ...COMMANDS.map((c) => `  ${c.spec.name.padEnd(width)}  ${c.spec.summary.split('. ')[0].replace(/\.$/, '')}`),
+    '',
+    "Run 'kdtree <command> --help' for a command's options.",
+  ].join('\n');
+}
+
+/** Runs the CLI; returns the exit code. Every expected failure is one line on stderr. */
+export async function main(argv: string[], io: CommandIO = processIO({ quiet: argv.includes('--quiet') || argv.includes('-q') })): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
+    io.out(topHelp());
+    return name === undefined ? 2 : 0;
+  }
+  if (name === '--version' || name === '-v') {
+    io.out(CLI_VERSION);
+    return 0;
+  }
+  const command = COMMANDS.find((c) => c.spec.name === name);
+  try {
+    if (command === undefined) throw new CliError(`unknown command '${name}' (commands: ${COMMANDS.map((c) => c.spec.name).join(', ')})`, 2);
+    const parsed = parseCommand(command.spec, rest);
+    if (parsed.values.help) {
+      io.out(helpText(command.spec));
+      return 0;
+    }
+    return await command.run(parsed, io);
+  } catch (error) {
+    return reportError(error, io);
+  }
+}
+
+export function reportError(error: unknown, io: CommandIO): number {
+  if (error instanceof CliError) {
+    io.err(`kdtree: error: ${error.message}`);
+    return error.exitCode;
+  }
+  if (error instanceof FormatError) {
+    io.err(`kdtree: error: ${error.message}`);
+    return 1;
+  }
+  const errno = error as NodeJS.ErrnoException;
+  if (typeof errno?.code === 'string' && typeof errno.path === 'string') {
+    const what: Record<string, string> = { ENOENT: 'no such file or directory', EACCES: 'permission denied', EISDIR: 'is a directory', ENOSPC: 'no space left on device', ENOTDIR: 'not a directory', EEXIST: 'already exists' };
+    io.err(`kdtree: error: ${errno.path}: ${what[errno.code] ?? errno.message}`);
+    return 1;
+  }
+  if (error instanceof Error && 'kdtreeError' in error) {
+    io.err(`kdtree: error: ${error.message}`);
+    return 1;
+  }
+  io.err(`kdtree: internal error: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}`);
+  return 70;
+}

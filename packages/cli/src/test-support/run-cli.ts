@@ -1,0 +1,16 @@
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+
+const BIN = fileURLToPath(new URL('../../dist/bin.js', import.meta.url));
+
+export interface CliResult {
+  status: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs the built `kdtree` binary as a user would (a real process, real exit code). */
+export function runCli(args: string[], options: { cwd?: string; env?: NodeJS.ProcessEnv } = {}): CliResult {
+  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: 'utf8', cwd: options.cwd, env: { ...process.env, ...options.env }, maxBuffer: 64 << 20 });
+  return { status: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
+}
