@@ -1,10 +1,12 @@
 import { FormatError } from '@kdtree/format';
+import { QuantError } from '@kdtree/quant';
 import { helpText, parseCommand, type CommandSpec, type Parsed } from './args.js';
 import { CliError } from './cli-error.js';
 import { demoSpec, runDemo } from './commands/demo.js';
 import { exportSpec, runExport } from './commands/export.js';
 import { importSpec, runImport } from './commands/import.js';
 import { inspectSpec, runInspect } from './commands/inspect.js';
+import { quantizeSpec, runQuantize } from './commands/quantize.js';
 import { runVerify, verifySpec } from './commands/verify.js';
 import { CLI_VERSION, processIO, type CommandIO } from './io.js';
 
@@ -18,6 +20,7 @@ export const COMMANDS: Command[] = [
   { spec: importSpec, run: runImport },
   { spec: exportSpec, run: runExport },
   { spec: inspectSpec, run: runInspect },
+  { spec: quantizeSpec, run: runQuantize },
   { spec: verifySpec, run: runVerify },
 ];
 
@@ -65,7 +68,7 @@ export function reportError(error: unknown, io: CommandIO): number {
     io.err(`kdtree: error: ${error.message}`);
     return error.exitCode;
   }
-  if (error instanceof FormatError) {
+  if (error instanceof FormatError || error instanceof QuantError) {
     io.err(`kdtree: error: ${error.message}`);
     return 1;
   }
@@ -73,10 +76,6 @@ export function reportError(error: unknown, io: CommandIO): number {
   if (typeof errno?.code === 'string' && typeof errno.path === 'string') {
     const what: Record<string, string> = { ENOENT: 'no such file or directory', EACCES: 'permission denied', EISDIR: 'is a directory', ENOSPC: 'no space left on device', ENOTDIR: 'not a directory', EEXIST: 'already exists' };
     io.err(`kdtree: error: ${errno.path}: ${what[errno.code] ?? errno.message}`);
-    return 1;
-  }
-  if (error instanceof Error && 'kdtreeError' in error) {
-    io.err(`kdtree: error: ${error.message}`);
     return 1;
   }
   io.err(`kdtree: internal error: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}`);

@@ -9,7 +9,8 @@ export interface ProgressOptions {
 
 /**
  * A progress bar on stderr. On a terminal it redraws one line at most 10 times a second; in logs
- * (not a TTY) it prints a line every 10% or 10 seconds, so CI output stays short but alive.
+ * (not a TTY) it stays quiet for work that ends within 2 seconds, then prints a line every 10%
+ * or 10 seconds, so CI output stays short but alive.
  */
 export class Progress {
   private readonly start = performance.now();
@@ -20,6 +21,7 @@ export class Progress {
   private readonly enabled: boolean;
   private readonly unit: 'bytes' | 'items';
   private finished = false;
+  private logged = false;
 
   constructor(
     private readonly label: string,
@@ -40,9 +42,11 @@ export class Progress {
       if (now - this.lastDraw < 100 && done < this.total) return;
       this.lastDraw = now;
       this.stream.write(`\r${this.render(done, fraction, now, note)}\x1b[K`);
-    } else if (fraction - this.lastLoggedFraction >= 0.1 || now - this.lastDraw > 10_000) {
+    } else if (now - this.start > 2000 && (fraction - this.lastLoggedFraction >= 0.1 || now - this.lastDraw > 10_000)) {
+      // Logs: nothing for work that ends within 2 s, then a line per 10% or per 10 s.
       this.lastDraw = now;
       this.lastLoggedFraction = fraction;
+      this.logged = true;
       this.stream.write(`${this.render(done, fraction, now, note)}\n`);
     }
   }
@@ -51,7 +55,8 @@ export class Progress {
     if (!this.enabled || this.finished) return;
     this.finished = true;
     const line = this.render(this.total, 1, performance.now(), note);
-    this.stream.write(this.tty ? `\r${line}\x1b[K\n` : `${line}\n`);
+    if (this.tty) this.stream.write(`\r${line}\x1b[K\n`);
+    else if (this.logged) this.stream.write(`${line}\n`);
   }
 
   private render(done: number, fraction: number, now: number, note: string): string {

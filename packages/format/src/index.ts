@@ -44,6 +44,7 @@ export {
   findModelConfig,
   isSafetensorsPath,
   openSafetensors,
+  referenceSafetensorsOrder,
   writeSafetensors,
   type SafetensorsTensor,
 } from './safetensors.js';

@@ -227,6 +227,19 @@ async function openSafetensorsIndex(path: string, limit: number): Promise<Safete
   });
 }
 
+/** The reference library's dtype enum order (Rust `safetensors::Dtype`), ascending alignment. */
+const REFERENCE_DTYPE_ORDER: readonly Dtype[] = ['BOOL', 'U8', 'I8', 'F8_E5M2', 'F8_E4M3', 'I16', 'U16', 'F16', 'BF16', 'I32', 'U32', 'F32', 'F64', 'I64', 'U64'];
+
+/**
+ * Sorts tensors the way the reference library lays out a file it writes (`save_file`): by
+ * dtype, largest alignment first, then by name. Writing in this order reproduces its files.
+ */
+export function referenceSafetensorsOrder<T extends { name: string; dtype: Dtype }>(tensors: readonly T[]): T[] {
+  const rank = (d: Dtype) => REFERENCE_DTYPE_ORDER.indexOf(d);
+  const bytes = (s: string) => Buffer.from(s, 'utf8');
+  return [...tensors].sort((a, b) => rank(b.dtype) - rank(a.dtype) || Buffer.compare(bytes(a.name), bytes(b.name)));
+}
+
 export interface SafetensorsTensor {
   name: string;
   dtype: Dtype;

@@ -5,8 +5,11 @@ import {
   KdtrWriter,
   openTensors,
   ShardedKdtrWriter,
+  typedView,
   type AnyTensorStore,
+  type TensorInfo,
 } from '@kdtree/format';
+import { findCompressedTensorsConfig, planCompressedTensorsImport } from '@kdtree/quant';
 import { parseByteSize, type CommandSpec, type Parsed } from '../args.js';
 import { CliError, CliUsageError } from '../cli-error.js';
 import { CLI_VERSION, json, type CommandIO } from '../io.js';
@@ -14,7 +17,7 @@ import { formatBytes, formatDuration } from '../output.js';
 
 export const importSpec: CommandSpec = {
   name: 'import',
-  summary: 'Import safetensors files, a sharded checkpoint (model.safetensors.index.json) or a HuggingFace model directory into a KDTR bundle. Tensors keep their names, dtypes and bytes; config.json goes into the metadata.',
+  summary: 'Import safetensors files, a sharded checkpoint (model.safetensors.index.json) or a HuggingFace model directory into a KDTR bundle. Tensors keep their names, dtypes and bytes; config.json goes into the metadata. A compressed-tensors pack-quantized checkpoint (Kimi K2.x) keeps its packed codes and scales, renamed to <weight>.qw / <weight>.sc.',
   usage: 'kdtree import SRC... -o OUT.kdtr [--config config.json] [--shard-size 5GB] [--json] [--quiet]',
   help: [
     '-o, --output FILE     the bundle to write (with --shard-size: the index, e.g. model.kdtr.json)',
@@ -82,14 +85,20 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
       }
     }
     const config = configPath === undefined ? undefined : await readJsonFile(configPath, 'model config');
-    const owner = new Map<string, string>();
+    const owner = new Map<string, AnyTensorStore>();
     for (const store of stores) {
       for (const t of store.tensors) {
         const first = owner.get(t.name);
-        if (first !== undefined) throw new CliError(`tensor '${t.name}' is in both ${first} and ${store.path}`);
-        owner.set(t.name, store.path);
+        if (first !== undefined) throw new CliError(`tensor '${t.name}' is in both ${first.path} and ${store.path}`);
+        owner.set(t.name, store);
       }
     }
+    const all: TensorInfo[] = stores.flatMap((s) => [...s.tensors]);
+    // compressed-tensors checkpoints: rename packed parts, keep every byte (no dequantize/requantize).
+    const found = findCompressedTensorsConfig(config, configPath);
+    const plan = found
+      ? await planCompressedTensorsImport(all, found, async (name) => Array.from(typedView(owner.get(name)!.get(name).dtype, await owner.get(name)!.read(name)) as ArrayLike<number | bigint>, Number))
+      : { tensors: all.map((t) => ({ source: t.name, target: t.name })), quantization: undefined };
     const first = stores[0];
     const metadata: Record<string, unknown> = {
       provenance: {
@@ -100,18 +109,19 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
     };
     if (config !== undefined) metadata.config = config;
     if (first.format === 'safetensors' || first.format === 'safetensors-index') metadata['safetensors.metadata'] = first.metadata;
+    if (plan.quantization !== undefined) metadata.quantization = plan.quantization;
     const writer = shardSize === undefined ? await KdtrWriter.create(output, { metadata }) : await ShardedKdtrWriter.create(output, { metadata, maxShardBytes: shardSize });
-    const total = stores.reduce((s, st) => s + st.totalBytes, 0);
+    const total = plan.tensors.reduce((sum, e) => sum + owner.get(e.source)!.get(e.source).size, 0);
     const bar = io.progress('import', total, { enabled: !p.values.quiet && !p.values.json });
     const started = performance.now();
     let done = 0;
     let count = 0;
     try {
-      for (const store of stores) {
-        for (const t of store.tensors) {
-          await writer.add({ name: t.name, dtype: t.dtype, shape: t.shape }, counted(store.chunks(t.name), (n) => bar.update((done += n), t.name)));
-          count++;
-        }
+      for (const entry of plan.tensors) {
+        const store = owner.get(entry.source)!;
+        const t = store.get(entry.source);
+        await writer.add({ name: entry.target, dtype: t.dtype, shape: t.shape }, counted(store.chunks(t.name), (n) => bar.update((done += n), t.name)));
+        count++;
       }
       await writer.close();
     } catch (error) {
@@ -120,9 +130,10 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
     }
     bar.finish();
     const seconds = (performance.now() - started) / 1000;
-    const summary = { output, tensors: count, bytes: total, sources: stores.length, config: configPath ?? null, seconds: Number(seconds.toFixed(3)) };
+    const quantized = plan.quantization ? Object.keys(plan.quantization.tensors).length : 0;
+    const summary = { output, tensors: count, bytes: total, sources: stores.length, config: configPath ?? null, int4_weights: quantized, seconds: Number(seconds.toFixed(3)) };
     if (p.values.json) io.out(json(summary));
-    else io.out(`imported ${count} tensors (${formatBytes(total)}) from ${stores.length} source(s) into ${output} in ${formatDuration(seconds)}${configPath ? `, config from ${configPath}` : ''}`);
+    else io.out(`imported ${count} tensors (${formatBytes(total)}) from ${stores.length} source(s) into ${output} in ${formatDuration(seconds)}${configPath ? `, config from ${configPath}` : ''}${quantized ? `; ${quantized} INT4 weights kept packed (compressed-tensors)` : ''}`);
     return 0;
   } finally {
     await Promise.all(stores.map((s) => s.close()));
