@@ -68,28 +68,28 @@ function u32ViewOf(values: Float32Array): Uint32Array {
 }
 
 /** Float32Array -> bf16 bits. */
-export function f32ArrayToBf16(values: Float32Array, out = new Uint16Array(values.length)): Uint16Array {
+export function f32ArrayToBf16(values: Float32Array, out: Uint16Array = new Uint16Array(values.length)): Uint16Array {
   const bits = u32ViewOf(values);
   for (let i = 0; i < bits.length; i++) out[i] = bf16FromBits(bits[i]);
   return out;
 }
 
 /** bf16 bits -> Float32Array (exact). */
-export function bf16ArrayToF32(bits: Uint16Array, out = new Float32Array(bits.length)): Float32Array {
+export function bf16ArrayToF32(bits: Uint16Array, out: Float32Array = new Float32Array(bits.length)): Float32Array {
   const outBits = u32ViewOf(out);
   for (let i = 0; i < bits.length; i++) outBits[i] = bits[i] << 16;
   return out;
 }
 
 /** Float32Array -> f16 bits. */
-export function f32ArrayToF16(values: Float32Array, out = new Uint16Array(values.length)): Uint16Array {
+export function f32ArrayToF16(values: Float32Array, out: Uint16Array = new Uint16Array(values.length)): Uint16Array {
   const bits = u32ViewOf(values);
   for (let i = 0; i < bits.length; i++) out[i] = f16FromBits(bits[i]);
   return out;
 }
 
 /** f16 bits -> Float32Array (exact). */
-export function f16ArrayToF32(bits: Uint16Array, out = new Float32Array(bits.length)): Float32Array {
+export function f16ArrayToF32(bits: Uint16Array, out: Float32Array = new Float32Array(bits.length)): Float32Array {
   for (let i = 0; i < bits.length; i++) out[i] = f16ToF32(bits[i]);
   return out;
 }

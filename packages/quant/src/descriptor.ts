@@ -95,17 +95,22 @@ export async function readInt4(store: TensorStore, name: string, d: Int4Descript
   return { rows: d.shape[0], cols: d.shape[1], groupSize: d.group_size, scaleDtype: d.scale_dtype, packed, scales };
 }
 
-/** Any float tensor widened to f32 (F64 narrowed). */
-export function floatToF32(dtype: Dtype, bytes: Uint8Array, name: string): Float32Array {
+/** Any float tensor widened to f32 (F64 narrowed), into `out` when given. */
+export function floatToF32(dtype: Dtype, bytes: Uint8Array, name: string, out?: Float32Array): Float32Array {
   switch (dtype) {
     case 'F32':
-      return typedView('F32', bytes);
+      if (out === undefined) return typedView('F32', bytes);
+      out.set(typedView('F32', bytes));
+      return out;
     case 'BF16':
-      return bf16ArrayToF32(typedView('BF16', bytes));
+      return bf16ArrayToF32(typedView('BF16', bytes), out);
     case 'F16':
-      return f16ArrayToF32(typedView('F16', bytes));
-    case 'F64':
-      return Float32Array.from(typedView('F64', bytes));
+      return f16ArrayToF32(typedView('F16', bytes), out);
+    case 'F64': {
+      const target = out ?? new Float32Array(bytes.byteLength / 8);
+      target.set(typedView('F64', bytes));
+      return target;
+    }
     default:
       throw new QuantShapeMismatchError(`is ${dtype}, not a float tensor`, { tensor: name });
   }

@@ -8,6 +8,8 @@ export {
   groupScale,
   packInt4,
   quantizeInt4,
+  quantizeRowsInto,
+  resolveQuantizeOptions,
   roundHalfEven,
   RULES,
   SCALE_RULES,
@@ -19,9 +21,11 @@ export {
   type GroupSize,
   type Int4Matrix,
   type QuantizeOptions,
+  type ResolvedQuantizeOptions,
   type ScaleDtype,
   type ScaleRule,
 } from './int4.js';
+export { quantizeInt4Parallel } from './int4-parallel.js';
 export {
   checkGroupSize,
   isLinearModule,

@@ -85,6 +85,14 @@ export function checkInt4Shape(rows: number, cols: number, groupSize: number, na
   }
 }
 
+const RNE_MAGIC = 6755399441055744; // 1.5 * 2^52
+
+function nonFinite(weights: Float32Array, base: number, end: number, cols: number, name: string): NonFiniteWeightError {
+  let i = base;
+  while (i < end && Number.isFinite(weights[i])) i++;
+  return new NonFiniteWeightError(`weight [${Math.floor(i / cols)}, ${i % cols}] is ${weights[i]}; quantization needs finite weights`, { tensor: name });
+}
+
 /** Round half to even, as torch.round and numpy.rint. */
 export function roundHalfEven(x: number): number {
   const r = Math.round(x);
@@ -111,72 +119,99 @@ export function groupScale(absmax: number, rule: ScaleRule, scaleDtype: ScaleDty
  * NonFiniteWeightError naming the row and column of the first NaN/Inf.
  */
 export function quantizeInt4(weights: Float32Array, rows: number, cols: number, options: QuantizeOptions = {}, stats?: ErrorStats): Int4Matrix {
-  const groupSize = options.groupSize ?? 32;
-  const rule = options.rule ?? 'minmax';
-  const scaleDtype = options.scaleDtype ?? 'BF16';
-  const name = options.name ?? 'tensor';
-  checkInt4Shape(rows, cols, groupSize, name);
-  if (weights.length !== rows * cols) {
-    throw new QuantShapeMismatchError(`has ${weights.length} values, shape [${rows}, ${cols}] needs ${rows * cols}`, { tensor: name });
-  }
-  const { divisor, qmin, qmax } = RULES[rule];
-  const groups = cols / groupSize;
+  const q = resolveQuantizeOptions(weights, rows, cols, options);
   const packed = new Int32Array((rows * cols) / 8);
-  const scales = scaleDtype === 'BF16' ? new Uint16Array(rows * groups) : new Float32Array(rows * groups);
-  const zeroScale = groupScale(0, rule, scaleDtype);
+  const scales = q.scaleDtype === 'BF16' ? new Uint16Array((rows * cols) / q.groupSize) : new Float32Array((rows * cols) / q.groupSize);
+  quantizeRowsInto(weights, 0, rows, cols, q, packed, scales, stats);
+  return { rows, cols, groupSize: q.groupSize, scaleDtype: q.scaleDtype, packed, scales };
+}
+
+export interface ResolvedQuantizeOptions {
+  groupSize: number;
+  rule: ScaleRule;
+  scaleDtype: ScaleDtype;
+  name: string;
+}
+
+/** Defaults filled in and every argument checked (shape, group, length) before any work. */
+export function resolveQuantizeOptions(weights: Float32Array, rows: number, cols: number, options: QuantizeOptions): ResolvedQuantizeOptions {
+  const resolved = { groupSize: options.groupSize ?? 32, rule: options.rule ?? 'minmax', scaleDtype: options.scaleDtype ?? 'BF16', name: options.name ?? 'tensor' } as const;
+  checkInt4Shape(rows, cols, resolved.groupSize, resolved.name);
+  if (weights.length !== rows * cols) {
+    throw new QuantShapeMismatchError(`has ${weights.length} values, shape [${rows}, ${cols}] needs ${rows * cols}`, { tensor: resolved.name });
+  }
+  return resolved;
+}
+
+/**
+ * The quantization loop over rows [rowStart, rowEnd): writes their packed words and scales into
+ * the full-size `packed` and `scales`. Independent per row, so threads can split the rows.
+ */
+export function quantizeRowsInto(
+  weights: Float32Array,
+  rowStart: number,
+  rowEnd: number,
+  cols: number,
+  options: ResolvedQuantizeOptions,
+  packed: Int32Array,
+  scales: Uint16Array | Float32Array,
+  stats?: ErrorStats,
+): void {
+  const { groupSize, rule, scaleDtype, name } = options;
+  const { divisor, qmin, qmax } = RULES[rule];
+  const zero = groupScale(0, rule, scaleDtype);
+  const bf16 = scaleDtype === 'BF16';
+  const first = rowStart * cols;
+  const total = rowEnd * cols;
   let maxErr = 0;
   let sumErr = 0;
-  for (let r = 0; r < rows; r++) {
-    for (let g = 0; g < groups; g++) {
-      const base = r * cols + g * groupSize;
-      let absmax = 0;
-      for (let i = 0; i < groupSize; i++) {
-        const a = Math.abs(weights[base + i]);
-        if (!(a <= MAX_F32)) {
-          throw new NonFiniteWeightError(`weight [${r}, ${g * groupSize + i}] is ${weights[base + i]}; quantization needs finite weights`, { tensor: name });
-        }
-        if (a > absmax) absmax = a;
-      }
-      let stored: number;
-      let s: number;
-      if (absmax === 0) {
-        ({ stored, value: s } = zeroScale);
+  for (let base = first, g = first / groupSize; base < total; base += groupSize, g++) {
+    const end = base + groupSize;
+    let absmax = 0;
+    // Math.max propagates NaN, so one check after the loop catches NaN and +-Inf.
+    for (let i = base; i < end; i++) absmax = Math.max(absmax, Math.abs(weights[i]));
+    if (!(absmax <= MAX_F32)) throw nonFinite(weights, base, end, cols, name);
+    let stored: number;
+    let s: number;
+    if (absmax === 0) {
+      stored = zero.stored;
+      s = zero.value;
+    } else {
+      const raw = Math.max(Math.fround(absmax / divisor), F32_EPS);
+      if (bf16) {
+        stored = f32ToBf16(raw);
+        s = bf16ToF32(stored);
       } else {
-        const raw = Math.max(Math.fround(absmax / divisor), F32_EPS);
-        if (scaleDtype === 'BF16') {
-          stored = f32ToBf16(raw);
-          s = bf16ToF32(stored);
-        } else {
-          stored = raw;
-          s = raw;
-        }
+        stored = raw;
+        s = raw;
       }
-      scales[r * groups + g] = stored;
-      let word = base / 8;
-      for (let j = 0; j < groupSize; j += 8, word++) {
-        let bits = 0;
-        for (let i = 0; i < 8; i++) {
-          const w = weights[base + j + i];
-          let q = roundHalfEven(Math.fround(w / s));
-          if (q < qmin) q = qmin;
-          else if (q > qmax) q = qmax;
-          bits |= (q + 8) << (4 * i);
-          if (stats) {
-            const err = Math.abs(w - Math.fround(q * s));
-            if (err > maxErr) maxErr = err;
-            sumErr += err;
-          }
-        }
-        packed[word] = bits;
+    }
+    scales[g] = stored;
+    for (let j = base; j < end; j += 8) {
+      let bits = 0;
+      for (let i = 0; i < 8; i++) {
+        // fl32(w / s), then round half to even: adding and subtracting 1.5 * 2^52 rounds a double
+        // to an integer in the FPU's round-to-nearest-even mode (|x| is far below 2^51 here).
+        let q = Math.fround(weights[j + i] / s) + RNE_MAGIC - RNE_MAGIC;
+        q = q < qmin ? qmin : q > qmax ? qmax : q;
+        bits |= (q + 8) << (4 * i);
+      }
+      packed[j / 8] = bits;
+    }
+    if (stats) {
+      for (let i = base; i < end; i++) {
+        const q = ((packed[(i / 8) | 0] >>> (4 * (i & 7))) & 0xf) - 8;
+        const err = Math.abs(weights[i] - Math.fround(q * s));
+        if (err > maxErr) maxErr = err;
+        sumErr += err;
       }
     }
   }
   if (stats) {
     stats.maxAbsError = Math.max(stats.maxAbsError, maxErr);
     stats.sumAbsError += sumErr;
-    stats.count += rows * cols;
+    stats.count += (rowEnd - rowStart) * cols;
   }
-  return { rows, cols, groupSize, scaleDtype, packed, scales };
 }
 
 /** Packs codes q in [-8, 7] (row-major [rows, cols]) into int32 words [rows, cols/8]. */

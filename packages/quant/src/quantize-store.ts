@@ -6,7 +6,8 @@
 import type { KdtrWriter, ShardedKdtrWriter, TensorStore } from '@kdtree/format';
 import { QuantShapeMismatchError } from './errors.js';
 import { floatToF32, newQuantizationMetadata, qwName, scName, validateQuantizedStore, type QuantizationMetadata } from './descriptor.js';
-import { quantizeInt4, type ErrorStats, type ScaleDtype, type ScaleRule } from './int4.js';
+import { type ErrorStats, type ScaleDtype, type ScaleRule } from './int4.js';
+import { quantizeInt4Parallel } from './int4-parallel.js';
 import { selectTensors, type SelectionRules } from './rules.js';
 
 export interface QuantizeStoreOptions {
@@ -76,11 +77,12 @@ export async function quantizeStore(input: TensorStore, writer: KdtrWriter | Sha
       throw new QuantShapeMismatchError(`is ${t.dtype}; only float weights (F32, BF16, F16, F64) can be quantized`, { tensor: t.name, file: t.file });
     }
     const [rows, cols] = t.shape;
-    const weights = floatToF32(t.dtype, await input.read(t.name), t.name);
+    // f32 weights straight into shared memory, so the quantizer's threads need no copy
+    const weights = floatToF32(t.dtype, await input.read(t.name), t.name, new Float32Array(new SharedArrayBuffer(rows * cols * 4)));
     const cls = tensorClass(t.name);
     const s = stats.get(cls) ?? { maxAbsError: 0, sumAbsError: 0, count: 0, tensors: 0 };
     stats.set(cls, s);
-    const m = quantizeInt4(weights, rows, cols, { groupSize, rule, scaleDtype, name: t.name }, s);
+    const m = await quantizeInt4Parallel(weights, rows, cols, { groupSize, rule, scaleDtype, name: t.name }, s);
     s.tensors++;
     await writer.add({ name: qwName(t.name), dtype: 'I32', shape: [rows, cols / 8] }, m.packed);
     await writer.add({ name: scName(t.name), dtype: scaleDtype, shape: [rows, cols / groupSize] }, m.scales);
