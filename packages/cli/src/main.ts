@@ -1,9 +1,12 @@
 import { FormatError } from '@kdtree/format';
 import { QuantError } from '@kdtree/quant';
+import { ReferenceError } from '@kdtree/reference';
 import { helpText, parseCommand, type CommandSpec, type Parsed } from './args.js';
 import { CliError } from './cli-error.js';
 import { demoSpec, runDemo } from './commands/demo.js';
 import { exportSpec, runExport } from './commands/export.js';
+import { genModelSpec, runGenModel } from './commands/gen-model.js';
+import { goldenSpec, runGolden } from './commands/golden.js';
 import { importSpec, runImport } from './commands/import.js';
 import { inspectSpec, runInspect } from './commands/inspect.js';
 import { quantizeSpec, runQuantize } from './commands/quantize.js';
@@ -21,6 +24,8 @@ export const COMMANDS: Command[] = [
   { spec: exportSpec, run: runExport },
   { spec: inspectSpec, run: runInspect },
   { spec: quantizeSpec, run: runQuantize },
+  { spec: genModelSpec, run: runGenModel },
+  { spec: goldenSpec, run: runGolden },
   { spec: verifySpec, run: runVerify },
 ];
 
@@ -68,7 +73,7 @@ export function reportError(error: unknown, io: CommandIO): number {
     io.err(`kdtree: error: ${error.message}`);
     return error.exitCode;
   }
-  if (error instanceof FormatError || error instanceof QuantError) {
+  if (error instanceof FormatError || error instanceof QuantError || error instanceof ReferenceError) {
     io.err(`kdtree: error: ${error.message}`);
     return 1;
   }

@@ -215,3 +215,20 @@ export function withQuantizationConfig(modelConfig: Record<string, unknown> | un
   }
   return config;
 }
+
+/**
+ * Descriptors that read a compressed-tensors checkpoint in place (no import): each quantized
+ * weight points at its `weight_packed` / `weight_scale` tensors under their original names.
+ */
+export async function describeCompressedTensors(
+  tensors: readonly TensorInfo[],
+  found: FoundQuantizationConfig,
+  readShape: (name: string) => Promise<number[]>,
+): Promise<QuantizationMetadata> {
+  const { quantization } = await planCompressedTensorsImport(tensors, found, readShape);
+  for (const [weight, d] of Object.entries(quantization.tensors)) {
+    const module = weight.slice(0, -'.weight'.length);
+    quantization.tensors[weight] = { ...d, qw: module + PACKED, sc: module + SCALE };
+  }
+  return quantization;
+}

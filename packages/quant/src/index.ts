@@ -55,6 +55,7 @@ export {
   type QuantizationMetadata,
 } from './descriptor.js';
 export {
+  describeCompressedTensors,
   findCompressedTensorsConfig,
   planCompressedTensorsExport,
   planCompressedTensorsImport,

@@ -1,0 +1,42 @@
+export * from './errors.js';
+export { isMoeLayer, MLA_NORM_EPS, parseModelConfig, qkHeadDim, type ModelConfig, type RopeConfig } from './config.js';
+export { applyRope, ropeTables, softmaxScale, type RopeTables } from './rope.js';
+export { argmax, matmulT, rmsNorm, sigmoid, silu, top2Margin } from './tensor-ops.js';
+export { route, type Routing } from './router.js';
+export { LatentKvCache, type LatentLayerCache } from './kv-cache.js';
+export { loadWeights, storeWeightSource, weightSpecs, type Linear, type MlpWeights, type ModelWeights, type WeightSource, type WeightSpec } from './weights.js';
+export { mlp, ReferenceModel, type ForwardOptions } from './model.js';
+export { greedyDecode, teacherForcedLogits, type GreedyOptions, type GreedyResult } from './generate.js';
+export { loadModel, type LoadedModel } from './load.js';
+export {
+  acceptTree,
+  buildDraftTree,
+  commitPath,
+  ddtreeDecode,
+  modelDrafter,
+  topKLogProbs,
+  treeMask,
+  treePositions,
+  verifyTree,
+  type Acceptance,
+  type DdtreeOptions,
+  type DdtreeResult,
+  type DraftTree,
+  type Drafter,
+} from './ddtree.js';
+export {
+  checkQuantizable,
+  GOLDEN_MAX_NEW,
+  GOLDEN_PROMPT,
+  MODEL_PRESET_NAMES,
+  MODEL_PRESETS,
+  modelFromWeights,
+  perturbWeights,
+  presetConfigJson,
+  randomWeights,
+  SeededRandom,
+  writeSyntheticModel,
+  type GoldenRecord,
+  type ModelPreset,
+  type SyntheticModelOptions,
+} from './synthetic.js';

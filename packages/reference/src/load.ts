@@ -1,0 +1,56 @@
+/**
+ * Opening a model for the reference: a KDTR bundle (config in its metadata), a HuggingFace
+ * directory (config.json + safetensors), or a safetensors file / index with a config.json beside it.
+ */
+import { readFile, stat } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { openTensors, typedView, type AnyTensorStore } from '@kdtree/format';
+import { describeCompressedTensors, findCompressedTensorsConfig, readQuantizationMetadata } from '@kdtree/quant';
+import { parseModelConfig, type ModelConfig } from './config.js';
+import { ConfigError } from './errors.js';
+import { ReferenceModel } from './model.js';
+import { loadWeights, storeWeightSource } from './weights.js';
+
+export interface LoadedModel {
+  model: ReferenceModel;
+  config: ModelConfig;
+  /** The bundle's metadata (KDTR) or {} (safetensors). */
+  metadata: Record<string, unknown>;
+  path: string;
+}
+
+async function configFor(store: AnyTensorStore, path: string, configPath?: string): Promise<{ json: unknown; source: string }> {
+  if (configPath !== undefined) return { json: JSON.parse(await readFile(configPath, 'utf8')), source: configPath };
+  const meta = store.metadata as Record<string, unknown>;
+  if (store.format.startsWith('kdtr')) {
+    if (meta.config === undefined) throw new ConfigError('the bundle has no model config in its metadata (import it with --config config.json)', 'metadata.config', path);
+    return { json: meta.config, source: `${path} (metadata.config)` };
+  }
+  const dir = (await stat(path)).isDirectory() ? path : dirname(path);
+  const candidate = join(dir, 'config.json');
+  let text: string;
+  try {
+    text = await readFile(candidate, 'utf8');
+  } catch {
+    throw new ConfigError(`no config.json next to the checkpoint (looked for ${candidate}; pass one explicitly)`, 'config.json', path);
+  }
+  return { json: JSON.parse(text), source: candidate };
+}
+
+/** Loads a whole model into memory (f32; INT4 weights dequantized). */
+export async function loadModel(path: string, options: { config?: string } = {}): Promise<LoadedModel> {
+  const store = await openTensors(path);
+  try {
+    const { json, source } = await configFor(store, path, options.config);
+    const config = parseModelConfig(json, source);
+    // A compressed-tensors checkpoint read in place: its INT4 weights are dequantized on load.
+    const found = readQuantizationMetadata(store) === undefined ? findCompressedTensorsConfig(json as Record<string, unknown>, source) : undefined;
+    const quantization = found
+      ? await describeCompressedTensors(store.tensors, found, async (name) => Array.from(typedView(store.get(name).dtype, await store.read(name)) as ArrayLike<number | bigint>, Number))
+      : undefined;
+    const weights = await loadWeights(config, storeWeightSource(store, config, quantization));
+    return { model: new ReferenceModel(config, weights), config, metadata: store.metadata as Record<string, unknown>, path };
+  } finally {
+    await store.close();
+  }
+}

@@ -1,0 +1,58 @@
+import { join } from 'node:path';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { afterAll, describe, expect, it } from 'vitest';
+import { openBundle } from '@kdtree/format';
+import { GroupShapeError } from '@kdtree/quant';
+import { parseModelConfig } from './config.js';
+import { greedyDecode, teacherForcedLogits } from './generate.js';
+import { loadModel } from './load.js';
+import { checkQuantizable, GOLDEN_PROMPT, presetConfigJson, randomWeights, SeededRandom, writeSyntheticModel } from './synthetic.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'kdtree-synth-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+describe('synthetic models', () => {
+  it('are reproducible from a seed, with integer-only randomness', () => {
+    const a = new SeededRandom(42);
+    const b = new SeededRandom(42);
+    const xs = Array.from({ length: 5 }, () => a.normal());
+    expect(Array.from({ length: 5 }, () => b.normal())).toEqual(xs);
+    const config = parseModelConfig(presetConfigJson('tiny'));
+    expect(Array.from(randomWeights(config, 7).get('lm_head.weight')!.subarray(0, 4))).toEqual(Array.from(randomWeights(config, 7).get('lm_head.weight')!.subarray(0, 4)));
+  });
+
+  it('write a bundle whose golden tokens and logits the reference reproduces', async () => {
+    const path = join(dir, 'tiny.kdtr');
+    const golden = await writeSyntheticModel(path, { preset: 'tiny', seed: 1 }, 'test');
+    expect(golden.tokens).toHaveLength(golden.max_new);
+    const { model, metadata } = await loadModel(path);
+    expect(metadata.golden).toEqual(golden);
+    expect(greedyDecode(model, GOLDEN_PROMPT, { maxNew: golden.max_new, eos: [] }).tokens).toEqual(golden.tokens);
+    const b = await openBundle(path);
+    expect((await b.verify()).ok).toBe(true);
+    const stored = (await b.readTyped('golden.logits', 'F32')) as Float32Array;
+    await b.close();
+    const ours = teacherForcedLogits(model, [...GOLDEN_PROMPT, ...golden.tokens]);
+    expect(Buffer.from(stored.buffer).equals(Buffer.from(ours.buffer))).toBe(true);
+  });
+
+  it('INT4 bundles record the golden of the dequantized weights and the float golden', async () => {
+    const path = join(dir, 'tiny-int4.kdtr');
+    const golden = await writeSyntheticModel(path, { preset: 'tiny', seed: 1, quant: 'seed' }, 'test');
+    expect(golden.float_tokens).toHaveLength(golden.max_new);
+    expect(golden.computed_on).toMatch(/dequantized INT4/);
+    const b = await openBundle(path);
+    expect(b.has('model.layers.0.mlp.gate_proj.weight.qw')).toBe(true); // seed: dense MLP too
+    expect(b.has('model.layers.1.self_attn.q_a_proj.weight')).toBe(true); // attention stays bf16
+    await b.close();
+    const { model } = await loadModel(path);
+    expect(greedyDecode(model, GOLDEN_PROMPT, { maxNew: golden.max_new, eos: [] }).tokens).toEqual(golden.tokens);
+  });
+
+  it('refuse to quantize dimensions that do not divide into groups, naming the tensor', () => {
+    const config = parseModelConfig({ ...presetConfigJson('tiny'), moe_intermediate_size: 40 });
+    expect(() => checkQuantizable(config, 'kimi-k2')).toThrow(GroupShapeError);
+    expect(() => checkQuantizable(config, 'kimi-k2')).toThrow(/model\.layers\.1\.mlp\.experts\.0\.down_proj\.weight.*K = 40/);
+  });
+});
