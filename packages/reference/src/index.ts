@@ -5,7 +5,7 @@ export { argmax, matmulT, rmsNorm, sigmoid, silu, top2Margin } from './tensor-op
 export { route, type Routing } from './router.js';
 export { LatentKvCache, type LatentLayerCache } from './kv-cache.js';
 export { loadWeights, storeWeightSource, weightSpecs, type Linear, type MlpWeights, type ModelWeights, type WeightSource, type WeightSpec } from './weights.js';
-export { mlp, ReferenceModel, type ForwardOptions } from './model.js';
+export { latentAttention, mlp, ReferenceModel, type ForwardOptions, type LatentAttentionArgs } from './model.js';
 export { greedyDecode, teacherForcedLogits, type GreedyOptions, type GreedyResult } from './generate.js';
 export { loadModel, type LoadedModel } from './load.js';
 export {

@@ -100,50 +100,7 @@ export class ReferenceModel {
       applyRope(lc.kpe, slot * rd, positions[t], this.rope, c.ropeInterleave);
       for (let head = 0; head < nh; head++) applyRope(q, t * nh * qd + head * qd + nope, positions[t], this.rope, c.ropeInterleave);
     }
-    const kvB = w.kvB.w; // [heads * (nope + v), R]
-    const out = new Float32Array(T * nh * vd);
-    const qLatent = new Float64Array(R);
-    const context = new Float64Array(R);
-    for (let t = 0; t < T; t++) {
-      // keys this token sees: every committed slot, then the new tokens it may attend to
-      const keys: number[] = [];
-      for (let s = 0; s < base; s++) keys.push(s);
-      for (let j = 0; j < T; j++) if (attends ? attends(t, j) : j <= t) keys.push(base + j);
-      const scores = new Float64Array(keys.length);
-      for (let head = 0; head < nh; head++) {
-        const qo = t * nh * qd + head * qd;
-        const kb = head * (nope + vd) * R; // W_kb rows of this head: [nope, R]
-        qLatent.fill(0);
-        for (let n = 0; n < nope; n++) {
-          const qn = q[qo + n];
-          const row = kb + n * R;
-          for (let r = 0; r < R; r++) qLatent[r] += qn * kvB[row + r];
-        }
-        let max = -Infinity;
-        for (let k = 0; k < keys.length; k++) {
-          const s = keys[k];
-          let dot = 0;
-          for (let r = 0; r < R; r++) dot += qLatent[r] * lc.c[s * R + r];
-          for (let i = 0; i < rd; i++) dot += q[qo + nope + i] * lc.kpe[s * rd + i];
-          scores[k] = dot * this.scale;
-          if (scores[k] > max) max = scores[k];
-        }
-        let sum = 0;
-        for (let k = 0; k < keys.length; k++) sum += scores[k] = Math.exp(scores[k] - max);
-        context.fill(0);
-        for (let k = 0; k < keys.length; k++) {
-          const p = scores[k] / sum;
-          const s = keys[k];
-          for (let r = 0; r < R; r++) context[r] += p * lc.c[s * R + r];
-        }
-        const vb = kb + nope * R; // W_vb rows of this head: [v, R]
-        for (let v = 0; v < vd; v++) {
-          let acc = 0;
-          for (let r = 0; r < R; r++) acc += kvB[vb + v * R + r] * context[r];
-          out[t * nh * vd + head * vd + v] = acc;
-        }
-      }
-    }
+    const out = latentAttention({ q, kvB: w.kvB.w, cacheC: lc.c, cacheKpe: lc.kpe, base, tokens: T, heads: nh, nope, rope: rd, v: vd, rank: R, scale: this.scale, attends });
     return matmulT(out, T, nh * vd, w.o.w, w.o.out);
   }
 
@@ -169,6 +126,78 @@ export class ReferenceModel {
     }
     return out;
   }
+}
+
+export interface LatentAttentionArgs {
+  /** [T, heads, nope + rope], RoPE already applied to the rope part */
+  q: Float32Array;
+  /** kv_b_proj.weight [heads * (nope + v), rank]: per head W_kb (nope rows) then W_vb (v rows) */
+  kvB: Float32Array;
+  /** latent cache [slots, rank] and RoPE'd shared keys [slots, rope]; the T new tokens at [base, base + T) */
+  cacheC: Float32Array;
+  cacheKpe: Float32Array;
+  base: number;
+  tokens: number;
+  heads: number;
+  nope: number;
+  rope: number;
+  v: number;
+  rank: number;
+  scale: number;
+  attends?: (i: number, j: number) => boolean;
+}
+
+/**
+ * MLA attention in the absorbed form over the latent cache; returns [T, heads * v]. Each new
+ * token attends to the committed slots [0, base) and to the new tokens `attends` allows (causal
+ * by default), in slot order.
+ */
+export function latentAttention(a: LatentAttentionArgs): Float32Array {
+  const { q, kvB, cacheC, cacheKpe, base, tokens: T, heads: nh, nope, rope: rd, v: vd, rank: R, scale, attends } = a;
+  const qd = nope + rd;
+  const out = new Float32Array(T * nh * vd);
+  const qLatent = new Float64Array(R);
+  const context = new Float64Array(R);
+  for (let t = 0; t < T; t++) {
+    const keys: number[] = [];
+    for (let s = 0; s < base; s++) keys.push(s);
+    for (let j = 0; j < T; j++) if (attends ? attends(t, j) : j <= t) keys.push(base + j);
+    const scores = new Float64Array(keys.length);
+    for (let head = 0; head < nh; head++) {
+      const qo = t * nh * qd + head * qd;
+      const kb = head * (nope + vd) * R; // W_kb rows of this head: [nope, R]
+      qLatent.fill(0);
+      for (let n = 0; n < nope; n++) {
+        const qn = q[qo + n];
+        const row = kb + n * R;
+        for (let r = 0; r < R; r++) qLatent[r] += qn * kvB[row + r];
+      }
+      let max = -Infinity;
+      for (let k = 0; k < keys.length; k++) {
+        const s = keys[k];
+        let dot = 0;
+        for (let r = 0; r < R; r++) dot += qLatent[r] * cacheC[s * R + r];
+        for (let i = 0; i < rd; i++) dot += q[qo + nope + i] * cacheKpe[s * rd + i];
+        scores[k] = dot * scale;
+        if (scores[k] > max) max = scores[k];
+      }
+      let sum = 0;
+      for (let k = 0; k < keys.length; k++) sum += scores[k] = Math.exp(scores[k] - max);
+      context.fill(0);
+      for (let k = 0; k < keys.length; k++) {
+        const p = scores[k] / sum;
+        const s = keys[k];
+        for (let r = 0; r < R; r++) context[r] += p * cacheC[s * R + r];
+      }
+      const vb = kb + nope * R; // W_vb rows of this head: [v, R]
+      for (let v = 0; v < vd; v++) {
+        let acc = 0;
+        for (let r = 0; r < R; r++) acc += kvB[vb + v * R + r] * context[r];
+        out[t * nh * vd + head * vd + v] = acc;
+      }
+    }
+  }
+  return out;
 }
 
 /** down(silu(gate(x)) * up(x)) */

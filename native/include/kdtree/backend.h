@@ -1,0 +1,81 @@
+// A backend owns memory and runs ops: `cpu` (the C++ twin of every kernel, multi-threaded) or
+// `cuda` (one device). The Node binding holds one Backend per loaded variant and dispatches every
+// op to it after validate.cc has checked the arguments.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kdtree/ops.h"
+#include "kdtree/status.h"
+
+namespace kdtree {
+
+struct DeviceInfo {
+  std::string name;
+  int compute_major = 0, compute_minor = 0;
+  int multiprocessors = 0;
+  int64_t total_memory = 0;
+  int driver_version = 0, runtime_version = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* kind() const = 0;  // "cpu" or "cuda"
+  virtual DeviceInfo info() const = 0;
+
+  // Memory: device memory for cuda, 64-byte aligned host memory for cpu.
+  virtual Status Alloc(size_t bytes, void** ptr) = 0;
+  virtual Status Free(void* ptr) = 0;
+  virtual Status CopyToDevice(void* dst, const void* src, size_t bytes, int stream) = 0;
+  virtual Status CopyToHost(void* dst, const void* src, size_t bytes, int stream) = 0;
+  virtual Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, int stream) = 0;
+  virtual Status Fill(void* dst, uint8_t value, size_t bytes, int stream) = 0;
+
+  // Streams: 0 is the default stream; others are created on demand. Ops are asynchronous on cuda.
+  virtual Status CreateStream(int* stream) = 0;
+  virtual Status DestroyStream(int stream) = 0;
+  virtual Status Synchronize(int stream) = 0;  // -1: the whole device
+  virtual Status CheckStream(int stream) = 0;  // an error unless the stream exists
+  // Events for timing device work: record on a stream, then read elapsed milliseconds.
+  virtual Status CreateEvent(int* event) = 0;
+  virtual Status DestroyEvent(int event) = 0;
+  virtual Status RecordEvent(int event, int stream) = 0;
+  virtual Status ElapsedMs(int start, int end, float* ms) = 0;
+
+  virtual Status W4A16Gemm(const W4A16GemmArgs& a, int stream) = 0;
+  virtual Status MoeGemm(const MoeGemmArgs& a, int stream) = 0;
+  virtual Status MlaAttention(const MlaAttentionArgs& a, int stream) = 0;
+  virtual Status Embedding(const EmbeddingArgs& a, int stream) = 0;
+  virtual Status RmsNorm(const RmsNormArgs& a, int stream) = 0;
+  virtual Status Rope(const RopeArgs& a, int stream) = 0;
+  virtual Status SiluMul(const SiluMulArgs& a, int stream) = 0;
+  virtual Status Add(const AddArgs& a, int stream) = 0;
+  virtual Status Router(const RouterArgs& a, int stream) = 0;
+  virtual Status Argmax(const ArgmaxArgs& a, int stream) = 0;
+  virtual Status Topk(const TopkArgs& a, int stream) = 0;
+  virtual Status KvWrite(const KvWriteArgs& a, int stream) = 0;
+  virtual Status DdtreeBuild(const DdtreeBuildArgs& a, int stream) = 0;
+  virtual Status DdtreeAccept(const DdtreeAcceptArgs& a, int stream) = 0;
+  virtual Status KvCommit(const KvCommitArgs& a, int stream) = 0;
+};
+
+std::unique_ptr<Backend> MakeCpuBackend();
+#ifdef KDTREE_WITH_CUDA
+// Fails (with the reason) when no usable device or driver is present.
+Status MakeCudaBackend(int device, std::unique_ptr<Backend>* out);
+
+// What the driver and runtime report, without failing: the loader's compatibility check.
+struct CudaProbeResult {
+  bool ok = false;
+  std::string error;
+  int driver_version = 0, runtime_version = 0, device_count = 0;
+  std::vector<DeviceInfo> devices;
+};
+CudaProbeResult ProbeCuda();
+#endif
+
+}  // namespace kdtree

@@ -1,0 +1,74 @@
+// The op set of the addon, with the arguments each one takes. Work space an op needs (the MoE
+// expert sort, MLA's latent query and context, DDTree's top-K table) comes from the backend's
+// per-stream scratch arena, so callers pass only inputs and outputs.
+// Every op has a CPU twin and a CUDA
+// version with the same semantics; `ValidateX` (validate.cc) checks dtypes and shapes before
+// either backend sees the arguments, so kernels can trust them.
+//
+// Shapes (row-major):
+//   W4A16 GEMM   y[M, N] = x[M, K] . dequant(qw[N, K/8], sc[N, K/G])^T
+//   MoE GEMM     gather: y[T*topk, N] row t*topk+j = x[t] . W[ids[t, j]]^T
+//                sum:    y[T, N] = sum_j weights[t, j] * (x[t*topk+j] . W[ids[t, j]]^T)   (j in order)
+//   MLA          out[T, H, dv] from q_nope[T, H, dn], q_pe[T, H, dr] (RoPE'd), kv_b[H*(dn+dv), R],
+//                latent cache c[S, R], kpe[S, dr] holding `base` committed slots + T new ones
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kdtree/status.h"
+#include "kdtree/tensor.h"
+
+namespace kdtree {
+
+struct W4A16GemmArgs {
+  Tensor x, qw, sc, y;
+  int group = 32;
+};
+
+enum class MoeMode : int { kGather = 0, kSum = 1 };
+
+struct MoeGemmArgs {
+  Tensor x, qw, sc, ids, weights, y;  // weights unused in gather mode
+  int group = 32;
+  MoeMode mode = MoeMode::kGather;
+};
+
+struct MlaAttentionArgs {
+  Tensor q_nope, q_pe, kv_b, cache_c, cache_kpe, mask, out;  // mask: u8 [T, T] or empty (causal)
+  int64_t base = 0;   // committed slots in the cache; the T new tokens are at [base, base + T)
+  double scale = 1.0;
+};
+
+struct EmbeddingArgs { Tensor table, ids, out; };
+struct RmsNormArgs { Tensor x, weight, out; double eps = 1e-6; };
+struct RopeArgs {
+  Tensor x;          // f32 [T, heads, head_dim], rotated in place on dims [offset, offset + inv_freq*2)
+  Tensor positions;  // i32 [T]
+  Tensor inv_freq;   // f64 [rope_dim / 2]
+  int64_t offset = 0;
+  double attention_factor = 1.0;
+  bool interleave = true;
+};
+struct SiluMulArgs { Tensor x, out; };  // x [T, 2I] = [gate | up] -> out [T, I]; f32 or bf16 each
+struct AddArgs { Tensor a, b, out; };
+struct RouterArgs {
+  Tensor logits, bias, ids, weights;  // logits f32 [T, E], bias f32 [E] -> ids i32 [T, k], weights f32 [T, k]
+  int topk = 8, n_group = 1, topk_group = 1;
+  bool norm_topk_prob = true;
+  double scaling = 1.0;
+};
+struct ArgmaxArgs { Tensor x, out; };  // x f32 [T, V] -> out i32 [T]
+struct TopkArgs { Tensor x, values, ids; int k = 1; };  // per row, descending, ties -> lower index
+
+struct KvWriteArgs { Tensor c, kpe, cache_c, cache_kpe, slots; };  // rows -> cache slots
+struct DdtreeBuildArgs {
+  Tensor draft_logits;  // f32 [L, V]
+  int root = 0;
+  int budget = 0;
+  int64_t start = 0;    // position of the root
+  Tensor tokens, parents, depths, positions, mask, size;  // i32 [B+1] x4, u8 [(B+1)^2], i32 [1]
+};
+struct DdtreeAcceptArgs { Tensor tokens, parents, size, target_argmax, path, path_len, bonus; };
+struct KvCommitArgs { std::vector<Tensor> caches; Tensor path, path_len; int64_t start = 0; };
+
+}  // namespace kdtree

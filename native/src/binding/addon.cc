@@ -1,0 +1,581 @@
+// The Node-API binding: backends, device buffers and every op. Arguments from JavaScript are
+// checked here (types, buffer liveness, ownership, offsets) and by validate.cc (dtypes, shapes)
+// before any kernel runs; every failure becomes a JS Error with a `code`, never a crash.
+#include <napi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../common/validate.h"
+#include "kdtree/backend.h"
+
+#ifndef KDTREE_VERSION
+#define KDTREE_VERSION "0.0.0"
+#endif
+#ifndef KDTREE_VARIANT
+#define KDTREE_VARIANT "cpu"
+#endif
+#ifndef KDTREE_CUDA_ARCHS
+#define KDTREE_CUDA_ARCHS ""
+#endif
+
+namespace kdtree {
+namespace {
+
+const char* CodeName(Code c) {
+  switch (c) {
+    case Code::kOk: return "KDTREE_OK";
+    case Code::kInvalidArgument: return "KDTREE_INVALID_ARGUMENT";
+    case Code::kUnsupported: return "KDTREE_UNSUPPORTED";
+    case Code::kDeviceError: return "KDTREE_DEVICE_ERROR";
+    case Code::kOutOfMemory: return "KDTREE_OUT_OF_MEMORY";
+  }
+  return "KDTREE_ERROR";
+}
+
+[[noreturn]] void Throw(Napi::Env env, Code code, const std::string& message) {
+  Napi::Error e = Napi::Error::New(env, message);
+  e.Set("code", Napi::String::New(env, CodeName(code)));
+  throw e;
+}
+
+void Check(Napi::Env env, const Status& s) {
+  if (!s.ok()) Throw(env, s.code, s.message);
+}
+
+struct BackendHandle {
+  std::unique_ptr<Backend> backend;
+  int id;
+};
+
+class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
+ public:
+  static Napi::FunctionReference* constructor;
+  static Napi::Function Init(Napi::Env env) {
+    Napi::Function f = DefineClass(env, "DeviceBuffer", {
+      InstanceAccessor<&DeviceBuffer::Bytes>("bytes"),
+      InstanceAccessor<&DeviceBuffer::Freed>("freed"),
+      InstanceAccessor<&DeviceBuffer::Kind>("backend"),
+    });
+    constructor = new Napi::FunctionReference(Napi::Persistent(f));
+    return f;
+  }
+  explicit DeviceBuffer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<DeviceBuffer>(info) {}
+  ~DeviceBuffer() override { Release(); }
+
+  void Attach(std::shared_ptr<BackendHandle> owner, void* ptr, size_t bytes) {
+    owner_ = std::move(owner);
+    ptr_ = ptr;
+    bytes_ = bytes;
+  }
+  void Release() {
+    if (ptr_ != nullptr && owner_) owner_->backend->Free(ptr_);
+    ptr_ = nullptr;
+  }
+  bool freed() const { return ptr_ == nullptr; }
+  void* ptr() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  const BackendHandle* owner() const { return owner_.get(); }
+
+ private:
+  Napi::Value Bytes(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), static_cast<double>(bytes_)); }
+  Napi::Value Freed(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), freed()); }
+  Napi::Value Kind(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), owner_ ? owner_->backend->kind() : "none"); }
+  std::shared_ptr<BackendHandle> owner_;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+Napi::FunctionReference* DeviceBuffer::constructor = nullptr;
+
+int next_backend_id = 1;
+
+DType ParseDType(Napi::Env env, const Napi::Value& v, const std::string& what) {
+  if (!v.IsString()) Throw(env, Code::kInvalidArgument, what + ".dtype must be a string (f32, f16, bf16, i32, u8, f64)");
+  const std::string s = v.As<Napi::String>();
+  if (s == "f32") return DType::kF32;
+  if (s == "f16") return DType::kF16;
+  if (s == "bf16") return DType::kBF16;
+  if (s == "i32") return DType::kI32;
+  if (s == "u8") return DType::kU8;
+  if (s == "f64") return DType::kF64;
+  Throw(env, Code::kInvalidArgument, what + ".dtype '" + s + "' is not one of f32, f16, bf16, i32, u8, f64");
+}
+
+int64_t ParseInt(Napi::Env env, const Napi::Value& v, const std::string& what, int64_t min = INT64_MIN) {
+  if (!v.IsNumber()) Throw(env, Code::kInvalidArgument, what + " must be a number");
+  const double d = v.As<Napi::Number>().DoubleValue();
+  if (d != static_cast<double>(static_cast<int64_t>(d)) || d < static_cast<double>(min) || d > 9007199254740991.0) {
+    Throw(env, Code::kInvalidArgument, what + " must be an integer >= " + std::to_string(min) + ", got " + std::to_string(d));
+  }
+  return static_cast<int64_t>(d);
+}
+
+class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
+ public:
+  static Napi::FunctionReference* constructor;
+  static Napi::Function Init(Napi::Env env) {
+    Napi::Function f = DefineClass(env, "NativeBackend", {
+      InstanceAccessor<&NativeBackend::Kind>("kind"),
+      InstanceMethod<&NativeBackend::Info>("info"),
+      InstanceMethod<&NativeBackend::AllocJs>("alloc"),
+      InstanceMethod<&NativeBackend::FreeJs>("free"),
+      InstanceMethod<&NativeBackend::Upload>("upload"),
+      InstanceMethod<&NativeBackend::Download>("download"),
+      InstanceMethod<&NativeBackend::CopyJs>("copy"),
+      InstanceMethod<&NativeBackend::FillJs>("fill"),
+      InstanceMethod<&NativeBackend::CreateStreamJs>("createStream"),
+      InstanceMethod<&NativeBackend::DestroyStreamJs>("destroyStream"),
+      InstanceMethod<&NativeBackend::SynchronizeJs>("synchronize"),
+      InstanceMethod<&NativeBackend::CreateEventJs>("createEvent"),
+      InstanceMethod<&NativeBackend::DestroyEventJs>("destroyEvent"),
+      InstanceMethod<&NativeBackend::RecordEventJs>("recordEvent"),
+      InstanceMethod<&NativeBackend::ElapsedJs>("elapsedMs"),
+      InstanceMethod<&NativeBackend::W4A16GemmJs>("w4a16Gemm"),
+      InstanceMethod<&NativeBackend::MoeGemmJs>("moeGemm"),
+      InstanceMethod<&NativeBackend::MlaAttentionJs>("mlaAttention"),
+      InstanceMethod<&NativeBackend::EmbeddingJs>("embedding"),
+      InstanceMethod<&NativeBackend::RmsNormJs>("rmsNorm"),
+      InstanceMethod<&NativeBackend::RopeJs>("rope"),
+      InstanceMethod<&NativeBackend::SiluMulJs>("siluMul"),
+      InstanceMethod<&NativeBackend::AddJs>("add"),
+      InstanceMethod<&NativeBackend::RouterJs>("router"),
+      InstanceMethod<&NativeBackend::ArgmaxJs>("argmax"),
+      InstanceMethod<&NativeBackend::TopkJs>("topk"),
+      InstanceMethod<&NativeBackend::KvWriteJs>("kvWrite"),
+      InstanceMethod<&NativeBackend::DdtreeBuildJs>("ddtreeBuild"),
+      InstanceMethod<&NativeBackend::DdtreeAcceptJs>("ddtreeAccept"),
+      InstanceMethod<&NativeBackend::KvCommitJs>("kvCommit"),
+    });
+    constructor = new Napi::FunctionReference(Napi::Persistent(f));
+    return f;
+  }
+  explicit NativeBackend(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeBackend>(info) {}
+  void Attach(std::unique_ptr<Backend> b) { handle_ = std::make_shared<BackendHandle>(BackendHandle{std::move(b), next_backend_id++}); }
+
+ private:
+  Backend& be() { return *handle_->backend; }
+
+  DeviceBuffer* Buf(Napi::Env env, const Napi::Value& v, const std::string& what) {
+    if (!v.IsObject() || !v.As<Napi::Object>().InstanceOf(DeviceBuffer::constructor->Value())) {
+      Throw(env, Code::kInvalidArgument, what + " must be a DeviceBuffer from alloc()");
+    }
+    DeviceBuffer* b = DeviceBuffer::Unwrap(v.As<Napi::Object>());
+    if (b->freed()) Throw(env, Code::kInvalidArgument, what + ": use of a freed buffer");
+    if (b->owner() != handle_.get()) {
+      Throw(env, Code::kInvalidArgument, what + ": buffer belongs to another backend (" + std::string(b->owner()->backend->kind()) + " #" + std::to_string(b->owner()->id) + "), not this " + be().kind() + " #" + std::to_string(handle_->id));
+    }
+    return b;
+  }
+
+  // {buffer, dtype, shape, offset?} -> Tensor (buffer checked alive and ours; offset in range)
+  Tensor ParseTensor(Napi::Env env, const Napi::Object& args, const char* key, bool optional = false) {
+    Tensor t;
+    t.name = key;
+    Napi::Value v = args.Get(key);
+    if (v.IsUndefined() || v.IsNull()) {
+      if (optional) return t;
+      Throw(env, Code::kInvalidArgument, std::string(key) + " is required");
+    }
+    if (!v.IsObject()) Throw(env, Code::kInvalidArgument, std::string(key) + " must be a tensor {buffer, dtype, shape}");
+    Napi::Object o = v.As<Napi::Object>();
+    DeviceBuffer* b = Buf(env, o.Get("buffer"), std::string(key) + ".buffer");
+    t.dtype = ParseDType(env, o.Get("dtype"), key);
+    Napi::Value shape = o.Get("shape");
+    if (!shape.IsArray()) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape must be an array");
+    Napi::Array arr = shape.As<Napi::Array>();
+    if (arr.Length() > 8) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape has more than 8 dimensions");
+    int64_t numel = 1;
+    for (uint32_t i = 0; i < arr.Length(); ++i) {
+      const int64_t d = ParseInt(env, arr.Get(i), std::string(key) + ".shape[" + std::to_string(i) + "]", 0);
+      t.shape.push_back(d);
+      if (d > 0 && numel > (int64_t{1} << 50) / d) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape is too large");
+      numel *= d;
+    }
+    const int64_t offset = o.Has("offset") ? ParseInt(env, o.Get("offset"), std::string(key) + ".offset", 0) : 0;
+    if (offset > static_cast<int64_t>(b->bytes())) Throw(env, Code::kInvalidArgument, std::string(key) + ".offset " + std::to_string(offset) + " is past the buffer's " + std::to_string(b->bytes()) + " bytes");
+    t.data = static_cast<char*>(b->ptr()) + offset;
+    t.bytes = static_cast<int64_t>(b->bytes()) - offset;
+    return t;
+  }
+
+  static Napi::Object Args(const Napi::CallbackInfo& info) {
+    if (info.Length() < 1 || !info[0].IsObject()) Throw(info.Env(), Code::kInvalidArgument, "expected one argument object");
+    return info[0].As<Napi::Object>();
+  }
+  int Stream(Napi::Env env, const Napi::Object& o) {
+    const int s = o.Has("stream") && !o.Get("stream").IsUndefined() ? static_cast<int>(ParseInt(env, o.Get("stream"), "stream", 0)) : 0;
+    Check(env, be().CheckStream(s));
+    return s;
+  }
+  static bool Given(const Napi::CallbackInfo& info, size_t i) { return info.Length() > i && !info[i].IsUndefined(); }
+  double Num(Napi::Env env, const Napi::Object& o, const char* key, double fallback) {
+    if (!o.Has(key) || o.Get(key).IsUndefined()) return fallback;
+    if (!o.Get(key).IsNumber()) Throw(env, Code::kInvalidArgument, std::string(key) + " must be a number");
+    return o.Get(key).As<Napi::Number>().DoubleValue();
+  }
+  int64_t Int(Napi::Env env, const Napi::Object& o, const char* key, int64_t fallback, int64_t min = INT64_MIN) {
+    if (!o.Has(key) || o.Get(key).IsUndefined()) return fallback;
+    return ParseInt(env, o.Get(key), key, min);
+  }
+  bool Bool(const Napi::Object& o, const char* key, bool fallback) {
+    if (!o.Has(key) || o.Get(key).IsUndefined()) return fallback;
+    return o.Get(key).ToBoolean();
+  }
+
+  Napi::Value Kind(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), be().kind()); }
+  Napi::Value Info(const Napi::CallbackInfo& info) {
+    DeviceInfo d = be().info();
+    Napi::Object o = Napi::Object::New(info.Env());
+    o.Set("kind", be().kind());
+    o.Set("name", d.name);
+    o.Set("computeCapability", std::to_string(d.compute_major) + "." + std::to_string(d.compute_minor));
+    o.Set("multiprocessors", d.multiprocessors);
+    o.Set("totalMemory", static_cast<double>(d.total_memory));
+    o.Set("driverVersion", d.driver_version);
+    o.Set("runtimeVersion", d.runtime_version);
+    return o;
+  }
+
+  Napi::Value AllocJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const int64_t bytes = Given(info, 0) ? ParseInt(env, info[0], "bytes", 0) : -1;
+    if (bytes < 0) Throw(env, Code::kInvalidArgument, "alloc(bytes): bytes must be a non-negative integer");
+    void* ptr = nullptr;
+    Check(env, be().Alloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)), &ptr));
+    Napi::Object obj = DeviceBuffer::constructor->New({});
+    DeviceBuffer::Unwrap(obj)->Attach(handle_, ptr, static_cast<size_t>(bytes));
+    return obj;
+  }
+  Napi::Value FreeJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1) Throw(env, Code::kInvalidArgument, "free(buffer): missing buffer");
+    Buf(env, info[0], "buffer")->Release();
+    return env.Undefined();
+  }
+
+  // upload(buffer, data: TypedArray|Buffer, offset = 0): host -> device, complete on return
+  Napi::Value Upload(const Napi::CallbackInfo& info) { return HostCopy(info, true); }
+  // download(buffer, into: TypedArray|Buffer, offset = 0): device -> host, complete on return
+  Napi::Value Download(const Napi::CallbackInfo& info) { return HostCopy(info, false); }
+  Napi::Value HostCopy(const Napi::CallbackInfo& info, bool up) {
+    Napi::Env env = info.Env();
+    const char* op = up ? "upload" : "download";
+    if (info.Length() < 2 || !info[1].IsTypedArray()) Throw(env, Code::kInvalidArgument, std::string(op) + "(buffer, typedArray, offset?): the second argument must be a TypedArray or Buffer");
+    DeviceBuffer* b = Buf(env, info[0], "buffer");
+    Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
+    const int64_t offset = Given(info, 2) ? ParseInt(env, info[2], "offset", 0) : 0;
+    const size_t bytes = ta.ByteLength();
+    if (offset + static_cast<int64_t>(bytes) > static_cast<int64_t>(b->bytes())) {
+      Throw(env, Code::kInvalidArgument, std::string(op) + ": " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " do not fit the buffer's " + std::to_string(b->bytes()) + " bytes");
+    }
+    char* host = static_cast<char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset();
+    char* dev = static_cast<char*>(b->ptr()) + offset;
+    Check(env, up ? be().CopyToDevice(dev, host, bytes, 0) : be().CopyToHost(host, dev, bytes, 0));
+    return env.Undefined();
+  }
+  // copy({dst, src, bytes, dstOffset, srcOffset, stream}): device -> device, asynchronous
+  Napi::Value CopyJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    DeviceBuffer* dst = Buf(env, o.Get("dst"), "dst");
+    DeviceBuffer* src = Buf(env, o.Get("src"), "src");
+    const int64_t dOff = Int(env, o, "dstOffset", 0, 0), sOff = Int(env, o, "srcOffset", 0, 0);
+    const int64_t bytes = Int(env, o, "bytes", static_cast<int64_t>(src->bytes()) - sOff, 0);
+    if (dOff + bytes > static_cast<int64_t>(dst->bytes()) || sOff + bytes > static_cast<int64_t>(src->bytes())) Throw(env, Code::kInvalidArgument, "copy: the range does not fit the buffers");
+    Check(env, be().CopyDeviceToDevice(static_cast<char*>(dst->ptr()) + dOff, static_cast<char*>(src->ptr()) + sOff, static_cast<size_t>(bytes), Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value FillJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    DeviceBuffer* b = Buf(env, info[0], "buffer");
+    const int64_t value = Given(info, 1) ? ParseInt(env, info[1], "value", 0) : 0;
+    if (value > 255) Throw(env, Code::kInvalidArgument, "fill: value must be a byte (0..255)");
+    Check(env, be().Fill(b->ptr(), static_cast<uint8_t>(value), b->bytes(), Given(info, 2) ? static_cast<int>(ParseInt(env, info[2], "stream", 0)) : 0));
+    return env.Undefined();
+  }
+  Napi::Value CreateStreamJs(const Napi::CallbackInfo& info) {
+    int s = 0;
+    Check(info.Env(), be().CreateStream(&s));
+    return Napi::Number::New(info.Env(), s);
+  }
+  Napi::Value DestroyStreamJs(const Napi::CallbackInfo& info) {
+    Check(info.Env(), be().DestroyStream(static_cast<int>(ParseInt(info.Env(), info[0], "stream", 1))));
+    return info.Env().Undefined();
+  }
+  Napi::Value SynchronizeJs(const Napi::CallbackInfo& info) {
+    Check(info.Env(), be().Synchronize(Given(info, 0) ? static_cast<int>(ParseInt(info.Env(), info[0], "stream", -1)) : -1));
+    return info.Env().Undefined();
+  }
+  Napi::Value CreateEventJs(const Napi::CallbackInfo& info) {
+    int e = 0;
+    Check(info.Env(), be().CreateEvent(&e));
+    return Napi::Number::New(info.Env(), e);
+  }
+  Napi::Value DestroyEventJs(const Napi::CallbackInfo& info) {
+    Check(info.Env(), be().DestroyEvent(static_cast<int>(ParseInt(info.Env(), info[0], "event", 0))));
+    return info.Env().Undefined();
+  }
+  Napi::Value RecordEventJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Check(env, be().RecordEvent(static_cast<int>(ParseInt(env, info[0], "event", 0)), Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0));
+    return env.Undefined();
+  }
+  Napi::Value ElapsedJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    float ms = 0;
+    Check(env, be().ElapsedMs(static_cast<int>(ParseInt(env, info[0], "start", 0)), static_cast<int>(ParseInt(env, info[1], "end", 0)), &ms));
+    return Napi::Number::New(env, ms);
+  }
+
+  Napi::Value W4A16GemmJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    W4A16GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "y"), static_cast<int>(Int(env, o, "group", 32))};
+    Check(env, ValidateW4A16Gemm(a));
+    Check(env, be().W4A16Gemm(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value MoeGemmJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    MoeGemmArgs a;
+    a.x = ParseTensor(env, o, "x");
+    a.qw = ParseTensor(env, o, "qw");
+    a.sc = ParseTensor(env, o, "sc");
+    a.ids = ParseTensor(env, o, "ids");
+    a.weights = ParseTensor(env, o, "weights", true);
+    a.y = ParseTensor(env, o, "y");
+    a.group = static_cast<int>(Int(env, o, "group", 32));
+    const std::string mode = o.Has("mode") ? o.Get("mode").ToString().Utf8Value() : "gather";
+    if (mode != "gather" && mode != "sum") Throw(env, Code::kInvalidArgument, "moe_gemm: mode must be 'gather' or 'sum', got '" + mode + "'");
+    a.mode = mode == "sum" ? MoeMode::kSum : MoeMode::kGather;
+    int64_t e = 0, k = 0;
+    Check(env, ValidateMoeGemm(a, &e, &k));
+    Check(env, be().MoeGemm(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value MlaAttentionJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    MlaAttentionArgs a;
+    a.q_nope = ParseTensor(env, o, "qNope");
+    a.q_pe = ParseTensor(env, o, "qPe");
+    a.kv_b = ParseTensor(env, o, "kvB");
+    a.cache_c = ParseTensor(env, o, "cacheC");
+    a.cache_kpe = ParseTensor(env, o, "cacheKpe");
+    a.mask = ParseTensor(env, o, "mask", true);
+    a.out = ParseTensor(env, o, "out");
+    a.base = Int(env, o, "base", 0, 0);
+    a.scale = Num(env, o, "scale", 0);
+    Check(env, ValidateMlaAttention(a));
+    Check(env, be().MlaAttention(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value EmbeddingJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    EmbeddingArgs a{ParseTensor(env, o, "table"), ParseTensor(env, o, "ids"), ParseTensor(env, o, "out")};
+    Check(env, ValidateEmbedding(a));
+    Check(env, be().Embedding(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value RmsNormJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    RmsNormArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "weight"), ParseTensor(env, o, "out"), Num(env, o, "eps", 0)};
+    Check(env, ValidateRmsNorm(a));
+    Check(env, be().RmsNorm(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value RopeJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    RopeArgs a;
+    a.x = ParseTensor(env, o, "x");
+    a.positions = ParseTensor(env, o, "positions");
+    a.inv_freq = ParseTensor(env, o, "invFreq");
+    a.offset = Int(env, o, "offset", 0, 0);
+    a.attention_factor = Num(env, o, "attentionFactor", 1.0);
+    a.interleave = Bool(o, "interleave", true);
+    Check(env, ValidateRope(a));
+    Check(env, be().Rope(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value SiluMulJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    SiluMulArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "out")};
+    Check(env, ValidateSiluMul(a));
+    Check(env, be().SiluMul(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value AddJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    AddArgs a{ParseTensor(env, o, "a"), ParseTensor(env, o, "b"), ParseTensor(env, o, "out")};
+    Check(env, ValidateAdd(a));
+    Check(env, be().Add(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value RouterJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    RouterArgs a;
+    a.logits = ParseTensor(env, o, "logits");
+    a.bias = ParseTensor(env, o, "bias");
+    a.ids = ParseTensor(env, o, "ids");
+    a.weights = ParseTensor(env, o, "weights");
+    a.topk = static_cast<int>(Int(env, o, "topk", 8, 1));
+    a.n_group = static_cast<int>(Int(env, o, "nGroup", 1, 1));
+    a.topk_group = static_cast<int>(Int(env, o, "topkGroup", 1, 1));
+    a.norm_topk_prob = Bool(o, "normTopkProb", true);
+    a.scaling = Num(env, o, "scaling", 1.0);
+    Check(env, ValidateRouter(a));
+    Check(env, be().Router(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value ArgmaxJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    ArgmaxArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "out")};
+    Check(env, ValidateArgmax(a));
+    Check(env, be().Argmax(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value TopkJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    TopkArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "values"), ParseTensor(env, o, "ids"), static_cast<int>(Int(env, o, "k", 1, 1))};
+    Check(env, ValidateTopk(a));
+    Check(env, be().Topk(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value KvWriteJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    KvWriteArgs a{ParseTensor(env, o, "c"), ParseTensor(env, o, "kpe"), ParseTensor(env, o, "cacheC"), ParseTensor(env, o, "cacheKpe"), ParseTensor(env, o, "slots")};
+    Check(env, ValidateKvWrite(a));
+    Check(env, be().KvWrite(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value DdtreeBuildJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    DdtreeBuildArgs a;
+    a.draft_logits = ParseTensor(env, o, "draftLogits");
+    a.root = static_cast<int>(Int(env, o, "root", 0, 0));
+    a.budget = static_cast<int>(Int(env, o, "budget", 0, 0));
+    a.start = Int(env, o, "start", 0, 0);
+    a.tokens = ParseTensor(env, o, "tokens");
+    a.parents = ParseTensor(env, o, "parents");
+    a.depths = ParseTensor(env, o, "depths");
+    a.positions = ParseTensor(env, o, "positions");
+    a.mask = ParseTensor(env, o, "mask");
+    a.size = ParseTensor(env, o, "size");
+    Check(env, ValidateDdtreeBuild(a));
+    Check(env, be().DdtreeBuild(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value DdtreeAcceptJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    DdtreeAcceptArgs a{ParseTensor(env, o, "tokens"), ParseTensor(env, o, "parents"), ParseTensor(env, o, "size"), ParseTensor(env, o, "targetArgmax"), ParseTensor(env, o, "path"), ParseTensor(env, o, "pathLen"), ParseTensor(env, o, "bonus")};
+    Check(env, ValidateDdtreeAccept(a));
+    Check(env, be().DdtreeAccept(a, Stream(env, o)));
+    return env.Undefined();
+  }
+  Napi::Value KvCommitJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    KvCommitArgs a;
+    Napi::Value caches = o.Get("caches");
+    if (!caches.IsArray()) Throw(env, Code::kInvalidArgument, "kv_commit: caches must be an array of tensors");
+    Napi::Array arr = caches.As<Napi::Array>();
+    for (uint32_t i = 0; i < arr.Length(); ++i) {
+      Napi::Object holder = Napi::Object::New(env);
+      holder.Set("cache", arr.Get(i));
+      Tensor t = ParseTensor(env, holder, "cache");
+      t.name = "caches[" + std::to_string(i) + "]";
+      a.caches.push_back(t);
+    }
+    a.path = ParseTensor(env, o, "path");
+    a.path_len = ParseTensor(env, o, "pathLen");
+    a.start = Int(env, o, "start", 0, 0);
+    Check(env, ValidateKvCommit(a));
+    Check(env, be().KvCommit(a, Stream(env, o)));
+    return env.Undefined();
+  }
+
+  std::shared_ptr<BackendHandle> handle_;
+};
+Napi::FunctionReference* NativeBackend::constructor = nullptr;
+
+// createBackend(kind: 'cpu' | 'cuda', device = 0)
+Napi::Value CreateBackend(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const std::string kind = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "";
+  std::unique_ptr<Backend> backend;
+  if (kind == "cpu") {
+    backend = MakeCpuBackend();
+  } else if (kind == "cuda") {
+#ifdef KDTREE_WITH_CUDA
+    const int device = info.Length() > 1 && !info[1].IsUndefined() ? static_cast<int>(ParseInt(env, info[1], "device", 0)) : 0;
+    Check(env, MakeCudaBackend(device, &backend));
+#else
+    Throw(env, Code::kUnsupported, "this is the cpu variant of the kdtree addon; it has no cuda backend");
+#endif
+  } else {
+    Throw(env, Code::kInvalidArgument, "createBackend(kind): kind must be 'cpu' or 'cuda'");
+  }
+  Napi::Object obj = NativeBackend::constructor->New({});
+  NativeBackend::Unwrap(obj)->Attach(std::move(backend));
+  return obj;
+}
+
+#ifdef KDTREE_WITH_CUDA
+// cudaProbe(): {ok, error, driverVersion, runtimeVersion, deviceCount, devices: [{name, computeCapability, ...}]}
+Napi::Value CudaProbe(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  CudaProbeResult r = ProbeCuda();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("ok", r.ok);
+  o.Set("error", r.error);
+  o.Set("driverVersion", r.driver_version);
+  o.Set("runtimeVersion", r.runtime_version);
+  o.Set("deviceCount", r.device_count);
+  Napi::Array devices = Napi::Array::New(env, r.devices.size());
+  for (size_t i = 0; i < r.devices.size(); ++i) {
+    Napi::Object d = Napi::Object::New(env);
+    d.Set("name", r.devices[i].name);
+    d.Set("computeCapability", std::to_string(r.devices[i].compute_major) + "." + std::to_string(r.devices[i].compute_minor));
+    d.Set("multiprocessors", r.devices[i].multiprocessors);
+    d.Set("totalMemory", static_cast<double>(r.devices[i].total_memory));
+    devices.Set(static_cast<uint32_t>(i), d);
+  }
+  o.Set("devices", devices);
+  return o;
+}
+#endif
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  DeviceBuffer::Init(env);
+  NativeBackend::Init(env);
+  exports.Set("createBackend", Napi::Function::New(env, CreateBackend));
+  Napi::Object build = Napi::Object::New(env);
+  build.Set("version", KDTREE_VERSION);
+  build.Set("variant", KDTREE_VARIANT);
+  build.Set("cudaArchitectures", KDTREE_CUDA_ARCHS);
+  build.Set("napiVersion", NAPI_VERSION);
+  exports.Set("build", build);
+#ifdef KDTREE_WITH_CUDA
+  exports.Set("cudaProbe", Napi::Function::New(env, CudaProbe));
+#endif
+  return exports;
+}
+
+}  // namespace
+}  // namespace kdtree
+
+static Napi::Object InitKdtreeAddon(Napi::Env env, Napi::Object exports) { return kdtree::Init(env, exports); }
+NODE_API_MODULE(kdtree, InitKdtreeAddon)

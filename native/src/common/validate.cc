@@ -1,0 +1,252 @@
+#include "validate.h"
+
+#include <initializer_list>
+#include <sstream>
+#include <string>
+
+namespace kdtree {
+
+std::string Tensor::Describe() const {
+  std::ostringstream os;
+  os << name << ": " << DTypeName(dtype) << " [";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+namespace {
+
+// "op(x: bf16 [3, 64], qw: i32 [16, 8]): "
+template <typename... Ts>
+std::string Context(const char* op, const Ts&... tensors) {
+  std::ostringstream os;
+  os << op << "(";
+  bool first = true;
+  ((os << (first ? "" : ", ") << tensors.Describe(), first = false), ...);
+  os << "): ";
+  return os.str();
+}
+
+Status CheckTensor(const std::string& ctx, const Tensor& t, std::initializer_list<DType> allowed, int rank) {
+  bool ok = false;
+  std::string names;
+  for (DType d : allowed) {
+    ok = ok || d == t.dtype;
+    names += names.empty() ? DTypeName(d) : std::string(" or ") + DTypeName(d);
+  }
+  if (!ok) return Invalid(ctx, t.name, " must be ", names, ", got ", DTypeName(t.dtype));
+  if (rank >= 0 && t.rank() != rank) return Invalid(ctx, t.name, " must have ", rank, " dimensions, got ", t.rank());
+  for (int64_t d : t.shape) {
+    if (d < 0) return Invalid(ctx, t.name, " has a negative dimension");
+  }
+  if (t.data == nullptr && t.numel() > 0) return Invalid(ctx, t.name, " has no buffer");
+  const int64_t need = t.numel() * DTypeSize(t.dtype);
+  if (need > t.bytes) return Invalid(ctx, t.name, " needs ", need, " bytes but its buffer holds ", t.bytes, " from its offset");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateW4A16Gemm(const W4A16GemmArgs& a) {
+  const std::string ctx = Context("w4a16_gemm", a.x, a.qw, a.sc, a.y);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16, DType::kF16}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
+  if (a.group != 32 && a.group != 64 && a.group != 128) return Invalid(ctx, "group size ", a.group, " is not 32, 64 or 128");
+  const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.qw.dim(0);
+  if (k % 8 != 0 || k % a.group != 0) return Invalid(ctx, "K = ", k, " must be a multiple of 8 and of the group size ", a.group);
+  if (a.qw.dim(1) * 8 != k) return Invalid(ctx, "qw must be [N, K/8] = [", n, ", ", k / 8, "] for K = ", k);
+  if (a.sc.dim(0) != n || a.sc.dim(1) * a.group != k) return Invalid(ctx, "sc must be [N, K/G] = [", n, ", ", k / a.group, "]");
+  if (a.y.dim(0) != m || a.y.dim(1) != n) return Invalid(ctx, "y must be [M, N] = [", m, ", ", n, "]");
+  return Status::Ok();
+}
+
+Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
+  const std::string ctx = Context("moe_gemm", a.x, a.qw, a.sc, a.ids, a.y);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16, DType::kF16}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
+  if (a.group != 32 && a.group != 64 && a.group != 128) return Invalid(ctx, "group size ", a.group, " is not 32, 64 or 128");
+  const int64_t e = a.qw.dim(0), n = a.qw.dim(1), k = a.x.dim(1), t = a.ids.dim(0), kk = a.ids.dim(1);
+  if (k % 8 != 0 || k % a.group != 0) return Invalid(ctx, "K = ", k, " must be a multiple of 8 and of the group size ", a.group);
+  if (a.qw.dim(2) * 8 != k) return Invalid(ctx, "qw must be [E, N, K/8] = [", e, ", ", n, ", ", k / 8, "]");
+  if (a.sc.dim(0) != e || a.sc.dim(1) != n || a.sc.dim(2) * a.group != k) return Invalid(ctx, "sc must be [E, N, K/G] = [", e, ", ", n, ", ", k / a.group, "]");
+  if (a.mode == MoeMode::kGather) {
+    if (a.x.dim(0) != t) return Invalid(ctx, "gather mode: x must have one row per token (", t, ")");
+    if (a.y.dim(0) != t * kk || a.y.dim(1) != n) return Invalid(ctx, "gather mode: y must be [T*topk, N] = [", t * kk, ", ", n, "]");
+  } else {
+    const std::string wctx = Context("moe_gemm", a.x, a.qw, a.sc, a.ids, a.weights, a.y);
+    KDTREE_RETURN_IF_ERROR(CheckTensor(wctx, a.weights, {DType::kF32}, 2));
+    if (a.weights.dim(0) != t || a.weights.dim(1) != kk) return Invalid(wctx, "weights must be [T, topk] like ids");
+    if (a.x.dim(0) != t * kk) return Invalid(wctx, "sum mode: x must have one row per (token, expert) pair (", t * kk, ")");
+    if (a.y.dim(0) != t || a.y.dim(1) != n) return Invalid(wctx, "sum mode: y must be [T, N] = [", t, ", ", n, "]");
+  }
+  *experts = e;
+  *topk = kk;
+  return Status::Ok();
+}
+
+Status ValidateMlaAttention(const MlaAttentionArgs& a) {
+  const std::string ctx = Context("mla_attention", a.q_nope, a.q_pe, a.kv_b, a.cache_c, a.cache_kpe, a.out);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_nope, {DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_pe, {DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.kv_b, {DType::kF32, DType::kBF16}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_c, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_kpe, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 3));
+  const int64_t t = a.q_nope.dim(0), h = a.q_nope.dim(1), dn = a.q_nope.dim(2), dr = a.q_pe.dim(2);
+  const int64_t r = a.cache_c.dim(1), dv = a.out.dim(2), s = a.cache_c.dim(0);
+  if (t < 1) return Invalid(ctx, "needs at least one query token");
+  if (a.q_pe.dim(0) != t || a.q_pe.dim(1) != h) return Invalid(ctx, "q_pe must be [T, H, rope] = [", t, ", ", h, ", rope]");
+  if (a.kv_b.dim(0) != h * (dn + dv) || a.kv_b.dim(1) != r) return Invalid(ctx, "kv_b must be [H * (nope + v), R] = [", h * (dn + dv), ", ", r, "]");
+  if (a.cache_kpe.dim(0) != s || a.cache_kpe.dim(1) != dr) return Invalid(ctx, "cache_kpe must be [S, rope] = [", s, ", ", dr, "]");
+  if (a.out.dim(0) != t || a.out.dim(1) != h) return Invalid(ctx, "out must be [T, H, v] = [", t, ", ", h, ", v]");
+  if (a.base < 0 || a.base + t > s) return Invalid(ctx, "base ", a.base, " + T ", t, " new tokens exceed the cache's ", s, " slots");
+  if (r > 1024 || dr > 256) return Unsupported(ctx, "kv_lora_rank up to 1024 and rope dims up to 256 are supported");
+  if (!(a.scale > 0)) return Invalid(ctx, "scale must be positive, got ", a.scale);
+  if (a.mask.present()) {
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.mask, {DType::kU8}, 2));
+    if (a.mask.dim(0) != t || a.mask.dim(1) != t) return Invalid(ctx, "mask must be [T, T] = [", t, ", ", t, "]");
+  }
+  return Status::Ok();
+}
+
+Status ValidateEmbedding(const EmbeddingArgs& a) {
+  const std::string ctx = Context("embedding", a.table, a.ids, a.out);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.table, {DType::kF32, DType::kBF16}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 2));
+  if (a.out.dim(0) != a.ids.dim(0) || a.out.dim(1) != a.table.dim(1)) return Invalid(ctx, "out must be [T, H] = [", a.ids.dim(0), ", ", a.table.dim(1), "]");
+  return Status::Ok();
+}
+
+Status ValidateRmsNorm(const RmsNormArgs& a) {
+  const std::string ctx = Context("rms_norm", a.x, a.weight, a.out);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.weight, {DType::kF32, DType::kBF16}, 1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 2));
+  if (a.weight.dim(0) != a.x.dim(1) || a.out.shape != a.x.shape) return Invalid(ctx, "weight must be [H] and out like x");
+  if (!(a.eps > 0)) return Invalid(ctx, "eps must be positive, got ", a.eps);
+  return Status::Ok();
+}
+
+Status ValidateRope(const RopeArgs& a) {
+  const std::string ctx = Context("rope", a.x, a.positions, a.inv_freq);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.positions, {DType::kI32}, 1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.inv_freq, {DType::kF64}, 1));
+  if (a.positions.dim(0) != a.x.dim(0)) return Invalid(ctx, "positions must have one entry per row of x (", a.x.dim(0), ")");
+  if (a.offset < 0 || a.offset + 2 * a.inv_freq.dim(0) > a.x.dim(2)) return Invalid(ctx, "rotated dims [", a.offset, ", ", a.offset + 2 * a.inv_freq.dim(0), ") exceed the head dim ", a.x.dim(2));
+  return Status::Ok();
+}
+
+Status ValidateSiluMul(const SiluMulArgs& a) {
+  const std::string ctx = Context("silu_mul", a.x, a.out);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32, DType::kBF16}, 2));
+  if (a.x.dim(1) % 2 != 0 || a.out.dim(0) != a.x.dim(0) || a.out.dim(1) * 2 != a.x.dim(1)) return Invalid(ctx, "x must be [T, 2I] and out [T, I]");
+  return Status::Ok();
+}
+
+Status ValidateAdd(const AddArgs& a) {
+  const std::string ctx = Context("add", a.a, a.b, a.out);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.a, {DType::kF32}, -1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.b, {DType::kF32}, -1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, -1));
+  if (a.a.shape != a.b.shape || a.a.shape != a.out.shape) return Invalid(ctx, "a, b and out must have the same shape");
+  return Status::Ok();
+}
+
+Status ValidateRouter(const RouterArgs& a) {
+  const std::string ctx = Context("router", a.logits, a.bias, a.ids, a.weights);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.logits, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.bias, {DType::kF32}, 1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.weights, {DType::kF32}, 2));
+  const int64_t t = a.logits.dim(0), e = a.logits.dim(1);
+  if (a.bias.dim(0) != e) return Invalid(ctx, "bias must be [E] = [", e, "]");
+  if (a.ids.dim(0) != t || a.ids.dim(1) != a.topk || a.weights.shape != a.ids.shape) return Invalid(ctx, "ids and weights must be [T, topk] = [", t, ", ", a.topk, "]");
+  if (a.n_group < 1 || e % a.n_group != 0) return Invalid(ctx, "E = ", e, " must be a multiple of n_group = ", a.n_group);
+  if (a.topk_group < 1 || a.topk_group > a.n_group) return Invalid(ctx, "topk_group ", a.topk_group, " must be in [1, n_group = ", a.n_group, "]");
+  if (a.n_group > 1 && e / a.n_group < 2) return Invalid(ctx, "groups need at least 2 experts");
+  if (a.topk < 1 || a.topk > a.topk_group * (e / a.n_group)) return Invalid(ctx, "topk ", a.topk, " cannot be chosen from ", a.topk_group, " groups of ", e / a.n_group);
+  if (e > 1024 || a.topk > 32) return Unsupported(ctx, "up to 1024 experts and 32 per token are supported");
+  return Status::Ok();
+}
+
+Status ValidateArgmax(const ArgmaxArgs& a) {
+  const std::string ctx = Context("argmax", a.x, a.out);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kI32}, 1));
+  if (a.out.dim(0) != a.x.dim(0)) return Invalid(ctx, "out must be [T] = [", a.x.dim(0), "]");
+  if (a.x.dim(1) < 1) return Invalid(ctx, "rows must not be empty");
+  return Status::Ok();
+}
+
+Status ValidateTopk(const TopkArgs& a) {
+  const std::string ctx = Context("topk", a.x, a.values, a.ids);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.values, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
+  if (a.k < 1 || a.k > a.x.dim(1)) return Invalid(ctx, "k = ", a.k, " must be in [1, ", a.x.dim(1), "]");
+  if (a.k > 1024) return Unsupported(ctx, "k up to 1024 is supported");
+  if (a.values.dim(0) != a.x.dim(0) || a.values.dim(1) != a.k || a.ids.shape != a.values.shape) return Invalid(ctx, "values and ids must be [T, k] = [", a.x.dim(0), ", ", a.k, "]");
+  return Status::Ok();
+}
+
+Status ValidateKvWrite(const KvWriteArgs& a) {
+  const std::string ctx = Context("kv_write", a.c, a.kpe, a.cache_c, a.cache_kpe, a.slots);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.c, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.kpe, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_c, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_kpe, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.slots, {DType::kI32}, 1));
+  const int64_t t = a.c.dim(0);
+  if (a.kpe.dim(0) != t || a.slots.dim(0) != t) return Invalid(ctx, "c, kpe and slots need one row per token (", t, ")");
+  if (a.cache_c.dim(1) != a.c.dim(1) || a.cache_kpe.dim(1) != a.kpe.dim(1) || a.cache_c.dim(0) != a.cache_kpe.dim(0)) return Invalid(ctx, "cache rows must match c and kpe");
+  return Status::Ok();
+}
+
+Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
+  const std::string ctx = Context("ddtree_build", a.draft_logits, a.tokens, a.parents, a.depths, a.positions, a.mask, a.size);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.draft_logits, {DType::kF32}, 2));
+  for (const Tensor* t : {&a.tokens, &a.parents, &a.depths, &a.positions}) KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, *t, {DType::kI32}, 1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.mask, {DType::kU8}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.size, {DType::kI32}, 1));
+  const int64_t n = a.budget + 1, v = a.draft_logits.dim(1);
+  if (a.budget < 0 || a.budget > 1024) return Invalid(ctx, "budget ", a.budget, " must be in [0, 1024]");
+  if (a.draft_logits.dim(0) < 1) return Invalid(ctx, "needs at least one draft depth");
+  if (a.root < 0 || a.root >= v) return Invalid(ctx, "root token ", a.root, " is outside the vocabulary [0, ", v, ")");
+  for (const Tensor* t : {&a.tokens, &a.parents, &a.depths, &a.positions}) {
+    if (t->dim(0) != n) return Invalid(ctx, t->name, " must be [budget + 1] = [", n, "]");
+  }
+  if (a.mask.dim(0) != n || a.mask.dim(1) != n) return Invalid(ctx, "mask must be [budget + 1, budget + 1] = [", n, ", ", n, "]");
+  if (a.size.dim(0) != 1) return Invalid(ctx, "size must be [1]");
+  return Status::Ok();
+}
+
+Status ValidateDdtreeAccept(const DdtreeAcceptArgs& a) {
+  const std::string ctx = Context("ddtree_accept", a.tokens, a.parents, a.size, a.target_argmax, a.path, a.path_len, a.bonus);
+  for (const Tensor* t : {&a.tokens, &a.parents, &a.size, &a.target_argmax, &a.path, &a.path_len, &a.bonus}) KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, *t, {DType::kI32}, 1));
+  const int64_t n = a.tokens.dim(0);
+  if (a.parents.dim(0) != n || a.target_argmax.dim(0) < 1 || a.path.dim(0) != n) return Invalid(ctx, "tokens, parents and path must be [N] and target_argmax one per node");
+  if (a.size.dim(0) != 1 || a.path_len.dim(0) != 1 || a.bonus.dim(0) != 1) return Invalid(ctx, "size, path_len and bonus must be [1]");
+  return Status::Ok();
+}
+
+Status ValidateKvCommit(const KvCommitArgs& a) {
+  const std::string ctx = Context("kv_commit", a.path, a.path_len);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.path, {DType::kI32}, 1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.path_len, {DType::kI32}, 1));
+  if (a.caches.empty()) return Invalid(ctx, "needs at least one cache tensor");
+  for (const Tensor& c : a.caches) {
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, c, {DType::kF32}, 2));
+    if (a.start < 0 || a.start + a.path.dim(0) > c.dim(0)) return Invalid(ctx, c.Describe(), ": start ", a.start, " + ", a.path.dim(0), " path slots exceed its ", c.dim(0), " rows");
+  }
+  return Status::Ok();
+}
+
+}  // namespace kdtree

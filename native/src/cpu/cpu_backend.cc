@@ -1,0 +1,459 @@
+// The CPU twin of every kernel: the same semantics as the CUDA ops (cuda/*.cu), written plainly,
+// multi-threaded over independent output rows. Each output element is one fixed-order sum, so
+// results are batch-invariant and independent of the thread count.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <queue>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "../common/half.h"
+#include "../common/validate.h"
+#include "kdtree/backend.h"
+#include "thread_pool.h"
+
+namespace kdtree {
+namespace {
+
+float LoadF(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::kF32: return t.as<const float>()[i];
+    case DType::kBF16: return Bf16ToF32(t.as<const uint16_t>()[i]);
+    case DType::kF16: return F16ToF32(t.as<const uint16_t>()[i]);
+    case DType::kF64: return static_cast<float>(t.as<const double>()[i]);
+    default: return 0.f;
+  }
+}
+
+void StoreF(const Tensor& t, int64_t i, float v) {
+  switch (t.dtype) {
+    case DType::kF32: t.as<float>()[i] = v; break;
+    case DType::kBF16: t.as<uint16_t>()[i] = F32ToBf16(v); break;
+    case DType::kF16: t.as<uint16_t>()[i] = F32ToF16(v); break;
+    default: break;
+  }
+}
+
+// One output row of W4A16: dot(x_row, dequant(W row)) with the CUDA kernels' grouping: per
+// group the f32 sum of x * q, then scaled; groups accumulate in f32, in order.
+float W4Dot(const float* x, const int32_t* qrow, const Tensor& sc, int64_t sc_row, int64_t k, int group) {
+  float acc = 0.f;
+  for (int64_t g = 0; g < k / group; ++g) {
+    float part = 0.f;
+    for (int64_t j = g * group; j < (g + 1) * group; j += 8) {
+      const uint32_t w = static_cast<uint32_t>(qrow[j / 8]);
+      for (int i = 0; i < 8; ++i) part += x[j + i] * static_cast<float>(static_cast<int>((w >> (4 * i)) & 0xF) - 8);
+    }
+    acc = std::fma(part, LoadF(sc, sc_row + g), acc);
+  }
+  return acc;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() : pool_(std::max(1u, std::thread::hardware_concurrency())) {}
+  const char* kind() const override { return "cpu"; }
+  DeviceInfo info() const override {
+    DeviceInfo d;
+    d.name = "cpu (" + std::to_string(pool_.size()) + " threads)";
+    d.multiprocessors = static_cast<int>(pool_.size());
+    return d;
+  }
+
+  Status Alloc(size_t bytes, void** ptr) override {
+    *ptr = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+    if (*ptr == nullptr) return MakeStatus(Code::kOutOfMemory, "cpu: cannot allocate ", bytes, " bytes");
+    return Status::Ok();
+  }
+  Status Free(void* ptr) override {
+    std::free(ptr);
+    return Status::Ok();
+  }
+  Status CopyToDevice(void* dst, const void* src, size_t bytes, int) override { return Copy(dst, src, bytes); }
+  Status CopyToHost(void* dst, const void* src, size_t bytes, int) override { return Copy(dst, src, bytes); }
+  Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, int) override { return Copy(dst, src, bytes); }
+  Status Fill(void* dst, uint8_t value, size_t bytes, int) override {
+    std::memset(dst, value, bytes);
+    return Status::Ok();
+  }
+  Status CreateStream(int* stream) override {
+    *stream = next_stream_++;
+    streams_.insert(*stream);
+    return Status::Ok();
+  }
+  Status DestroyStream(int stream) override {
+    if (stream == 0 || streams_.erase(stream) == 0) return Invalid("destroy_stream: unknown stream ", stream);
+    return Status::Ok();
+  }
+  Status Synchronize(int stream) override { return stream < 0 ? Status::Ok() : CheckStream(stream); }
+  Status CheckStream(int stream) override {
+    if (stream != 0 && streams_.count(stream) == 0) return Invalid("unknown stream ", stream, " (create it with createStream())");
+    return Status::Ok();
+  }
+  Status CreateEvent(int* event) override {
+    *event = next_event_++;
+    events_[*event] = 0;
+    return Status::Ok();
+  }
+  Status DestroyEvent(int event) override {
+    events_.erase(event);
+    return Status::Ok();
+  }
+  Status RecordEvent(int event, int) override {
+    if (!events_.count(event)) return Invalid("record_event: unknown event ", event);
+    events_[event] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return Status::Ok();
+  }
+  Status ElapsedMs(int start, int end, float* ms) override {
+    if (!events_.count(start) || !events_.count(end)) return Invalid("elapsed_ms: unknown event");
+    *ms = static_cast<float>(events_[end] - events_[start]);
+    return Status::Ok();
+  }
+
+  Status W4A16Gemm(const W4A16GemmArgs& a, int) override {
+    const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.qw.dim(0);
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (int64_t i = 0; i < m * k; ++i) x[i] = LoadF(a.x, i);
+    pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const int32_t* q = a.qw.as<const int32_t>() + r * (k / 8);
+        for (int64_t row = 0; row < m; ++row) StoreF(a.y, row * n + r, W4Dot(&x[row * k], q, a.sc, r * (k / a.group), k, a.group));
+      }
+    });
+    return Status::Ok();
+  }
+
+  Status MoeGemm(const MoeGemmArgs& a, int) override {
+    const int64_t e_count = a.qw.dim(0), n = a.qw.dim(1), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1);
+    const int32_t* ids = a.ids.as<const int32_t>();
+    for (int64_t i = 0; i < t * topk; ++i) {
+      if (ids[i] < 0 || ids[i] >= e_count) return Invalid("moe_gemm: ids[", i / topk, ", ", i % topk, "] = ", ids[i], " is not an expert in [0, ", e_count, ")");
+    }
+    std::vector<float> x(static_cast<size_t>(a.x.numel()));
+    for (int64_t i = 0; i < a.x.numel(); ++i) x[i] = LoadF(a.x, i);
+    const int64_t words = k / 8, groups = k / a.group;
+    auto expert_dot = [&](int64_t expert, int64_t row_n, const float* xr) {
+      return W4Dot(xr, a.qw.as<const int32_t>() + (expert * n + row_n) * words, a.sc, (expert * n + row_n) * groups, k, a.group);
+    };
+    pool_.ParallelFor(n, [&](int64_t b, int64_t end) {
+      for (int64_t r = b; r < end; ++r) {
+        for (int64_t tok = 0; tok < t; ++tok) {
+          if (a.mode == MoeMode::kGather) {
+            for (int64_t j = 0; j < topk; ++j) StoreF(a.y, (tok * topk + j) * n + r, expert_dot(ids[tok * topk + j], r, &x[tok * k]));
+          } else {
+            float acc = 0.f;
+            for (int64_t j = 0; j < topk; ++j) acc = std::fma(a.weights.as<const float>()[tok * topk + j], expert_dot(ids[tok * topk + j], r, &x[(tok * topk + j) * k]), acc);
+            StoreF(a.y, tok * n + r, acc);
+          }
+        }
+      }
+    });
+    return Status::Ok();
+  }
+
+  Status MlaAttention(const MlaAttentionArgs& a, int) override {
+    const int64_t t = a.q_nope.dim(0), h = a.q_nope.dim(1), dn = a.q_nope.dim(2), dr = a.q_pe.dim(2);
+    const int64_t r = a.cache_c.dim(1), dv = a.out.dim(2);
+    const bool masked = a.mask.present();
+    pool_.ParallelFor(t * h, [&](int64_t b, int64_t e) {
+      std::vector<float> q_lat(static_cast<size_t>(r)), ctx(static_cast<size_t>(r)), scores;
+      std::vector<int64_t> keys;
+      for (int64_t item = b; item < e; ++item) {
+        const int64_t ti = item / h, hi = item % h;
+        const float* qn = a.q_nope.as<const float>() + (ti * h + hi) * dn;
+        const float* qp = a.q_pe.as<const float>() + (ti * h + hi) * dr;
+        const int64_t kb = hi * (dn + dv);  // this head's rows of kv_b: [dn rows of W_kb, dv rows of W_vb]
+        for (int64_t j = 0; j < r; ++j) {
+          float s = 0.f;
+          for (int64_t i = 0; i < dn; ++i) s = std::fma(qn[i], LoadF(a.kv_b, (kb + i) * r + j), s);
+          q_lat[j] = s;
+        }
+        keys.clear();
+        for (int64_t s = 0; s < a.base; ++s) keys.push_back(s);
+        for (int64_t j = 0; j < t; ++j) {
+          if (masked ? a.mask.as<const uint8_t>()[ti * t + j] != 0 : j <= ti) keys.push_back(a.base + j);
+        }
+        scores.assign(keys.size(), 0.f);
+        float mx = -INFINITY;
+        for (size_t i = 0; i < keys.size(); ++i) {
+          const float* c = a.cache_c.as<const float>() + keys[i] * r;
+          const float* kp = a.cache_kpe.as<const float>() + keys[i] * dr;
+          float s = 0.f;
+          for (int64_t j = 0; j < r; ++j) s = std::fma(q_lat[j], c[j], s);
+          for (int64_t j = 0; j < dr; ++j) s = std::fma(qp[j], kp[j], s);
+          scores[i] = s * static_cast<float>(a.scale);
+          mx = std::max(mx, scores[i]);
+        }
+        float sum = 0.f;
+        for (float& s : scores) sum += (s = std::exp(s - mx));
+        std::fill(ctx.begin(), ctx.end(), 0.f);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          const float p = scores[i] / sum;
+          const float* c = a.cache_c.as<const float>() + keys[i] * r;
+          for (int64_t j = 0; j < r; ++j) ctx[j] = std::fma(p, c[j], ctx[j]);
+        }
+        float* out = a.out.as<float>() + (ti * h + hi) * dv;
+        for (int64_t v = 0; v < dv; ++v) {
+          float s = 0.f;
+          for (int64_t j = 0; j < r; ++j) s = std::fma(LoadF(a.kv_b, (kb + dn + v) * r + j), ctx[j], s);
+          out[v] = s;
+        }
+      }
+    });
+    return Status::Ok();
+  }
+
+  Status Embedding(const EmbeddingArgs& a, int) override {
+    const int64_t v = a.table.dim(0), hdim = a.table.dim(1);
+    for (int64_t i = 0; i < a.ids.dim(0); ++i) {
+      const int32_t id = a.ids.as<const int32_t>()[i];
+      if (id < 0 || id >= v) return Invalid("embedding: ids[", i, "] = ", id, " is outside the table's ", v, " rows");
+      for (int64_t j = 0; j < hdim; ++j) a.out.as<float>()[i * hdim + j] = LoadF(a.table, id * hdim + j);
+    }
+    return Status::Ok();
+  }
+
+  Status RmsNorm(const RmsNormArgs& a, int) override {
+    const int64_t rows = a.x.dim(0), hdim = a.x.dim(1);
+    pool_.ParallelFor(rows, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* x = a.x.as<const float>() + r * hdim;
+        float ss = 0.f;
+        for (int64_t j = 0; j < hdim; ++j) ss = std::fma(x[j], x[j], ss);
+        const float inv = 1.f / std::sqrt(ss / static_cast<float>(hdim) + static_cast<float>(a.eps));
+        for (int64_t j = 0; j < hdim; ++j) a.out.as<float>()[r * hdim + j] = x[j] * inv * LoadF(a.weight, j);
+      }
+    });
+    return Status::Ok();
+  }
+
+  Status Rope(const RopeArgs& a, int) override {
+    const int64_t t = a.x.dim(0), heads = a.x.dim(1), hd = a.x.dim(2), half = a.inv_freq.dim(0);
+    for (int64_t ti = 0; ti < t; ++ti) {
+      const double pos = a.positions.as<const int32_t>()[ti];
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = pos * a.inv_freq.as<const double>()[i];
+        const double c = std::cos(angle) * a.attention_factor, s = std::sin(angle) * a.attention_factor;
+        for (int64_t hh = 0; hh < heads; ++hh) {
+          float* x = a.x.as<float>() + (ti * heads + hh) * hd + a.offset;
+          const int64_t i0 = a.interleave ? 2 * i : i, i1 = a.interleave ? 2 * i + 1 : i + half;
+          const double x0 = x[i0], x1 = x[i1];
+          x[i0] = static_cast<float>(x0 * c - x1 * s);
+          x[i1] = static_cast<float>(x1 * c + x0 * s);
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status SiluMul(const SiluMulArgs& a, int) override {
+    const int64_t t = a.out.dim(0), inter = a.out.dim(1);
+    for (int64_t r = 0; r < t; ++r) {
+      for (int64_t j = 0; j < inter; ++j) {
+        const float g = LoadF(a.x, r * 2 * inter + j), u = LoadF(a.x, r * 2 * inter + inter + j);
+        StoreF(a.out, r * inter + j, g / (1.f + std::exp(-g)) * u);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Add(const AddArgs& a, int) override {
+    for (int64_t i = 0; i < a.a.numel(); ++i) a.out.as<float>()[i] = a.a.as<const float>()[i] + a.b.as<const float>()[i];
+    return Status::Ok();
+  }
+
+  Status Router(const RouterArgs& a, int) override {
+    const int64_t t = a.logits.dim(0), e = a.logits.dim(1), per = e / a.n_group;
+    std::vector<float> scores(static_cast<size_t>(e)), choice(static_cast<size_t>(e));
+    std::vector<int> order(static_cast<size_t>(e));
+    for (int64_t r = 0; r < t; ++r) {
+      for (int64_t i = 0; i < e; ++i) {
+        scores[i] = 1.f / (1.f + std::exp(-a.logits.as<const float>()[r * e + i]));
+        choice[i] = scores[i] + a.bias.as<const float>()[i];
+      }
+      std::vector<char> allowed(static_cast<size_t>(e), 1);
+      if (a.n_group > 1) {
+        std::vector<float> gscore(static_cast<size_t>(a.n_group));
+        for (int g = 0; g < a.n_group; ++g) {
+          float b1 = -INFINITY, b2 = -INFINITY;
+          for (int64_t i = g * per; i < (g + 1) * per; ++i) {
+            if (choice[i] > b1) { b2 = b1; b1 = choice[i]; } else if (choice[i] > b2) b2 = choice[i];
+          }
+          gscore[g] = b1 + b2;
+        }
+        std::vector<int> gorder(static_cast<size_t>(a.n_group));
+        std::iota(gorder.begin(), gorder.end(), 0);
+        std::stable_sort(gorder.begin(), gorder.end(), [&](int x, int y) { return gscore[x] > gscore[y]; });
+        std::fill(allowed.begin(), allowed.end(), 0);
+        for (int g = 0; g < a.topk_group; ++g) std::fill(allowed.begin() + gorder[g] * per, allowed.begin() + (gorder[g] + 1) * per, 1);
+      }
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+        if (allowed[x] != allowed[y]) return allowed[x] > allowed[y];
+        return choice[x] > choice[y];
+      });
+      std::vector<int> chosen(order.begin(), order.begin() + a.topk);
+      std::sort(chosen.begin(), chosen.end());
+      float sum = 0.f;
+      for (int c : chosen) sum += scores[c];
+      for (int j = 0; j < a.topk; ++j) {
+        float w = scores[chosen[j]];
+        if (a.norm_topk_prob) w = w / (sum + 1e-20f);
+        a.ids.as<int32_t>()[r * a.topk + j] = chosen[j];
+        a.weights.as<float>()[r * a.topk + j] = w * static_cast<float>(a.scaling);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Argmax(const ArgmaxArgs& a, int) override {
+    const int64_t t = a.x.dim(0), v = a.x.dim(1);
+    for (int64_t r = 0; r < t; ++r) {
+      const float* x = a.x.as<const float>() + r * v;
+      int64_t best = 0;
+      for (int64_t i = 1; i < v; ++i) if (x[i] > x[best]) best = i;
+      a.out.as<int32_t>()[r] = static_cast<int32_t>(best);
+    }
+    return Status::Ok();
+  }
+
+  Status Topk(const TopkArgs& a, int) override {
+    const int64_t t = a.x.dim(0), v = a.x.dim(1);
+    std::vector<int> order(static_cast<size_t>(v));
+    for (int64_t r = 0; r < t; ++r) {
+      const float* x = a.x.as<const float>() + r * v;
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + a.k, order.end(), [&](int p, int q) { return x[p] > x[q] || (x[p] == x[q] && p < q); });
+      for (int j = 0; j < a.k; ++j) {
+        a.values.as<float>()[r * a.k + j] = x[order[j]];
+        a.ids.as<int32_t>()[r * a.k + j] = order[j];
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status KvWrite(const KvWriteArgs& a, int) override {
+    const int64_t t = a.c.dim(0), r = a.c.dim(1), dr = a.kpe.dim(1), s = a.cache_c.dim(0);
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t slot = a.slots.as<const int32_t>()[i];
+      if (slot < 0 || slot >= s) return Invalid("kv_write: slots[", i, "] = ", slot, " is outside the cache's ", s, " slots");
+      std::memcpy(a.cache_c.as<float>() + slot * r, a.c.as<const float>() + i * r, r * 4);
+      std::memcpy(a.cache_kpe.as<float>() + slot * dr, a.kpe.as<const float>() + i * dr, dr * 4);
+    }
+    return Status::Ok();
+  }
+
+  Status DdtreeBuild(const DdtreeBuildArgs& a, int) override {
+    const int64_t depth = a.draft_logits.dim(0), v = a.draft_logits.dim(1);
+    const int64_t k = std::min<int64_t>(a.budget, v), n = a.budget + 1;
+    // per depth: top-K tokens by log-softmax, descending; ties to the lower token id
+    std::vector<double> lp(static_cast<size_t>(depth * std::max<int64_t>(k, 1)));
+    std::vector<int32_t> tok(lp.size());
+    std::vector<int> order(static_cast<size_t>(v));
+    for (int64_t d = 0; d < depth && k > 0; ++d) {
+      const float* x = a.draft_logits.as<const float>() + d * v;
+      double mx = -INFINITY;
+      for (int64_t i = 0; i < v; ++i) mx = std::max(mx, static_cast<double>(x[i]));
+      double sum = 0.0;
+      for (int64_t i = 0; i < v; ++i) sum += std::exp(x[i] - mx);
+      const double logz = mx + std::log(sum);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int p, int q) { return x[p] > x[q] || (x[p] == x[q] && p < q); });
+      for (int64_t r = 0; r < k; ++r) {
+        tok[d * k + r] = order[r];
+        lp[d * k + r] = x[order[r]] - logz;
+      }
+    }
+    int32_t* tokens = a.tokens.as<int32_t>();
+    int32_t* parents = a.parents.as<int32_t>();
+    int32_t* depths = a.depths.as<int32_t>();
+    std::fill(tokens, tokens + n, -1);
+    std::fill(parents, parents + n, -1);
+    std::fill(depths, depths + n, 0);
+    tokens[0] = a.root;
+    int64_t size = 1;
+    struct Entry { double w; int32_t parent, depth, rank; int64_t seq; };
+    auto worse = [](const Entry& x, const Entry& y) { return x.w < y.w || (x.w == y.w && x.seq > y.seq); };
+    std::priority_queue<Entry, std::vector<Entry>, decltype(worse)> heap(worse);
+    int64_t seq = 0;
+    if (k > 0) heap.push({lp[0], 0, 1, 0, seq++});
+    while (!heap.empty() && size < n) {
+      const Entry e = heap.top();
+      heap.pop();
+      const int64_t node = size++;
+      const int64_t at = (e.depth - 1) * k + e.rank;
+      tokens[node] = tok[at];
+      parents[node] = e.parent;
+      depths[node] = e.depth;
+      if (e.rank + 1 < k) heap.push({e.w - lp[at] + lp[at + 1], e.parent, e.depth, e.rank + 1, seq++});
+      if (e.depth < depth) heap.push({e.w + lp[e.depth * k], static_cast<int32_t>(node), e.depth + 1, 0, seq++});
+    }
+    uint8_t* mask = a.mask.as<uint8_t>();
+    std::memset(mask, 0, static_cast<size_t>(n * n));
+    for (int64_t i = 0; i < n; ++i) {
+      a.positions.as<int32_t>()[i] = static_cast<int32_t>(a.start + depths[i]);
+      if (i < size) for (int64_t j = i; j >= 0; j = parents[j]) mask[i * n + j] = 1;
+    }
+    a.size.as<int32_t>()[0] = static_cast<int32_t>(size);
+    return Status::Ok();
+  }
+
+  Status DdtreeAccept(const DdtreeAcceptArgs& a, int) override {
+    const int32_t size = a.size.as<const int32_t>()[0];
+    if (size < 1 || size > a.tokens.dim(0) || size > a.target_argmax.dim(0)) return Invalid("ddtree_accept: size ", size, " is outside [1, ", a.tokens.dim(0), "]");
+    int32_t cur = 0, len = 1;
+    a.path.as<int32_t>()[0] = 0;
+    for (;;) {
+      int32_t next = -1;
+      for (int32_t c = cur + 1; c < size; ++c) {
+        if (a.parents.as<const int32_t>()[c] == cur && a.tokens.as<const int32_t>()[c] == a.target_argmax.as<const int32_t>()[cur]) {
+          next = c;
+          break;
+        }
+      }
+      if (next < 0) break;
+      a.path.as<int32_t>()[len++] = next;
+      cur = next;
+    }
+    a.path_len.as<int32_t>()[0] = len;
+    a.bonus.as<int32_t>()[0] = a.target_argmax.as<const int32_t>()[cur];
+    return Status::Ok();
+  }
+
+  Status KvCommit(const KvCommitArgs& a, int) override {
+    const int32_t len = a.path_len.as<const int32_t>()[0];
+    if (len < 1 || len > a.path.dim(0)) return Invalid("kv_commit: path_len ", len, " is outside [1, ", a.path.dim(0), "]");
+    for (const Tensor& c : a.caches) {
+      const int64_t row = c.dim(1);
+      for (int32_t k = 0; k < len; ++k) {
+        const int32_t src = a.path.as<const int32_t>()[k];
+        if (src < k || a.start + src >= c.dim(0)) return Invalid("kv_commit: path[", k, "] = ", src, " is not a slot at or after ", k);
+        std::memmove(c.as<float>() + (a.start + k) * row, c.as<const float>() + (a.start + src) * row, row * 4);
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  static Status Copy(void* dst, const void* src, size_t bytes) {
+    std::memmove(dst, src, bytes);
+    return Status::Ok();
+  }
+  ThreadPool pool_;
+  int next_stream_ = 1, next_event_ = 1;
+  std::set<int> streams_;
+  std::map<int, double> events_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace kdtree

@@ -1,0 +1,71 @@
+// Device helpers shared by the kernels, and the launcher declarations of each .cu file.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kdtree/ops.h"
+#include "kdtree/status.h"
+
+namespace kdtree {
+namespace cuda {
+
+// Per-stream work space: grows on demand (after the stream drains), never shrinks.
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  Status Reserve(size_t need, cudaStream_t stream);
+};
+
+inline Status FromCuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return MakeStatus(e == cudaErrorMemoryAllocation ? Code::kOutOfMemory : Code::kDeviceError, what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+}
+
+// After a launch: a configuration error shows up immediately; faults surface at the next sync.
+inline Status LaunchStatus(const char* kernel) { return FromCuda(cudaGetLastError(), kernel); }
+
+__device__ __forceinline__ float LoadAsF32(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kF64: return static_cast<float>(static_cast<const double*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void StoreFromF32(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    case DType::kF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+// Launchers (one per op), defined in the .cu file of the op.
+Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
+Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
+Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch);
+Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s);
+Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t s);
+Status LaunchRope(const RopeArgs& a, cudaStream_t s);
+Status LaunchSiluMul(const SiluMulArgs& a, cudaStream_t s);
+Status LaunchAdd(const AddArgs& a, cudaStream_t s);
+Status LaunchRouter(const RouterArgs& a, cudaStream_t s);
+Status LaunchArgmax(const ArgmaxArgs& a, cudaStream_t s);
+Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch);
+Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s);
+Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch);
+Status LaunchDdtreeAccept(const DdtreeAcceptArgs& a, cudaStream_t s);
+Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s);
+
+// Row-wise top-k of f32 rows (descending, ties to the lower index) used by topk and ddtree_build:
+// a radix select of the k-th largest key, then a sort of the <= k survivors. One block per row.
+// `values`/`ids` are [rows, k]; `scratch` must hold TopkScratchBytes(rows, k).
+size_t TopkScratchBytes(int64_t rows, int k);
+Status LaunchRowTopk(const float* x, int64_t rows, int64_t cols, int k, float* values, int32_t* ids, void* scratch, cudaStream_t s);
+
+}  // namespace cuda
+}  // namespace kdtree

@@ -1,0 +1,474 @@
+// W4A16 GEMM: y[M, N] = x[M, K] . dequant(qw[N, K/8], sc[N, K/G])^T, and its grouped MoE form.
+//
+// bf16/f16 activations run on tensor cores (mma.sync m16n8k16, f32 accumulation):
+//  * Weights stream from HBM once, straight into B fragments: each lane loads 16 bytes (32 k) of
+//    one W row per step with an evict-first load, several steps in flight. No shared memory for B.
+//  * K is permuted inside every 8-k word so that a lane's B pair (k, k+4) sits in nibbles (t, t+4)
+//    of one word: one shift and one LOP3 give two bf16 codes (128 + u) in a register, one HSUB2
+//    turns them into q = u - 8. The same permutation is applied to x when it is staged in shared
+//    memory, so A fragments are plain 32-bit loads.
+//  * Codes are exact small integers in bf16/f16, so the MMA computes sum_k x*q exactly per group;
+//    the f32 group sum is then scaled: y = sum_g s_g * (sum_{k in g} x_k q_k).
+//  * Every output element is computed in the same order whatever M is (MMA rows are independent;
+//    split-K depends only on N, K and the device), so results are batch-invariant.
+// f32 activations run a SIMT kernel with the same grouping and f32 FMAs (tensor cores would round
+// x to bf16/tf32).
+#include <algorithm>
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace kdtree {
+namespace cuda {
+namespace {
+
+constexpr int kWarps = 4;                     // warps per block, side by side along N
+constexpr int kWarpRows = 16;                 // W rows per warp: two n8 MMA tiles
+constexpr int kBlockRows = kWarps * kWarpRows;
+constexpr int kChunkK = 256;                  // k per shared-memory stage of x
+constexpr int kPad = 8;                       // halfs of padding per staged row: conflict-free A loads
+constexpr int kPrefetch = 4;                  // 32-k weight steps in flight per lane
+
+struct Tile {
+  int expert, row_start, rows, pad;
+};
+
+struct GemmParams {
+  const void* x;
+  const int32_t* qw;       // [E, N, K/8]
+  const void* sc;          // [E, N, K/G]
+  bool sc_f32;
+  int N, K, G;
+  int M;                   // logical rows (dense); MoE: pairs
+  int tile_rows;           // rows per tile (16 x MF)
+  const Tile* tiles;       // MoE tile list (device) or null for dense
+  const int* num_tiles;    // MoE: device count of tiles
+  const int* x_row;        // logical row -> x row, or null (identity)
+  const int* out_row;      // logical row -> output row, or null (identity)
+  int splits, groups_per_split;
+  bool direct;             // write y (dtype) directly; else partial f32 [splits][out_rows][N]
+  void* y;
+  DType y_dtype;
+  float* partial;
+  int out_rows;
+};
+
+__device__ __forceinline__ void MmaBf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void MmaF16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two codes (nibbles in bits 0-3 and 16-19 of `w`) -> two exact 16-bit floats q = u - 8.
+template <typename T>
+__device__ __forceinline__ uint32_t Dequant2(uint32_t w);
+template <>
+__device__ __forceinline__ uint32_t Dequant2<__nv_bfloat16>(uint32_t w) {
+  uint32_t v = (w & 0x000F000Fu) | 0x43004300u;  // bf16 128 + u (ulp 1 in [128, 256))
+  __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&v), __floats2bfloat162_rn(136.f, 136.f));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+template <>
+__device__ __forceinline__ uint32_t Dequant2<__half>(uint32_t w) {
+  uint32_t v = (w & 0x000F000Fu) | 0x64006400u;  // f16 1024 + u (ulp 1 in [1024, 2048))
+  __half2 r = __hsub2(*reinterpret_cast<__half2*>(&v), __floats2half2_rn(1032.f, 1032.f));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+__device__ __forceinline__ float ScaleAt(const GemmParams& p, int64_t row, int g) {
+  const int64_t i = row * (p.K / p.G) + g;
+  return p.sc_f32 ? static_cast<const float*>(p.sc)[i] : __bfloat162float(static_cast<const __nv_bfloat16*>(p.sc)[i]);
+}
+
+// Resolves this block's tile: logical rows [row_start, row_start + rows) of one expert.
+__device__ __forceinline__ bool BlockTile(const GemmParams& p, int* expert, int* row_start, int* rows) {
+  if (p.tiles != nullptr) {
+    if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return false;
+    const Tile t = p.tiles[blockIdx.y];
+    *expert = t.expert;
+    *row_start = t.row_start;
+    *rows = t.rows;
+  } else {
+    *expert = 0;
+    *row_start = blockIdx.y * p.tile_rows;
+    *rows = min(p.tile_rows, p.M - *row_start);
+  }
+  return *rows > 0;
+}
+
+__device__ __forceinline__ void StoreOut(const GemmParams& p, int logical_row, int n, float v) {
+  const int out = p.out_row ? p.out_row[logical_row] : logical_row;
+  if (p.direct) StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * p.N + n, v);
+  else p.partial[(static_cast<int64_t>(blockIdx.z) * p.out_rows + out) * p.N + n] = v;
+}
+
+template <typename T, int MF>
+__global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p) {
+  __shared__ alignas(16) T xs[MF * 16][kChunkK + kPad];
+  int expert, row_start, rows;
+  if (!BlockTile(p, &expert, &row_start, &rows)) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n_warp = blockIdx.x * kBlockRows + warp * kWarpRows;
+  const int groups = p.K / p.G;
+  const int g_begin = blockIdx.z * p.groups_per_split;
+  const int g_end = min(groups, g_begin + p.groups_per_split);
+  const int k_begin = g_begin * p.G, k_end = g_end * p.G;
+  const int words = p.K / 8;
+  const int64_t wrow0 = static_cast<int64_t>(expert) * p.N + n_warp + g;      // this lane's W rows
+  const int64_t wrow1 = wrow0 + 8;
+  const bool has0 = n_warp + g < p.N, has1 = n_warp + 8 + g < p.N;
+  const uint4* src0 = reinterpret_cast<const uint4*>(p.qw + wrow0 * words + k_begin / 8);
+  const uint4* src1 = reinterpret_cast<const uint4*>(p.qw + wrow1 * words + k_begin / 8);
+  const int steps = (k_end - k_begin) / 32;
+  const int steps_per_group = p.G / 32;
+
+  // weights for steps [s, s + kPrefetch) in flight; evict-first: they are read exactly once
+  uint4 ring[kPrefetch][2];
+#pragma unroll
+  for (int j = 0; j < kPrefetch; ++j) {
+    ring[j][0] = has0 && j < steps ? __ldcs(src0 + j) : make_uint4(0, 0, 0, 0);
+    ring[j][1] = has1 && j < steps ? __ldcs(src1 + j) : make_uint4(0, 0, 0, 0);
+  }
+  float acc[MF][2][4], part[MF][2][4];
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int nf = 0; nf < 2; ++nf)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mf][nf][i] = part[mf][nf][i] = 0.f;
+
+  for (int chunk = k_begin; chunk < k_end; chunk += kChunkK) {
+    const int chunk_len = min(kChunkK, k_end - chunk);
+    __syncthreads();  // the previous chunk's A loads are done
+    // stage x[rows, chunk] into shared memory, permuted within each 8-k word: (k, k+4) pairs adjacent
+    for (int i = threadIdx.x; i < MF * 16 * (chunk_len / 8); i += kWarps * 32) {
+      const int r = i / (chunk_len / 8), w = i % (chunk_len / 8);
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < rows) {
+        const int lr = row_start + r;
+        const int xr = p.x_row ? p.x_row[lr] : lr;
+        v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + static_cast<int64_t>(xr) * p.K + chunk + w * 8);
+      }
+      uint4 o;
+      o.x = __byte_perm(v.x, v.z, 0x5410);
+      o.y = __byte_perm(v.x, v.z, 0x7632);
+      o.z = __byte_perm(v.y, v.w, 0x5410);
+      o.w = __byte_perm(v.y, v.w, 0x7632);
+      *reinterpret_cast<uint4*>(&xs[r][w * 8]) = o;
+    }
+    __syncthreads();
+    const int first = (chunk - k_begin) / 32, last = first + chunk_len / 32;
+    for (int s0 = first; s0 < last; s0 += kPrefetch) {
+#pragma unroll
+      for (int j = 0; j < kPrefetch; ++j) {
+        const int s = s0 + j;
+        if (s >= last) break;
+        // chunks start every 8 steps, so s % kPrefetch == j: a compile-time ring index (no local memory)
+        uint4 w0 = ring[j][0], w1 = ring[j][1];
+        if (s + kPrefetch < steps) {
+          ring[j][0] = has0 ? __ldcs(src0 + s + kPrefetch) : make_uint4(0, 0, 0, 0);
+          ring[j][1] = has1 ? __ldcs(src1 + s + kPrefetch) : make_uint4(0, 0, 0, 0);
+        }
+        const int kk = (s - first) * 32;  // k offset inside the staged chunk
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // two k16 slices per 32-k step
+          const uint32_t wa0 = half ? w0.z : w0.x, wb0 = half ? w0.w : w0.y;
+          const uint32_t wa1 = half ? w1.z : w1.x, wb1 = half ? w1.w : w1.y;
+          uint32_t b[2][2];
+          b[0][0] = Dequant2<T>(wa0 >> (4 * t));
+          b[0][1] = Dequant2<T>(wb0 >> (4 * t));
+          b[1][0] = Dequant2<T>(wa1 >> (4 * t));
+          b[1][1] = Dequant2<T>(wb1 >> (4 * t));
+          const int col = (kk + half * 16) / 2 + t;  // 32-bit word of the (k, k+4) pair
+#pragma unroll
+          for (int mf = 0; mf < MF; ++mf) {
+            const uint32_t* r0 = reinterpret_cast<const uint32_t*>(&xs[mf * 16 + g][0]);
+            const uint32_t* r1 = reinterpret_cast<const uint32_t*>(&xs[mf * 16 + g + 8][0]);
+            const uint32_t a[4] = {r0[col], r1[col], r0[col + 4], r1[col + 4]};
+#pragma unroll
+            for (int nf = 0; nf < 2; ++nf) {
+              if constexpr (std::is_same<T, __nv_bfloat16>::value) MmaBf16(part[mf][nf], a, b[nf][0], b[nf][1]);
+              else MmaF16(part[mf][nf], a, b[nf][0], b[nf][1]);
+            }
+          }
+        }
+        if ((s + 1) % steps_per_group == 0) {  // a group ends: scale its exact sums into acc
+          const int gi = g_begin + s / steps_per_group;
+#pragma unroll
+          for (int nf = 0; nf < 2; ++nf) {
+            const int c0 = n_warp + nf * 8 + 2 * t;
+            const float sc0 = c0 < p.N ? ScaleAt(p, static_cast<int64_t>(expert) * p.N + c0, gi) : 0.f;
+            const float sc1 = c0 + 1 < p.N ? ScaleAt(p, static_cast<int64_t>(expert) * p.N + c0 + 1, gi) : 0.f;
+#pragma unroll
+            for (int mf = 0; mf < MF; ++mf) {
+              acc[mf][nf][0] = fmaf(part[mf][nf][0], sc0, acc[mf][nf][0]);
+              acc[mf][nf][1] = fmaf(part[mf][nf][1], sc1, acc[mf][nf][1]);
+              acc[mf][nf][2] = fmaf(part[mf][nf][2], sc0, acc[mf][nf][2]);
+              acc[mf][nf][3] = fmaf(part[mf][nf][3], sc1, acc[mf][nf][3]);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) part[mf][nf][i] = 0.f;
+            }
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int nf = 0; nf < 2; ++nf) {
+      const int n = n_warp + nf * 8 + 2 * t;
+      const int m0 = mf * 16 + g, m1 = m0 + 8;
+      if (m0 < rows && n < p.N) StoreOut(p, row_start + m0, n, acc[mf][nf][0]);
+      if (m0 < rows && n + 1 < p.N) StoreOut(p, row_start + m0, n + 1, acc[mf][nf][1]);
+      if (m1 < rows && n < p.N) StoreOut(p, row_start + m1, n, acc[mf][nf][2]);
+      if (m1 < rows && n + 1 < p.N) StoreOut(p, row_start + m1, n + 1, acc[mf][nf][3]);
+    }
+  }
+}
+
+// f32 activations: one warp per W row, lane l on 8-k words l, l + 32, ... (128 B per warp per step,
+// coalesced), f32 FMAs, each word's dot scaled by its group's scale; 8 x rows per pass; lanes
+// reduced in a fixed shuffle tree, so the result does not depend on M.
+constexpr int kSimtRows = 8;
+__global__ void __launch_bounds__(256) W4A16SimtKernel(const GemmParams p) {
+  int expert, row_start, rows;
+  if (!BlockTile(p, &expert, &row_start, &rows)) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n = blockIdx.x * (blockDim.x / 32) + warp;
+  if (n >= p.N) return;
+  const int words = p.K / 8, wpg = p.G / 8;
+  const int w_begin = blockIdx.z * p.groups_per_split * wpg;
+  const int w_end = min(words, w_begin + p.groups_per_split * wpg);
+  const int64_t wrow = static_cast<int64_t>(expert) * p.N + n;
+  const int32_t* q = p.qw + wrow * words;
+  const float* x = static_cast<const float*>(p.x);
+  for (int pass = 0; pass < rows; pass += kSimtRows) {
+    float acc[kSimtRows];
+    int64_t xoff[kSimtRows];
+#pragma unroll
+    for (int m = 0; m < kSimtRows; ++m) {
+      acc[m] = 0.f;
+      const int lr = row_start + pass + m;
+      xoff[m] = pass + m < rows ? static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K : -1;
+    }
+    for (int w = w_begin + lane; w < w_end; w += 32) {
+      const uint32_t word = static_cast<uint32_t>(__ldcs(q + w));
+      const float s = ScaleAt(p, wrow, w / wpg);
+      float qv[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qv[i] = __int_as_float(0x4B000000 | ((word >> (4 * i)) & 0xF)) - 8388616.f;  // 2^23 + u - (2^23 + 8)
+#pragma unroll
+      for (int m = 0; m < kSimtRows; ++m) {
+        if (xoff[m] < 0) continue;
+        const float4 a = *reinterpret_cast<const float4*>(x + xoff[m] + w * 8);
+        const float4 b = *reinterpret_cast<const float4*>(x + xoff[m] + w * 8 + 4);
+        float d = a.x * qv[0];
+        d = fmaf(a.y, qv[1], d);
+        d = fmaf(a.z, qv[2], d);
+        d = fmaf(a.w, qv[3], d);
+        d = fmaf(b.x, qv[4], d);
+        d = fmaf(b.y, qv[5], d);
+        d = fmaf(b.z, qv[6], d);
+        d = fmaf(b.w, qv[7], d);
+        acc[m] = fmaf(d, s, acc[m]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kSimtRows; ++m) {
+      for (int off = 16; off > 0; off >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int m = 0; m < kSimtRows; ++m) {
+        if (xoff[m] >= 0) StoreOut(p, row_start + pass + m, n, acc[m]);
+      }
+    }
+  }
+}
+
+// Sums split-K partials (and, for MoE sum mode, the weighted experts of each token) in a fixed order.
+__global__ void FinalizeKernel(const float* partial, int splits, int part_rows, int N, int out_rows, int topk,
+                               const float* weights, void* y, DType y_dtype) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(out_rows) * N) return;
+  const int r = static_cast<int>(i / N), n = static_cast<int>(i % N);
+  float out = 0.f;
+  const int pairs = weights ? topk : 1;
+  for (int j = 0; j < pairs; ++j) {
+    const int src = weights ? r * topk + j : r;
+    float v = 0.f;
+    for (int s = 0; s < splits; ++s) v += partial[(static_cast<int64_t>(s) * part_rows + src) * N + n];
+    out = weights ? fmaf(weights[r * topk + j], v, out) : v;
+  }
+  StoreFromF32(y, y_dtype, i, out);
+}
+
+// MoE: counts pairs per expert, orders them by expert and cuts tiles of <= tile_rows rows.
+// Positions inside an expert are not deterministic, and need not be: rows are independent.
+__global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int experts, bool gather, int tile_rows,
+                              int* x_row, int* out_row, Tile* tiles, int* num_tiles, int* counts) {
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int e = ids[p];
+    if (e >= 0 && e < experts) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int offset = 0, n = 0;
+    for (int e = 0; e < experts; ++e) {
+      const int c = counts[e];
+      for (int r = 0; r < c; r += tile_rows) tiles[n++] = Tile{e, offset + r, min(tile_rows, c - r), 0};
+      counts[e] = offset;  // becomes the insertion cursor
+      offset += c;
+    }
+    *num_tiles = n;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int e = ids[p];
+    if (e < 0 || e >= experts) continue;  // an invalid id contributes nothing (its row stays unwritten)
+    const int pos = atomicAdd(&counts[e], 1);
+    x_row[pos] = gather ? p / topk : p;
+    out_row[pos] = p;
+  }
+}
+
+// Split-K from the shape and the device only (never from M): at least ~2 blocks per SM.
+void ChooseSplits(int n, int groups, int sms, int* splits, int* per) {
+  const int blocks = (n + kBlockRows - 1) / kBlockRows;
+  int s = std::max(1, std::min({(2 * sms + blocks - 1) / blocks, groups, 16}));
+  *per = (groups + s - 1) / s;
+  *splits = (groups + *per - 1) / *per;
+}
+
+int Mf(int rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
+
+Status Aligned(const Tensor& t, int bytes, const char* op) {
+  if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) return Invalid(op, ": ", t.Describe(), " must start on a ", bytes, "-byte boundary (check its offset)");
+  return Status::Ok();
+}
+
+template <typename T>
+Status LaunchMma(GemmParams p, int mf, dim3 grid, cudaStream_t s) {
+  const dim3 block(kWarps * 32);
+  switch (mf) {
+    case 1: W4A16MmaKernel<T, 1><<<grid, block, 0, s>>>(p); break;
+    case 2: W4A16MmaKernel<T, 2><<<grid, block, 0, s>>>(p); break;
+    default: W4A16MmaKernel<T, 4><<<grid, block, 0, s>>>(p); break;
+  }
+  return LaunchStatus("w4a16 mma kernel");
+}
+
+Status RunGemm(GemmParams p, DType x_dtype, int grid_tiles, int tile_rows_for_mf, cudaStream_t s) {
+  if (x_dtype == DType::kF32) {
+    const dim3 grid((p.N + 7) / 8, grid_tiles, p.splits);
+    W4A16SimtKernel<<<grid, 256, 0, s>>>(p);
+    return LaunchStatus("w4a16 simt kernel");
+  }
+  const dim3 grid((p.N + kBlockRows - 1) / kBlockRows, grid_tiles, p.splits);
+  const int mf = Mf(tile_rows_for_mf);
+  return x_dtype == DType::kBF16 ? LaunchMma<__nv_bfloat16>(p, mf, grid, s) : LaunchMma<__half>(p, mf, grid, s);
+}
+
+}  // namespace
+
+Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
+  const int m = static_cast<int>(a.x.dim(0)), k = static_cast<int>(a.x.dim(1)), n = static_cast<int>(a.qw.dim(0));
+  if (m == 0 || n == 0) return Status::Ok();
+  KDTREE_RETURN_IF_ERROR(Aligned(a.qw, 16, "w4a16_gemm"));
+  KDTREE_RETURN_IF_ERROR(Aligned(a.x, 16, "w4a16_gemm"));
+  GemmParams p{};
+  p.x = a.x.data;
+  p.qw = a.qw.as<const int32_t>();
+  p.sc = a.sc.data;
+  p.sc_f32 = a.sc.dtype == DType::kF32;
+  p.N = n;
+  p.K = k;
+  p.G = a.group;
+  p.M = m;
+  p.tile_rows = a.x.dtype == DType::kF32 ? 64 : 16 * Mf(m);
+  ChooseSplits(n, k / a.group, sms, &p.splits, &p.groups_per_split);
+  p.direct = p.splits == 1;
+  p.y = a.y.data;
+  p.y_dtype = a.y.dtype;
+  p.out_rows = m;
+  if (!p.direct) {
+    KDTREE_RETURN_IF_ERROR(scratch.Reserve(static_cast<size_t>(p.splits) * m * n * sizeof(float), s));
+    p.partial = static_cast<float*>(scratch.ptr);
+  }
+  const int tiles = (m + p.tile_rows - 1) / p.tile_rows;
+  KDTREE_RETURN_IF_ERROR(RunGemm(p, a.x.dtype, tiles, std::min(m, p.tile_rows), s));
+  if (!p.direct) {
+    const int64_t total = static_cast<int64_t>(m) * n;
+    FinalizeKernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, s>>>(p.partial, p.splits, m, n, m, 1, nullptr, a.y.data, a.y.dtype);
+    KDTREE_RETURN_IF_ERROR(LaunchStatus("w4a16 finalize"));
+  }
+  return Status::Ok();
+}
+
+Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
+  const int experts = static_cast<int>(a.qw.dim(0)), n = static_cast<int>(a.qw.dim(1)), k = static_cast<int>(a.x.dim(1));
+  const int t = static_cast<int>(a.ids.dim(0)), topk = static_cast<int>(a.ids.dim(1)), pairs = t * topk;
+  if (pairs == 0 || n == 0) return Status::Ok();
+  KDTREE_RETURN_IF_ERROR(Aligned(a.qw, 16, "moe_gemm"));
+  KDTREE_RETURN_IF_ERROR(Aligned(a.x, 16, "moe_gemm"));
+  const bool gather = a.mode == MoeMode::kGather;
+  const int tile_rows = a.x.dtype == DType::kF32 ? 64 : 16 * Mf(std::min(pairs, 64));
+  const int max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
+  GemmParams p{};
+  ChooseSplits(n, k / a.group, sms, &p.splits, &p.groups_per_split);
+  p.direct = gather && p.splits == 1;
+  // scratch: x_row[pairs] out_row[pairs] counts[experts] num_tiles tiles[max_tiles] partial[splits, pairs, n]
+  auto align = [](size_t v) { return (v + 255) / 256 * 256; };
+  const size_t off_out = align(pairs * sizeof(int));
+  const size_t off_counts = off_out + align(pairs * sizeof(int));
+  const size_t off_num = off_counts + align(experts * sizeof(int));
+  const size_t off_tiles = off_num + 256;
+  const size_t off_partial = off_tiles + align(max_tiles * sizeof(Tile));
+  const size_t total = off_partial + (p.direct ? 0 : static_cast<size_t>(p.splits) * pairs * n * sizeof(float));
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(total, s));
+  char* base = static_cast<char*>(scratch.ptr);
+  int* x_row = reinterpret_cast<int*>(base);
+  int* out_row = reinterpret_cast<int*>(base + off_out);
+  int* counts = reinterpret_cast<int*>(base + off_counts);
+  int* num_tiles = reinterpret_cast<int*>(base + off_num);
+  Tile* tiles = reinterpret_cast<Tile*>(base + off_tiles);
+  MoeSortKernel<<<1, 1024, 0, s>>>(a.ids.as<const int32_t>(), pairs, topk, experts, gather, tile_rows, x_row, out_row, tiles, num_tiles, counts);
+  KDTREE_RETURN_IF_ERROR(LaunchStatus("moe sort"));
+  p.x = a.x.data;
+  p.qw = a.qw.as<const int32_t>();
+  p.sc = a.sc.data;
+  p.sc_f32 = a.sc.dtype == DType::kF32;
+  p.N = n;
+  p.K = k;
+  p.G = a.group;
+  p.M = pairs;
+  p.tile_rows = tile_rows;
+  p.tiles = tiles;
+  p.num_tiles = num_tiles;
+  p.x_row = x_row;
+  p.out_row = out_row;
+  p.y = a.y.data;
+  p.y_dtype = a.y.dtype;
+  p.partial = reinterpret_cast<float*>(base + off_partial);
+  p.out_rows = pairs;
+  KDTREE_RETURN_IF_ERROR(RunGemm(p, a.x.dtype, max_tiles, tile_rows, s));
+  if (!p.direct) {
+    const int rows_out = gather ? pairs : t;
+    const int64_t count = static_cast<int64_t>(rows_out) * n;
+    FinalizeKernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(p.partial, p.splits, pairs, n, rows_out, topk,
+                                                                              gather ? nullptr : a.weights.as<const float>(), a.y.data, a.y.dtype);
+    KDTREE_RETURN_IF_ERROR(LaunchStatus("moe finalize"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace cuda
+}  // namespace kdtree

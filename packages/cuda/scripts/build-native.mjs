@@ -1,0 +1,86 @@
+#!/usr/bin/env node
+// Builds the addon from native/ with cmake-js and installs the binaries with their build
+// metadata into bin/<platform>-<arch>/ (where the loader looks first). The cpu variant always
+// builds; the cuda variant builds where nvcc is found (KDTREE_CUDA=OFF skips it).
+//   node scripts/build-native.mjs [--force]
+import { spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const pkgDir = fileURLToPath(new URL('..', import.meta.url));
+const nativeDir = join(pkgDir, '..', '..', 'native');
+const pkg = JSON.parse(readFileSync(join(pkgDir, 'package.json'), 'utf8'));
+const platformKey = `${process.platform}-${process.arch}`;
+const binDir = join(pkgDir, 'bin', platformKey);
+const buildDir = join(pkgDir, 'build');
+const force = process.argv.includes('--force');
+
+function sourceHash() {
+  const h = createHash('sha256');
+  const walk = (dir) => {
+    for (const name of readdirSync(dir).sort()) {
+      const p = join(dir, name);
+      if (statSync(p).isDirectory()) walk(p);
+      else h.update(relative(nativeDir, p)).update(readFileSync(p));
+    }
+  };
+  walk(nativeDir);
+  h.update(pkg.version).update(process.env.KDTREE_CUDA ?? '');
+  return h.digest('hex').slice(0, 16);
+}
+
+const hash = sourceHash();
+const stamp = join(binDir, 'source-hash');
+if (!force && existsSync(stamp) && readFileSync(stamp, 'utf8') === hash && existsSync(join(binDir, 'kdtree_cpu.node'))) {
+  console.log(`@kdtree/cuda: native addon is current (${platformKey}, sources ${hash})`);
+  process.exit(0);
+}
+
+// Stale binaries from an earlier build must not be mistaken for this one's (e.g. a cuda variant
+// left over when this build has no nvcc).
+for (const dir of [buildDir, join(buildDir, 'Release'), binDir]) {
+  for (const variant of ['cpu', 'cuda']) for (const ext of ['node', 'json']) rmSync(join(dir, `kdtree_${variant}.${ext}`), { force: true });
+}
+const cmakeJs = join(pkgDir, 'node_modules', 'cmake-js', 'bin', 'cmake-js');
+const args = [cmakeJs, 'compile', '--directory', nativeDir, '--out', buildDir, '--config', 'Release', `--CDKDTREE_VERSION=${pkg.version}`];
+args.push(`--CDKDTREE_CUDA=${process.env.KDTREE_CUDA === 'OFF' ? 'OFF' : 'ON'}`); // explicit: CMake caches options
+console.log(`@kdtree/cuda: building the native addon (cmake-js, ${platformKey})`);
+const started = Date.now();
+const r = spawnSync(process.execPath, args, { cwd: pkgDir, stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8', env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? '2' } });
+if (r.status !== 0) {
+  process.stderr.write(r.stdout.slice(-20000));
+  process.stderr.write(r.stderr.slice(-20000));
+  console.error(`@kdtree/cuda: the native build failed (exit ${r.status}). It needs cmake >= 3.20 and a C++17 compiler; the cuda variant also nvcc.`);
+  process.exit(1);
+}
+for (const line of r.stdout.split('\n')) if (line.includes('kdtree:')) console.log(`  ${line.replace(/^.*kdtree:/, 'kdtree:').trim()}`);
+
+mkdirSync(binDir, { recursive: true });
+const found = [];
+for (const variant of ['cpu', 'cuda']) {
+  const built = [join(buildDir, 'Release', `kdtree_${variant}.node`), join(buildDir, `kdtree_${variant}.node`)].find((p) => existsSync(p));
+  if (!built) continue;
+  const target = join(binDir, `kdtree_${variant}.node`);
+  copyFileSync(built, `${target}.tmp`);
+  renameSync(`${target}.tmp`, target);
+  const cmakeCache = readFileSync(join(buildDir, 'CMakeCache.txt'), 'utf8');
+  const cudaVersion = /CUDAToolkit_VERSION:[A-Z]+=(\S+)/.exec(cmakeCache)?.[1] ?? /CMAKE_CUDA_COMPILER_VERSION:[A-Z]+=(\S+)/.exec(cmakeCache)?.[1] ?? null;
+  const meta = {
+    name: pkg.name,
+    version: pkg.version,
+    variant,
+    platform: process.platform,
+    arch: process.arch,
+    napiVersion: 8,
+    cudaVersion: variant === 'cuda' ? cudaVersion : null,
+    cudaArchitectures: variant === 'cuda' ? ['90-real', '90-virtual'] : [],
+    sourceHash: hash,
+    built: new Date().toISOString(),
+  };
+  writeFileSync(join(binDir, `kdtree_${variant}.json`), `${JSON.stringify(meta, null, 2)}\n`);
+  found.push(variant);
+}
+writeFileSync(stamp, hash);
+console.log(`@kdtree/cuda: built ${found.join(' + ')} into ${relative(pkgDir, binDir)} in ${((Date.now() - started) / 1000).toFixed(0)}s`);

@@ -1,0 +1,120 @@
+/**
+ * The typed face of the addon: explicit device memory (tensors are a buffer + dtype + shape),
+ * streams, events, and every op. The native side checks every argument again (liveness, owner,
+ * dtypes, shapes, sizes) and throws an Error with a `code` and all shapes involved.
+ */
+import { loadAddon, type LoadedAddon, type LoadOptions } from './loader.js';
+import type { NativeBackend, NativeBuffer, NativeDeviceInfo, NativeDtype, TensorArg } from './native-types.js';
+
+export type Dtype = NativeDtype;
+export type DeviceBuffer = NativeBuffer;
+
+/** A tensor in device memory: the unit every op takes. */
+export interface DeviceTensor extends TensorArg {
+  buffer: DeviceBuffer;
+  dtype: Dtype;
+  shape: number[];
+}
+
+export const DTYPE_BYTES: Record<Dtype, number> = { f32: 4, f16: 2, bf16: 2, i32: 4, u8: 1, f64: 8 };
+
+type HostArray = Float32Array | Float64Array | Int32Array | Uint8Array | Uint16Array;
+
+function hostArrayFor(dtype: Dtype, n: number): HostArray {
+  switch (dtype) {
+    case 'f32':
+      return new Float32Array(n);
+    case 'f64':
+      return new Float64Array(n);
+    case 'i32':
+      return new Int32Array(n);
+    case 'u8':
+      return new Uint8Array(n);
+    default:
+      return new Uint16Array(n); // f16 / bf16 bits
+  }
+}
+
+export function numel(shape: readonly number[]): number {
+  return shape.reduce((a, b) => a * b, 1);
+}
+
+export class KdtreeBackend {
+  readonly native: NativeBackend;
+  readonly kind: 'cpu' | 'cuda';
+  readonly addonPath: string;
+  readonly reason: string;
+
+  constructor(readonly loaded: LoadedAddon) {
+    this.native = loaded.native;
+    this.kind = loaded.variant;
+    this.addonPath = loaded.path;
+    this.reason = loaded.reason;
+  }
+
+  info(): NativeDeviceInfo {
+    return this.native.info();
+  }
+
+  /** An uninitialized tensor. */
+  empty(dtype: Dtype, shape: readonly number[]): DeviceTensor {
+    return { buffer: this.native.alloc(numel(shape) * DTYPE_BYTES[dtype]), dtype, shape: [...shape] };
+  }
+
+  zeros(dtype: Dtype, shape: readonly number[]): DeviceTensor {
+    const t = this.empty(dtype, shape);
+    this.native.fill(t.buffer, 0);
+    return t;
+  }
+
+  /** A tensor holding `data` (bf16/f16 as raw Uint16 bits). */
+  fromArray(dtype: Dtype, shape: readonly number[], data: ArrayBufferView): DeviceTensor {
+    const bytes = numel(shape) * DTYPE_BYTES[dtype];
+    if (data.byteLength !== bytes) {
+      const error = new Error(`fromArray: ${dtype} [${shape.join(', ')}] needs ${bytes} bytes, the array has ${data.byteLength}`) as Error & { code: string };
+      error.code = 'KDTREE_INVALID_ARGUMENT';
+      throw error;
+    }
+    const t = this.empty(dtype, shape);
+    this.native.upload(t.buffer, data);
+    return t;
+  }
+
+  /** Copies a tensor to a new host array of its dtype (synchronizes with the default stream). */
+  toArray(t: DeviceTensor): HostArray {
+    const out = hostArrayFor(t.dtype, numel(t.shape));
+    this.native.download(t.buffer, out, t.offset ?? 0);
+    return out;
+  }
+
+  free(...tensors: (DeviceTensor | DeviceBuffer)[]): void {
+    for (const t of tensors) {
+      const buffer = 'buffer' in t ? t.buffer : t;
+      if (!buffer.freed) this.native.free(buffer);
+    }
+  }
+
+  synchronize(stream?: number): void {
+    this.native.synchronize(stream);
+  }
+
+  /** Device milliseconds of `fn`'s queued work, measured with events on `stream`. */
+  time(fn: () => void, stream = 0): number {
+    const a = this.native.createEvent();
+    const b = this.native.createEvent();
+    try {
+      this.native.recordEvent(a, stream);
+      fn();
+      this.native.recordEvent(b, stream);
+      return this.native.elapsedMs(a, b);
+    } finally {
+      this.native.destroyEvent(a);
+      this.native.destroyEvent(b);
+    }
+  }
+}
+
+/** Loads the addon (see loader.ts for the candidates and checks) and returns a backend. */
+export function createBackend(options: LoadOptions = {}): KdtreeBackend {
+  return new KdtreeBackend(loadAddon(options));
+}

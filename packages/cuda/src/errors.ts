@@ -1,0 +1,40 @@
+/** Errors of @kdtree/cuda. Native ops throw plain Errors with a `code` (KDTREE_INVALID_ARGUMENT, ...). */
+export interface LoadAttempt {
+  candidate: string;
+  variant: 'cuda' | 'cpu';
+  reason: string;
+}
+
+/** Nothing could be loaded: lists every candidate tried, why each failed, and how to fix it. */
+export class AddonLoadError extends Error {
+  readonly code = 'KDTREE_ADDON_LOAD';
+  constructor(
+    readonly platformKey: string,
+    readonly requested: string,
+    readonly attempts: LoadAttempt[],
+  ) {
+    const lines = attempts.length
+      ? attempts.map((a) => `  - ${a.variant} ${a.candidate}: ${a.reason}`)
+      : ['  (no candidate binary exists for this platform)'];
+    super(
+      [
+        `@kdtree/cuda: could not load a '${requested}' backend on ${platformKey}. Tried:`,
+        ...lines,
+        'Fix: build from source with `pnpm --filter @kdtree/cuda build:native` (needs cmake and a C++17',
+        'compiler; nvcc for the cuda variant), install the prebuilt package for your platform',
+        `(@kdtree/cuda-${platformKey}), or choose another backend with KDTREE_BACKEND=cpu|cuda|auto.`,
+      ].join('\n'),
+    );
+    this.name = 'AddonLoadError';
+  }
+}
+
+/** A native op failed: the message names the op and every tensor with its dtype and shape. */
+export interface NativeError extends Error {
+  code: 'KDTREE_INVALID_ARGUMENT' | 'KDTREE_UNSUPPORTED' | 'KDTREE_DEVICE_ERROR' | 'KDTREE_OUT_OF_MEMORY';
+}
+
+export function isNativeError(error: unknown): error is NativeError {
+  const code = error instanceof Error ? (error as Error & { code?: unknown }).code : undefined;
+  return typeof code === 'string' && code.startsWith('KDTREE_');
+}

@@ -1,0 +1,4 @@
+export { AddonLoadError, isNativeError, type LoadAttempt, type NativeError } from './errors.js';
+export { BACKEND_KINDS, loadAddon, PLATFORM_KEY, resolveBackendKind, type BackendKind, type LoadedAddon, type LoadOptions } from './loader.js';
+export { createBackend, DTYPE_BYTES, KdtreeBackend, numel, type DeviceBuffer, type DeviceTensor, type Dtype } from './backend.js';
+export type { BuildMeta, CudaProbe, NativeBackend, NativeDeviceInfo, NativeModule, TensorArg } from './native-types.js';

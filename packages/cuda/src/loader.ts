@@ -1,0 +1,169 @@
+/**
+ * Finds and loads the addon. Candidates, in order: the local build (bin/<platform>-<arch>/ of
+ * this package, from `build:native`), then the prebuilt package @kdtree/cuda-<platform>-<arch>.
+ * A binary is accepted only with a build-metadata file of the same package version and variant.
+ * A cuda binary is first probed in a child process (an incompatible binary or driver can take
+ * down only the probe), and must see a device of compute capability >= 9.0 with a driver at
+ * least as new as its runtime. `auto` tries cuda, then cpu, logging each fallback.
+ */
+import { spawnSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { AddonLoadError, type LoadAttempt } from './errors.js';
+import type { BuildMeta, CudaProbe, NativeBackend, NativeModule } from './native-types.js';
+
+export type BackendKind = 'auto' | 'cuda' | 'cpu';
+export const BACKEND_KINDS: readonly BackendKind[] = ['auto', 'cuda', 'cpu'];
+
+export interface LoadOptions {
+  /** Default: the KDTREE_BACKEND environment variable, else 'auto'. */
+  backend?: BackendKind;
+  /** CUDA device ordinal (default 0). */
+  device?: number;
+  /** Where fallbacks and the final choice are reported (default: nothing). */
+  log?: (line: string) => void;
+  /** Extra directories holding kdtree_{cuda,cpu}.node + .json, tried first (tests, custom builds). */
+  searchPaths?: string[];
+  /** Only search `searchPaths`. */
+  onlySearchPaths?: boolean;
+}
+
+export interface LoadedAddon {
+  native: NativeBackend;
+  module: NativeModule;
+  variant: 'cpu' | 'cuda';
+  path: string;
+  meta: BuildMeta;
+  /** Why this one was chosen (and what was skipped before it). */
+  reason: string;
+  probe?: CudaProbe;
+}
+
+const require = createRequire(import.meta.url);
+const PACKAGE_DIR = join(dirname(fileURLToPath(import.meta.url)), '..');
+
+/** This package's version; undefined inside a bundle (the GPU self-test), where only the binary's own metadata is checked. */
+function packageVersion(): string | undefined {
+  try {
+    const pkg = JSON.parse(readFileSync(join(PACKAGE_DIR, 'package.json'), 'utf8'));
+    return pkg.name === '@kdtree/cuda' ? pkg.version : undefined;
+  } catch {
+    return undefined;
+  }
+}
+const PACKAGE_VERSION = packageVersion();
+export const PLATFORM_KEY = `${process.platform}-${process.arch}`;
+
+interface Candidate {
+  dir: string;
+  source: string;
+}
+
+function candidateDirs(options: LoadOptions): Candidate[] {
+  const dirs: Candidate[] = (options.searchPaths ?? []).map((dir) => ({ dir, source: 'search path' }));
+  if (options.onlySearchPaths) return dirs;
+  dirs.push({ dir: join(PACKAGE_DIR, 'bin', PLATFORM_KEY), source: 'local build' });
+  try {
+    const prebuilt = dirname(require.resolve(`@kdtree/cuda-${PLATFORM_KEY}/package.json`));
+    dirs.push({ dir: join(prebuilt, 'bin'), source: `@kdtree/cuda-${PLATFORM_KEY}` });
+  } catch {
+    // no prebuilt package installed for this platform
+  }
+  return dirs;
+}
+
+function readMeta(path: string): BuildMeta | string {
+  const metaPath = path.replace(/\.node$/, '.json');
+  if (!existsSync(metaPath)) return `no build metadata (${metaPath})`;
+  try {
+    return JSON.parse(readFileSync(metaPath, 'utf8')) as BuildMeta;
+  } catch (error) {
+    return `unreadable build metadata: ${(error as Error).message}`;
+  }
+}
+
+/** Runs cudaProbe() of a cuda binary in a child process. */
+function probeInChild(path: string): CudaProbe | string {
+  const script = `const m = require(${JSON.stringify(path)}); process.stdout.write(JSON.stringify(m.cudaProbe()));`;
+  const r = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 60_000 });
+  if (r.error) return `probe could not run: ${r.error.message}`;
+  if (r.status !== 0) return `probe process failed (${r.signal ?? `exit ${r.status}`}): ${(r.stderr || '').trim().split('\n').slice(-3).join(' ')}`;
+  try {
+    return JSON.parse(r.stdout) as CudaProbe;
+  } catch {
+    return `probe printed no result: ${r.stdout.slice(0, 200)}`;
+  }
+}
+
+function checkProbe(probe: CudaProbe, device: number): string | undefined {
+  if (!probe.ok) return probe.error || 'no usable CUDA device';
+  const d = probe.devices[device];
+  if (d === undefined) return `device ${device} does not exist (${probe.deviceCount} visible)`;
+  const [major] = d.computeCapability.split('.').map(Number);
+  if (major < 9) return `device ${device} (${d.name}) has compute capability ${d.computeCapability}; this binary has sm_90 code (needs 9.0 or newer)`;
+  return undefined;
+}
+
+function tryCandidate(path: string, variant: 'cpu' | 'cuda', options: LoadOptions): LoadedAddon | string {
+  if (!existsSync(path)) return 'not built';
+  const meta = readMeta(path);
+  if (typeof meta === 'string') return meta;
+  if (PACKAGE_VERSION !== undefined && meta.version !== PACKAGE_VERSION) return `built for @kdtree/cuda ${meta.version}, this is ${PACKAGE_VERSION} (rebuild it)`;
+  if (meta.variant !== variant || meta.platform !== process.platform || meta.arch !== process.arch) return `metadata says ${meta.variant} ${meta.platform}-${meta.arch}`;
+  let probe: CudaProbe | undefined;
+  const device = options.device ?? 0;
+  if (variant === 'cuda') {
+    const p = probeInChild(path);
+    if (typeof p === 'string') return p;
+    const problem = checkProbe(p, device);
+    if (problem) return problem;
+    probe = p;
+  }
+  let module: NativeModule;
+  try {
+    module = require(path) as NativeModule;
+  } catch (error) {
+    return `cannot load: ${(error as Error).message.split('\n')[0]}`;
+  }
+  if (module.build.version !== meta.version || module.build.variant !== variant) {
+    return `binary reports ${module.build.variant} ${module.build.version}, its metadata ${meta.variant} ${meta.version}`;
+  }
+  try {
+    const native = module.createBackend(variant, device);
+    return { native, module, variant, path, meta, reason: '', probe };
+  } catch (error) {
+    return (error as Error).message;
+  }
+}
+
+export function resolveBackendKind(requested: string | undefined): BackendKind {
+  const kind = requested ?? process.env.KDTREE_BACKEND ?? 'auto';
+  if (!(BACKEND_KINDS as readonly string[]).includes(kind)) {
+    throw new AddonLoadError(PLATFORM_KEY, kind, [{ candidate: 'KDTREE_BACKEND', variant: 'cpu', reason: `'${kind}' is not one of auto, cuda, cpu` }]);
+  }
+  return kind as BackendKind;
+}
+
+/** Loads the addon and creates a backend of the requested kind. */
+export function loadAddon(options: LoadOptions = {}): LoadedAddon {
+  const requested = resolveBackendKind(options.backend);
+  const variants: ('cuda' | 'cpu')[] = requested === 'auto' ? ['cuda', 'cpu'] : [requested];
+  const attempts: LoadAttempt[] = [];
+  for (const variant of variants) {
+    for (const { dir, source } of candidateDirs(options)) {
+      const path = join(dir, `kdtree_${variant}.node`);
+      const result = tryCandidate(path, variant, options);
+      if (typeof result !== 'string') {
+        const skipped = attempts.map((a) => `${a.variant} ${a.candidate}: ${a.reason}`).join('; ');
+        result.reason = `${variant} from ${source}${skipped ? ` (skipped ${skipped})` : ''}`;
+        options.log?.(`@kdtree/cuda: using the ${variant} backend from ${source} (${path})`);
+        return result;
+      }
+      attempts.push({ candidate: `${path} (${source})`, variant, reason: result });
+      if (existsSync(path)) options.log?.(`@kdtree/cuda: ${variant} from ${source} unusable: ${result}`);
+    }
+  }
+  throw new AddonLoadError(PLATFORM_KEY, requested, attempts);
+}

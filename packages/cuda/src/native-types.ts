@@ -1,0 +1,85 @@
+/** The shape of the native module (native/src/binding/addon.cc). */
+export type NativeDtype = 'f32' | 'f16' | 'bf16' | 'i32' | 'u8' | 'f64';
+
+export interface NativeBuffer {
+  readonly bytes: number;
+  readonly freed: boolean;
+  readonly backend: string;
+}
+
+export interface TensorArg {
+  buffer: NativeBuffer;
+  dtype: NativeDtype;
+  shape: readonly number[];
+  /** Byte offset into the buffer. */
+  offset?: number;
+}
+
+export interface NativeDeviceInfo {
+  kind: 'cpu' | 'cuda';
+  name: string;
+  computeCapability: string;
+  multiprocessors: number;
+  totalMemory: number;
+  driverVersion: number;
+  runtimeVersion: number;
+}
+
+export interface NativeBackend {
+  readonly kind: 'cpu' | 'cuda';
+  info(): NativeDeviceInfo;
+  alloc(bytes: number): NativeBuffer;
+  free(buffer: NativeBuffer): void;
+  upload(buffer: NativeBuffer, data: ArrayBufferView, offset?: number): void;
+  download(buffer: NativeBuffer, into: ArrayBufferView, offset?: number): void;
+  copy(args: { dst: NativeBuffer; src: NativeBuffer; bytes?: number; dstOffset?: number; srcOffset?: number; stream?: number }): void;
+  fill(buffer: NativeBuffer, value: number, stream?: number): void;
+  createStream(): number;
+  destroyStream(stream: number): void;
+  synchronize(stream?: number): void;
+  createEvent(): number;
+  destroyEvent(event: number): void;
+  recordEvent(event: number, stream?: number): void;
+  elapsedMs(start: number, end: number): number;
+  w4a16Gemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; y: TensorArg; group?: number; stream?: number }): void;
+  moeGemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; ids: TensorArg; weights?: TensorArg; y: TensorArg; group?: number; mode?: 'gather' | 'sum'; stream?: number }): void;
+  mlaAttention(args: { qNope: TensorArg; qPe: TensorArg; kvB: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; mask?: TensorArg; out: TensorArg; base: number; scale: number; stream?: number }): void;
+  embedding(args: { table: TensorArg; ids: TensorArg; out: TensorArg; stream?: number }): void;
+  rmsNorm(args: { x: TensorArg; weight: TensorArg; out: TensorArg; eps: number; stream?: number }): void;
+  rope(args: { x: TensorArg; positions: TensorArg; invFreq: TensorArg; offset?: number; attentionFactor?: number; interleave?: boolean; stream?: number }): void;
+  siluMul(args: { x: TensorArg; out: TensorArg; stream?: number }): void;
+  add(args: { a: TensorArg; b: TensorArg; out: TensorArg; stream?: number }): void;
+  router(args: { logits: TensorArg; bias: TensorArg; ids: TensorArg; weights: TensorArg; topk: number; nGroup?: number; topkGroup?: number; normTopkProb?: boolean; scaling?: number; stream?: number }): void;
+  argmax(args: { x: TensorArg; out: TensorArg; stream?: number }): void;
+  topk(args: { x: TensorArg; values: TensorArg; ids: TensorArg; k: number; stream?: number }): void;
+  kvWrite(args: { c: TensorArg; kpe: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; slots: TensorArg; stream?: number }): void;
+  ddtreeBuild(args: { draftLogits: TensorArg; root: number; budget: number; start: number; tokens: TensorArg; parents: TensorArg; depths: TensorArg; positions: TensorArg; mask: TensorArg; size: TensorArg; stream?: number }): void;
+  ddtreeAccept(args: { tokens: TensorArg; parents: TensorArg; size: TensorArg; targetArgmax: TensorArg; path: TensorArg; pathLen: TensorArg; bonus: TensorArg; stream?: number }): void;
+  kvCommit(args: { caches: TensorArg[]; path: TensorArg; pathLen: TensorArg; start: number; stream?: number }): void;
+}
+
+export interface CudaProbe {
+  ok: boolean;
+  error: string;
+  driverVersion: number;
+  runtimeVersion: number;
+  deviceCount: number;
+  devices: { name: string; computeCapability: string; multiprocessors: number; totalMemory: number }[];
+}
+
+export interface NativeModule {
+  createBackend(kind: 'cpu' | 'cuda', device?: number): NativeBackend;
+  build: { version: string; variant: 'cpu' | 'cuda'; cudaArchitectures: string; napiVersion: number };
+  cudaProbe?: () => CudaProbe;
+}
+
+export interface BuildMeta {
+  name: string;
+  version: string;
+  variant: 'cpu' | 'cuda';
+  platform: string;
+  arch: string;
+  napiVersion: number;
+  cudaVersion: string | null;
+  cudaArchitectures: string[];
+}

@@ -1,0 +1,141 @@
+/** MLA attention over the latent cache (with kv_write) against @kdtree/reference latentAttention. */
+import { latentAttention } from '@kdtree/reference';
+import type { DeviceTensor, KdtreeBackend } from '../backend.js';
+import { expectClose, expectThrows, fail, randomF32, sameBits, withTensors, type KernelCheck } from './harness.js';
+
+const H = 3;
+const NOPE = 16;
+const ROPE = 8;
+const V = 12;
+const R = 32;
+const S = 40;
+const SCALE = 0.31;
+
+interface Setup {
+  qNope: Float32Array;
+  qPe: Float32Array;
+  kvB: Float32Array;
+  cacheC: Float32Array;
+  cacheKpe: Float32Array;
+}
+
+function setup(seed: number, T: number): Setup {
+  return {
+    qNope: randomF32(T * H * NOPE, seed),
+    qPe: randomF32(T * H * ROPE, seed + 1),
+    kvB: randomF32(H * (NOPE + V) * R, seed + 2, 0.2),
+    cacheC: randomF32(S * R, seed + 3),
+    cacheKpe: randomF32(S * ROPE, seed + 4),
+  };
+}
+
+/** The reference's q layout: [T, H, nope + rope]. */
+function joinQ(s: Setup, T: number): Float32Array {
+  const q = new Float32Array(T * H * (NOPE + ROPE));
+  for (let th = 0; th < T * H; th++) {
+    q.set(s.qNope.subarray(th * NOPE, (th + 1) * NOPE), th * (NOPE + ROPE));
+    q.set(s.qPe.subarray(th * ROPE, (th + 1) * ROPE), th * (NOPE + ROPE) + NOPE);
+  }
+  return q;
+}
+
+function run(b: KdtreeBackend, track: <U extends DeviceTensor>(t: U) => U, s: Setup, T: number, base: number, mask?: Uint8Array): Float32Array {
+  const out = track(b.empty('f32', [T, H, V]));
+  b.native.mlaAttention({
+    qNope: track(b.fromArray('f32', [T, H, NOPE], s.qNope)),
+    qPe: track(b.fromArray('f32', [T, H, ROPE], s.qPe)),
+    kvB: track(b.fromArray('f32', [H * (NOPE + V), R], s.kvB)),
+    cacheC: track(b.fromArray('f32', [S, R], s.cacheC)),
+    cacheKpe: track(b.fromArray('f32', [S, ROPE], s.cacheKpe)),
+    mask: mask ? track(b.fromArray('u8', [T, T], mask)) : undefined,
+    out,
+    base,
+    scale: SCALE,
+  });
+  return b.toArray(out) as Float32Array;
+}
+
+function reference(s: Setup, T: number, base: number, attends?: (i: number, j: number) => boolean): Float32Array {
+  return latentAttention({ q: joinQ(s, T), kvB: s.kvB, cacheC: s.cacheC, cacheKpe: s.cacheKpe, base, tokens: T, heads: H, nope: NOPE, rope: ROPE, v: V, rank: R, scale: SCALE, attends });
+}
+
+const decodePrefillTree: KernelCheck = {
+  name: 'mla_attention: decode (T=1), causal prefill (T=7) and tree verify (ancestor mask) vs reference',
+  run(b) {
+    return withTensors(b, (track) => {
+      const details: string[] = [];
+      const s1 = setup(1, 1);
+      details.push(expectClose('decode base 20', run(b, track, s1, 1, 20), reference(s1, 1, 20), 1e-5));
+      const s7 = setup(2, 7);
+      details.push(expectClose('prefill base 0', run(b, track, s7, 7, 0), reference(s7, 7, 0), 1e-5));
+      details.push(expectClose('prefill base 9', run(b, track, s7, 7, 9), reference(s7, 7, 9), 1e-5));
+      // a tree: 0 root, 1 and 2 children of 0, 3 child of 1, 4 child of 3, 5 child of 2, 6 child of 0
+      const parents = [-1, 0, 0, 1, 3, 2, 0];
+      const mask = new Uint8Array(49);
+      for (let i = 0; i < 7; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * 7 + j] = 1;
+      details.push(expectClose('tree base 11', run(b, track, s7, 7, 11, mask), reference(s7, 7, 11, (i, j) => mask[i * 7 + j] === 1), 1e-5));
+      return { detail: details.join('; ') };
+    });
+  },
+};
+
+/** A token's output depends only on the keys it sees: prefill row t == decode with t more committed. */
+const invariance: KernelCheck = {
+  name: 'mla_attention: batch invariance (row t of a causal prefill == decoding that token over the same keys, bit for bit)',
+  run(b) {
+    withTensors(b, (track) => {
+      const s = setup(5, 6);
+      const all = run(b, track, s, 6, 4);
+      for (const t of [0, 3, 5]) {
+        const one: Setup = { ...s, qNope: s.qNope.subarray(t * H * NOPE, (t + 1) * H * NOPE), qPe: s.qPe.subarray(t * H * ROPE, (t + 1) * H * ROPE) };
+        const single = run(b, track, one, 1, 4 + t);
+        if (!sameBits(single, all.subarray(t * H * V, (t + 1) * H * V))) fail(`token ${t}: prefill row differs from its decode step`);
+      }
+    });
+  },
+};
+
+const kvWrite: KernelCheck = {
+  name: 'kv_write: rows land in their slots; bad slots are rejected or skipped',
+  run(b) {
+    withTensors(b, (track) => {
+      const c = randomF32(3 * R, 8);
+      const kpe = randomF32(3 * ROPE, 9);
+      const cacheC = track(b.zeros('f32', [S, R]));
+      const cacheKpe = track(b.zeros('f32', [S, ROPE]));
+      b.native.kvWrite({ c: track(b.fromArray('f32', [3, R], c)), kpe: track(b.fromArray('f32', [3, ROPE], kpe)), cacheC, cacheKpe, slots: track(b.fromArray('i32', [3], Int32Array.of(7, 2, 39))) });
+      const gotC = b.toArray(cacheC) as Float32Array;
+      const gotK = b.toArray(cacheKpe) as Float32Array;
+      [7, 2, 39].forEach((slot, i) => {
+        if (!sameBits(gotC.subarray(slot * R, (slot + 1) * R), c.subarray(i * R, (i + 1) * R))) fail(`slot ${slot} latent`);
+        if (!sameBits(gotK.subarray(slot * ROPE, (slot + 1) * ROPE), kpe.subarray(i * ROPE, (i + 1) * ROPE))) fail(`slot ${slot} rope key`);
+      });
+      expectThrows('rows', () => b.native.kvWrite({ c: track(b.zeros('f32', [3, R])), kpe: track(b.zeros('f32', [2, ROPE])), cacheC, cacheKpe, slots: track(b.zeros('i32', [3])) }), /one row per token/);
+    });
+  },
+};
+
+const shapeErrors: KernelCheck = {
+  name: 'mla_attention rejects inconsistent shapes, a too-small cache and bad masks',
+  run(b) {
+    withTensors(b, (track) => {
+      const args = {
+        qNope: track(b.zeros('f32', [2, H, NOPE])),
+        qPe: track(b.zeros('f32', [2, H, ROPE])),
+        kvB: track(b.zeros('f32', [H * (NOPE + V), R])),
+        cacheC: track(b.zeros('f32', [S, R])),
+        cacheKpe: track(b.zeros('f32', [S, ROPE])),
+        out: track(b.zeros('f32', [2, H, V])),
+        base: 3,
+        scale: 0.5,
+      };
+      b.native.mlaAttention(args);
+      expectThrows('cache overflow', () => b.native.mlaAttention({ ...args, base: 39 }), /base 39 \+ T 2 new tokens exceed the cache's 40 slots/);
+      expectThrows('kv_b', () => b.native.mlaAttention({ ...args, kvB: track(b.zeros('f32', [H * NOPE, R])) }), /kv_b must be \[H \* \(nope \+ v\), R\] = \[84, 32\]/);
+      expectThrows('mask', () => b.native.mlaAttention({ ...args, mask: track(b.zeros('u8', [3, 3])) }), /mask must be \[T, T\] = \[2, 2\]/);
+      expectThrows('scale', () => b.native.mlaAttention({ ...args, scale: 0 }), /scale must be positive/);
+    });
+  },
+};
+
+export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, invariance, kvWrite, shapeErrors];

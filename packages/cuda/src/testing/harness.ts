@@ -1,0 +1,92 @@
+/**
+ * The kernel suite's harness: checks are plain functions over a backend, so the same suite runs
+ * under vitest on the cpu variant (CI) and in the bundled GPU self-test on the cuda variant
+ * (tools/gpu/selftest.ts), as ggml's backend-ops test runs every op on every backend.
+ */
+import { SeededRandom } from '@kdtree/reference';
+import type { KdtreeBackend } from '../backend.js';
+
+export interface CheckResult {
+  /** e.g. "rel 3.1e-7 <= 1e-5" */
+  detail?: string;
+}
+
+export interface KernelCheck {
+  name: string;
+  run(backend: KdtreeBackend): CheckResult | void;
+}
+
+export class CheckFailure extends Error {
+  override name = 'CheckFailure';
+}
+
+export function fail(message: string): never {
+  throw new CheckFailure(message);
+}
+
+export function rng(seed: number): SeededRandom {
+  return new SeededRandom(seed);
+}
+
+export function randomF32(n: number, seed: number, scale = 1): Float32Array {
+  const r = rng(seed);
+  return Float32Array.from({ length: n }, () => scale * r.normal());
+}
+
+/** ||out - ref|| / ||ref|| (2-norms, f64). */
+export function relError(out: ArrayLike<number>, ref: ArrayLike<number>): number {
+  if (out.length !== ref.length) fail(`length ${out.length} vs reference ${ref.length}`);
+  let num = 0;
+  let den = 0;
+  for (let i = 0; i < ref.length; i++) {
+    const d = out[i] - ref[i];
+    if (Number.isNaN(out[i])) return Number.POSITIVE_INFINITY;
+    num += d * d;
+    den += ref[i] * ref[i];
+  }
+  return Math.sqrt(num) / Math.max(Math.sqrt(den), 1e-30);
+}
+
+export function expectClose(what: string, out: ArrayLike<number>, ref: ArrayLike<number>, tolerance: number): string {
+  const e = relError(out, ref);
+  if (!(e <= tolerance)) fail(`${what}: relative error ${e.toExponential(2)} > ${tolerance}`);
+  return `${what}: rel ${e.toExponential(1)}`;
+}
+
+export function expectEqual<T>(what: string, got: ArrayLike<T>, want: ArrayLike<T>): void {
+  if (got.length !== want.length) fail(`${what}: length ${got.length}, expected ${want.length}`);
+  for (let i = 0; i < want.length; i++) {
+    if (!Object.is(got[i], want[i])) fail(`${what}: element ${i} is ${String(got[i])}, expected ${String(want[i])}`);
+  }
+}
+
+export function sameBits(a: ArrayBufferView, b: ArrayBufferView): boolean {
+  return Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
+}
+
+/** Runs fn and requires a native error whose message matches `pattern`. */
+export function expectThrows(what: string, fn: () => void, pattern: RegExp): void {
+  try {
+    fn();
+  } catch (error) {
+    const message = (error as Error).message;
+    const code = (error as { code?: string }).code;
+    if (!code?.startsWith('KDTREE_')) fail(`${what}: threw without a KDTREE_ code: ${message}`);
+    if (!pattern.test(message)) fail(`${what}: message '${message}' does not match ${pattern}`);
+    return;
+  }
+  fail(`${what}: did not throw`);
+}
+
+/** Runs `fn` with a fresh set of tensors freed afterwards. */
+export function withTensors<T>(backend: KdtreeBackend, fn: (track: <U extends { buffer: { freed: boolean } }>(t: U) => U) => T): T {
+  const tracked: { buffer: { freed: boolean } }[] = [];
+  try {
+    return fn((t) => {
+      tracked.push(t);
+      return t;
+    });
+  } finally {
+    for (const t of tracked) if (!t.buffer.freed) backend.native.free(t.buffer as never);
+  }
+}

@@ -1,0 +1,11 @@
+import { ATTENTION_CHECKS } from './attention-checks.js';
+import { DDTREE_CHECKS } from './ddtree-checks.js';
+import { GEMM_CHECKS } from './gemm-checks.js';
+import type { KernelCheck } from './harness.js';
+import { MEMORY_CHECKS } from './memory-checks.js';
+import { OPS_CHECKS } from './ops-checks.js';
+
+export { CheckFailure, type CheckResult, type KernelCheck } from './harness.js';
+
+/** Every kernel check, in the order a report lists them. */
+export const ALL_CHECKS: KernelCheck[] = [...MEMORY_CHECKS, ...GEMM_CHECKS, ...ATTENTION_CHECKS, ...OPS_CHECKS, ...DDTREE_CHECKS];

@@ -1,0 +1,144 @@
+/** The small ops against @kdtree/reference. */
+import { f32ArrayToBf16, bf16ArrayToF32 } from '@kdtree/format';
+import { applyRope, parseModelConfig, rmsNorm, route, ropeTables, silu } from '@kdtree/reference';
+import { expectClose, expectEqual, expectThrows, fail, randomF32, rng, withTensors, type KernelCheck } from './harness.js';
+
+const rmsNormCheck: KernelCheck = {
+  name: 'rms_norm (f32 and bf16 weights) vs reference',
+  run(b) {
+    return withTensors(b, (track) => {
+      const rows = 5;
+      const dim = 200;
+      const x = randomF32(rows * dim, 1);
+      const w = bf16ArrayToF32(f32ArrayToBf16(randomF32(dim, 2)));
+      const out = track(b.empty('f32', [rows, dim]));
+      b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: track(b.fromArray('bf16', [dim], f32ArrayToBf16(w))), out, eps: 1e-5 });
+      const d1 = expectClose('bf16 weight', b.toArray(out) as Float32Array, rmsNorm(x, rows, dim, w, 1e-5), 1e-6);
+      b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: track(b.fromArray('f32', [dim], w)), out, eps: 1e-6 });
+      const d2 = expectClose('f32 weight', b.toArray(out) as Float32Array, rmsNorm(x, rows, dim, w, 1e-6), 1e-6);
+      return { detail: `${d1}; ${d2}` };
+    });
+  },
+};
+
+const ropeCheck: KernelCheck = {
+  name: 'rope: YaRN tables of a Kimi K2 config, interleaved and not, long positions, vs reference',
+  run(b) {
+    return withTensors(b, (track) => {
+      const config = parseModelConfig({
+        model_type: 'kimi_k2', qk_rope_head_dim: 64, max_position_embeddings: 262144, rope_theta: 50000,
+        rope_scaling: { type: 'yarn', factor: 64, beta_fast: 32, beta_slow: 1, mscale: 1, mscale_all_dim: 1, original_max_position_embeddings: 4096 },
+      });
+      const tables = ropeTables(config);
+      const T = 4;
+      const heads = 3;
+      const hd = 80; // rotate dims [16, 80) of each head, as q_pe follows the 16 nope dims here
+      const positions = Int32Array.of(0, 7, 4095, 200000);
+      const details: string[] = [];
+      for (const interleave of [true, false]) {
+        const x = randomF32(T * heads * hd, 3);
+        const xd = track(b.fromArray('f32', [T, heads, hd], x));
+        b.native.rope({ x: xd, positions: track(b.fromArray('i32', [T], positions)), invFreq: track(b.fromArray('f64', [32], tables.invFreq)), offset: 16, attentionFactor: tables.attentionFactor, interleave });
+        const ref = x.slice();
+        for (let t = 0; t < T; t++) for (let h = 0; h < heads; h++) applyRope(ref, (t * heads + h) * hd + 16, positions[t], tables, interleave);
+        details.push(expectClose(`interleave ${interleave}`, b.toArray(xd) as Float32Array, ref, 1e-6));
+      }
+      return { detail: details.join('; ') };
+    });
+  },
+};
+
+const elementwise: KernelCheck = {
+  name: 'silu_mul, add and embedding (bf16 table) vs reference',
+  run(b) {
+    withTensors(b, (track) => {
+      const T = 3;
+      const I = 50;
+      const x = randomF32(T * 2 * I, 4);
+      const out = track(b.empty('f32', [T, I]));
+      b.native.siluMul({ x: track(b.fromArray('f32', [T, 2 * I], x)), out });
+      const ref = new Float32Array(T * I);
+      for (let t = 0; t < T; t++) for (let j = 0; j < I; j++) ref[t * I + j] = silu(x[t * 2 * I + j]) * x[t * 2 * I + I + j];
+      expectClose('silu_mul', b.toArray(out) as Float32Array, ref, 1e-6);
+      const a = randomF32(100, 5);
+      const c = randomF32(100, 6);
+      const sum = track(b.empty('f32', [100]));
+      b.native.add({ a: track(b.fromArray('f32', [100], a)), b: track(b.fromArray('f32', [100], c)), out: sum });
+      expectEqual('add', b.toArray(sum) as Float32Array, Float32Array.from(a, (v, i) => Math.fround(v + c[i])));
+      const table = f32ArrayToBf16(randomF32(10 * 16, 7));
+      const e = track(b.empty('f32', [3, 16]));
+      b.native.embedding({ table: track(b.fromArray('bf16', [10, 16], table)), ids: track(b.fromArray('i32', [3], Int32Array.of(9, 0, 4))), out: e });
+      const want = new Float32Array(48);
+      [9, 0, 4].forEach((id, i) => want.set(bf16ArrayToF32(table.subarray(id * 16, id * 16 + 16)), i * 16));
+      expectEqual('embedding', b.toArray(e) as Float32Array, want);
+      expectThrows('silu shape', () => b.native.siluMul({ x: track(b.zeros('f32', [3, 7])), out }), /x must be \[T, 2I\] and out \[T, I\]/);
+    });
+  },
+};
+
+const router: KernelCheck = {
+  name: 'router: sigmoid, correction bias, group-limited top-k, normalization, scaling vs reference',
+  run(b) {
+    return withTensors(b, (track) => {
+      const cases = [
+        { E: 64, k: 8, nGroup: 1, topkGroup: 1, norm: true, scaling: 2.827 },
+        { E: 32, k: 4, nGroup: 8, topkGroup: 3, norm: true, scaling: 2.5 },
+        { E: 16, k: 3, nGroup: 4, topkGroup: 2, norm: false, scaling: 1.5 },
+      ];
+      for (const [ci, c] of cases.entries()) {
+        const T = 7;
+        const logits = randomF32(T * c.E, 10 + ci, 2);
+        const r = rng(20 + ci);
+        const bias = Float32Array.from({ length: c.E }, () => 0.2 * (r.uniform() - 0.3));
+        const ids = track(b.empty('i32', [T, c.k]));
+        const weights = track(b.empty('f32', [T, c.k]));
+        b.native.router({ logits: track(b.fromArray('f32', [T, c.E], logits)), bias: track(b.fromArray('f32', [c.E], bias)), ids, weights, topk: c.k, nGroup: c.nGroup, topkGroup: c.topkGroup, normTopkProb: c.norm, scaling: c.scaling });
+        const gotIds = b.toArray(ids) as Int32Array;
+        const gotW = b.toArray(weights) as Float32Array;
+        const config = parseModelConfig({ model_type: 'kimi_k2', n_routed_experts: c.E, num_experts_per_tok: c.k, n_group: c.nGroup, topk_group: c.topkGroup, norm_topk_prob: c.norm, routed_scaling_factor: c.scaling });
+        for (let t = 0; t < T; t++) {
+          const want = route(config, logits.subarray(t * c.E, (t + 1) * c.E), bias);
+          expectEqual(`case ${ci} token ${t} experts`, Array.from(gotIds.subarray(t * c.k, (t + 1) * c.k)), want.experts);
+          expectClose(`case ${ci} token ${t} weights`, gotW.subarray(t * c.k, (t + 1) * c.k), want.weights, 1e-6);
+        }
+      }
+      return { detail: '3 configurations x 7 tokens: same experts, weights within 1e-6' };
+    });
+  },
+};
+
+const argmaxTopk: KernelCheck = {
+  name: 'argmax and top-k: largest first, ties to the lower index, k up to 512 of 5000',
+  run(b) {
+    withTensors(b, (track) => {
+      const rows = 3;
+      const V = 5000;
+      const x = randomF32(rows * V, 30);
+      x[2] = 50;
+      x[77] = 50; // a tie in row 0: index 2 wins
+      for (let i = 0; i < 40; i++) x[V + 1000 + i] = 7; // 40-way tie in row 1
+      const out = track(b.empty('i32', [rows]));
+      const xd = track(b.fromArray('f32', [rows, V], x));
+      b.native.argmax({ x: xd, out });
+      const am = b.toArray(out) as Int32Array;
+      for (let r = 0; r < rows; r++) {
+        let best = 0;
+        for (let i = 1; i < V; i++) if (x[r * V + i] > x[r * V + best]) best = i;
+        if (am[r] !== best) fail(`argmax row ${r}: ${am[r]}, expected ${best}`);
+      }
+      for (const k of [1, 7, 64, 512]) {
+        const values = track(b.empty('f32', [rows, k]));
+        const ids = track(b.empty('i32', [rows, k]));
+        b.native.topk({ x: xd, values, ids, k });
+        const gotIds = b.toArray(ids) as Int32Array;
+        for (let r = 0; r < rows; r++) {
+          const order = Array.from({ length: V }, (_, i) => i).sort((p, q) => x[r * V + q] - x[r * V + p] || p - q).slice(0, k);
+          expectEqual(`top-${k} row ${r}`, Array.from(gotIds.subarray(r * k, (r + 1) * k)), order);
+        }
+      }
+      expectThrows('k > V', () => b.native.topk({ x: xd, values: track(b.zeros('f32', [rows, 6000])), ids: track(b.zeros('i32', [rows, 6000])), k: 6000 }), /k = 6000 must be in \[1, 5000\]/);
+    });
+  },
+};
+
+export const OPS_CHECKS: KernelCheck[] = [rmsNormCheck, ropeCheck, elementwise, router, argmaxTopk];

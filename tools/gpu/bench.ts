@@ -1,0 +1,198 @@
+/**
+ * The GPU benchmark of @kdtree/cuda (bundled into .gpu/bench.mjs; see docs/benchmarks/cuda.md):
+ *   - device-to-device copy bandwidth, measured here (the physical ceiling for W4A16 at small M)
+ *   - W4A16 GEMM, bf16 activations, on the Kimi K2 shapes at M = 1..128: time, effective
+ *     bandwidth (weights + scales + x + y), fraction of the copy bandwidth, and speedup over the
+ *     dense bf16 GEMM of torch/cuBLAS measured in the same run (dense_baseline.py -> argv[2])
+ *   - the grouped MoE decode step of Kimi K2 (384 experts, 8 per token, gate_up + SiLU + down)
+ *   - DDTree build + accept at budgets 64..512 over a 163840-token vocabulary
+ * Each kernel is validated against the C++ twin on the same random weights before it is timed.
+ * Weights rotate over copies larger than the L2 cache, so timings are HBM timings.
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { f32ArrayToBf16 } from '@kdtree/format';
+import { SeededRandom } from '@kdtree/reference';
+import { createBackend, type DeviceTensor, type KdtreeBackend } from '../../packages/cuda/src/backend.js';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const gpu = createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPaths: true });
+const cpu = createBackend({ backend: 'cpu', searchPaths: [here], onlySearchPaths: true });
+const info = gpu.info();
+const dense = process.argv[2] ? JSON.parse(readFileSync(process.argv[2], 'utf8')) : undefined;
+const rng = new SeededRandom(2026);
+const report: Record<string, unknown> = { device: info };
+const lines: string[] = [];
+const log = (s: string) => {
+  lines.push(s);
+  console.log(s);
+};
+
+function median(v: number[]): number {
+  const s = [...v].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
+}
+
+/** Median over 5 event-timed batches of `reps` launches, after a warm-up; ms per launch. */
+function timeLaunches(b: KdtreeBackend, launch: (r: number) => void, reps = 20): number {
+  for (let r = 0; r < 3; r++) launch(r);
+  b.synchronize();
+  return median(Array.from({ length: 5 }, () => b.time(() => { for (let r = 0; r < reps; r++) launch(r); }) / reps));
+}
+
+function randomWords(n: number): Int32Array {
+  return Int32Array.from({ length: n }, () => (rng.uniform() * 4294967296) | 0);
+}
+function randomScales(n: number): Uint16Array {
+  return f32ArrayToBf16(Float32Array.from({ length: n }, () => 0.005 + 0.015 * rng.uniform()));
+}
+function randomBf16(n: number): Uint16Array {
+  return f32ArrayToBf16(Float32Array.from({ length: n }, () => rng.normal()));
+}
+function relError(a: Float32Array, b: Float32Array): number {
+  let num = 0;
+  let den = 0;
+  for (let i = 0; i < a.length; i++) {
+    num += (a[i] - b[i]) ** 2;
+    den += b[i] ** 2;
+  }
+  return Math.sqrt(num / den);
+}
+
+// 1. copy bandwidth
+const copyBytes = 2 ** 31;
+const src = gpu.empty('u8', [copyBytes]);
+const dst = gpu.empty('u8', [copyBytes]);
+gpu.native.fill(src.buffer, 0x5a);
+const copyMs = timeLaunches(gpu, () => gpu.native.copy({ dst: dst.buffer, src: src.buffer }), 5);
+const copyGBs = (2 * copyBytes) / (copyMs * 1e-3) / 1e9;
+gpu.free(src, dst);
+log(`device: ${info.name}, ${info.multiprocessors} SMs, compute ${info.computeCapability}, driver ${info.driverVersion}, runtime ${info.runtimeVersion}`);
+log(`device-to-device copy: ${copyGBs.toFixed(0)} GB/s (read + write of 2 GiB)${dense ? `; torch measured ${dense.copy_gbps.toFixed(0)} GB/s` : ''}`);
+report.copyGBs = copyGBs;
+
+// 2. W4A16 GEMM on Kimi K2 shapes
+const SHAPES = [[4096, 7168, 'expert gate+up'], [7168, 2048, 'expert down'], [18432, 7168, 'dense gate/up'], [7168, 18432, 'dense down']] as const;
+const MS = [1, 2, 4, 8, 16, 32, 64, 128];
+const gemmRows: string[][] = [];
+const gemmReport: unknown[] = [];
+for (const [n, k, what] of SHAPES) {
+  const words = (n * k) / 8;
+  const groups = (n * k) / 32;
+  const weightBytes = words * 4 + groups * 2;
+  const copies = Math.max(2, Math.ceil(240e6 / weightBytes));
+  // copy 0 random (validated), the others filled with a byte pattern (timing only)
+  const qws: DeviceTensor[] = [];
+  const scs: DeviceTensor[] = [];
+  const qw0 = randomWords(words);
+  const sc0 = randomScales(groups);
+  for (let c = 0; c < copies; c++) {
+    qws.push(c === 0 ? gpu.fromArray('i32', [n, k / 8], qw0) : gpu.empty('i32', [n, k / 8]));
+    scs.push(c === 0 ? gpu.fromArray('bf16', [n, k / 32], sc0) : gpu.empty('bf16', [n, k / 32]));
+    if (c > 0) {
+      gpu.native.fill(qws[c].buffer, 0x5a);
+      gpu.native.fill(scs[c].buffer, 0x3c);
+    }
+  }
+  const xHost = randomBf16(128 * k);
+  const x = gpu.fromArray('bf16', [128, k], xHost);
+  const y = gpu.empty('bf16', [128, n]);
+  // validation: cuda vs the C++ twin at M = 4 (bf16 out; tolerance of bf16 activations)
+  {
+    const xc = cpu.fromArray('bf16', [4, k], xHost.subarray(0, 4 * k));
+    const qc = cpu.fromArray('i32', [n, k / 8], qw0);
+    const scc = cpu.fromArray('bf16', [n, k / 32], sc0);
+    const yc = cpu.empty('f32', [4, n]);
+    cpu.native.w4a16Gemm({ x: xc, qw: qc, sc: scc, y: yc, group: 32 });
+    const yg = gpu.empty('f32', [4, n]);
+    gpu.native.w4a16Gemm({ x: { ...x, shape: [4, k] }, qw: qws[0], sc: scs[0], y: yg, group: 32 });
+    const e = relError(gpu.toArray(yg) as Float32Array, cpu.toArray(yc) as Float32Array);
+    if (!(e <= 1e-4)) throw new Error(`validation failed for ${n}x${k}: cuda vs cpu twin rel ${e}`);
+    log(`validated ${n}x${k} (${what}): cuda vs C++ twin at M=4, rel ${e.toExponential(1)}`);
+    cpu.free(xc, qc, scc, yc);
+    gpu.free(yg);
+  }
+  for (const m of MS) {
+    const ms = timeLaunches(gpu, (r) => gpu.native.w4a16Gemm({ x: { ...x, shape: [m, k] }, qw: qws[r % copies], sc: scs[r % copies], y: { ...y, shape: [m, n] }, group: 32 }));
+    const bytes = weightBytes + m * k * 2 + m * n * 2;
+    const gbs = bytes / (ms * 1e-3) / 1e9;
+    const denseMs: number | undefined = dense?.shapes?.[`${n}x${k}`]?.[m];
+    gemmRows.push([`${n}x${k}`, String(m), (ms * 1e3).toFixed(1), gbs.toFixed(0), `${((gbs / copyGBs) * 100).toFixed(0)}%`, denseMs ? (denseMs * 1e3).toFixed(1) : '-', denseMs ? (denseMs / ms).toFixed(2) : '-']);
+    gemmReport.push({ n, k, m, us: ms * 1e3, gbs, fractionOfCopy: gbs / copyGBs, denseUs: denseMs ? denseMs * 1e3 : null });
+  }
+  gpu.free(...qws, ...scs, x, y);
+}
+report.gemm = gemmReport;
+
+// 3. grouped MoE decode step of Kimi K2: 384 experts, 8 per token, H 7168, I 2048, group 32
+const E = 384;
+const TOPK = 8;
+const H = 7168;
+const I = 2048;
+const guQ = gpu.empty('i32', [E, 2 * I, H / 8]);
+const guS = gpu.empty('bf16', [E, 2 * I, H / 32]);
+const dnQ = gpu.empty('i32', [E, H, I / 8]);
+const dnS = gpu.empty('bf16', [E, H, I / 32]);
+for (const t of [guQ, dnQ]) gpu.native.fill(t.buffer, 0x5a);
+for (const t of [guS, dnS]) gpu.native.fill(t.buffer, 0x3c);
+const idSets = Array.from({ length: 16 }, () => {
+  const chosen = new Set<number>();
+  while (chosen.size < TOPK) chosen.add(Math.floor(rng.uniform() * E));
+  return gpu.fromArray('i32', [1, TOPK], Int32Array.from([...chosen].sort((a, b) => a - b)));
+});
+const topkW = gpu.fromArray('f32', [1, TOPK], Float32Array.from({ length: TOPK }, () => 0.1 + rng.uniform() * 0.3));
+const xTok = gpu.fromArray('bf16', [1, H], randomBf16(H));
+const gu = gpu.empty('bf16', [TOPK, 2 * I]);
+const act = gpu.empty('bf16', [TOPK, I]);
+const out = gpu.empty('bf16', [1, H]);
+const moeStep = (r: number) => {
+  const ids = idSets[r % idSets.length];
+  gpu.native.moeGemm({ x: xTok, qw: guQ, sc: guS, ids, y: gu, mode: 'gather' });
+  gpu.native.siluMul({ x: gu, out: act });
+  gpu.native.moeGemm({ x: act, qw: dnQ, sc: dnS, ids, weights: topkW, y: out, mode: 'sum' });
+};
+const moeMs = timeLaunches(gpu, moeStep);
+const moeBytes = TOPK * (2 * I * H / 2 + 2 * I * (H / 32) * 2 + H * I / 2 + H * (I / 32) * 2);
+const moeGBs = moeBytes / (moeMs * 1e-3) / 1e9;
+log(`MoE decode step (Kimi K2: ${E} experts, top-${TOPK}, gate_up + SiLU + down, bf16): ${(moeMs * 1e3).toFixed(1)} us, ${(moeBytes / 1e6).toFixed(0)} MB of expert weights, ${moeGBs.toFixed(0)} GB/s = ${((moeGBs / copyGBs) * 100).toFixed(0)}% of copy`);
+report.moe = { us: moeMs * 1e3, bytes: moeBytes, gbs: moeGBs, fractionOfCopy: moeGBs / copyGBs };
+gpu.free(guQ, guS, dnQ, dnS, ...idSets, topkW, xTok, gu, act, out);
+
+// 4. DDTree build + accept on a Kimi K2 vocabulary
+const V = 163840;
+const DEPTH = 8;
+const draft = gpu.fromArray('f32', [DEPTH, V], Float32Array.from({ length: DEPTH * V }, () => 3 * rng.normal()));
+const ddRows: string[][] = [];
+const ddReport: unknown[] = [];
+for (const budget of [64, 128, 256, 512]) {
+  const nodes = budget + 1;
+  const t = { tokens: gpu.empty('i32', [nodes]), parents: gpu.empty('i32', [nodes]), depths: gpu.empty('i32', [nodes]), positions: gpu.empty('i32', [nodes]), mask: gpu.empty('u8', [nodes, nodes]), size: gpu.empty('i32', [1]) };
+  const argmax = gpu.fromArray('i32', [nodes], Int32Array.from({ length: nodes }, () => Math.floor(rng.uniform() * V)));
+  const path = gpu.empty('i32', [nodes]);
+  const pathLen = gpu.empty('i32', [1]);
+  const bonus = gpu.empty('i32', [1]);
+  const build = () => gpu.native.ddtreeBuild({ draftLogits: draft, root: 1, budget, start: 1000, ...t });
+  const accept = () => gpu.native.ddtreeAccept({ tokens: t.tokens, parents: t.parents, size: t.size, targetArgmax: argmax, path, pathLen, bonus });
+  const buildMs = timeLaunches(gpu, build, 10);
+  const acceptMs = timeLaunches(gpu, accept, 10);
+  ddRows.push([String(budget), String(DEPTH), (buildMs * 1e3).toFixed(1), (acceptMs * 1e3).toFixed(1), ((buildMs + acceptMs) * 1e3).toFixed(1)]);
+  ddReport.push({ budget, depth: DEPTH, buildUs: buildMs * 1e3, acceptUs: acceptMs * 1e3 });
+  gpu.free(...Object.values(t), argmax, path, pathLen, bonus);
+}
+gpu.free(draft);
+report.ddtree = ddReport;
+
+const table = (header: string[], rows: string[][]) => {
+  const w = header.map((h, c) => Math.max(h.length, ...rows.map((r) => r[c].length)));
+  const line = (cells: string[]) => `| ${cells.map((x, c) => x.padEnd(w[c])).join(' | ')} |`;
+  return [line(header), `|${w.map((x) => '-'.repeat(x + 2)).join('|')}|`, ...rows.map(line)].join('\n');
+};
+log('');
+log(table(['N x K', 'M', 'W4A16 us', 'GB/s', 'of copy', 'dense bf16 us', 'speedup'], gemmRows));
+log('');
+log(table(['budget', 'depth', 'build us', 'accept us', 'total us'], ddRows));
+if (process.env.OUT) {
+  writeFileSync(join(process.env.OUT, 'bench.json'), `${JSON.stringify(report, null, 1)}\n`);
+  writeFileSync(join(process.env.OUT, 'bench.txt'), `${lines.join('\n')}\n`);
+}

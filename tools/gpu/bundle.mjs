@@ -1,0 +1,49 @@
+#!/usr/bin/env node
+// Builds the GPU payload in .gpu/ (git-ignored; carried to the GPU host by the device runner):
+//   selftest.mjs, bench.mjs   the kernel suite and benchmark, bundled (no node_modules needed)
+//   kdtree_{cuda,cpu}.node    the addon binaries with their build metadata (.json)
+//   dense_baseline.py         the torch/cuBLAS peer of the benchmark
+//   node.xz                   this machine's Node, compressed (../shared/gpu/pack-node.sh)
+//   run.sh                    what to run there
+import { spawnSync } from 'node:child_process';
+import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { rolldown } from 'rolldown';
+
+const root = fileURLToPath(new URL('../..', import.meta.url));
+const out = join(root, '.gpu');
+mkdirSync(out, { recursive: true });
+const bin = join(root, 'packages', 'cuda', 'bin', `${process.platform}-${process.arch}`);
+for (const variant of ['cuda', 'cpu']) {
+  for (const ext of ['node', 'json']) {
+    const file = join(bin, `kdtree_${variant}.${ext}`);
+    if (!existsSync(file)) {
+      console.error(`missing ${file}: build the addon first (pnpm --filter @kdtree/cuda build:native, with nvcc for the cuda variant)`);
+      process.exit(1);
+    }
+    copyFileSync(file, join(out, `kdtree_${variant}.${ext}`));
+  }
+}
+for (const entry of ['selftest', 'bench']) {
+  const bundle = await rolldown({ input: join(root, 'tools', 'gpu', `${entry}.ts`), platform: 'node', external: [/^node:/], logLevel: 'warn' });
+  await bundle.write({ file: join(out, `${entry}.mjs`), format: 'esm', codeSplitting: false });
+  await bundle.close();
+}
+copyFileSync(join(root, 'tools', 'gpu', 'dense_baseline.py'), join(out, 'dense_baseline.py'));
+const pack = spawnSync('bash', [join(root, '..', 'shared', 'gpu', 'pack-node.sh'), out], { stdio: 'inherit' });
+if (pack.status !== 0) process.exit(pack.status ?? 1);
+writeFileSync(
+  join(out, 'run.sh'),
+  `#!/usr/bin/env bash
+# On the GPU host, from the repository root: the self-test, the torch peer, then the benchmark.
+set -u
+xz -dc .gpu/node.xz > /tmp/node && chmod +x /tmp/node
+OUT=\${OUT:-/tmp} /tmp/node .gpu/selftest.mjs; st=$?
+python3 .gpu/dense_baseline.py \${OUT:-/tmp}/dense.json
+OUT=\${OUT:-/tmp} /tmp/node .gpu/bench.mjs \${OUT:-/tmp}/dense.json; bt=$?
+exit $(( st || bt ))
+`,
+  { mode: 0o755 },
+);
+console.log(`GPU payload in ${out}`);
