@@ -5,6 +5,8 @@
  *     bandwidth (weights + scales + x + y), fraction of the copy bandwidth, and speedup over the
  *     dense bf16 GEMM of torch/cuBLAS measured in the same run (dense_baseline.py -> argv[2])
  *   - the grouped MoE decode step of Kimi K2 (384 experts, 8 per token, gate_up + SiLU + down)
+ *   - MLA attention of one tensor-parallel rank (8 heads): decode, tree verify, prefill, vs the
+ *     time to read the cache once at the copy bandwidth
  *   - DDTree build + accept at budgets 64..512 over a 163840-token vocabulary
  * Each kernel is validated against the C++ twin on the same random weights before it is timed.
  * Weights rotate over copies larger than the L2 cache, so timings are HBM timings.
@@ -159,7 +161,32 @@ log(`MoE decode step (Kimi K2: ${E} experts, top-${TOPK}, gate_up + SiLU + down,
 report.moe = { us: moeMs * 1e3, bytes: moeBytes, gbs: moeGBs, fractionOfCopy: moeGBs / copyGBs };
 gpu.free(guQ, guS, dnQ, dnS, ...idSets, topkW, xTok, gu, act, out);
 
-// 4. DDTree build + accept on a Kimi K2 vocabulary
+// 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
+// cache: decode (T = 1), a 64-node tree verify (T = 65, causal mask as a stand-in for the tree's)
+// and a 512-token prefill. The floor reads the cache and kv_b once at the copy bandwidth.
+const ATT = { H: 8, NOPE: 128, ROPE: 64, V: 128, R: 512, S: 4096 };
+const kvB = gpu.fromArray('bf16', [ATT.H * (ATT.NOPE + ATT.V), ATT.R], randomBf16(ATT.H * (ATT.NOPE + ATT.V) * ATT.R));
+const cacheC = gpu.fromArray('f32', [ATT.S + 512, ATT.R], Float32Array.from({ length: (ATT.S + 512) * ATT.R }, () => rng.normal()));
+const cacheKpe = gpu.fromArray('f32', [ATT.S + 512, ATT.ROPE], Float32Array.from({ length: (ATT.S + 512) * ATT.ROPE }, () => rng.normal()));
+const attRows: string[][] = [];
+const attReport: unknown[] = [];
+for (const [label, T] of [['decode', 1], ['tree verify', 65], ['prefill', 512]] as const) {
+  const base = label === 'prefill' ? 0 : ATT.S;
+  const qNope = gpu.fromArray('f32', [T, ATT.H, ATT.NOPE], Float32Array.from({ length: T * ATT.H * ATT.NOPE }, () => rng.normal()));
+  const qPe = gpu.fromArray('f32', [T, ATT.H, ATT.ROPE], Float32Array.from({ length: T * ATT.H * ATT.ROPE }, () => rng.normal()));
+  const out = gpu.empty('f32', [T, ATT.H, ATT.V]);
+  const ms = timeLaunches(gpu, () => gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, out, base, scale: 1 / Math.sqrt(ATT.NOPE + ATT.ROPE) }), 10);
+  const keys = base + T;
+  const bytes = keys * (ATT.R + ATT.ROPE) * 4 + ATT.H * (ATT.NOPE + ATT.V) * ATT.R * 2;
+  const floorUs = (bytes / (copyGBs * 1e9)) * 1e6;
+  attRows.push([label, String(T), String(keys), (ms * 1e3).toFixed(1), floorUs.toFixed(1), `${((floorUs / (ms * 1e3)) * 100).toFixed(0)}%`]);
+  attReport.push({ label, T, keys, us: ms * 1e3, floorUs });
+  gpu.free(qNope, qPe, out);
+}
+gpu.free(kvB, cacheC, cacheKpe);
+report.attention = attReport;
+
+// 5. DDTree build + accept on a Kimi K2 vocabulary
 const V = 163840;
 const DEPTH = 8;
 const draft = gpu.fromArray('f32', [DEPTH, V], Float32Array.from({ length: DEPTH * V }, () => 3 * rng.normal()));
@@ -192,6 +219,8 @@ log('');
 log(table(['N x K', 'M', 'W4A16 us', 'GB/s', 'of copy', 'dense bf16 us', 'speedup'], gemmRows));
 log('');
 log(table(['budget', 'depth', 'build us', 'accept us', 'total us'], ddRows));
+log('');
+log(table(['MLA attention (8 heads)', 'T', 'keys', 'us', 'floor us', 'of floor'], attRows));
 if (process.env.OUT) {
   writeFileSync(join(process.env.OUT, 'bench.json'), `${JSON.stringify(report, null, 1)}\n`);
   writeFileSync(join(process.env.OUT, 'bench.txt'), `${lines.join('\n')}\n`);

@@ -61,6 +61,9 @@ struct ArgmaxArgs { Tensor x, out; };  // x f32 [T, V] -> out i32 [T]
 struct TopkArgs { Tensor x, values, ids; int k = 1; };  // per row, descending, ties -> lower index
 
 struct KvWriteArgs { Tensor c, kpe, cache_c, cache_kpe, slots; };  // rows -> cache slots
+// Trees hold at most kMaxDdtreeBudget + 1 nodes (the root plus the budget): the device kernels keep
+// a tree's bookkeeping in one block's shared memory.
+constexpr int64_t kMaxDdtreeBudget = 1024;
 struct DdtreeBuildArgs {
   Tensor draft_logits;  // f32 [L, V]
   int root = 0;

@@ -217,7 +217,7 @@ Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.mask, {DType::kU8}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.size, {DType::kI32}, 1));
   const int64_t n = a.budget + 1, v = a.draft_logits.dim(1);
-  if (a.budget < 0 || a.budget > 1024) return Invalid(ctx, "budget ", a.budget, " must be in [0, 1024]");
+  if (a.budget < 0 || a.budget > kMaxDdtreeBudget) return Invalid(ctx, "budget ", a.budget, " must be in [0, ", kMaxDdtreeBudget, "]");
   if (a.draft_logits.dim(0) < 1) return Invalid(ctx, "needs at least one draft depth");
   if (a.root < 0 || a.root >= v) return Invalid(ctx, "root token ", a.root, " is outside the vocabulary [0, ", v, ")");
   for (const Tensor* t : {&a.tokens, &a.parents, &a.depths, &a.positions}) {
@@ -233,6 +233,7 @@ Status ValidateDdtreeAccept(const DdtreeAcceptArgs& a) {
   for (const Tensor* t : {&a.tokens, &a.parents, &a.size, &a.target_argmax, &a.path, &a.path_len, &a.bonus}) KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, *t, {DType::kI32}, 1));
   const int64_t n = a.tokens.dim(0);
   if (a.parents.dim(0) != n || a.target_argmax.dim(0) < 1 || a.path.dim(0) != n) return Invalid(ctx, "tokens, parents and path must be [N] and target_argmax one per node");
+  if (n > kMaxDdtreeBudget + 1) return Invalid(ctx, "a tree holds at most ", kMaxDdtreeBudget + 1, " nodes (budget ", kMaxDdtreeBudget, " + root), got ", n);
   if (a.size.dim(0) != 1 || a.path_len.dim(0) != 1 || a.bonus.dim(0) != 1) return Invalid(ctx, "size, path_len and bonus must be [1]");
   return Status::Ok();
 }

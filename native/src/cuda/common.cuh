@@ -17,6 +17,10 @@ struct Scratch {
   void* ptr = nullptr;
   size_t bytes = 0;
   Status Reserve(size_t need, cudaStream_t stream);
+  // Split-K arrival counters: zero between launches (each user resets what it used).
+  int* counters = nullptr;
+  size_t n_counters = 0;
+  Status Counters(size_t need, cudaStream_t stream, int** out);
 };
 
 inline Status FromCuda(cudaError_t e, const char* what) {

@@ -2,6 +2,7 @@
 // to its launcher. All ops are asynchronous on their stream; faults surface at synchronize().
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,21 @@ Status Scratch::Reserve(size_t need, cudaStream_t stream) {
   return Status::Ok();
 }
 
+Status Scratch::Counters(size_t need, cudaStream_t stream, int** out) {
+  if (need > n_counters) {
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaStreamSynchronize(stream), "counters: synchronize"));
+    if (counters != nullptr) cudaFree(counters);
+    counters = nullptr;
+    n_counters = 0;
+    const size_t grown = std::max<size_t>(need * 2, 1024);
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaMalloc(&counters, grown * sizeof(int)), "counters: cudaMalloc"));
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaMemsetAsync(counters, 0, grown * sizeof(int), stream), "counters: zero"));
+    n_counters = grown;
+  }
+  *out = counters;
+  return Status::Ok();
+}
+
 namespace {
 
 class CudaBackend final : public Backend {
@@ -36,7 +52,10 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     for (auto& [id, s] : streams_) cudaStreamDestroy(s);
     for (auto& [id, e] : events_) cudaEventDestroy(e);
-    for (auto& [id, sc] : scratch_) if (sc.ptr) cudaFree(sc.ptr);
+    for (auto& [id, sc] : scratch_) {
+      if (sc.ptr) cudaFree(sc.ptr);
+      if (sc.counters) cudaFree(sc.counters);
+    }
   }
 
   Status Init() {
@@ -101,6 +120,7 @@ class CudaBackend final : public Backend {
     streams_.erase(stream);
     if (scratch_.count(stream)) {
       cudaFree(scratch_[stream].ptr);
+      cudaFree(scratch_[stream].counters);
       scratch_.erase(stream);
     }
     return Status::Ok();

@@ -1,11 +1,12 @@
 // DDTree on the device (the reference is @kdtree/reference ddtree.ts):
 //   build   per depth the top-K draft tokens (radix select + bitonic sort, one block per depth) and
 //           their log-softmax (log-sum-exp in f64), then the best-first heap expansion into at most
-//           B nodes (one thread: B <= 1024 pops, microseconds), then positions and the ancestor mask
+//           B nodes (one thread, heap in shared memory), then positions and the ancestor mask
 //   accept  the greedy walk from the root along children whose token is the target's argmax
 //   commit  KV[start + k] = KV[start + path[k]] for k ascending, in every cache tensor
 // Ties follow the reference: tokens by (logit desc, id asc); heap entries by (log-prob desc, push order).
 #include <algorithm>
+#include <climits>
 
 #include "common.cuh"
 
@@ -14,21 +15,52 @@ namespace cuda {
 namespace {
 
 constexpr int kTopkThreads = 1024;
+constexpr int kTopkWarps = kTopkThreads / 32;
 
 __device__ __forceinline__ uint32_t OrderKey(float f) {
   const uint32_t u = __float_as_uint(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // larger float -> larger key
 }
 
+// Exclusive prefix sums of (a, b) over the block in thread order; returns the totals.
+__device__ __forceinline__ int2 BlockExclusiveScan2(int& a, int& b, int2* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int ia = a, ib = b;
+  for (int d = 1; d < 32; d <<= 1) {
+    const int ua = __shfl_up_sync(0xffffffffu, ia, d), ub = __shfl_up_sync(0xffffffffu, ib, d);
+    if (lane >= d) ia += ua, ib += ub;
+  }
+  if (lane == 31) warp_sums[warp] = make_int2(ia, ib);
+  __syncthreads();
+  if (warp == 0) {
+    int2 s = lane < kTopkWarps ? warp_sums[lane] : make_int2(0, 0);
+    for (int d = 1; d < 32; d <<= 1) {
+      const int ua = __shfl_up_sync(0xffffffffu, s.x, d), ub = __shfl_up_sync(0xffffffffu, s.y, d);
+      if (lane >= d) s.x += ua, s.y += ub;
+    }
+    if (lane < kTopkWarps) warp_sums[lane] = s;  // inclusive over warps
+  }
+  __syncthreads();
+  const int2 before = warp > 0 ? warp_sums[warp - 1] : make_int2(0, 0);
+  const int2 total = warp_sums[kTopkWarps - 1];
+  a = before.x + ia - a;
+  b = before.y + ib - b;
+  __syncthreads();  // warp_sums is reused by the caller
+  return total;
+}
+
 // One block per row: the k largest (value desc, index asc), k <= 1024.
+// Logits of one row share their top key bits, so a plain shared-memory histogram would put every
+// atomic on one bin; each warp first merges equal bins (__match_any_sync) and adds once per bin.
 __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, int64_t cols, int k, float* values, int32_t* ids) {
   __shared__ int hist[256];
   __shared__ uint32_t prefix_s, mask_s;
   __shared__ int remaining_s;
-  __shared__ int count_gt[kTopkThreads], count_eq[kTopkThreads];
+  __shared__ int2 warp_sums[kTopkWarps];
   __shared__ uint32_t keys[kTopkThreads];
   __shared__ int idx[kTopkThreads];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  const int lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     prefix_s = 0;
     mask_s = 0;
@@ -39,22 +71,38 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     const uint32_t prefix = prefix_s, mask = mask_s;
-    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-      const uint32_t key = OrderKey(row[i]);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFF], 1);
+    const int64_t end = (cols + 31) / 32 * 32;  // whole warps in the loop, for __match_any_sync
+    for (int64_t i = threadIdx.x; i < end; i += blockDim.x) {
+      const uint32_t key = i < cols ? OrderKey(row[i]) : 0;
+      const bool in = i < cols && (key & mask) == prefix;
+      const int bin = in ? static_cast<int>((key >> shift) & 0xFF) : -1;
+      const uint32_t same = __match_any_sync(0xffffffffu, bin);
+      if (in && lane == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int remaining = remaining_s;
-      for (int b = 255; b >= 0; --b) {
-        if (hist[b] >= remaining) {
-          prefix_s = prefix | (static_cast<uint32_t>(b) << shift);
-          mask_s = mask | (0xFFu << shift);
-          break;
-        }
-        remaining -= hist[b];
+    if (threadIdx.x < 32) {  // warp 0: which bin holds the k-th key; lane l owns bins 255-8l .. 248-8l
+      const int remaining = remaining_s;
+      __syncwarp();  // every lane has read remaining_s before the winner rewrites it
+      int local[8], sum = 0;
+      for (int j = 0; j < 8; ++j) sum += local[j] = hist[255 - 8 * lane - j];
+      int incl = sum;
+      for (int d = 1; d < 32; d <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += u;
       }
-      remaining_s = remaining;  // how many keys equal to the threshold we still need
+      const int before = incl - sum;
+      if (before < remaining && remaining <= incl) {
+        int r = remaining - before;
+        for (int j = 0; j < 8; ++j) {
+          if (local[j] >= r) {
+            prefix_s = prefix | (static_cast<uint32_t>(255 - 8 * lane - j) << shift);
+            mask_s = mask | (0xFFu << shift);
+            remaining_s = r;  // how many keys equal to the threshold we still need
+            break;
+          }
+          r -= local[j];
+        }
+      }
     }
     __syncthreads();
   }
@@ -63,27 +111,13 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
   // 2. ordered compaction: contiguous index ranges per thread, so ties keep the lowest indices
   const int64_t chunk = (cols + blockDim.x - 1) / blockDim.x;
   const int64_t i0 = min(cols, threadIdx.x * chunk), i1 = min(cols, i0 + chunk);
-  int gt = 0, eq = 0;
+  int pos_gt = 0, pos_eq = 0;
   for (int64_t i = i0; i < i1; ++i) {
     const uint32_t key = OrderKey(row[i]);
-    gt += key > thr;
-    eq += key == thr;
+    pos_gt += key > thr;
+    pos_eq += key == thr;
   }
-  count_gt[threadIdx.x] = gt;
-  count_eq[threadIdx.x] = eq;
-  __syncthreads();
-  if (threadIdx.x == 0) {  // exclusive scan over threads, in thread (= index) order
-    int run_gt = 0, run_eq = 0;
-    for (int t = 0; t < static_cast<int>(blockDim.x); ++t) {
-      const int cg = count_gt[t], ce = count_eq[t];
-      count_gt[t] = run_gt;
-      count_eq[t] = run_eq;
-      run_gt += cg;
-      run_eq += ce;
-    }
-  }
-  __syncthreads();
-  int pos_gt = count_gt[threadIdx.x], pos_eq = count_eq[threadIdx.x];
+  BlockExclusiveScan2(pos_gt, pos_eq, warp_sums);
   const int total_gt = k - need_eq;
   for (int64_t i = i0; i < i1; ++i) {
     const uint32_t key = OrderKey(row[i]);
@@ -166,53 +200,62 @@ struct HeapEntry {
 
 __device__ __forceinline__ bool Better(const HeapEntry& a, const HeapEntry& b) { return a.w > b.w || (a.w == b.w && a.seq < b.seq); }
 
-// The heap expansion on thread 0, then positions and the ancestor mask on the whole block.
+constexpr int kMaxNodes = static_cast<int>(kMaxDdtreeBudget) + 1;
+
+// The heap expansion is inherently serial (each pop decides the next pushes), so thread 0 runs it
+// entirely out of shared memory: the heap (at most budget + 1 live entries, since a pop pushes at
+// most two), and when it fits the log-prob table, which the rest of the block fills first. Global
+// memory latency on every sift step was what made the first version take milliseconds.
+// Then one warp per row writes the ancestor mask: coalesced zeroing, lane 0 sets the ancestors.
 __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, const int32_t* tok, const double* logz, int depth, int k, int root, int budget,
-                                                        int64_t start, HeapEntry* heap, int32_t* tokens, int32_t* parents, int32_t* depths,
+                                                        int64_t start, bool lp_in_smem, int32_t* tokens, int32_t* parents, int32_t* depths,
                                                         int32_t* positions, uint8_t* mask, int32_t* size_out) {
+  extern __shared__ __align__(16) unsigned char dyn[];
+  __shared__ int parents_s[kMaxNodes], depths_s[kMaxNodes];
   __shared__ int size_s;
+  HeapEntry* heap = reinterpret_cast<HeapEntry*>(dyn);
+  double* lp_table = reinterpret_cast<double*>(dyn + static_cast<size_t>(budget + 2) * sizeof(HeapEntry));
   const int n = budget + 1;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    parents_s[i] = -1;
+    depths_s[i] = 0;
+    tokens[i] = i == 0 ? root : -1;
+  }
+  if (lp_in_smem) {
+    for (int i = threadIdx.x; i < depth * k; i += blockDim.x) lp_table[i] = static_cast<double>(values[i]) - logz[i / k];
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
-    for (int i = 0; i < n; ++i) {
-      tokens[i] = -1;
-      parents[i] = -1;
-      depths[i] = 0;
-    }
-    tokens[0] = root;
     int size = 1, len = 0, seq = 0;
-    auto lp = [&](int d, int r) { return static_cast<double>(values[d * k + r]) - logz[d]; };
-    auto push = [&](HeapEntry e) {
+    auto lp = [&](int d, int r) { return lp_in_smem ? lp_table[d * k + r] : static_cast<double>(values[d * k + r]) - logz[d]; };
+    auto push = [&](const HeapEntry& e) {
       int i = len++;
-      heap[i] = e;
-      while (i > 0) {
+      while (i > 0) {  // sift up, moving the hole instead of swapping
         const int p = (i - 1) >> 1;
-        if (!Better(heap[i], heap[p])) break;
-        const HeapEntry tmp = heap[i];
+        if (!Better(e, heap[p])) break;
         heap[i] = heap[p];
-        heap[p] = tmp;
         i = p;
       }
+      heap[i] = e;
     };
     if (k > 0) push(HeapEntry{lp(0, 0), 0, 1, 0, seq++});
     while (len > 0 && size < n) {
       const HeapEntry e = heap[0];
-      heap[0] = heap[--len];
-      for (int i = 0;;) {  // sift down
-        const int l = 2 * i + 1, r = l + 1;
-        int m = i;
-        if (l < len && Better(heap[l], heap[m])) m = l;
-        if (r < len && Better(heap[r], heap[m])) m = r;
-        if (m == i) break;
-        const HeapEntry tmp = heap[i];
+      const HeapEntry last = heap[--len];
+      int i = 0;
+      for (;;) {  // sift down (entries are totally ordered by (w, seq), so any heap pops the same sequence)
+        const int l = 2 * i + 1;
+        if (l >= len) break;
+        const int m = (l + 1 < len && Better(heap[l + 1], heap[l])) ? l + 1 : l;
+        if (!Better(heap[m], last)) break;
         heap[i] = heap[m];
-        heap[m] = tmp;
         i = m;
       }
+      if (len > 0) heap[i] = last;
       const int node = size++;
-      const int at = (e.depth - 1) * k + e.rank;
-      tokens[node] = tok[at];
-      parents[node] = e.parent;
-      depths[node] = e.depth;
+      tokens[node] = tok[(e.depth - 1) * k + e.rank];
+      parents_s[node] = e.parent;
+      depths_s[node] = e.depth;
       if (e.rank + 1 < k) push(HeapEntry{e.w - lp(e.depth - 1, e.rank) + lp(e.depth - 1, e.rank + 1), e.parent, e.depth, e.rank + 1, seq++});
       if (e.depth < depth) push(HeapEntry{e.w + lp(e.depth, 0), node, e.depth + 1, 0, seq++});
     }
@@ -222,31 +265,43 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
   __syncthreads();
   const int size = size_s;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    positions[i] = static_cast<int32_t>(start + depths[i]);
+    parents[i] = parents_s[i];
+    depths[i] = depths_s[i];
+    positions[i] = static_cast<int32_t>(start + depths_s[i]);
+  }
+  const int lane = threadIdx.x & 31;
+  for (int i = threadIdx.x >> 5; i < n; i += blockDim.x >> 5) {
     uint8_t* row = mask + static_cast<int64_t>(i) * n;
-    for (int j = 0; j < n; ++j) row[j] = 0;
-    if (i < size) for (int j = i; j >= 0; j = parents[j]) row[j] = 1;
+    for (int j = lane; j < n; j += 32) row[j] = 0;
+    __syncwarp();
+    if (lane == 0 && i < size) for (int j = i; j >= 0; j = parents_s[j]) row[j] = 1;
+    __syncwarp();
   }
 }
 
-__global__ void AcceptKernel(const int32_t* tokens, const int32_t* parents, const int32_t* size_p, const int32_t* argmax, int32_t* path, int32_t* path_len, int32_t* bonus, int capacity) {
-  const int size = min(*size_p, capacity);
-  int cur = 0, len = 1;
-  path[0] = 0;
-  for (;;) {
-    int next = -1;
-    for (int c = cur + 1; c < size; ++c) {
-      if (parents[c] == cur && tokens[c] == argmax[cur]) {
-        next = c;
-        break;
-      }
-    }
-    if (next < 0) break;
-    path[len++] = next;
-    cur = next;
+// Accept in two parallel passes instead of a serial child scan per step: first[p] = the lowest
+// child c of p whose token is the target's argmax at p, then thread 0 follows first[] from the root.
+__global__ void __launch_bounds__(1024) AcceptKernel(const int32_t* tokens, const int32_t* parents, const int32_t* size_p, const int32_t* argmax, int32_t* path,
+                                                     int32_t* path_len, int32_t* bonus, int capacity) {
+  __shared__ int first[kMaxNodes];
+  const int size = max(1, min(*size_p, capacity));
+  for (int c = threadIdx.x; c < size; c += blockDim.x) first[c] = INT_MAX;
+  __syncthreads();
+  for (int c = 1 + threadIdx.x; c < size; c += blockDim.x) {
+    const int p = parents[c];
+    if (p >= 0 && p < c && tokens[c] == argmax[p]) atomicMin(&first[p], c);
   }
-  *path_len = len;
-  *bonus = argmax[cur];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int cur = 0, len = 1;
+    path[0] = 0;
+    while (first[cur] != INT_MAX) {
+      cur = first[cur];
+      path[len++] = cur;
+    }
+    *path_len = len;
+    *bonus = argmax[cur];
+  }
 }
 
 constexpr int kMaxCommitCaches = 64;
@@ -286,23 +341,30 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   const int64_t vocab = a.draft_logits.dim(1);
   const int k = static_cast<int>(std::min<int64_t>(a.budget, vocab));
   const int kk = std::max(k, 1);
-  // scratch: values f32 [depth, k], tokens i32 [depth, k], logz f64 [depth], heap [2 * budget + 2]
+  // scratch: values f32 [depth, k], tokens i32 [depth, k], logz f64 [depth]
   const size_t off_tok = static_cast<size_t>(depth) * kk * 4;
   const size_t off_logz = (off_tok + static_cast<size_t>(depth) * kk * 4 + 7) / 8 * 8;
-  const size_t off_heap = (off_logz + depth * 8 + 15) / 16 * 16;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(off_heap + (2 * static_cast<size_t>(a.budget) + 2) * sizeof(HeapEntry), s));
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(off_logz + depth * 8, s));
   char* base = static_cast<char*>(scratch.ptr);
   float* values = reinterpret_cast<float*>(base);
   int32_t* tok = reinterpret_cast<int32_t*>(base + off_tok);
   double* logz = reinterpret_cast<double*>(base + off_logz);
-  HeapEntry* heap = reinterpret_cast<HeapEntry*>(base + off_heap);
   if (k > 0) {
     KDTREE_RETURN_IF_ERROR(LaunchRowTopk(a.draft_logits.as<const float>(), depth, vocab, k, values, tok, nullptr, s));
     LogSumExpKernel<<<depth, 1024, 0, s>>>(a.draft_logits.as<const float>(), vocab, logz);
     KDTREE_RETURN_IF_ERROR(LaunchStatus("ddtree log-sum-exp"));
   }
-  BuildTreeKernel<<<1, 1024, 0, s>>>(values, tok, logz, depth, k, a.root, a.budget, a.start, heap, a.tokens.as<int32_t>(), a.parents.as<int32_t>(),
-                                     a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(), a.size.as<int32_t>());
+  // shared memory: the heap always, the [depth, k] log-prob table when it fits beside it
+  constexpr size_t kMaxDynamicSmem = 160 * 1024;
+  const size_t heap_bytes = static_cast<size_t>(a.budget + 2) * sizeof(HeapEntry);
+  const size_t table_bytes = static_cast<size_t>(depth) * k * sizeof(double);
+  const bool lp_in_smem = heap_bytes + table_bytes <= kMaxDynamicSmem;
+  const size_t smem = heap_bytes + (lp_in_smem ? table_bytes : 0);
+  if (smem > 48 * 1024) {
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(BuildTreeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "ddtree build: shared memory"));
+  }
+  BuildTreeKernel<<<1, 1024, smem, s>>>(values, tok, logz, depth, k, a.root, a.budget, a.start, lp_in_smem, a.tokens.as<int32_t>(), a.parents.as<int32_t>(),
+                                        a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(), a.size.as<int32_t>());
   return LaunchStatus("ddtree build");
 }
 

@@ -25,9 +25,12 @@ namespace {
 constexpr int kWarps = 4;                     // warps per block, side by side along N
 constexpr int kWarpRows = 16;                 // W rows per warp: two n8 MMA tiles
 constexpr int kBlockRows = kWarps * kWarpRows;
-constexpr int kChunkK = 256;                  // k per shared-memory stage of x
-constexpr int kPad = 8;                       // halfs of padding per staged row: conflict-free A loads
-constexpr int kPrefetch = 4;                  // 32-k weight steps in flight per lane
+constexpr int kStepK = 128;                   // k per pipeline stage: 64 B of each of the block's 64 W rows
+constexpr int kStages = 4;                    // cp.async stages: 3 x 4 KB in flight per block
+constexpr int kWRowBytes = 80;                // 64 B of codes + 16 B padding: conflict-free fragment loads
+constexpr int kWStageBytes = kBlockRows * kWRowBytes;
+constexpr int kPad = 8;                       // halfs of padding per staged x row: conflict-free A loads
+constexpr int kXSmemBudget = 64 * 1024;       // shared memory for staged x per block
 
 struct Tile {
   int expert, row_start, rows, pad;
@@ -46,7 +49,10 @@ struct GemmParams {
   const int* x_row;        // logical row -> x row, or null (identity)
   const int* out_row;      // logical row -> output row, or null (identity)
   int splits, groups_per_split;
+  int chunk_k;             // k of x staged in shared memory at once (multiple of 2 x kStepK)
   bool direct;             // write y (dtype) directly; else partial f32 [splits][out_rows][N]
+  bool fixup;              // with partials: the last block of a tile sums them into y
+  int* counters;           // [grid.y * grid.x] arrival counters for the fixup, zero between calls
   void* y;
   DType y_dtype;
   float* partial;
@@ -107,33 +113,77 @@ __device__ __forceinline__ void StoreOut(const GemmParams& p, int logical_row, i
   else p.partial[(static_cast<int64_t>(blockIdx.z) * p.out_rows + out) * p.N + n] = v;
 }
 
+// Split-K fixup: the last block to finish a tile (arrival counter) sums every split's partial in
+// split order, so the result is deterministic and needs no second launch; it resets the counter.
+__device__ void FixupTile(const GemmParams& p, int row_start, int rows) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0) last = atomicAdd(&p.counters[tile], 1) == p.splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int n0 = blockIdx.x * kBlockRows;
+  for (int i = threadIdx.x; i < rows * kBlockRows; i += blockDim.x) {
+    const int r = i / kBlockRows, n = n0 + i % kBlockRows;
+    if (n >= p.N) continue;
+    const int lr = row_start + r;
+    const int out = p.out_row ? p.out_row[lr] : lr;
+    float v = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) v += __ldcg(&p.partial[(static_cast<int64_t>(sp) * p.out_rows + out) * p.N + n]);
+    StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * p.N + n, v);
+  }
+  if (threadIdx.x == 0) p.counters[tile] = 0;
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;  // 0: fill with zeros, read nothing
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 template <typename T, int MF>
 __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p) {
-  __shared__ alignas(16) T xs[MF * 16][kChunkK + kPad];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* wstage = smem_raw;                                     // [kStages][64 rows][80 B]
+  T* xs = reinterpret_cast<T*>(smem_raw + kStages * kWStageBytes);     // [MF * 16][chunk_k + kPad]
+  const int xstride = p.chunk_k + kPad;
   int expert, row_start, rows;
   if (!BlockTile(p, &expert, &row_start, &rows)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n_warp = blockIdx.x * kBlockRows + warp * kWarpRows;
+  const int n_block = blockIdx.x * kBlockRows;
+  const int n_warp = n_block + warp * kWarpRows;
   const int groups = p.K / p.G;
   const int g_begin = blockIdx.z * p.groups_per_split;
   const int g_end = min(groups, g_begin + p.groups_per_split);
   const int k_begin = g_begin * p.G, k_end = g_end * p.G;
   const int words = p.K / 8;
-  const int64_t wrow0 = static_cast<int64_t>(expert) * p.N + n_warp + g;      // this lane's W rows
-  const int64_t wrow1 = wrow0 + 8;
-  const bool has0 = n_warp + g < p.N, has1 = n_warp + 8 + g < p.N;
-  const uint4* src0 = reinterpret_cast<const uint4*>(p.qw + wrow0 * words + k_begin / 8);
-  const uint4* src1 = reinterpret_cast<const uint4*>(p.qw + wrow1 * words + k_begin / 8);
-  const int steps = (k_end - k_begin) / 32;
-  const int steps_per_group = p.G / 32;
+  const int vecs = (k_end - k_begin) / 32;  // 16-byte vectors per W row in this split
+  const int steps = (vecs + 3) / 4;
 
-  // weights for steps [s, s + kPrefetch) in flight; evict-first: they are read exactly once
-  uint4 ring[kPrefetch][2];
+  // Weights stream HBM -> shared memory with cp.async (L2 only: read once), kStages deep, so many
+  // KB per SM are in flight without holding registers. Each thread copies 2 of a stage's 256
+  // 16-byte pieces; a warp covers 8 rows x 64 contiguous bytes: whole 32-byte sectors.
+  const int32_t* wbase = p.qw + (static_cast<int64_t>(expert) * p.N + n_block) * words + k_begin / 8;
+  auto issue_stage = [&](int s) {
+    unsigned char* dst = wstage + (s % kStages) * kWStageBytes;
 #pragma unroll
-  for (int j = 0; j < kPrefetch; ++j) {
-    ring[j][0] = has0 && j < steps ? __ldcs(src0 + j) : make_uint4(0, 0, 0, 0);
-    ring[j][1] = has1 && j < steps ? __ldcs(src1 + j) : make_uint4(0, 0, 0, 0);
-  }
+    for (int i = 0; i < 2; ++i) {
+      const int c = threadIdx.x + i * kWarps * 32;  // 0..255
+      const int row = c >> 2, q = c & 3;
+      const int v = s * 4 + q;
+      const bool valid = s < steps && n_block + row < p.N && v < vecs;
+      CpAsync16(dst + row * kWRowBytes + q * 16, valid ? wbase + static_cast<int64_t>(row) * words + v * 4 : p.qw, valid);
+    }
+    CpAsyncCommit();  // always commit (possibly empty) so group counting stays uniform
+  };
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) issue_stage(st);
+
   float acc[MF][2][4], part[MF][2][4];
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)
@@ -142,12 +192,14 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mf][nf][i] = part[mf][nf][i] = 0.f;
 
-  for (int chunk = k_begin; chunk < k_end; chunk += kChunkK) {
-    const int chunk_len = min(kChunkK, k_end - chunk);
-    __syncthreads();  // the previous chunk's A loads are done
-    // stage x[rows, chunk] into shared memory, permuted within each 8-k word: (k, k+4) pairs adjacent
-    for (int i = threadIdx.x; i < MF * 16 * (chunk_len / 8); i += kWarps * 32) {
-      const int r = i / (chunk_len / 8), w = i % (chunk_len / 8);
+  const int wrow[2] = {warp * kWarpRows + g, warp * kWarpRows + 8 + g};  // this lane's rows in a stage
+  for (int chunk = k_begin; chunk < k_end; chunk += p.chunk_k) {
+    const int clen = min(p.chunk_k, k_end - chunk);
+    if (chunk != k_begin) __syncthreads();  // the previous chunk's A reads are done
+    // stage x[rows, chunk .. chunk + clen) permuted within each 8-k word: (k, k+4) pairs adjacent
+    const int wpr = clen / 8;
+    for (int i = threadIdx.x; i < MF * 16 * wpr; i += kWarps * 32) {
+      const int r = i / wpr, w = i % wpr;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (r < rows) {
         const int lr = row_start + r;
@@ -159,46 +211,39 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
       o.y = __byte_perm(v.x, v.z, 0x7632);
       o.z = __byte_perm(v.y, v.w, 0x5410);
       o.w = __byte_perm(v.y, v.w, 0x7632);
-      *reinterpret_cast<uint4*>(&xs[r][w * 8]) = o;
+      *reinterpret_cast<uint4*>(&xs[r * xstride + w * 8]) = o;
     }
-    __syncthreads();
-    const int first = (chunk - k_begin) / 32, last = first + chunk_len / 32;
-    for (int s0 = first; s0 < last; s0 += kPrefetch) {
+    const int first = (chunk - k_begin) / kStepK, last = (chunk - k_begin + clen + kStepK - 1) / kStepK;
+    for (int s = first; s < last; ++s) {
+      CpAsyncWait<kStages - 2>();  // stage s has landed (for this thread's copies)
+      __syncthreads();             // ... and for everyone's; stage s-1's buffer is free again
+      issue_stage(s + kStages - 1);
+      const unsigned char* ws = wstage + (s % kStages) * kWStageBytes;
 #pragma unroll
-      for (int j = 0; j < kPrefetch; ++j) {
-        const int s = s0 + j;
-        if (s >= last) break;
-        // chunks start every 8 steps, so s % kPrefetch == j: a compile-time ring index (no local memory)
-        uint4 w0 = ring[j][0], w1 = ring[j][1];
-        if (s + kPrefetch < steps) {
-          ring[j][0] = has0 ? __ldcs(src0 + s + kPrefetch) : make_uint4(0, 0, 0, 0);
-          ring[j][1] = has1 ? __ldcs(src1 + s + kPrefetch) : make_uint4(0, 0, 0, 0);
+      for (int q8 = 0; q8 < 8; ++q8) {  // eight k16 slices per stage
+        const int k0 = k_begin + s * kStepK + q8 * 16;  // absolute k of this slice
+        if (k0 >= k_end) break;
+        uint32_t b[2][2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint2 v = *reinterpret_cast<const uint2*>(ws + wrow[r] * kWRowBytes + q8 * 8);  // words 2j, 2j+1
+          b[r][0] = Dequant2<T>(v.x >> (4 * t));
+          b[r][1] = Dequant2<T>(v.y >> (4 * t));
         }
-        const int kk = (s - first) * 32;  // k offset inside the staged chunk
+        const int col = (k0 - chunk) / 2 + t;  // 32-bit word of the (k, k+4) pair in the staged x row
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // two k16 slices per 32-k step
-          const uint32_t wa0 = half ? w0.z : w0.x, wb0 = half ? w0.w : w0.y;
-          const uint32_t wa1 = half ? w1.z : w1.x, wb1 = half ? w1.w : w1.y;
-          uint32_t b[2][2];
-          b[0][0] = Dequant2<T>(wa0 >> (4 * t));
-          b[0][1] = Dequant2<T>(wb0 >> (4 * t));
-          b[1][0] = Dequant2<T>(wa1 >> (4 * t));
-          b[1][1] = Dequant2<T>(wb1 >> (4 * t));
-          const int col = (kk + half * 16) / 2 + t;  // 32-bit word of the (k, k+4) pair
+        for (int mf = 0; mf < MF; ++mf) {
+          const uint32_t* r0 = reinterpret_cast<const uint32_t*>(&xs[(mf * 16 + g) * xstride]);
+          const uint32_t* r1 = reinterpret_cast<const uint32_t*>(&xs[(mf * 16 + g + 8) * xstride]);
+          const uint32_t a[4] = {r0[col], r1[col], r0[col + 4], r1[col + 4]};
 #pragma unroll
-          for (int mf = 0; mf < MF; ++mf) {
-            const uint32_t* r0 = reinterpret_cast<const uint32_t*>(&xs[mf * 16 + g][0]);
-            const uint32_t* r1 = reinterpret_cast<const uint32_t*>(&xs[mf * 16 + g + 8][0]);
-            const uint32_t a[4] = {r0[col], r1[col], r0[col + 4], r1[col + 4]};
-#pragma unroll
-            for (int nf = 0; nf < 2; ++nf) {
-              if constexpr (std::is_same<T, __nv_bfloat16>::value) MmaBf16(part[mf][nf], a, b[nf][0], b[nf][1]);
-              else MmaF16(part[mf][nf], a, b[nf][0], b[nf][1]);
-            }
+          for (int nf = 0; nf < 2; ++nf) {
+            if constexpr (std::is_same<T, __nv_bfloat16>::value) MmaBf16(part[mf][nf], a, b[nf][0], b[nf][1]);
+            else MmaF16(part[mf][nf], a, b[nf][0], b[nf][1]);
           }
         }
-        if ((s + 1) % steps_per_group == 0) {  // a group ends: scale its exact sums into acc
-          const int gi = g_begin + s / steps_per_group;
+        if ((k0 + 16) % p.G == 0) {  // a group ends: scale its exact sums into acc
+          const int gi = k0 / p.G;
 #pragma unroll
           for (int nf = 0; nf < 2; ++nf) {
             const int c0 = n_warp + nf * 8 + 2 * t;
@@ -218,6 +263,7 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
       }
     }
   }
+  CpAsyncWait<0>();
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf) {
 #pragma unroll
@@ -230,6 +276,7 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
       if (m1 < rows && n + 1 < p.N) StoreOut(p, row_start + m1, n + 1, acc[mf][nf][3]);
     }
   }
+  if (p.fixup) FixupTile(p, row_start, rows);
 }
 
 // f32 activations: one warp per W row, lane l on 8-k words l, l + 32, ... (128 B per warp per step,
@@ -340,12 +387,22 @@ __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int exper
   }
 }
 
-// Split-K from the shape and the device only (never from M): at least ~2 blocks per SM.
+// Split-K from the shape and the device only (never from M, so rows stay batch-invariant): enough
+// blocks for ~4 per SM, each split a whole number of groups.
 void ChooseSplits(int n, int groups, int sms, int* splits, int* per) {
   const int blocks = (n + kBlockRows - 1) / kBlockRows;
-  int s = std::max(1, std::min({(2 * sms + blocks - 1) / blocks, groups, 16}));
+  int s = std::max(1, std::min({(4 * sms + blocks - 1) / blocks, groups, 32}));
   *per = (groups + s - 1) / s;
   *splits = (groups + *per - 1) / *per;
+}
+
+// x staged per block: the whole split if it fits the shared-memory budget, else chunks of whole
+// pipeline steps.
+int ChunkK(int split_k, int rows, int elem) {
+  const int unit = kStepK;
+  const int fit = (kXSmemBudget / (rows * elem) - kPad) / unit * unit;
+  const int whole = (split_k + unit - 1) / unit * unit;
+  return std::max(unit, std::min(fit, whole));
 }
 
 int Mf(int rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
@@ -355,15 +412,23 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
   return Status::Ok();
 }
 
+template <typename T, int MF>
+Status LaunchMmaMf(GemmParams p, dim3 grid, cudaStream_t s) {
+  p.chunk_k = ChunkK(p.groups_per_split * p.G, MF * 16, sizeof(T));
+  const int smem = kStages * kWStageBytes + MF * 16 * (p.chunk_k + kPad) * static_cast<int>(sizeof(T));
+  // per device and kernel; cheap enough to set on every launch
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16MmaKernel<T, MF>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * kWStageBytes + kXSmemBudget), "w4a16: shared memory"));
+  W4A16MmaKernel<T, MF><<<grid, kWarps * 32, smem, s>>>(p);
+  return LaunchStatus("w4a16 mma kernel");
+}
+
 template <typename T>
 Status LaunchMma(GemmParams p, int mf, dim3 grid, cudaStream_t s) {
-  const dim3 block(kWarps * 32);
   switch (mf) {
-    case 1: W4A16MmaKernel<T, 1><<<grid, block, 0, s>>>(p); break;
-    case 2: W4A16MmaKernel<T, 2><<<grid, block, 0, s>>>(p); break;
-    default: W4A16MmaKernel<T, 4><<<grid, block, 0, s>>>(p); break;
+    case 1: return LaunchMmaMf<T, 1>(p, grid, s);
+    case 2: return LaunchMmaMf<T, 2>(p, grid, s);
+    default: return LaunchMmaMf<T, 4>(p, grid, s);
   }
-  return LaunchStatus("w4a16 mma kernel");
 }
 
 Status RunGemm(GemmParams p, DType x_dtype, int grid_tiles, int tile_rows_for_mf, cudaStream_t s) {
@@ -384,6 +449,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   if (m == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(Aligned(a.qw, 16, "w4a16_gemm"));
   KDTREE_RETURN_IF_ERROR(Aligned(a.x, 16, "w4a16_gemm"));
+  const bool simt = a.x.dtype == DType::kF32;
   GemmParams p{};
   p.x = a.x.data;
   p.qw = a.qw.as<const int32_t>();
@@ -393,19 +459,21 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   p.K = k;
   p.G = a.group;
   p.M = m;
-  p.tile_rows = a.x.dtype == DType::kF32 ? 64 : 16 * Mf(m);
+  p.tile_rows = simt ? 64 : 16 * Mf(m);
   ChooseSplits(n, k / a.group, sms, &p.splits, &p.groups_per_split);
   p.direct = p.splits == 1;
+  p.fixup = !p.direct && !simt;
   p.y = a.y.data;
   p.y_dtype = a.y.dtype;
   p.out_rows = m;
+  const int tiles = (m + p.tile_rows - 1) / p.tile_rows;
   if (!p.direct) {
     KDTREE_RETURN_IF_ERROR(scratch.Reserve(static_cast<size_t>(p.splits) * m * n * sizeof(float), s));
     p.partial = static_cast<float*>(scratch.ptr);
   }
-  const int tiles = (m + p.tile_rows - 1) / p.tile_rows;
+  if (p.fixup) KDTREE_RETURN_IF_ERROR(scratch.Counters(static_cast<size_t>(tiles) * ((n + kBlockRows - 1) / kBlockRows), s, &p.counters));
   KDTREE_RETURN_IF_ERROR(RunGemm(p, a.x.dtype, tiles, std::min(m, p.tile_rows), s));
-  if (!p.direct) {
+  if (!p.direct && !p.fixup) {
     const int64_t total = static_cast<int64_t>(m) * n;
     FinalizeKernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, s>>>(p.partial, p.splits, m, n, m, 1, nullptr, a.y.data, a.y.dtype);
     KDTREE_RETURN_IF_ERROR(LaunchStatus("w4a16 finalize"));
@@ -425,6 +493,8 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   GemmParams p{};
   ChooseSplits(n, k / a.group, sms, &p.splits, &p.groups_per_split);
   p.direct = gather && p.splits == 1;
+  const bool simt = a.x.dtype == DType::kF32;
+  p.fixup = gather && !p.direct && !simt;
   // scratch: x_row[pairs] out_row[pairs] counts[experts] num_tiles tiles[max_tiles] partial[splits, pairs, n]
   auto align = [](size_t v) { return (v + 255) / 256 * 256; };
   const size_t off_out = align(pairs * sizeof(int));
@@ -459,8 +529,9 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   p.y_dtype = a.y.dtype;
   p.partial = reinterpret_cast<float*>(base + off_partial);
   p.out_rows = pairs;
+  if (p.fixup) KDTREE_RETURN_IF_ERROR(scratch.Counters(static_cast<size_t>(max_tiles) * ((n + kBlockRows - 1) / kBlockRows), s, &p.counters));
   KDTREE_RETURN_IF_ERROR(RunGemm(p, a.x.dtype, max_tiles, tile_rows, s));
-  if (!p.direct) {
+  if (!p.direct && !p.fixup) {
     const int rows_out = gather ? pairs : t;
     const int64_t count = static_cast<int64_t>(rows_out) * n;
     FinalizeKernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(p.partial, p.splits, pairs, n, rows_out, topk,

@@ -21,7 +21,7 @@ function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, voca
 }
 
 const build: KernelCheck = {
-  name: 'ddtree_build: tokens, parents, depths, positions and mask equal the reference tree (B 0..300, V 5..4000, L 1..6)',
+  name: 'ddtree_build: tokens, parents, depths, positions and mask equal the reference tree (B 0..1024, V 5..4000, L 1..20)',
   run(b) {
     const cases = [
       { depth: 1, vocab: 5, budget: 0 },
@@ -29,6 +29,9 @@ const build: KernelCheck = {
       { depth: 4, vocab: 64, budget: 16 },
       { depth: 6, vocab: 512, budget: 300 },
       { depth: 2, vocab: 4000, budget: 128 },
+      // the largest budget: log-prob table beside the heap past 48 KiB, then too large for shared memory
+      { depth: 5, vocab: 2000, budget: 1024 },
+      { depth: 20, vocab: 1100, budget: 1024 },
     ];
     for (const [i, c] of cases.entries()) {
       const logits = randomF32(c.depth * c.vocab, 40 + i, 3);
@@ -101,6 +104,9 @@ const acceptAndCommit: KernelCheck = {
         }
       }
       expectThrows('budget', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [2, 8])), root: 0, budget: 4, start: 0, tokens: track(b.zeros('i32', [4])), parents: track(b.zeros('i32', [5])), depths: track(b.zeros('i32', [5])), positions: track(b.zeros('i32', [5])), mask: track(b.zeros('u8', [5, 5])), size: track(b.zeros('i32', [1])) }), /tokens must be \[budget \+ 1\] = \[5\]/);
+      expectThrows('budget limit', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [1, 8])), root: 0, budget: 1025, start: 0, tokens: track(b.zeros('i32', [1026])), parents: track(b.zeros('i32', [1026])), depths: track(b.zeros('i32', [1026])), positions: track(b.zeros('i32', [1026])), mask: track(b.zeros('u8', [1026, 1026])), size: track(b.zeros('i32', [1])) }), /budget 1025 must be in \[0, 1024\]/);
+      const big = () => track(b.zeros('i32', [1026]));
+      expectThrows('accept tree size', () => b.native.ddtreeAccept({ tokens: big(), parents: big(), size: track(b.zeros('i32', [1])), targetArgmax: big(), path: big(), pathLen: track(b.zeros('i32', [1])), bonus: track(b.zeros('i32', [1])) }), /a tree holds at most 1025 nodes \(budget 1024 \+ root\), got 1026/);
       expectThrows('root', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [2, 8])), root: 9, budget: 0, start: 0, tokens: track(b.zeros('i32', [1])), parents: track(b.zeros('i32', [1])), depths: track(b.zeros('i32', [1])), positions: track(b.zeros('i32', [1])), mask: track(b.zeros('u8', [1, 1])), size: track(b.zeros('i32', [1])) }), /root token 9 is outside the vocabulary \[0, 8\)/);
     });
   },
