@@ -1,12 +1,13 @@
 #!/usr/bin/env node
 // Builds the GPU payload in .gpu/ (git-ignored; carried to the GPU host by the device runner):
 //   selftest.mjs, bench.mjs   the kernel suite and benchmark, bundled (no node_modules needed)
+//   profile.mjs               the hot kernels once each, for Nsight Compute (run.sh profile)
 //   kdtree_{cuda,cpu}.node    the addon binaries with their build metadata (.json)
 //   dense_baseline.py         the torch/cuBLAS peer of the benchmark
 //   node.xz                   this machine's Node, compressed (../shared/gpu/pack-node.sh)
-//   run.sh                    what to run there
+//   run.sh                    what to run there (tools/gpu/run.sh)
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { rolldown } from 'rolldown';
@@ -25,7 +26,7 @@ for (const variant of ['cuda', 'cpu']) {
     copyFileSync(file, join(out, `kdtree_${variant}.${ext}`));
   }
 }
-for (const entry of ['selftest', 'bench']) {
+for (const entry of ['selftest', 'bench', 'profile']) {
   const bundle = await rolldown({ input: join(root, 'tools', 'gpu', `${entry}.ts`), platform: 'node', external: [/^node:/], logLevel: 'warn' });
   await bundle.write({ file: join(out, `${entry}.mjs`), format: 'esm', codeSplitting: false });
   await bundle.close();
@@ -33,17 +34,5 @@ for (const entry of ['selftest', 'bench']) {
 copyFileSync(join(root, 'tools', 'gpu', 'dense_baseline.py'), join(out, 'dense_baseline.py'));
 const pack = spawnSync('bash', [join(root, '..', 'shared', 'gpu', 'pack-node.sh'), out], { stdio: 'inherit' });
 if (pack.status !== 0) process.exit(pack.status ?? 1);
-writeFileSync(
-  join(out, 'run.sh'),
-  `#!/usr/bin/env bash
-# On the GPU host, from the repository root: the self-test, the torch peer, then the benchmark.
-set -u
-xz -dc .gpu/node.xz > /tmp/node && chmod +x /tmp/node
-OUT=\${OUT:-/tmp} /tmp/node .gpu/selftest.mjs; st=$?
-python3 .gpu/dense_baseline.py \${OUT:-/tmp}/dense.json
-OUT=\${OUT:-/tmp} /tmp/node .gpu/bench.mjs \${OUT:-/tmp}/dense.json; bt=$?
-exit $(( st || bt ))
-`,
-  { mode: 0o755 },
-);
+copyFileSync(join(root, 'tools', 'gpu', 'run.sh'), join(out, 'run.sh'));
 console.log(`GPU payload in ${out}`);

@@ -34,6 +34,10 @@ class Backend {
   virtual Status CopyToHost(void* dst, const void* src, size_t bytes, int stream) = 0;
   virtual Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, int stream) = 0;
   virtual Status Fill(void* dst, uint8_t value, size_t bytes, int stream) = 0;
+  // Keeps `stream` busy for about `microseconds` (a device-side wait): work queued behind it then
+  // runs back to back, so benchmarks time the device and not the host's launch rate (nvbench's
+  // blocking kernel). The CPU backend runs every op synchronously and returns at once.
+  virtual Status Hold(int64_t microseconds, int stream) = 0;
 
   // Streams: 0 is the default stream; others are created on demand. Ops are asynchronous on cuda.
   virtual Status CreateStream(int* stream) = 0;

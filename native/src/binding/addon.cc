@@ -124,6 +124,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       InstanceMethod<&NativeBackend::Download>("download"),
       InstanceMethod<&NativeBackend::CopyJs>("copy"),
       InstanceMethod<&NativeBackend::FillJs>("fill"),
+      InstanceMethod<&NativeBackend::HoldJs>("hold"),
       InstanceMethod<&NativeBackend::CreateStreamJs>("createStream"),
       InstanceMethod<&NativeBackend::DestroyStreamJs>("destroyStream"),
       InstanceMethod<&NativeBackend::SynchronizeJs>("synchronize"),
@@ -292,6 +293,13 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     const int64_t value = Given(info, 1) ? ParseInt(env, info[1], "value", 0) : 0;
     if (value > 255) Throw(env, Code::kInvalidArgument, "fill: value must be a byte (0..255)");
     Check(env, be().Fill(b->ptr(), static_cast<uint8_t>(value), b->bytes(), Given(info, 2) ? static_cast<int>(ParseInt(env, info[2], "stream", 0)) : 0));
+    return env.Undefined();
+  }
+  Napi::Value HoldJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const int64_t us = ParseInt(env, info[0], "microseconds", 0);
+    if (us > 10'000'000) Throw(env, Code::kInvalidArgument, "hold: microseconds must be at most 10000000 (10 s)");
+    Check(env, be().Hold(us, Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0));
     return env.Undefined();
   }
   Napi::Value CreateStreamJs(const Napi::CallbackInfo& info) {

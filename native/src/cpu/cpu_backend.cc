@@ -83,6 +83,7 @@ class CpuBackend final : public Backend {
     std::memset(dst, value, bytes);
     return Status::Ok();
   }
+  Status Hold(int64_t, int stream) override { return CheckStream(stream); }  // ops here are synchronous: nothing queues
   Status CreateStream(int* stream) override {
     *stream = next_stream_++;
     streams_.insert(*stream);

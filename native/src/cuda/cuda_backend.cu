@@ -45,6 +45,15 @@ Status Scratch::Counters(size_t need, cudaStream_t stream, int** out) {
 
 namespace {
 
+__global__ void HoldKernel(int64_t nanoseconds) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (static_cast<int64_t>(now - start) < nanoseconds);
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {}
@@ -104,6 +113,12 @@ class CudaBackend final : public Backend {
     cudaStream_t s;
     KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
     return FromCuda(cudaMemsetAsync(dst, value, bytes, s), "fill");
+  }
+  Status Hold(int64_t microseconds, int stream) override {
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    HoldKernel<<<1, 1, 0, s>>>(microseconds * 1000);
+    return LaunchStatus("hold");
   }
   Status CreateStream(int* stream) override {
     KDTREE_RETURN_IF_ERROR(Device());

@@ -360,7 +360,8 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   const size_t table_bytes = static_cast<size_t>(depth) * k * sizeof(double);
   const bool lp_in_smem = heap_bytes + table_bytes <= kMaxDynamicSmem;
   const size_t smem = heap_bytes + (lp_in_smem ? table_bytes : 0);
-  if (smem > 48 * 1024) {
+  constexpr size_t kStaticSmem = 2 * kMaxNodes * sizeof(int) + sizeof(int);  // parents_s, depths_s, size_s
+  if (smem + kStaticSmem > 48 * 1024) {  // static + dynamic past 48 KiB needs the opt-in
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(BuildTreeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "ddtree build: shared memory"));
   }
   BuildTreeKernel<<<1, 1024, smem, s>>>(values, tok, logz, depth, k, a.root, a.budget, a.start, lp_in_smem, a.tokens.as<int32_t>(), a.parents.as<int32_t>(),

@@ -3,9 +3,10 @@
 //   score_j     = (q_lat . c_j + q_pe . kpe_j) * scale          over the keys token t may see
 //   ctx[t, h]   = sum_j softmax(score)_j c_j;   out[t, h] = W_vb[h] ctx[t, h]
 // Keys: the `base` committed slots, then the new tokens the mask allows (causal without a mask;
-// a DDTree verify passes the ancestor mask). One block per (token, head); keys go round-robin to
-// warps with an online softmax, and warps combine in a fixed order, so a token's output depends
-// only on the keys it sees (decode and tree verify give the same bits for the same prefix).
+// a DDTree verify passes the ancestor mask). Flash-decoding style: a token's key list is cut into
+// fixed chunks, one block per (token, head, chunk), so a 4096-key decode fills the GPU instead of
+// running H blocks; chunks combine in a fixed order, so a token's output depends only on the keys
+// it sees (decode and tree verify give the same bits for the same prefix).
 #include "common.cuh"
 
 namespace kdtree {
@@ -13,61 +14,121 @@ namespace cuda {
 namespace {
 
 constexpr int kAttnWarps = 8;
+constexpr int kAttnChunk = 256;   // keys per block: a token's keys split into fixed chunks of its key list
+constexpr int kKeysPerStep = 4;   // keys a warp has in flight at once (independent loads and reductions)
 constexpr int kMaxR = 1024;
+constexpr int kQLatThreads = 128;
+constexpr int kOutVPerBlock = 32;
 
-__global__ void QLatentKernel(const float* q_nope, const void* kv_b, DType kvb_dtype, int H, int dn, int dv, int R, float* q_lat) {
+// q_lat[th, r] = sum_i q_nope[th, i] kv_b[h * (dn + dv) + i, r]: one thread per r (coalesced over r).
+__global__ void __launch_bounds__(kQLatThreads) QLatentKernel(const float* q_nope, const void* kv_b, DType kvb_dtype, int H, int dn, int dv, int R, float* q_lat) {
   const int th = blockIdx.x, h = th % H;
+  const int r = blockIdx.y * kQLatThreads + threadIdx.x;
+  if (r >= R) return;
   const float* q = q_nope + static_cast<int64_t>(th) * dn;
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    float s = 0.f;
-    for (int i = 0; i < dn; ++i) s = fmaf(q[i], LoadAsF32(kv_b, kvb_dtype, static_cast<int64_t>(h * (dn + dv) + i) * R + r), s);
-    q_lat[static_cast<int64_t>(th) * R + r] = s;
-  }
+  const int64_t col = static_cast<int64_t>(h) * (dn + dv) * R + r;
+  float s = 0.f;
+#pragma unroll 8
+  for (int i = 0; i < dn; ++i) s = fmaf(q[i], LoadAsF32(kv_b, kvb_dtype, col + static_cast<int64_t>(i) * R), s);
+  q_lat[static_cast<int64_t>(th) * R + r] = s;
 }
 
+// One block per (token, head, chunk of kAttnChunk keys); the token's key list is the `base`
+// committed slots then the new tokens its mask row allows, in order. Warps take kKeysPerStep keys
+// at a time round-robin, with an online softmax; the block's warps then combine in order 0..7 into
+// a partial (m, l, acc[R]) for the chunk. Chunking depends only on the key list, so a token's bits
+// do not depend on T or on the other tokens (decode and tree verify agree).
 __global__ void __launch_bounds__(kAttnWarps * 32) AttendKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe,
-                                                              const uint8_t* mask, int T, int H, int R, int dr, int64_t base, float scale, float* ctx) {
+                                                              const uint8_t* mask, int T, int H, int R, int dr, int64_t base, float scale, int max_chunks,
+                                                              float* partial) {
   extern __shared__ float smem[];
-  float* wctx = smem;                                   // [warps][R]
-  float* wm = wctx + kAttnWarps * R;                    // [warps]
-  float* wl = wm + kAttnWarps;                          // [warps]
+  float* wctx = smem;                                      // [warps][R]
+  float* wm = wctx + kAttnWarps * R;                       // [warps]
+  float* wl = wm + kAttnWarps;                             // [warps]
   int* allowed = reinterpret_cast<int*>(wl + kAttnWarps);  // [T]
+  __shared__ int warp_counts[kAttnWarps];
   __shared__ int n_allowed;
-  const int th = blockIdx.x, t = th / H;
+  const int th = blockIdx.x, t = th / H, chunk = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) {
-    int n = 0;
-    for (int j = 0; j < T; ++j) {
-      if (mask ? mask[static_cast<int64_t>(t) * T + j] != 0 : j <= t) allowed[n++] = j;
-    }
-    n_allowed = n;
+  // ordered compaction of the new tokens this token sees (ballot + prefix over warps)
+  int count = 0;
+  for (int j0 = 0; j0 < T; j0 += blockDim.x) {
+    const int j = j0 + threadIdx.x;
+    const bool ok = j < T && (mask ? mask[static_cast<int64_t>(t) * T + j] != 0 : j <= t);
+    const unsigned bal = __ballot_sync(0xffffffffu, ok);
+    if (lane == 0) warp_counts[warp] = __popc(bal);
+    __syncthreads();
+    int before = count;
+    for (int w = 0; w < warp; ++w) before += warp_counts[w];
+    if (ok) allowed[before + __popc(bal & ((1u << lane) - 1))] = j;
+    for (int w = 0; w < kAttnWarps; ++w) count += warp_counts[w];
+    __syncthreads();
   }
-  __syncthreads();
-  const int64_t keys = base + n_allowed;
+  const int64_t keys = base + count;
+  const int64_t k_begin = static_cast<int64_t>(chunk) * kAttnChunk;
+  if (k_begin >= keys) return;  // this token has fewer chunks than the longest one
+  const int64_t k_end = min(keys, k_begin + kAttnChunk);
   const float* ql = q_lat + static_cast<int64_t>(th) * R;
   const float* qp = q_pe + static_cast<int64_t>(th) * dr;
   const int per_lane = (R + 31) / 32;
   float acc[kMaxR / 32];
-  for (int i = 0; i < per_lane; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxR / 32; ++i) acc[i] = 0.f;
   float m = -INFINITY, l = 0.f;
-  for (int64_t key = warp; key < keys; key += kAttnWarps) {
-    const int64_t slot = key < base ? key : base + allowed[key - base];
-    const float* c = cache_c + slot * R;
-    float dot = 0.f;
-    for (int i = 0; i < per_lane; ++i) {
-      const int r = lane + 32 * i;
-      if (r < R) dot = fmaf(ql[r], c[r], dot);
+  for (int64_t k0 = k_begin + warp * kKeysPerStep; k0 < k_end; k0 += kAttnWarps * kKeysPerStep) {
+    const float* c[kKeysPerStep];
+    const float* kp[kKeysPerStep];
+    float dot[kKeysPerStep];
+#pragma unroll
+    for (int q = 0; q < kKeysPerStep; ++q) {
+      const int64_t key = min(k0 + q, k_end - 1);  // past the end: a valid slot, masked below
+      const int64_t slot = key < base ? key : base + allowed[key - base];
+      c[q] = cache_c + slot * R;
+      kp[q] = cache_kpe + slot * dr;
+      dot[q] = 0.f;
     }
-    for (int i = lane; i < dr; i += 32) dot = fmaf(qp[i], cache_kpe[slot * dr + i], dot);
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    const float s = dot * scale;
-    const float m_new = fmaxf(m, s);
-    const float p = expf(s - m_new);
-    const float keep = m == -INFINITY ? 0.f : expf(m - m_new);  // rescale what was accumulated
-    l = l * keep + p;
-    for (int i = 0; i < per_lane; ++i) {
+#pragma unroll
+    for (int i = 0; i < kMaxR / 32; ++i) {
       const int r = lane + 32 * i;
-      if (r < R) acc[i] = fmaf(p, c[r], acc[i] * keep);
+      if (i < per_lane && r < R) {
+        const float qv = ql[r];
+#pragma unroll
+        for (int q = 0; q < kKeysPerStep; ++q) dot[q] = fmaf(qv, c[q][r], dot[q]);
+      }
+    }
+    for (int i = lane; i < dr; i += 32) {
+      const float qv = qp[i];
+#pragma unroll
+      for (int q = 0; q < kKeysPerStep; ++q) dot[q] = fmaf(qv, kp[q][i], dot[q]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+      for (int q = 0; q < kKeysPerStep; ++q) dot[q] += __shfl_xor_sync(0xffffffffu, dot[q], off);
+    }
+    float sc[kKeysPerStep], m_new = m;
+#pragma unroll
+    for (int q = 0; q < kKeysPerStep; ++q) {
+      sc[q] = k0 + q < k_end ? dot[q] * scale : -INFINITY;
+      m_new = fmaxf(m_new, sc[q]);
+    }
+    const float keep = m == -INFINITY ? 0.f : expf(m - m_new);  // rescale what was accumulated
+    float p[kKeysPerStep];
+    l *= keep;
+#pragma unroll
+    for (int q = 0; q < kKeysPerStep; ++q) {
+      p[q] = sc[q] == -INFINITY ? 0.f : expf(sc[q] - m_new);
+      l += p[q];
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxR / 32; ++i) {
+      const int r = lane + 32 * i;
+      if (i < per_lane && r < R) {
+        float a = acc[i] * keep;
+#pragma unroll
+        for (int q = 0; q < kKeysPerStep; ++q) a = fmaf(p[q], c[q][r], a);
+        acc[i] = a;
+      }
     }
     m = m_new;
   }
@@ -80,28 +141,62 @@ __global__ void __launch_bounds__(kAttnWarps * 32) AttendKernel(const float* q_l
     wl[warp] = l;
   }
   __syncthreads();
-  // combine the warps in order 0..7
+  // combine the warps in order 0..7 into this chunk's partial: m, l, then acc[R] relative to m
   float mx = -INFINITY;
   for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, wm[w]);
-  float denom = 0.f;
-  for (int w = 0; w < kAttnWarps; ++w) denom += wm[w] == -INFINITY ? 0.f : wl[w] * expf(wm[w] - mx);
+  float* out = partial + (static_cast<int64_t>(th) * max_chunks + chunk) * (R + 2);
+  if (threadIdx.x == 0) {
+    float denom = 0.f;
+    for (int w = 0; w < kAttnWarps; ++w) denom += wm[w] == -INFINITY ? 0.f : wl[w] * expf(wm[w] - mx);
+    out[0] = mx;
+    out[1] = denom;
+  }
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     float num = 0.f;
     for (int w = 0; w < kAttnWarps; ++w) {
       if (wm[w] != -INFINITY) num = fmaf(expf(wm[w] - mx), wctx[w * R + r], num);
     }
-    ctx[static_cast<int64_t>(th) * R + r] = num / denom;
+    out[2 + r] = num;
   }
 }
 
-__global__ void OutKernel(const float* ctx, const void* kv_b, DType kvb_dtype, int H, int dn, int dv, int R, float* out) {
-  const int th = blockIdx.x, h = th % H;
+// Combines a token-head's chunks in order into ctx[R] (shared memory), then out[v] = W_vb[h, v] . ctx
+// for kOutVPerBlock values of v, one warp per v at a time.
+__global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, int max_chunks, int64_t base, const uint8_t* mask, int T, int H, int R,
+                                                        const void* kv_b, DType kvb_dtype, int dn, int dv, float* out) {
+  extern __shared__ float ctx[];  // [R]
+  __shared__ int chunks_s;
+  const int th = blockIdx.x, h = th % H, t = th / H;
+  if (threadIdx.x == 0) {  // how many chunks this token's key list has (as AttendKernel counted)
+    int count = 0;
+    for (int j = 0; j < T; ++j) count += mask ? mask[static_cast<int64_t>(t) * T + j] != 0 : j <= t;
+    chunks_s = static_cast<int>((base + count + kAttnChunk - 1) / kAttnChunk);
+  }
+  __syncthreads();
+  const int chunks = chunks_s;
+  const float* p = partial + static_cast<int64_t>(th) * max_chunks * (R + 2);
+  float mx = -INFINITY;
+  for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, p[c * (R + 2)]);
+  float denom = 0.f;
+  for (int c = 0; c < chunks; ++c) {
+    const float mc = p[c * (R + 2)];
+    if (mc != -INFINITY) denom += p[c * (R + 2) + 1] * expf(mc - mx);
+  }
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    float num = 0.f;
+    for (int c = 0; c < chunks; ++c) {
+      const float mc = p[c * (R + 2)];
+      if (mc != -INFINITY) num = fmaf(expf(mc - mx), p[c * (R + 2) + 2 + r], num);
+    }
+    ctx[r] = num / denom;
+  }
+  __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const float* c = ctx + static_cast<int64_t>(th) * R;
-  for (int v = warp; v < dv; v += blockDim.x / 32) {
+  const int v_end = min(dv, static_cast<int>(blockIdx.y + 1) * kOutVPerBlock);
+  for (int v = blockIdx.y * kOutVPerBlock + warp; v < v_end; v += blockDim.x / 32) {
     const int64_t row = static_cast<int64_t>(h * (dn + dv) + dn + v) * R;
     float s = 0.f;
-    for (int r = lane; r < R; r += 32) s = fmaf(LoadAsF32(kv_b, kvb_dtype, row + r), c[r], s);
+    for (int r = lane; r < R; r += 32) s = fmaf(LoadAsF32(kv_b, kvb_dtype, row + r), ctx[r], s);
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (lane == 0) out[static_cast<int64_t>(th) * dv + v] = s;
   }
@@ -114,18 +209,22 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const int dr = static_cast<int>(a.q_pe.dim(2)), R = static_cast<int>(a.cache_c.dim(1)), dv = static_cast<int>(a.out.dim(2));
   const size_t smem = static_cast<size_t>(kAttnWarps) * R * 4 + 2 * kAttnWarps * 4 + static_cast<size_t>(T) * 4;
   if (smem > 200 * 1024) return Unsupported("mla_attention: ", T, " new tokens need more shared memory than a block has; split the call");
-  const size_t per = static_cast<size_t>(T) * H * R * sizeof(float);
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(2 * per, s));
+  const int max_chunks = static_cast<int>((a.base + T + kAttnChunk - 1) / kAttnChunk);
+  // scratch: q_lat f32 [T * H, R], partial f32 [T * H, max_chunks, R + 2]
+  const size_t q_lat_floats = static_cast<size_t>(T) * H * R;
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve((q_lat_floats + static_cast<size_t>(T) * H * max_chunks * (R + 2)) * sizeof(float), s));
   float* q_lat = static_cast<float*>(scratch.ptr);
-  float* ctx = q_lat + static_cast<size_t>(T) * H * R;
-  QLatentKernel<<<T * H, 256, 0, s>>>(a.q_nope.as<const float>(), a.kv_b.data, a.kv_b.dtype, H, dn, dv, R, q_lat);
+  float* partial = q_lat + q_lat_floats;
+  const uint8_t* mask = a.mask.present() ? a.mask.as<const uint8_t>() : nullptr;
+  QLatentKernel<<<dim3(T * H, (R + kQLatThreads - 1) / kQLatThreads), kQLatThreads, 0, s>>>(a.q_nope.as<const float>(), a.kv_b.data, a.kv_b.dtype, H, dn, dv, R, q_lat);
   KDTREE_RETURN_IF_ERROR(LaunchStatus("mla q_latent"));
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
-  AttendKernel<<<T * H, kAttnWarps * 32, smem, s>>>(q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(),
-                                                     a.mask.present() ? a.mask.as<const uint8_t>() : nullptr, T, H, R, dr, a.base, static_cast<float>(a.scale), ctx);
+  AttendKernel<<<dim3(T * H, max_chunks), kAttnWarps * 32, smem, s>>>(q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R,
+                                                                   dr, a.base, static_cast<float>(a.scale), max_chunks, partial);
   KDTREE_RETURN_IF_ERROR(LaunchStatus("mla attend"));
-  OutKernel<<<T * H, 256, 0, s>>>(ctx, a.kv_b.data, a.kv_b.dtype, H, dn, dv, R, a.out.as<float>());
-  return LaunchStatus("mla out");
+  CombineOutKernel<<<dim3(T * H, (dv + kOutVPerBlock - 1) / kOutVPerBlock), 256, static_cast<size_t>(R) * 4, s>>>(partial, max_chunks, a.base, mask, T, H, R, a.kv_b.data,
+                                                                                                             a.kv_b.dtype, dn, dv, a.out.as<float>());
+  return LaunchStatus("mla combine + out");
 }
 
 }  // namespace cuda

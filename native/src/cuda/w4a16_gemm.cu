@@ -60,12 +60,12 @@ struct GemmParams {
 };
 
 __device__ __forceinline__ void MmaBf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ void MmaF16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
@@ -152,6 +152,8 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
   unsigned char* wstage = smem_raw;                                     // [kStages][64 rows][80 B]
   T* xs = reinterpret_cast<T*>(smem_raw + kStages * kWStageBytes);     // [MF * 16][chunk_k + kPad]
   const int xstride = p.chunk_k + kPad;
+  const int chunk_groups = p.chunk_k / p.G;
+  float* scs = reinterpret_cast<float*>(xs + MF * 16 * xstride);         // [64 rows][chunk_groups]
   int expert, row_start, rows;
   if (!BlockTile(p, &expert, &row_start, &rows)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -213,6 +215,13 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
       o.w = __byte_perm(v.y, v.w, 0x7632);
       *reinterpret_cast<uint4*>(&xs[r * xstride + w * 8]) = o;
     }
+    // stage this chunk's scales of the block's 64 rows: a global load per group inside the MMA loop
+    // would put a full memory latency on the critical path every 32 k
+    const int cg = clen / p.G, g0 = chunk / p.G;
+    for (int i = threadIdx.x; i < kBlockRows * cg; i += kWarps * 32) {
+      const int r = i / cg, gi = i % cg;
+      scs[r * chunk_groups + gi] = n_block + r < p.N ? ScaleAt(p, static_cast<int64_t>(expert) * p.N + n_block + r, g0 + gi) : 0.f;
+    }
     const int first = (chunk - k_begin) / kStepK, last = (chunk - k_begin + clen + kStepK - 1) / kStepK;
     for (int s = first; s < last; ++s) {
       CpAsyncWait<kStages - 2>();  // stage s has landed (for this thread's copies)
@@ -243,12 +252,12 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
           }
         }
         if ((k0 + 16) % p.G == 0) {  // a group ends: scale its exact sums into acc
-          const int gi = k0 / p.G;
+          const int gi = k0 / p.G - g0;
 #pragma unroll
           for (int nf = 0; nf < 2; ++nf) {
-            const int c0 = n_warp + nf * 8 + 2 * t;
-            const float sc0 = c0 < p.N ? ScaleAt(p, static_cast<int64_t>(expert) * p.N + c0, gi) : 0.f;
-            const float sc1 = c0 + 1 < p.N ? ScaleAt(p, static_cast<int64_t>(expert) * p.N + c0 + 1, gi) : 0.f;
+            const int r0 = warp * kWarpRows + nf * 8 + 2 * t;
+            const float sc0 = scs[r0 * chunk_groups + gi];
+            const float sc1 = scs[(r0 + 1) * chunk_groups + gi];
 #pragma unroll
             for (int mf = 0; mf < MF; ++mf) {
               acc[mf][nf][0] = fmaf(part[mf][nf][0], sc0, acc[mf][nf][0]);
@@ -388,9 +397,10 @@ __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int exper
 }
 
 // Split-K from the shape and the device only (never from M, so rows stay batch-invariant): enough
-// blocks for ~4 per SM, each split a whole number of groups.
-void ChooseSplits(int n, int groups, int sms, int* splits, int* per) {
-  const int blocks = (n + kBlockRows - 1) / kBlockRows;
+// blocks for ~4 per SM, each split a whole number of groups. `matrices` is how many weight
+// matrices one launch streams at decode: 1 dense, top-k for MoE (the experts of one token).
+void ChooseSplits(int n, int groups, int matrices, int sms, int* splits, int* per) {
+  const int blocks = (n + kBlockRows - 1) / kBlockRows * matrices;
   int s = std::max(1, std::min({(4 * sms + blocks - 1) / blocks, groups, 32}));
   *per = (groups + s - 1) / s;
   *splits = (groups + *per - 1) / *per;
@@ -415,9 +425,9 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
 template <typename T, int MF>
 Status LaunchMmaMf(GemmParams p, dim3 grid, cudaStream_t s) {
   p.chunk_k = ChunkK(p.groups_per_split * p.G, MF * 16, sizeof(T));
-  const int smem = kStages * kWStageBytes + MF * 16 * (p.chunk_k + kPad) * static_cast<int>(sizeof(T));
+  const int smem = kStages * kWStageBytes + MF * 16 * (p.chunk_k + kPad) * static_cast<int>(sizeof(T)) + kBlockRows * (p.chunk_k / p.G) * 4;
   // per device and kernel; cheap enough to set on every launch
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16MmaKernel<T, MF>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * kWStageBytes + kXSmemBudget), "w4a16: shared memory"));
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16MmaKernel<T, MF>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "w4a16: shared memory"));
   W4A16MmaKernel<T, MF><<<grid, kWarps * 32, smem, s>>>(p);
   return LaunchStatus("w4a16 mma kernel");
 }
@@ -460,7 +470,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   p.G = a.group;
   p.M = m;
   p.tile_rows = simt ? 64 : 16 * Mf(m);
-  ChooseSplits(n, k / a.group, sms, &p.splits, &p.groups_per_split);
+  ChooseSplits(n, k / a.group, 1, sms, &p.splits, &p.groups_per_split);
   p.direct = p.splits == 1;
   p.fixup = !p.direct && !simt;
   p.y = a.y.data;
@@ -491,7 +501,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const int tile_rows = a.x.dtype == DType::kF32 ? 64 : 16 * Mf(std::min(pairs, 64));
   const int max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p{};
-  ChooseSplits(n, k / a.group, sms, &p.splits, &p.groups_per_split);
+  ChooseSplits(n, k / a.group, topk, sms, &p.splits, &p.groups_per_split);
   p.direct = gather && p.splits == 1;
   const bool simt = a.x.dtype == DType::kF32;
   p.fixup = gather && !p.direct && !simt;

@@ -34,6 +34,8 @@ export interface NativeBackend {
   download(buffer: NativeBuffer, into: ArrayBufferView, offset?: number): void;
   copy(args: { dst: NativeBuffer; src: NativeBuffer; bytes?: number; dstOffset?: number; srcOffset?: number; stream?: number }): void;
   fill(buffer: NativeBuffer, value: number, stream?: number): void;
+  /** Keeps the stream busy for about `microseconds` on the device (cuda); returns at once on cpu. */
+  hold(microseconds: number, stream?: number): void;
   createStream(): number;
   destroyStream(stream: number): void;
   synchronize(stream?: number): void;

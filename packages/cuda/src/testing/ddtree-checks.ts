@@ -30,6 +30,7 @@ const build: KernelCheck = {
       { depth: 6, vocab: 512, budget: 300 },
       { depth: 2, vocab: 4000, budget: 128 },
       // the largest budget: log-prob table beside the heap past 48 KiB, then too large for shared memory
+      { depth: 8, vocab: 3000, budget: 512 },
       { depth: 5, vocab: 2000, budget: 1024 },
       { depth: 20, vocab: 1100, budget: 1024 },
     ];

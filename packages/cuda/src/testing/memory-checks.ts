@@ -37,6 +37,11 @@ const misuse: KernelCheck = {
     expectThrows('offset', () => b.native.add({ a: { ...t, offset: 64 }, b: t, out: y }), /a\.offset 64 is past the buffer's 16 bytes/);
     expectThrows('upload size', () => b.native.upload(t.buffer, new Float32Array(5)), /20 bytes at offset 0 do not fit the buffer's 16 bytes/);
     expectThrows('stream', () => b.native.add({ a: t, b: t, out: y, stream: 99 }), /unknown stream 99/);
+    b.native.hold(50);
+    b.synchronize();
+    expectThrows('hold range', () => b.native.hold(-1), /microseconds must be an integer >= 0/);
+    expectThrows('hold limit', () => b.native.hold(2e7), /hold: microseconds must be at most 10000000/);
+    expectThrows('hold stream', () => b.native.hold(10, 99), /unknown stream 99/);
     expectThrows('dtype name', () => b.native.add({ a: { ...t, dtype: 'f8' as never }, b: t, out: y }), /a\.dtype 'f8' is not one of/);
     expectThrows('negative shape', () => b.native.add({ a: { ...t, shape: [-4] }, b: t, out: y }), /a\.shape\[0\] must be an integer >= 0/);
     b.free(t);

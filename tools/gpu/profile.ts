@@ -1,0 +1,65 @@
+/**
+ * Launches each hot kernel a few times at the Kimi K2 decode shapes, for Nsight Compute
+ * (`ncu` on the GPU host; .gpu/run.sh profile), which times every kernel on its own with cold
+ * caches; and measures the host cost of a native call (wall clock per call, queue not drained).
+ */
+import { createBackend, type DeviceTensor } from '../../packages/cuda/src/backend.js';
+import { dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const gpu = createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPaths: true });
+const fillRandom = (t: DeviceTensor, byte: number) => gpu.native.fill(t.buffer, byte);
+
+// W4A16 at M = 1 and 16 on an expert and a dense shape
+for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
+  const qw = gpu.empty('i32', [n, k / 8]);
+  const sc = gpu.empty('bf16', [n, k / 32]);
+  fillRandom(qw, 0x5a);
+  fillRandom(sc, 0x3c);
+  const x = gpu.empty('bf16', [16, k]);
+  fillRandom(x, 0x3c);
+  const y = gpu.empty('bf16', [16, n]);
+  for (const m of [1, 16]) gpu.native.w4a16Gemm({ x: { ...x, shape: [m, k] }, qw, sc, y: { ...y, shape: [m, n] }, group: 32 });
+  gpu.free(qw, sc, x, y);
+}
+
+// MLA attention decode, 8 heads, 4096 keys
+{
+  const qNope = gpu.empty('f32', [1, 8, 128]);
+  const qPe = gpu.empty('f32', [1, 8, 64]);
+  const kvB = gpu.empty('bf16', [8 * 256, 512]);
+  const cacheC = gpu.empty('f32', [4097, 512]);
+  const cacheKpe = gpu.empty('f32', [4097, 64]);
+  for (const t of [qNope, qPe, kvB, cacheC, cacheKpe]) fillRandom(t, 0x3c);
+  const out = gpu.empty('f32', [1, 8, 128]);
+  gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, out, base: 4096, scale: 0.07 });
+  gpu.free(qNope, qPe, kvB, cacheC, cacheKpe, out);
+}
+
+// DDTree build (B = 64, depth 8, V 163840) and accept
+{
+  const V = 163840;
+  const nodes = 65;
+  const draft = gpu.fromArray('f32', [8, V], Float32Array.from({ length: 8 * V }, (_, i) => Math.sin(i * 12.9898) * 3));
+  const t = { tokens: gpu.empty('i32', [nodes]), parents: gpu.empty('i32', [nodes]), depths: gpu.empty('i32', [nodes]), positions: gpu.empty('i32', [nodes]), mask: gpu.empty('u8', [nodes, nodes]), size: gpu.empty('i32', [1]) };
+  gpu.native.ddtreeBuild({ draftLogits: draft, root: 1, budget: 64, start: 0, ...t });
+  const argmax = gpu.fromArray('i32', [nodes], new Int32Array(nodes));
+  const path = gpu.empty('i32', [nodes]);
+  const pathLen = gpu.empty('i32', [1]);
+  const bonus = gpu.empty('i32', [1]);
+  const accept = () => gpu.native.ddtreeAccept({ tokens: t.tokens, parents: t.parents, size: t.size, targetArgmax: argmax, path, pathLen, bonus });
+  accept();
+  gpu.synchronize();
+  if (!process.env.KDTREE_PROFILE_SKIP_HOST) {
+    // host cost per native call: launches queue faster than a tiny kernel runs only if this is small
+    const calls = 2000;
+    const t0 = performance.now();
+    for (let i = 0; i < calls; i++) accept();
+    const host = (performance.now() - t0) / calls;
+    gpu.synchronize();
+    const gpuMs = gpu.time(() => { for (let i = 0; i < calls; i++) accept(); }) / calls;
+    console.log(`host cost per ddtreeAccept call: ${(host * 1e3).toFixed(1)} us; event-timed per call: ${(gpuMs * 1e3).toFixed(1)} us`);
+  }
+  gpu.free(draft, ...Object.values(t), argmax, path, pathLen, bonus);
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On the GPU host, from the repository root (the payload of `node tools/gpu/bundle.mjs` in .gpu/):
+#   bash .gpu/run.sh            the kernel self-test, the torch peer, then the benchmark
+#   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
+# Results go to $OUT (default /tmp).
+set -u
+out=${OUT:-/tmp}
+xz -dc .gpu/node.xz > /tmp/node && chmod +x /tmp/node
+if [ "${1:-}" = profile ]; then
+  /tmp/node .gpu/profile.mjs
+  KDTREE_PROFILE_SKIP_HOST=1 ncu --csv --page raw \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+    /tmp/node .gpu/profile.mjs > "$out/ncu.csv"
+  exit $?
+fi
+OUT=$out /tmp/node .gpu/selftest.mjs; st=$?
+python3 .gpu/dense_baseline.py "$out/dense.json"
+OUT=$out /tmp/node .gpu/bench.mjs "$out/dense.json"; bt=$?
+exit $(( st || bt ))
