@@ -1,14 +1,16 @@
 // W4A16 GEMM: y[M, N] = x[M, K] . dequant(qw[N, K/8], sc[N, K/G])^T, and its grouped MoE form.
 //
 // bf16/f16 activations run on tensor cores (mma.sync m16n8k16, f32 accumulation):
-//  * Weights stream from HBM once, straight into B fragments: each lane loads 16 bytes (32 k) of
-//    one W row per step with an evict-first load, several steps in flight. No shared memory for B.
+//  * Decode is a pure weight stream: a block owns 64 W rows and a range of K (split-K), and pulls
+//    one 128 B line per row per stage, with the stage's scales, through a 5-deep cp.async ring in
+//    shared memory (~32 KB in flight per block, no registers held, no load latency between MMAs).
 //  * K is permuted inside every 8-k word so that a lane's B pair (k, k+4) sits in nibbles (t, t+4)
 //    of one word: one shift and one LOP3 give two bf16 codes (128 + u) in a register, one HSUB2
 //    turns them into q = u - 8. The same permutation is applied to x when it is staged in shared
-//    memory, so A fragments are plain 32-bit loads.
+//    memory, so A fragments are plain 32-bit loads; only the rows that exist are staged.
 //  * Codes are exact small integers in bf16/f16, so the MMA computes sum_k x*q exactly per group;
 //    the f32 group sum is then scaled: y = sum_g s_g * (sum_{k in g} x_k q_k).
+//  * Split-K partials are summed in split order by the last block of each tile (no second launch).
 //  * Every output element is computed in the same order whatever M is (MMA rows are independent;
 //    split-K depends only on N, K and the device), so results are batch-invariant.
 // f32 activations run a SIMT kernel with the same grouping and f32 FMAs (tensor cores would round
@@ -25,10 +27,12 @@ namespace {
 constexpr int kWarps = 4;                     // warps per block, side by side along N
 constexpr int kWarpRows = 16;                 // W rows per warp: two n8 MMA tiles
 constexpr int kBlockRows = kWarps * kWarpRows;
-constexpr int kStepK = 128;                   // k per pipeline stage: 64 B of each of the block's 64 W rows
-constexpr int kStages = 4;                    // cp.async stages: 3 x 4 KB in flight per block
-constexpr int kWRowBytes = 80;                // 64 B of codes + 16 B padding: conflict-free fragment loads
-constexpr int kWStageBytes = kBlockRows * kWRowBytes;
+constexpr int kStepK = 256;                   // k per pipeline stage: one 128 B line of each of the block's 64 W rows
+constexpr int kStages = 5;                    // cp.async stages: 4 x 8 KB of weights in flight per block
+constexpr int kWRowBytes = 144;               // 128 B of codes + 16 B padding: conflict-free fragment loads
+constexpr int kScWords = 8;                   // 4-byte words of scales per row and stage (8 groups of 32 in f32)
+constexpr int kScRowBytes = kScWords * 4;
+constexpr int kStageBytes = kBlockRows * (kWRowBytes + kScRowBytes);
 constexpr int kPad = 8;                       // halfs of padding per staged x row: conflict-free A loads
 constexpr int kXSmemBudget = 64 * 1024;       // shared memory for staged x per block
 
@@ -49,7 +53,9 @@ struct GemmParams {
   const int* x_row;        // logical row -> x row, or null (identity)
   const int* out_row;      // logical row -> output row, or null (identity)
   int splits, groups_per_split;
-  int chunk_k;             // k of x staged in shared memory at once (multiple of 2 x kStepK)
+  int chunk_k;             // k of x staged in shared memory at once (a multiple of kStepK)
+  int x_rows;              // x rows staged per tile: min(tile_rows, rows that can exist); the rest read as 0
+  int64_t sc_bytes;        // size of sc, so the rounded-out scale words never read past it
   bool direct;             // write y (dtype) directly; else partial f32 [splits][out_rows][N]
   bool fixup;              // with partials: the last block of a tile sums them into y
   int* counters;           // [grid.y * grid.x] arrival counters for the fixup, zero between calls
@@ -142,6 +148,10 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool val
   const int bytes = valid ? 16 : 0;  // 0: fill with zeros, read nothing
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
 }
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -149,37 +159,61 @@ __device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_grou
 template <typename T, int MF>
 __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* wstage = smem_raw;                                     // [kStages][64 rows][80 B]
-  T* xs = reinterpret_cast<T*>(smem_raw + kStages * kWStageBytes);     // [MF * 16][chunk_k + kPad]
+  // [kStages] x {codes [64 rows][144 B], scales [64 rows][32 B]}, then x [x_rows][chunk_k + kPad]
+  T* xs = reinterpret_cast<T*>(smem_raw + kStages * kStageBytes);
   const int xstride = p.chunk_k + kPad;
-  const int chunk_groups = p.chunk_k / p.G;
-  float* scs = reinterpret_cast<float*>(xs + MF * 16 * xstride);         // [64 rows][chunk_groups]
   int expert, row_start, rows;
   if (!BlockTile(p, &expert, &row_start, &rows)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n_block = blockIdx.x * kBlockRows;
-  const int n_warp = n_block + warp * kWarpRows;
   const int groups = p.K / p.G;
   const int g_begin = blockIdx.z * p.groups_per_split;
   const int g_end = min(groups, g_begin + p.groups_per_split);
   const int k_begin = g_begin * p.G, k_end = g_end * p.G;
+  const int n_warp = n_block + warp * kWarpRows;
   const int words = p.K / 8;
   const int vecs = (k_end - k_begin) / 32;  // 16-byte vectors per W row in this split
-  const int steps = (vecs + 3) / 4;
+  const int steps = (k_end - k_begin + kStepK - 1) / kStepK;
+  const int esize = p.sc_f32 ? 4 : 2;
+  const char* sc_bytes = static_cast<const char*>(p.sc);
 
-  // Weights stream HBM -> shared memory with cp.async (L2 only: read once), kStages deep, so many
-  // KB per SM are in flight without holding registers. Each thread copies 2 of a stage's 256
-  // 16-byte pieces; a warp covers 8 rows x 64 contiguous bytes: whole 32-byte sectors.
+  // Weights and their scales stream HBM -> shared memory with cp.async, kStages deep, so ~32 KB per
+  // block are in flight without holding registers, and no load latency sits between the MMAs.
+  // Codes: each thread copies 4 of a stage's 512 16-byte pieces (a row's 128 B = one line).
+  // Scales: a row's groups of the stage are a contiguous run, copied as the 4-byte words that
+  // cover it (bf16 runs may start mid-word; the read below adds the offset back).
   const int32_t* wbase = p.qw + (static_cast<int64_t>(expert) * p.N + n_block) * words + k_begin / 8;
+  auto scale_run = [&](int row, int s, int64_t* first_byte, int* run_bytes) {
+    const int gs = k_begin / p.G + s * (kStepK / p.G);
+    const int count = min(kStepK, k_end - k_begin - s * kStepK) / p.G;
+    *first_byte = ((static_cast<int64_t>(expert) * p.N + n_block + row) * groups + gs) * esize;
+    *run_bytes = count * esize;
+  };
   auto issue_stage = [&](int s) {
-    unsigned char* dst = wstage + (s % kStages) * kWStageBytes;
+    unsigned char* stage = smem_raw + (s % kStages) * kStageBytes;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int c = threadIdx.x + i * kWarps * 32;  // 0..255
-      const int row = c >> 2, q = c & 3;
-      const int v = s * 4 + q;
+    for (int i = 0; i < 4; ++i) {
+      const int c = threadIdx.x + i * kWarps * 32;  // 0..511
+      const int row = c >> 3, q = c & 7;
+      const int v = s * 8 + q;
       const bool valid = s < steps && n_block + row < p.N && v < vecs;
-      CpAsync16(dst + row * kWRowBytes + q * 16, valid ? wbase + static_cast<int64_t>(row) * words + v * 4 : p.qw, valid);
+      CpAsync16(stage + row * kWRowBytes + q * 16, valid ? wbase + static_cast<int64_t>(row) * words + v * 4 : p.qw, valid);
+    }
+    unsigned char* sc_stage = stage + kBlockRows * kWRowBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = threadIdx.x + i * kWarps * 32;  // 0..511: row c / 8, word c % 8
+      const int row = c >> 3, w = c & 7;
+      int src = 0;
+      int64_t word_byte = 0;
+      if (s < steps && n_block + row < p.N) {
+        int64_t first;
+        int run;
+        scale_run(row, s, &first, &run);
+        word_byte = (first & ~int64_t{3}) + 4 * w;
+        if (word_byte < first + run) src = static_cast<int>((p.sc_bytes - word_byte < 4 ? p.sc_bytes - word_byte : 4));
+      }
+      CpAsync4(sc_stage + row * kScRowBytes + w * 4, src > 0 ? sc_bytes + word_byte : sc_bytes, max(src, 0));
     }
     CpAsyncCommit();  // always commit (possibly empty) so group counting stays uniform
   };
@@ -200,7 +234,7 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
     if (chunk != k_begin) __syncthreads();  // the previous chunk's A reads are done
     // stage x[rows, chunk .. chunk + clen) permuted within each 8-k word: (k, k+4) pairs adjacent
     const int wpr = clen / 8;
-    for (int i = threadIdx.x; i < MF * 16 * wpr; i += kWarps * 32) {
+    for (int i = threadIdx.x; i < p.x_rows * wpr; i += kWarps * 32) {
       const int r = i / wpr, w = i % wpr;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (r < rows) {
@@ -215,36 +249,43 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
       o.w = __byte_perm(v.y, v.w, 0x7632);
       *reinterpret_cast<uint4*>(&xs[r * xstride + w * 8]) = o;
     }
-    // stage this chunk's scales of the block's 64 rows: a global load per group inside the MMA loop
-    // would put a full memory latency on the critical path every 32 k
-    const int cg = clen / p.G, g0 = chunk / p.G;
-    for (int i = threadIdx.x; i < kBlockRows * cg; i += kWarps * 32) {
-      const int r = i / cg, gi = i % cg;
-      scs[r * chunk_groups + gi] = n_block + r < p.N ? ScaleAt(p, static_cast<int64_t>(expert) * p.N + n_block + r, g0 + gi) : 0.f;
-    }
     const int first = (chunk - k_begin) / kStepK, last = (chunk - k_begin + clen + kStepK - 1) / kStepK;
     for (int s = first; s < last; ++s) {
       CpAsyncWait<kStages - 2>();  // stage s has landed (for this thread's copies)
       __syncthreads();             // ... and for everyone's; stage s-1's buffer is free again
       issue_stage(s + kStages - 1);
-      const unsigned char* ws = wstage + (s % kStages) * kWStageBytes;
+      const unsigned char* ws = smem_raw + (s % kStages) * kStageBytes;
+      const unsigned char* ss = ws + kBlockRows * kWRowBytes;
+      // where each of this lane's 4 scale rows starts inside its word-aligned run
+      int sc_off[2][2];
 #pragma unroll
-      for (int q8 = 0; q8 < 8; ++q8) {  // eight k16 slices per stage
-        const int k0 = k_begin + s * kStepK + q8 * 16;  // absolute k of this slice
+      for (int nf = 0; nf < 2; ++nf)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          int64_t f;
+          int run;
+          scale_run(warp * kWarpRows + nf * 8 + 2 * t + j, s, &f, &run);
+          sc_off[nf][j] = static_cast<int>(f & 3);
+        }
+#pragma unroll
+      for (int q16 = 0; q16 < kStepK / 16; ++q16) {  // sixteen k16 slices per stage
+        const int k0 = k_begin + s * kStepK + q16 * 16;  // absolute k of this slice
         if (k0 >= k_end) break;
         uint32_t b[2][2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const uint2 v = *reinterpret_cast<const uint2*>(ws + wrow[r] * kWRowBytes + q8 * 8);  // words 2j, 2j+1
+          const uint2 v = *reinterpret_cast<const uint2*>(ws + wrow[r] * kWRowBytes + q16 * 8);  // words 2j, 2j+1
           b[r][0] = Dequant2<T>(v.x >> (4 * t));
           b[r][1] = Dequant2<T>(v.y >> (4 * t));
         }
         const int col = (k0 - chunk) / 2 + t;  // 32-bit word of the (k, k+4) pair in the staged x row
 #pragma unroll
         for (int mf = 0; mf < MF; ++mf) {
-          const uint32_t* r0 = reinterpret_cast<const uint32_t*>(&xs[(mf * 16 + g) * xstride]);
-          const uint32_t* r1 = reinterpret_cast<const uint32_t*>(&xs[(mf * 16 + g + 8) * xstride]);
-          const uint32_t a[4] = {r0[col], r1[col], r0[col + 4], r1[col + 4]};
+          const int ra = mf * 16 + g, rb = ra + 8;
+          const uint32_t* r0 = reinterpret_cast<const uint32_t*>(&xs[ra * xstride]);
+          const uint32_t* r1 = reinterpret_cast<const uint32_t*>(&xs[rb * xstride]);
+          const bool ha = ra < p.x_rows, hb = rb < p.x_rows;  // rows past x_rows are zero, not staged
+          const uint32_t a[4] = {ha ? r0[col] : 0u, hb ? r1[col] : 0u, ha ? r0[col + 4] : 0u, hb ? r1[col + 4] : 0u};
 #pragma unroll
           for (int nf = 0; nf < 2; ++nf) {
             if constexpr (std::is_same<T, __nv_bfloat16>::value) MmaBf16(part[mf][nf], a, b[nf][0], b[nf][1]);
@@ -252,12 +293,14 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
           }
         }
         if ((k0 + 16) % p.G == 0) {  // a group ends: scale its exact sums into acc
-          const int gi = k0 / p.G - g0;
+          const int gi = (k0 - k_begin - s * kStepK) / p.G;  // group index inside the stage
 #pragma unroll
           for (int nf = 0; nf < 2; ++nf) {
             const int r0 = warp * kWarpRows + nf * 8 + 2 * t;
-            const float sc0 = scs[r0 * chunk_groups + gi];
-            const float sc1 = scs[(r0 + 1) * chunk_groups + gi];
+            const unsigned char* s0 = ss + r0 * kScRowBytes + sc_off[nf][0] + gi * esize;
+            const unsigned char* s1 = ss + (r0 + 1) * kScRowBytes + sc_off[nf][1] + gi * esize;
+            const float sc0 = p.sc_f32 ? *reinterpret_cast<const float*>(s0) : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(s0));
+            const float sc1 = p.sc_f32 ? *reinterpret_cast<const float*>(s1) : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(s1));
 #pragma unroll
             for (int mf = 0; mf < MF; ++mf) {
               acc[mf][nf][0] = fmaf(part[mf][nf][0], sc0, acc[mf][nf][0]);
@@ -396,18 +439,31 @@ __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int exper
   }
 }
 
-// Split-K from the shape and the device only (never from M, so rows stay batch-invariant): enough
-// blocks for ~4 per SM, each split a whole number of groups. `matrices` is how many weight
-// matrices one launch streams at decode: 1 dense, top-k for MoE (the experts of one token).
-void ChooseSplits(int n, int groups, int matrices, int sms, int* splits, int* per) {
-  const int blocks = (n + kBlockRows - 1) / kBlockRows * matrices;
-  int s = std::max(1, std::min({(4 * sms + blocks - 1) / blocks, groups, 32}));
-  *per = (groups + s - 1) / s;
+// Split-K from the shape and the device only (never from M, so rows stay batch-invariant). Blocks
+// run in waves of kBlocksPerSm x SMs; a partial last wave costs as much as a full one, so pick the
+// split count with the least waves per unit of work, plus a small price per split (partials and
+// the fixup), each split at least two pipeline stages. `matrices` is how many weight matrices one
+// launch streams at decode: 1 dense, top-k for MoE (the experts of one token).
+constexpr int kBlocksPerSm = 3;
+void ChooseSplits(int n, int groups, int group_size, int matrices, int sms, int* splits, int* per) {
+  const int64_t blocks = static_cast<int64_t>((n + kBlockRows - 1) / kBlockRows) * matrices;
+  const int64_t wave = static_cast<int64_t>(kBlocksPerSm) * sms;
+  const int max_splits = std::max(1, std::min(32, groups / std::max(1, 2 * kStepK / group_size)));
+  int best = 1;
+  double best_cost = 1e30;
+  for (int sp = 1; sp <= max_splits; ++sp) {
+    const double cost = static_cast<double>((blocks * sp + wave - 1) / wave) / sp + 0.02 * sp;
+    if (cost < best_cost - 1e-9) {
+      best_cost = cost;
+      best = sp;
+    }
+  }
+  *per = (groups + best - 1) / best;
   *splits = (groups + *per - 1) / *per;
 }
 
 // x staged per block: the whole split if it fits the shared-memory budget, else chunks of whole
-// pipeline steps.
+// pipeline stages.
 int ChunkK(int split_k, int rows, int elem) {
   const int unit = kStepK;
   const int fit = (kXSmemBudget / (rows * elem) - kPad) / unit * unit;
@@ -424,8 +480,9 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
 
 template <typename T, int MF>
 Status LaunchMmaMf(GemmParams p, dim3 grid, cudaStream_t s) {
-  p.chunk_k = ChunkK(p.groups_per_split * p.G, MF * 16, sizeof(T));
-  const int smem = kStages * kWStageBytes + MF * 16 * (p.chunk_k + kPad) * static_cast<int>(sizeof(T)) + kBlockRows * (p.chunk_k / p.G) * 4;
+  p.x_rows = std::max(1, std::min(p.x_rows, MF * 16));
+  p.chunk_k = ChunkK(p.groups_per_split * p.G, p.x_rows, sizeof(T));
+  const int smem = kStages * kStageBytes + p.x_rows * (p.chunk_k + kPad) * static_cast<int>(sizeof(T));
   // per device and kernel; cheap enough to set on every launch
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16MmaKernel<T, MF>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "w4a16: shared memory"));
   W4A16MmaKernel<T, MF><<<grid, kWarps * 32, smem, s>>>(p);
@@ -459,6 +516,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   if (m == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(Aligned(a.qw, 16, "w4a16_gemm"));
   KDTREE_RETURN_IF_ERROR(Aligned(a.x, 16, "w4a16_gemm"));
+  KDTREE_RETURN_IF_ERROR(Aligned(a.sc, 4, "w4a16_gemm"));
   const bool simt = a.x.dtype == DType::kF32;
   GemmParams p{};
   p.x = a.x.data;
@@ -470,7 +528,9 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   p.G = a.group;
   p.M = m;
   p.tile_rows = simt ? 64 : 16 * Mf(m);
-  ChooseSplits(n, k / a.group, 1, sms, &p.splits, &p.groups_per_split);
+  p.x_rows = std::min(m, p.tile_rows);
+  p.sc_bytes = a.sc.bytes;
+  ChooseSplits(n, k / a.group, a.group, 1, sms, &p.splits, &p.groups_per_split);
   p.direct = p.splits == 1;
   p.fixup = !p.direct && !simt;
   p.y = a.y.data;
@@ -497,11 +557,12 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   if (pairs == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(Aligned(a.qw, 16, "moe_gemm"));
   KDTREE_RETURN_IF_ERROR(Aligned(a.x, 16, "moe_gemm"));
+  KDTREE_RETURN_IF_ERROR(Aligned(a.sc, 4, "moe_gemm"));
   const bool gather = a.mode == MoeMode::kGather;
   const int tile_rows = a.x.dtype == DType::kF32 ? 64 : 16 * Mf(std::min(pairs, 64));
   const int max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p{};
-  ChooseSplits(n, k / a.group, topk, sms, &p.splits, &p.groups_per_split);
+  ChooseSplits(n, k / a.group, a.group, topk, sms, &p.splits, &p.groups_per_split);
   p.direct = gather && p.splits == 1;
   const bool simt = a.x.dtype == DType::kF32;
   p.fixup = gather && !p.direct && !simt;
@@ -531,6 +592,8 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   p.G = a.group;
   p.M = pairs;
   p.tile_rows = tile_rows;
+  p.x_rows = std::min(pairs, tile_rows);
+  p.sc_bytes = a.sc.bytes;
   p.tiles = tiles;
   p.num_tiles = num_tiles;
   p.x_row = x_row;
