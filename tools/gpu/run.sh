@@ -10,8 +10,12 @@ if [ "${1:-}" = profile ]; then
   /tmp/node .gpu/profile.mjs
   KDTREE_PROFILE_SKIP_HOST=1 ncu --csv --page raw \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
-    /tmp/node .gpu/profile.mjs > "$out/ncu.csv"
-  exit $?
+    /tmp/node .gpu/profile.mjs > "$out/ncu.csv"; rc=$?
+  # the limiter of the M = 1 expert GEMM: pipes, stall reasons, memory
+  KDTREE_PROFILE_SKIP_HOST=1 ncu --kernel-name regex:W4A16 --launch-count 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+    /tmp/node .gpu/profile.mjs > "$out/ncu-gemm.txt" 2>&1
+  exit $rc
 fi
 OUT=$out /tmp/node .gpu/selftest.mjs; st=$?
 python3 .gpu/dense_baseline.py "$out/dense.json"

@@ -28,13 +28,13 @@ constexpr int kWarps = 4;                     // warps per block, side by side a
 constexpr int kWarpRows = 16;                 // W rows per warp: two n8 MMA tiles
 constexpr int kBlockRows = kWarps * kWarpRows;
 constexpr int kStepK = 256;                   // k per pipeline stage: one 128 B line of each of the block's 64 W rows
-constexpr int kStages = 5;                    // cp.async stages: 4 x 8 KB of weights in flight per block
+constexpr int kStages = 4;                    // cp.async stages: 3 x 8 KB of weights in flight per block
 constexpr int kWRowBytes = 144;               // 128 B of codes + 16 B padding: conflict-free fragment loads
 constexpr int kScWords = 8;                   // 4-byte words of scales per row and stage (8 groups of 32 in f32)
 constexpr int kScRowBytes = kScWords * 4;
 constexpr int kStageBytes = kBlockRows * (kWRowBytes + kScRowBytes);
 constexpr int kPad = 8;                       // halfs of padding per staged x row: conflict-free A loads
-constexpr int kXSmemBudget = 64 * 1024;       // shared memory for staged x per block
+constexpr int kXSmemBudget = 75 * 1024 - kStages * kStageBytes;  // x per block: 3 blocks fit an SM at decode
 
 struct Tile {
   int expert, row_start, rows, pad;
@@ -156,7 +156,8 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-template <typename T, int MF>
+// G is a template parameter so that group boundaries inside the unrolled stage are compile-time.
+template <typename T, int MF, int G>
 __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // [kStages] x {codes [64 rows][144 B], scales [64 rows][32 B]}, then x [x_rows][chunk_k + kPad]
@@ -166,10 +167,10 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
   if (!BlockTile(p, &expert, &row_start, &rows)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n_block = blockIdx.x * kBlockRows;
-  const int groups = p.K / p.G;
+  const int groups = p.K / G;
   const int g_begin = blockIdx.z * p.groups_per_split;
   const int g_end = min(groups, g_begin + p.groups_per_split);
-  const int k_begin = g_begin * p.G, k_end = g_end * p.G;
+  const int k_begin = g_begin * G, k_end = g_end * G;
   const int n_warp = n_block + warp * kWarpRows;
   const int words = p.K / 8;
   const int vecs = (k_end - k_begin) / 32;  // 16-byte vectors per W row in this split
@@ -183,12 +184,12 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
   // Scales: a row's groups of the stage are a contiguous run, copied as the 4-byte words that
   // cover it (bf16 runs may start mid-word; the read below adds the offset back).
   const int32_t* wbase = p.qw + (static_cast<int64_t>(expert) * p.N + n_block) * words + k_begin / 8;
-  auto scale_run = [&](int row, int s, int64_t* first_byte, int* run_bytes) {
-    const int gs = k_begin / p.G + s * (kStepK / p.G);
-    const int count = min(kStepK, k_end - k_begin - s * kStepK) / p.G;
-    *first_byte = ((static_cast<int64_t>(expert) * p.N + n_block + row) * groups + gs) * esize;
-    *run_bytes = count * esize;
-  };
+  // byte of row r's first scale of this split; stage s starts kStepK / G scales further
+  auto scale_base = [&](int row) { return ((static_cast<int64_t>(expert) * p.N + n_block + row) * groups + g_begin) * esize; };
+  constexpr int kGroupsPerStage = kStepK / G;
+  int64_t copy_base[4];  // this thread's 4 scale rows (c / 8 for c = tid + 128 i)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) copy_base[i] = scale_base((threadIdx.x + i * kWarps * 32) >> 3);
   auto issue_stage = [&](int s) {
     unsigned char* stage = smem_raw + (s % kStages) * kStageBytes;
 #pragma unroll
@@ -207,11 +208,10 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
       int src = 0;
       int64_t word_byte = 0;
       if (s < steps && n_block + row < p.N) {
-        int64_t first;
-        int run;
-        scale_run(row, s, &first, &run);
+        const int64_t first = copy_base[i] + static_cast<int64_t>(s) * kGroupsPerStage * esize;
+        const int run = min(kGroupsPerStage, (k_end - k_begin) / G - s * kGroupsPerStage) * esize;
         word_byte = (first & ~int64_t{3}) + 4 * w;
-        if (word_byte < first + run) src = static_cast<int>((p.sc_bytes - word_byte < 4 ? p.sc_bytes - word_byte : 4));
+        if (word_byte < first + run) src = static_cast<int>(p.sc_bytes - word_byte < 4 ? p.sc_bytes - word_byte : 4);
       }
       CpAsync4(sc_stage + row * kScRowBytes + w * 4, src > 0 ? sc_bytes + word_byte : sc_bytes, max(src, 0));
     }
@@ -229,6 +229,11 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
       for (int i = 0; i < 4; ++i) acc[mf][nf][i] = part[mf][nf][i] = 0.f;
 
   const int wrow[2] = {warp * kWarpRows + g, warp * kWarpRows + 8 + g};  // this lane's rows in a stage
+  int64_t read_base[2][2];  // scale rows this lane reads: 2t, 2t + 1 of each n8 tile
+#pragma unroll
+  for (int nf = 0; nf < 2; ++nf)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) read_base[nf][j] = scale_base(warp * kWarpRows + nf * 8 + 2 * t + j);
   for (int chunk = k_begin; chunk < k_end; chunk += p.chunk_k) {
     const int clen = min(p.chunk_k, k_end - chunk);
     if (chunk != k_begin) __syncthreads();  // the previous chunk's A reads are done
@@ -261,12 +266,7 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
 #pragma unroll
       for (int nf = 0; nf < 2; ++nf)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          int64_t f;
-          int run;
-          scale_run(warp * kWarpRows + nf * 8 + 2 * t + j, s, &f, &run);
-          sc_off[nf][j] = static_cast<int>(f & 3);
-        }
+        for (int j = 0; j < 2; ++j) sc_off[nf][j] = static_cast<int>((read_base[nf][j] + static_cast<int64_t>(s) * kGroupsPerStage * esize) & 3);
 #pragma unroll
       for (int q16 = 0; q16 < kStepK / 16; ++q16) {  // sixteen k16 slices per stage
         const int k0 = k_begin + s * kStepK + q16 * 16;  // absolute k of this slice
@@ -292,8 +292,8 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
             else MmaF16(part[mf][nf], a, b[nf][0], b[nf][1]);
           }
         }
-        if ((k0 + 16) % p.G == 0) {  // a group ends: scale its exact sums into acc
-          const int gi = (k0 - k_begin - s * kStepK) / p.G;  // group index inside the stage
+        if ((q16 * 16 + 16) % G == 0) {  // a group ends (compile-time): scale its exact sums into acc
+          const int gi = q16 * 16 / G;  // group index inside the stage
 #pragma unroll
           for (int nf = 0; nf < 2; ++nf) {
             const int r0 = warp * kWarpRows + nf * 8 + 2 * t;
@@ -478,23 +478,32 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
   return Status::Ok();
 }
 
-template <typename T, int MF>
+template <typename T, int MF, int G>
 Status LaunchMmaMf(GemmParams p, dim3 grid, cudaStream_t s) {
   p.x_rows = std::max(1, std::min(p.x_rows, MF * 16));
   p.chunk_k = ChunkK(p.groups_per_split * p.G, p.x_rows, sizeof(T));
   const int smem = kStages * kStageBytes + p.x_rows * (p.chunk_k + kPad) * static_cast<int>(sizeof(T));
   // per device and kernel; cheap enough to set on every launch
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16MmaKernel<T, MF>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "w4a16: shared memory"));
-  W4A16MmaKernel<T, MF><<<grid, kWarps * 32, smem, s>>>(p);
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16MmaKernel<T, MF, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "w4a16: shared memory"));
+  W4A16MmaKernel<T, MF, G><<<grid, kWarps * 32, smem, s>>>(p);
   return LaunchStatus("w4a16 mma kernel");
+}
+
+template <typename T, int MF>
+Status LaunchMmaG(GemmParams p, dim3 grid, cudaStream_t s) {
+  switch (p.G) {
+    case 32: return LaunchMmaMf<T, MF, 32>(p, grid, s);
+    case 64: return LaunchMmaMf<T, MF, 64>(p, grid, s);
+    default: return LaunchMmaMf<T, MF, 128>(p, grid, s);  // validated: 32, 64 or 128
+  }
 }
 
 template <typename T>
 Status LaunchMma(GemmParams p, int mf, dim3 grid, cudaStream_t s) {
   switch (mf) {
-    case 1: return LaunchMmaMf<T, 1>(p, grid, s);
-    case 2: return LaunchMmaMf<T, 2>(p, grid, s);
-    default: return LaunchMmaMf<T, 4>(p, grid, s);
+    case 1: return LaunchMmaG<T, 1>(p, grid, s);
+    case 2: return LaunchMmaG<T, 2>(p, grid, s);
+    default: return LaunchMmaG<T, 4>(p, grid, s);
   }
 }
 
