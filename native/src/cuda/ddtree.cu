@@ -50,9 +50,11 @@ __device__ __forceinline__ int2 BlockExclusiveScan2(int& a, int& b, int2* warp_s
 }
 
 // One block per row: the k largest (value desc, index asc), k <= 1024.
-// Logits of one row share their top key bits, so a plain shared-memory histogram would put every
-// atomic on one bin; each warp first merges equal bins (__match_any_sync) and adds once per bin.
+// Logits of one row share their top key bits, so a shared histogram would serialize every atomic
+// on one bin: each warp merges equal bins (__match_any_sync) and adds once per bin into its own
+// histogram, and the 32 histograms are summed afterwards.
 __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, int64_t cols, int k, float* values, int32_t* ids) {
+  __shared__ int warp_hist[kTopkWarps][256];
   __shared__ int hist[256];
   __shared__ uint32_t prefix_s, mask_s;
   __shared__ int remaining_s;
@@ -67,8 +69,9 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
     remaining_s = k;
   }
   // 1. radix select: the k-th largest key, 8 bits at a time from the top
+  const int warp = threadIdx.x >> 5;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    for (int b = threadIdx.x; b < kTopkWarps * 256; b += blockDim.x) (&warp_hist[0][0])[b] = 0;
     __syncthreads();
     const uint32_t prefix = prefix_s, mask = mask_s;
     const int64_t end = (cols + 31) / 32 * 32;  // whole warps in the loop, for __match_any_sync
@@ -77,7 +80,13 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
       const bool in = i < cols && (key & mask) == prefix;
       const int bin = in ? static_cast<int>((key >> shift) & 0xFF) : -1;
       const uint32_t same = __match_any_sync(0xffffffffu, bin);
-      if (in && lane == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
+      if (in && lane == __ffs(same) - 1) atomicAdd(&warp_hist[warp][bin], __popc(same));  // uncontended: this warp's own bins
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+      int sum = 0;
+      for (int w = 0; w < kTopkWarps; ++w) sum += warp_hist[w][b];
+      hist[b] = sum;
     }
     __syncthreads();
     if (threadIdx.x < 32) {  // warp 0: which bin holds the k-th key; lane l owns bins 255-8l .. 248-8l
@@ -168,12 +177,17 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
   }
 }
 
-// log-sum-exp per row in f64 (fixed-order tree), as the reference's log-softmax normalizer.
-__global__ void LogSumExpKernel(const float* x, int64_t cols, double* out) {
+// log-sum-exp per row in f64, as the reference's log-softmax normalizer: kLseSlices blocks per
+// row each reduce a slice to (max, sum of exp(x - max)) with a fixed-order tree; a second kernel
+// merges the slices in order (a row is 160k logits: one block per row would leave the GPU idle).
+constexpr int kLseSlices = 16;
+__global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int64_t cols, double2* partial) {
   __shared__ double red[1024];
+  const int64_t per = (cols + kLseSlices - 1) / kLseSlices;
+  const int64_t lo = blockIdx.y * per, hi = min(cols, lo + per);
   const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
   float mx = -INFINITY;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) mx = fmaxf(mx, row[i]);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) mx = fmaxf(mx, row[i]);
   red[threadIdx.x] = mx;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
@@ -183,14 +197,26 @@ __global__ void LogSumExpKernel(const float* x, int64_t cols, double* out) {
   const double m = red[0];
   __syncthreads();
   double sum = 0;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) sum += exp(static_cast<double>(row[i]) - m);
+  if (m != -INFINITY) for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) sum += exp(static_cast<double>(row[i]) - m);
   red[threadIdx.x] = sum;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = m + log(red[0]);
+  if (threadIdx.x == 0) partial[blockIdx.x * kLseSlices + blockIdx.y] = make_double2(m, red[0]);
+}
+__global__ void LogSumExpMergeKernel(const double2* partial, int rows, double* out) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  double m = -INFINITY;
+  for (int i = 0; i < kLseSlices; ++i) m = fmax(m, partial[r * kLseSlices + i].x);
+  double sum = 0;
+  for (int i = 0; i < kLseSlices; ++i) {
+    const double2 p = partial[r * kLseSlices + i];
+    if (p.x != -INFINITY) sum += p.y * exp(p.x - m);
+  }
+  out[r] = m + log(sum);
 }
 
 struct HeapEntry {
@@ -341,18 +367,22 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   const int64_t vocab = a.draft_logits.dim(1);
   const int k = static_cast<int>(std::min<int64_t>(a.budget, vocab));
   const int kk = std::max(k, 1);
-  // scratch: values f32 [depth, k], tokens i32 [depth, k], logz f64 [depth]
+  // scratch: values f32 [depth, k], tokens i32 [depth, k], logz f64 [depth], lse partials [depth, slices]
   const size_t off_tok = static_cast<size_t>(depth) * kk * 4;
-  const size_t off_logz = (off_tok + static_cast<size_t>(depth) * kk * 4 + 7) / 8 * 8;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(off_logz + depth * 8, s));
+  const size_t off_logz = (off_tok + static_cast<size_t>(depth) * kk * 4 + 15) / 16 * 16;
+  const size_t off_lse = off_logz + (static_cast<size_t>(depth) * 8 + 15) / 16 * 16;
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(off_lse + static_cast<size_t>(depth) * kLseSlices * sizeof(double2), s));
   char* base = static_cast<char*>(scratch.ptr);
   float* values = reinterpret_cast<float*>(base);
   int32_t* tok = reinterpret_cast<int32_t*>(base + off_tok);
   double* logz = reinterpret_cast<double*>(base + off_logz);
+  double2* lse_partial = reinterpret_cast<double2*>(base + off_lse);
   if (k > 0) {
     KDTREE_RETURN_IF_ERROR(LaunchRowTopk(a.draft_logits.as<const float>(), depth, vocab, k, values, tok, nullptr, s));
-    LogSumExpKernel<<<depth, 1024, 0, s>>>(a.draft_logits.as<const float>(), vocab, logz);
+    LogSumExpSliceKernel<<<dim3(depth, kLseSlices), 1024, 0, s>>>(a.draft_logits.as<const float>(), vocab, lse_partial);
     KDTREE_RETURN_IF_ERROR(LaunchStatus("ddtree log-sum-exp"));
+    LogSumExpMergeKernel<<<(depth + 127) / 128, 128, 0, s>>>(lse_partial, depth, logz);
+    KDTREE_RETURN_IF_ERROR(LaunchStatus("ddtree log-sum-exp merge"));
   }
   // shared memory: the heap always, the [depth, k] log-prob table when it fits beside it
   constexpr size_t kMaxDynamicSmem = 160 * 1024;

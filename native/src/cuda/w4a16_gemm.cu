@@ -24,7 +24,9 @@ namespace kdtree {
 namespace cuda {
 namespace {
 
-constexpr int kWarps = 4;                     // warps per block, side by side along N
+constexpr int kWarps = 4;                     // warp columns per block, side by side along N
+constexpr int kGroupWarps = 2;                // ... each twice: one for even groups, one for odd groups
+constexpr int kThreads = kWarps * kGroupWarps * 32;
 constexpr int kWarpRows = 16;                 // W rows per warp: two n8 MMA tiles
 constexpr int kBlockRows = kWarps * kWarpRows;
 constexpr int kStepK = 256;                   // k per pipeline stage: one 128 B line of each of the block's 64 W rows
@@ -158,14 +160,17 @@ __device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_grou
 
 // G is a template parameter so that group boundaries inside the unrolled stage are compile-time.
 template <typename T, int MF, int G>
-__global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p) {
+__global__ void __launch_bounds__(kThreads) W4A16MmaKernel(const GemmParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // [kStages] x {codes [64 rows][144 B], scales [64 rows][32 B]}, then x [x_rows][chunk_k + kPad]
   T* xs = reinterpret_cast<T*>(smem_raw + kStages * kStageBytes);
   const int xstride = p.chunk_k + kPad;
   int expert, row_start, rows;
   if (!BlockTile(p, &expert, &row_start, &rows)) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // warp column (which 16 rows) and group parity: two warps share each 16 rows, one taking the
+  // even groups of every stage and one the odd, so 8 warps keep an SM busy with the same ring
+  const int warp = (threadIdx.x >> 5) % kWarps, parity = (threadIdx.x >> 5) / kWarps;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n_block = blockIdx.x * kBlockRows;
   const int groups = p.K / G;
   const int g_begin = blockIdx.z * p.groups_per_split;
@@ -187,14 +192,15 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
   // byte of row r's first scale of this split; stage s starts kStepK / G scales further
   auto scale_base = [&](int row) { return ((static_cast<int64_t>(expert) * p.N + n_block + row) * groups + g_begin) * esize; };
   constexpr int kGroupsPerStage = kStepK / G;
-  int64_t copy_base[4];  // this thread's 4 scale rows (c / 8 for c = tid + 128 i)
+  constexpr int kCopies = kBlockRows * 8 / kThreads;  // 16-byte code pieces (and scale words) per thread per stage
+  int64_t copy_base[kCopies];  // this thread's scale rows (c / 8 for c = tid + kThreads i)
 #pragma unroll
-  for (int i = 0; i < 4; ++i) copy_base[i] = scale_base((threadIdx.x + i * kWarps * 32) >> 3);
+  for (int i = 0; i < kCopies; ++i) copy_base[i] = scale_base((threadIdx.x + i * kThreads) >> 3);
   auto issue_stage = [&](int s) {
     unsigned char* stage = smem_raw + (s % kStages) * kStageBytes;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = threadIdx.x + i * kWarps * 32;  // 0..511
+    for (int i = 0; i < kCopies; ++i) {
+      const int c = threadIdx.x + i * kThreads;  // 0..511
       const int row = c >> 3, q = c & 7;
       const int v = s * 8 + q;
       const bool valid = s < steps && n_block + row < p.N && v < vecs;
@@ -202,8 +208,8 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
     }
     unsigned char* sc_stage = stage + kBlockRows * kWRowBytes;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = threadIdx.x + i * kWarps * 32;  // 0..511: row c / 8, word c % 8
+    for (int i = 0; i < kCopies; ++i) {
+      const int c = threadIdx.x + i * kThreads;  // 0..511: row c / 8, word c % 8
       const int row = c >> 3, w = c & 7;
       int src = 0;
       int64_t word_byte = 0;
@@ -239,7 +245,7 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
     if (chunk != k_begin) __syncthreads();  // the previous chunk's A reads are done
     // stage x[rows, chunk .. chunk + clen) permuted within each 8-k word: (k, k+4) pairs adjacent
     const int wpr = clen / 8;
-    for (int i = threadIdx.x; i < p.x_rows * wpr; i += kWarps * 32) {
+    for (int i = threadIdx.x; i < p.x_rows * wpr; i += kThreads) {
       const int r = i / wpr, w = i % wpr;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (r < rows) {
@@ -271,6 +277,7 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
       for (int q16 = 0; q16 < kStepK / 16; ++q16) {  // sixteen k16 slices per stage
         const int k0 = k_begin + s * kStepK + q16 * 16;  // absolute k of this slice
         if (k0 >= k_end) break;
+        if (((q16 * 16 / G) & 1) != parity) continue;  // the other warp of this column has this group
         uint32_t b[2][2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -316,10 +323,25 @@ __global__ void __launch_bounds__(kWarps * 32) W4A16MmaKernel(const GemmParams p
     }
   }
   CpAsyncWait<0>();
+  // odd-group warps hand their sums to the even-group warps through the (now idle) ring
+  __syncthreads();
+  float* handoff = reinterpret_cast<float*>(smem_raw) + (warp * MF * 8) * 32 + lane;  // [warp][MF * 2 * 4][32 lanes]
+  if (parity == 1) {
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int nf = 0; nf < 2; ++nf)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) handoff[((mf * 2 + nf) * 4 + i) * 32] = acc[mf][nf][i];
+  }
+  __syncthreads();
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf) {
 #pragma unroll
     for (int nf = 0; nf < 2; ++nf) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mf][nf][i] += handoff[((mf * 2 + nf) * 4 + i) * 32];
+      if (parity == 1) continue;
       const int n = n_warp + nf * 8 + 2 * t;
       const int m0 = mf * 16 + g, m1 = m0 + 8;
       if (m0 < rows && n < p.N) StoreOut(p, row_start + m0, n, acc[mf][nf][0]);
@@ -485,7 +507,7 @@ Status LaunchMmaMf(GemmParams p, dim3 grid, cudaStream_t s) {
   const int smem = kStages * kStageBytes + p.x_rows * (p.chunk_k + kPad) * static_cast<int>(sizeof(T));
   // per device and kernel; cheap enough to set on every launch
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16MmaKernel<T, MF, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "w4a16: shared memory"));
-  W4A16MmaKernel<T, MF, G><<<grid, kWarps * 32, smem, s>>>(p);
+  W4A16MmaKernel<T, MF, G><<<grid, kThreads, smem, s>>>(p);
   return LaunchStatus("w4a16 mma kernel");
 }
 
