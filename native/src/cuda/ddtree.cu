@@ -51,8 +51,8 @@ __device__ __forceinline__ int2 BlockExclusiveScan2(int& a, int& b, int2* warp_s
 
 // One block per row: the k largest (value desc, index asc), k <= 1024.
 // Logits of one row share their top key bits, so a shared histogram would serialize every atomic
-// on one bin: each warp merges equal bins (__match_any_sync) and adds once per bin into its own
-// histogram, and the 32 histograms are summed afterwards.
+// on one bin: each warp adds into its own histogram, lanes sharing lane 0's bin as one atomic, and
+// the 32 histograms are summed afterwards.
 __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, int64_t cols, int k, float* values, int32_t* ids) {
   __shared__ int warp_hist[kTopkWarps][256];
   __shared__ int hist[256];
@@ -79,8 +79,11 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
       const uint32_t key = i < cols ? OrderKey(row[i]) : 0;
       const bool in = i < cols && (key & mask) == prefix;
       const int bin = in ? static_cast<int>((key >> shift) & 0xFF) : -1;
-      const uint32_t same = __match_any_sync(0xffffffffu, bin);
-      if (in && lane == __ffs(same) - 1) atomicAdd(&warp_hist[warp][bin], __popc(same));  // uncontended: this warp's own bins
+      // lanes in lane 0's bin (most of them in the top digits) add once; the rest add alone
+      // (__match_any_sync would group every bin, but it issues far slower than a ballot)
+      const bool with0 = bin == __shfl_sync(0xffffffffu, bin, 0);
+      const unsigned group0 = __ballot_sync(0xffffffffu, with0);
+      if (in && (with0 ? lane == 0 : true)) atomicAdd(&warp_hist[warp][bin], with0 ? __popc(group0) : 1);
     }
     __syncthreads();
     for (int b = threadIdx.x; b < 256; b += blockDim.x) {
@@ -237,7 +240,7 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
                                                         int64_t start, bool lp_in_smem, int32_t* tokens, int32_t* parents, int32_t* depths,
                                                         int32_t* positions, uint8_t* mask, int32_t* size_out) {
   extern __shared__ __align__(16) unsigned char dyn[];
-  __shared__ int parents_s[kMaxNodes], depths_s[kMaxNodes];
+  __shared__ int parents_s[kMaxNodes], depths_s[kMaxNodes], at_s[kMaxNodes];  // at: index into the [depth, k] top-k
   __shared__ int size_s;
   HeapEntry* heap = reinterpret_cast<HeapEntry*>(dyn);
   double* lp_table = reinterpret_cast<double*>(dyn + static_cast<size_t>(budget + 2) * sizeof(HeapEntry));
@@ -279,7 +282,7 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
       }
       if (len > 0) heap[i] = last;
       const int node = size++;
-      tokens[node] = tok[(e.depth - 1) * k + e.rank];
+      at_s[node] = (e.depth - 1) * k + e.rank;  // the token is looked up afterwards, in parallel
       parents_s[node] = e.parent;
       depths_s[node] = e.depth;
       if (e.rank + 1 < k) push(HeapEntry{e.w - lp(e.depth - 1, e.rank) + lp(e.depth - 1, e.rank + 1), e.parent, e.depth, e.rank + 1, seq++});
@@ -291,6 +294,7 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
   __syncthreads();
   const int size = size_s;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (i > 0 && i < size) tokens[i] = tok[at_s[i]];
     parents[i] = parents_s[i];
     depths[i] = depths_s[i];
     positions[i] = static_cast<int32_t>(start + depths_s[i]);
@@ -390,7 +394,7 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   const size_t table_bytes = static_cast<size_t>(depth) * k * sizeof(double);
   const bool lp_in_smem = heap_bytes + table_bytes <= kMaxDynamicSmem;
   const size_t smem = heap_bytes + (lp_in_smem ? table_bytes : 0);
-  constexpr size_t kStaticSmem = 2 * kMaxNodes * sizeof(int) + sizeof(int);  // parents_s, depths_s, size_s
+  constexpr size_t kStaticSmem = 3 * kMaxNodes * sizeof(int) + sizeof(int);  // parents_s, depths_s, at_s, size_s
   if (smem + kStaticSmem > 48 * 1024) {  // static + dynamic past 48 KiB needs the opt-in
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(BuildTreeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "ddtree build: shared memory"));
   }

@@ -14,7 +14,7 @@ namespace cuda {
 namespace {
 
 constexpr int kAttnWarps = 8;
-constexpr int kAttnChunk = 256;   // keys per block: a token's keys split into fixed chunks of its key list
+constexpr int kAttnChunk = 64;    // keys per block: a token's keys split into fixed chunks of its key list
 constexpr int kKeysPerStep = 4;   // keys a warp has in flight at once (independent loads and reductions)
 constexpr int kMaxR = 1024;
 constexpr int kQLatThreads = 128;
