@@ -120,30 +120,41 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
   }
   const uint32_t thr = prefix_s;
   const int need_eq = remaining_s;
-  // 2. ordered compaction: contiguous index ranges per thread, so ties keep the lowest indices
-  const int64_t chunk = (cols + blockDim.x - 1) / blockDim.x;
-  const int64_t i0 = min(cols, threadIdx.x * chunk), i1 = min(cols, i0 + chunk);
+  // 2. ordered compaction: each warp owns a contiguous index range and walks it 32 keys at a time
+  //    (coalesced), placing keys with ballot prefix counts, so ties keep the lowest indices
+  const int64_t seg = (cols + kTopkWarps * 32 - 1) / (kTopkWarps * 32) * 32;
+  const int64_t w0 = min(cols, warp * seg), w1 = min(cols, w0 + seg);
+  const unsigned lanes_before = (1u << lane) - 1;
   int pos_gt = 0, pos_eq = 0;
-  for (int64_t i = i0; i < i1; ++i) {
-    const uint32_t key = OrderKey(row[i]);
-    pos_gt += key > thr;
-    pos_eq += key == thr;
+  for (int64_t i0 = w0; i0 < w1; i0 += 32) {
+    const int64_t i = i0 + lane;
+    const uint32_t key = i < w1 ? OrderKey(row[i]) : 0;
+    pos_gt += __popc(__ballot_sync(0xffffffffu, i < w1 && key > thr));
+    pos_eq += __popc(__ballot_sync(0xffffffffu, i < w1 && key == thr));
   }
+  if (lane != 0) pos_gt = pos_eq = 0;  // one count per warp goes into the scan
   BlockExclusiveScan2(pos_gt, pos_eq, warp_sums);
+  pos_gt = __shfl_sync(0xffffffffu, pos_gt, 0);
+  pos_eq = __shfl_sync(0xffffffffu, pos_eq, 0);
   const int total_gt = k - need_eq;
-  for (int64_t i = i0; i < i1; ++i) {
-    const uint32_t key = OrderKey(row[i]);
-    if (key > thr) {
-      keys[pos_gt] = key;
-      idx[pos_gt] = static_cast<int>(i);
-      ++pos_gt;
-    } else if (key == thr) {
-      if (pos_eq < need_eq) {
-        keys[total_gt + pos_eq] = key;
-        idx[total_gt + pos_eq] = static_cast<int>(i);
+  for (int64_t i0 = w0; i0 < w1; i0 += 32) {
+    const int64_t i = i0 + lane;
+    const uint32_t key = i < w1 ? OrderKey(row[i]) : 0;
+    const bool gt = i < w1 && key > thr, eq = i < w1 && key == thr;
+    const unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
+    if (gt) {
+      const int at = pos_gt + __popc(bgt & lanes_before);
+      keys[at] = key;
+      idx[at] = static_cast<int>(i);
+    } else if (eq) {
+      const int e = pos_eq + __popc(beq & lanes_before);
+      if (e < need_eq) {
+        keys[total_gt + e] = key;
+        idx[total_gt + e] = static_cast<int>(i);
       }
-      ++pos_eq;
     }
+    pos_gt += __popc(bgt);
+    pos_eq += __popc(beq);
   }
   // pad to a power of two for the bitonic sort
   int n = 1;
