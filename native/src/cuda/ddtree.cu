@@ -74,16 +74,27 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
     for (int b = threadIdx.x; b < kTopkWarps * 256; b += blockDim.x) (&warp_hist[0][0])[b] = 0;
     __syncthreads();
     const uint32_t prefix = prefix_s, mask = mask_s;
-    const int64_t end = (cols + 31) / 32 * 32;  // whole warps in the loop, for __match_any_sync
-    for (int64_t i = threadIdx.x; i < end; i += blockDim.x) {
-      const uint32_t key = i < cols ? OrderKey(row[i]) : 0;
-      const bool in = i < cols && (key & mask) == prefix;
-      const int bin = in ? static_cast<int>((key >> shift) & 0xFF) : -1;
-      // lanes in lane 0's bin (most of them in the top digits) add once; the rest add alone
-      // (__match_any_sync would group every bin, but it issues far slower than a ballot)
-      const bool with0 = bin == __shfl_sync(0xffffffffu, bin, 0);
-      const unsigned group0 = __ballot_sync(0xffffffffu, with0);
-      if (in && (with0 ? lane == 0 : true)) atomicAdd(&warp_hist[warp][bin], with0 ? __popc(group0) : 1);
+    // kUnroll loads in flight per thread before any is used: one block reads a whole row, and with
+    // a single load per warp outstanding the pass would be bound by memory latency, not bandwidth
+    constexpr int kUnroll = 8;
+    for (int64_t base = 0; base < cols; base += static_cast<int64_t>(kUnroll) * blockDim.x) {
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * blockDim.x + threadIdx.x;
+        v[u] = i < cols ? row[i] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * blockDim.x + threadIdx.x;
+        const uint32_t key = OrderKey(v[u]);
+        const bool in = i < cols && (key & mask) == prefix;
+        const int bin = in ? static_cast<int>((key >> shift) & 0xFF) : -1;
+        // lanes in lane 0's bin (most of them in the top digits) add once; the rest add alone
+        const bool with0 = bin == __shfl_sync(0xffffffffu, bin, 0);
+        const unsigned group0 = __ballot_sync(0xffffffffu, with0);
+        if (in && (with0 ? lane == 0 : true)) atomicAdd(&warp_hist[warp][bin], with0 ? __popc(group0) : 1);
+      }
     }
     __syncthreads();
     for (int b = threadIdx.x; b < 256; b += blockDim.x) {
@@ -126,35 +137,47 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
   const int64_t w0 = min(cols, warp * seg), w1 = min(cols, w0 + seg);
   const unsigned lanes_before = (1u << lane) - 1;
   int pos_gt = 0, pos_eq = 0;
-  for (int64_t i0 = w0; i0 < w1; i0 += 32) {
-    const int64_t i = i0 + lane;
-    const uint32_t key = i < w1 ? OrderKey(row[i]) : 0;
-    pos_gt += __popc(__ballot_sync(0xffffffffu, i < w1 && key > thr));
-    pos_eq += __popc(__ballot_sync(0xffffffffu, i < w1 && key == thr));
+  constexpr int kSteps = 8;  // 32-key steps loaded at once (memory-level parallelism, as above)
+  for (int64_t i0 = w0; i0 < w1; i0 += 32 * kSteps) {
+    uint32_t key[kSteps];
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) key[u] = i0 + 32 * u + lane < w1 ? OrderKey(row[i0 + 32 * u + lane]) : 0;
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const bool ok = i0 + 32 * u + lane < w1;
+      pos_gt += __popc(__ballot_sync(0xffffffffu, ok && key[u] > thr));
+      pos_eq += __popc(__ballot_sync(0xffffffffu, ok && key[u] == thr));
+    }
   }
   if (lane != 0) pos_gt = pos_eq = 0;  // one count per warp goes into the scan
   BlockExclusiveScan2(pos_gt, pos_eq, warp_sums);
   pos_gt = __shfl_sync(0xffffffffu, pos_gt, 0);
   pos_eq = __shfl_sync(0xffffffffu, pos_eq, 0);
   const int total_gt = k - need_eq;
-  for (int64_t i0 = w0; i0 < w1; i0 += 32) {
-    const int64_t i = i0 + lane;
-    const uint32_t key = i < w1 ? OrderKey(row[i]) : 0;
-    const bool gt = i < w1 && key > thr, eq = i < w1 && key == thr;
-    const unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
-    if (gt) {
-      const int at = pos_gt + __popc(bgt & lanes_before);
-      keys[at] = key;
-      idx[at] = static_cast<int>(i);
-    } else if (eq) {
-      const int e = pos_eq + __popc(beq & lanes_before);
-      if (e < need_eq) {
-        keys[total_gt + e] = key;
-        idx[total_gt + e] = static_cast<int>(i);
+  for (int64_t j0 = w0; j0 < w1; j0 += 32 * kSteps) {
+    uint32_t keyv[kSteps];
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) keyv[u] = j0 + 32 * u + lane < w1 ? OrderKey(row[j0 + 32 * u + lane]) : 0;
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int64_t i = j0 + 32 * u + lane;
+      const uint32_t key = keyv[u];
+      const bool gt = i < w1 && key > thr, eq = i < w1 && key == thr;
+      const unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
+      if (gt) {
+        const int at = pos_gt + __popc(bgt & lanes_before);
+        keys[at] = key;
+        idx[at] = static_cast<int>(i);
+      } else if (eq) {
+        const int e = pos_eq + __popc(beq & lanes_before);
+        if (e < need_eq) {
+          keys[total_gt + e] = key;
+          idx[total_gt + e] = static_cast<int>(i);
+        }
       }
+      pos_gt += __popc(bgt);
+      pos_eq += __popc(beq);
     }
-    pos_gt += __popc(bgt);
-    pos_eq += __popc(beq);
   }
   // pad to a power of two for the bitonic sort
   int n = 1;

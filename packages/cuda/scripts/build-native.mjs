@@ -65,8 +65,7 @@ for (const variant of ['cpu', 'cuda']) {
   const target = join(binDir, `kdtree_${variant}.node`);
   copyFileSync(built, `${target}.tmp`);
   renameSync(`${target}.tmp`, target);
-  const cmakeCache = readFileSync(join(buildDir, 'CMakeCache.txt'), 'utf8');
-  const cudaVersion = /CUDAToolkit_VERSION:[A-Z]+=(\S+)/.exec(cmakeCache)?.[1] ?? /CMAKE_CUDA_COMPILER_VERSION:[A-Z]+=(\S+)/.exec(cmakeCache)?.[1] ?? null;
+  const cudaVersion = variant === 'cuda' ? nvccVersion(buildDir) : null;
   const meta = {
     name: pkg.name,
     version: pkg.version,
@@ -74,7 +73,7 @@ for (const variant of ['cpu', 'cuda']) {
     platform: process.platform,
     arch: process.arch,
     napiVersion: 8,
-    cudaVersion: variant === 'cuda' ? cudaVersion : null,
+    cudaVersion,
     cudaArchitectures: variant === 'cuda' ? ['90-real', '90-virtual'] : [],
     sourceHash: hash,
     built: new Date().toISOString(),
@@ -84,3 +83,13 @@ for (const variant of ['cpu', 'cuda']) {
 }
 writeFileSync(stamp, hash);
 console.log(`@kdtree/cuda: built ${found.join(' + ')} into ${relative(pkgDir, binDir)} in ${((Date.now() - started) / 1000).toFixed(0)}s`);
+
+/** The CUDA compiler version CMake found (CMakeFiles/<cmake version>/CMakeCUDACompiler.cmake). */
+function nvccVersion(buildDir) {
+  const files = existsSync(join(buildDir, 'CMakeFiles')) ? readdirSync(join(buildDir, 'CMakeFiles')).map((d) => join(buildDir, 'CMakeFiles', d, 'CMakeCUDACompiler.cmake')) : [];
+  for (const f of files.filter((f) => existsSync(f))) {
+    const m = /set\(CMAKE_CUDA_COMPILER_VERSION "([^"]+)"\)/.exec(readFileSync(f, 'utf8'));
+    if (m) return m[1];
+  }
+  return null;
+}
