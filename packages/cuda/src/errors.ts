@@ -20,9 +20,10 @@ export class AddonLoadError extends Error {
       [
         `@kdtree/cuda: could not load a '${requested}' backend on ${platformKey}. Tried:`,
         ...lines,
-        'Fix: build from source with `pnpm --filter @kdtree/cuda build:native` (needs cmake and a C++17',
-        'compiler; nvcc for the cuda variant), install the prebuilt package for your platform',
-        `(@kdtree/cuda-${platformKey}), or choose another backend with KDTREE_BACKEND=cpu|cuda|auto.`,
+        'Fix: the published @kdtree/cuda carries prebuilt binaries in bin/<platform>-<arch>/ (reinstall it if',
+        'they were removed); on other platforms build from source with `pnpm --filter @kdtree/cuda build:native`',
+        '(needs cmake and a C++17 compiler; nvcc 13 for the cuda variant); or choose another backend with',
+        'KDTREE_BACKEND=cpu|cuda|auto.',
       ].join('\n'),
     );
     this.name = 'AddonLoadError';

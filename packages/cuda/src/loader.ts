@@ -1,6 +1,7 @@
 /**
- * Finds and loads the addon. Candidates, in order: the local build (bin/<platform>-<arch>/ of
- * this package, from `build:native`), then the prebuilt package @kdtree/cuda-<platform>-<arch>.
+ * Finds and loads the addon. Candidates, in order: bin/<platform>-<arch>/ of this package (the
+ * prebuilt binaries it is published with, or a `build:native` build from source), then a
+ * per-platform package @kdtree/cuda-<platform>-<arch> if one is installed.
  * A binary is accepted only with a build-metadata file of the same package version and variant.
  * A cuda binary is first probed in a child process (an incompatible binary or driver can take
  * down only the probe), and must see a device of compute capability >= 9.0 with a driver at
@@ -64,7 +65,7 @@ interface Candidate {
 function candidateDirs(options: LoadOptions): Candidate[] {
   const dirs: Candidate[] = (options.searchPaths ?? []).map((dir) => ({ dir, source: 'search path' }));
   if (options.onlySearchPaths) return dirs;
-  dirs.push({ dir: join(PACKAGE_DIR, 'bin', PLATFORM_KEY), source: 'local build' });
+  dirs.push({ dir: join(PACKAGE_DIR, 'bin', PLATFORM_KEY), source: 'bin/ of @kdtree/cuda' });
   try {
     const prebuilt = dirname(require.resolve(`@kdtree/cuda-${PLATFORM_KEY}/package.json`));
     dirs.push({ dir: join(prebuilt, 'bin'), source: `@kdtree/cuda-${PLATFORM_KEY}` });

@@ -1,0 +1,80 @@
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { AddonLoadError } from './errors.js';
+import { loadAddon, PLATFORM_KEY } from './loader.js';
+
+const built = join(import.meta.dirname, '..', 'bin', PLATFORM_KEY);
+const builtMeta = JSON.parse(readFileSync(join(built, 'kdtree_cpu.json'), 'utf8')) as Record<string, unknown>;
+const scratch = mkdtempSync(join(tmpdir(), 'kdtree-loader-'));
+afterAll(() => rmSync(scratch, { recursive: true, force: true }));
+
+/** A directory holding the cpu binary with the given build metadata (none: no .json). */
+function candidateDir(name: string, meta: Record<string, unknown> | undefined): string {
+  const dir = join(scratch, name);
+  mkdirSync(dir, { recursive: true });
+  copyFileSync(join(built, 'kdtree_cpu.node'), join(dir, 'kdtree_cpu.node'));
+  if (meta) writeFileSync(join(dir, 'kdtree_cpu.json'), JSON.stringify(meta));
+  return dir;
+}
+
+function loadError(run: () => unknown): AddonLoadError {
+  try {
+    run();
+  } catch (error) {
+    if (error instanceof AddonLoadError) return error;
+    throw error;
+  }
+  throw new Error('expected an AddonLoadError');
+}
+
+describe('loadAddon', () => {
+  it('loads the cpu variant from a search path and says why', () => {
+    const lines: string[] = [];
+    const loaded = loadAddon({ backend: 'cpu', searchPaths: [candidateDir('good', builtMeta)], onlySearchPaths: true, log: (l) => lines.push(l) });
+    expect(loaded.variant).toBe('cpu');
+    expect(loaded.reason).toMatch(/^cpu from search path/);
+    expect(lines.join('\n')).toMatch(/using the cpu backend from search path/);
+  });
+
+  it('lists every candidate with its reason, and how to fix it, when nothing loads', () => {
+    const empty = join(scratch, 'empty');
+    mkdirSync(empty, { recursive: true });
+    const noMeta = candidateDir('no-meta', undefined);
+    const oldVersion = candidateDir('old', { ...builtMeta, version: '0.0.1' });
+    const otherVariant = candidateDir('variant', { ...builtMeta, variant: 'cuda' });
+    const error = loadError(() => loadAddon({ backend: 'cpu', searchPaths: [empty, noMeta, oldVersion, otherVariant], onlySearchPaths: true }));
+    expect(error.code).toBe('KDTREE_ADDON_LOAD');
+    expect(error.requested).toBe('cpu');
+    expect(error.attempts.map((a) => a.reason)).toEqual([
+      'not built',
+      expect.stringMatching(/^no build metadata/),
+      expect.stringMatching(/^built for @kdtree\/cuda 0\.0\.1, this is /),
+      expect.stringMatching(/^metadata says cuda /),
+    ]);
+    expect(error.message).toMatch(/could not load a 'cpu' backend/);
+    expect(error.message).toContain(join(empty, 'kdtree_cpu.node'));
+    expect(error.message).toMatch(/build:native/);
+    expect(error.message).toMatch(/KDTREE_BACKEND=cpu\|cuda\|auto/);
+  });
+
+  it('auto falls back to cpu when no cuda binary loads, naming what it skipped', () => {
+    const dir = candidateDir('auto', builtMeta);
+    const loaded = loadAddon({ backend: 'auto', searchPaths: [dir], onlySearchPaths: true });
+    expect(loaded.variant).toBe('cpu');
+    expect(loaded.reason).toMatch(/skipped cuda .*kdtree_cuda\.node.*not built/);
+  });
+
+  it('rejects an unknown KDTREE_BACKEND', () => {
+    const saved = process.env.KDTREE_BACKEND;
+    process.env.KDTREE_BACKEND = 'tpu';
+    try {
+      const error = loadError(() => loadAddon({ searchPaths: [], onlySearchPaths: true }));
+      expect(error.attempts[0].reason).toBe("'tpu' is not one of auto, cuda, cpu");
+    } finally {
+      if (saved === undefined) delete process.env.KDTREE_BACKEND;
+      else process.env.KDTREE_BACKEND = saved;
+    }
+  });
+});
