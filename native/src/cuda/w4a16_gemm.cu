@@ -549,6 +549,23 @@ Status RunGemm(GemmParams p, DType x_dtype, int grid_tiles, int tile_rows_for_mf
   return x_dtype == DType::kBF16 ? LaunchMma<__nv_bfloat16>(p, mf, grid, s) : LaunchMma<__half>(p, mf, grid, s);
 }
 
+// The fields every launch shares: operands, shape, group, logical rows and their tiling.
+GemmParams WeightParams(const Tensor& x, const Tensor& qw, const Tensor& sc, int group, int rows, int tile_rows) {
+  GemmParams p{};
+  p.x = x.data;
+  p.qw = qw.as<const int32_t>();
+  p.sc = sc.data;
+  p.sc_f32 = sc.dtype == DType::kF32;
+  p.N = static_cast<int>(qw.dim(qw.rank() - 2));
+  p.K = static_cast<int>(x.dim(1));
+  p.G = group;
+  p.M = rows;
+  p.tile_rows = tile_rows;
+  p.x_rows = std::min(rows, tile_rows);
+  p.sc_bytes = sc.bytes;
+  return p;
+}
+
 }  // namespace
 
 Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
@@ -558,18 +575,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   KDTREE_RETURN_IF_ERROR(Aligned(a.x, 16, "w4a16_gemm"));
   KDTREE_RETURN_IF_ERROR(Aligned(a.sc, 4, "w4a16_gemm"));
   const bool simt = a.x.dtype == DType::kF32;
-  GemmParams p{};
-  p.x = a.x.data;
-  p.qw = a.qw.as<const int32_t>();
-  p.sc = a.sc.data;
-  p.sc_f32 = a.sc.dtype == DType::kF32;
-  p.N = n;
-  p.K = k;
-  p.G = a.group;
-  p.M = m;
-  p.tile_rows = simt ? 64 : 16 * Mf(m);
-  p.x_rows = std::min(m, p.tile_rows);
-  p.sc_bytes = a.sc.bytes;
+  GemmParams p = WeightParams(a.x, a.qw, a.sc, a.group, m, simt ? 64 : 16 * Mf(m));
   ChooseSplits(n, k / a.group, a.group, 1, sms, &p.splits, &p.groups_per_split);
   p.direct = p.splits == 1;
   p.fixup = !p.direct && !simt;
@@ -601,7 +607,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const bool gather = a.mode == MoeMode::kGather;
   const int tile_rows = a.x.dtype == DType::kF32 ? 64 : 16 * Mf(std::min(pairs, 64));
   const int max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
-  GemmParams p{};
+  GemmParams p = WeightParams(a.x, a.qw, a.sc, a.group, pairs, tile_rows);
   ChooseSplits(n, k / a.group, a.group, topk, sms, &p.splits, &p.groups_per_split);
   p.direct = gather && p.splits == 1;
   const bool simt = a.x.dtype == DType::kF32;
@@ -623,17 +629,6 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   Tile* tiles = reinterpret_cast<Tile*>(base + off_tiles);
   MoeSortKernel<<<1, 1024, 0, s>>>(a.ids.as<const int32_t>(), pairs, topk, experts, gather, tile_rows, x_row, out_row, tiles, num_tiles, counts);
   KDTREE_RETURN_IF_ERROR(LaunchStatus("moe sort"));
-  p.x = a.x.data;
-  p.qw = a.qw.as<const int32_t>();
-  p.sc = a.sc.data;
-  p.sc_f32 = a.sc.dtype == DType::kF32;
-  p.N = n;
-  p.K = k;
-  p.G = a.group;
-  p.M = pairs;
-  p.tile_rows = tile_rows;
-  p.x_rows = std::min(pairs, tile_rows);
-  p.sc_bytes = a.sc.bytes;
   p.tiles = tiles;
   p.num_tiles = num_tiles;
   p.x_row = x_row;
