@@ -70,16 +70,26 @@ struct GemmParams {
   int out_rows;
 };
 
-__device__ __forceinline__ void MmaBf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// d = a . b + d, or with `fresh` d = a . b (the first slice of a group: no zeroing moves needed).
+#define KDTREE_MMA(TYPE)                                                                                                  \
+  if (fresh) {                                                                                                            \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n" \
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                                  \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));                                       \
+  } else {                                                                                                                \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                                  \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                                  \
+  }
+template <typename T>
+__device__ __forceinline__ void Mma(float* d, const uint32_t* a, uint32_t b0, uint32_t b1, bool fresh) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    KDTREE_MMA("bf16")
+  } else {
+    KDTREE_MMA("f16")
+  }
 }
-__device__ __forceinline__ void MmaF16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+#undef KDTREE_MMA
 
 // Two codes (nibbles in bits 0-3 and 16-19 of `w`) -> two exact 16-bit floats q = u - 8.
 template <typename T>
@@ -237,6 +247,14 @@ __global__ void __launch_bounds__(kThreads) W4A16MmaKernel(const GemmParams p) {
       for (int i = 0; i < 4; ++i) acc[mf][nf][i] = part[mf][nf][i] = 0.f;
 
   const int wrow[2] = {warp * kWarpRows + g, warp * kWarpRows + 8 + g};  // this lane's rows in a stage
+  // A-fragment rows of this lane (32-bit word offsets in xs); rows past x_rows read the zero row
+  // staged after them, so the inner loop has no per-load selects
+  const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs);
+  int arow[MF][2];
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) arow[mf][h] = min(mf * 16 + g + 8 * h, p.x_rows) * (xstride / 2);
   int64_t read_base[2][2];  // scale rows this lane reads: 2t, 2t + 1 of each n8 tile
 #pragma unroll
   for (int nf = 0; nf < 2; ++nf)
@@ -247,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) W4A16MmaKernel(const GemmParams p) {
     if (chunk != k_begin) __syncthreads();  // the previous chunk's A reads are done
     // stage x[rows, chunk .. chunk + clen) permuted within each 8-k word: (k, k+4) pairs adjacent
     const int wpr = clen / 8;
-    for (int i = threadIdx.x; i < p.x_rows * wpr; i += kThreads) {
+    for (int i = threadIdx.x; i < (p.x_rows + 1) * wpr; i += kThreads) {  // + the zero row
       const int r = i / wpr, w = i % wpr;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (r < rows) {
@@ -290,18 +308,12 @@ __global__ void __launch_bounds__(kThreads) W4A16MmaKernel(const GemmParams p) {
           b[r][1] = Dequant2<T>(v.y >> (4 * t));
         }
         const int col = (k0 - chunk) / 2 + t;  // 32-bit word of the (k, k+4) pair in the staged x row
+        const bool fresh = (q16 * 16) % G == 0;  // compile-time once unrolled
 #pragma unroll
         for (int mf = 0; mf < MF; ++mf) {
-          const int ra = mf * 16 + g, rb = ra + 8;
-          const uint32_t* r0 = reinterpret_cast<const uint32_t*>(&xs[ra * xstride]);
-          const uint32_t* r1 = reinterpret_cast<const uint32_t*>(&xs[rb * xstride]);
-          const bool ha = ra < p.x_rows, hb = rb < p.x_rows;  // rows past x_rows are zero, not staged
-          const uint32_t a[4] = {ha ? r0[col] : 0u, hb ? r1[col] : 0u, ha ? r0[col + 4] : 0u, hb ? r1[col + 4] : 0u};
+          const uint32_t a[4] = {xw[arow[mf][0] + col], xw[arow[mf][1] + col], xw[arow[mf][0] + col + 4], xw[arow[mf][1] + col + 4]};
 #pragma unroll
-          for (int nf = 0; nf < 2; ++nf) {
-            if constexpr (std::is_same<T, __nv_bfloat16>::value) MmaBf16(part[mf][nf], a, b[nf][0], b[nf][1]);
-            else MmaF16(part[mf][nf], a, b[nf][0], b[nf][1]);
-          }
+          for (int nf = 0; nf < 2; ++nf) Mma<T>(part[mf][nf], a, b[nf][0], b[nf][1], fresh);
         }
         if ((q16 * 16 + 16) % G == 0) {  // a group ends (compile-time): scale its exact sums into acc
           const int gi = q16 * 16 / G;  // group index inside the stage
@@ -318,8 +330,6 @@ __global__ void __launch_bounds__(kThreads) W4A16MmaKernel(const GemmParams p) {
               acc[mf][nf][1] = fmaf(part[mf][nf][1], sc1, acc[mf][nf][1]);
               acc[mf][nf][2] = fmaf(part[mf][nf][2], sc0, acc[mf][nf][2]);
               acc[mf][nf][3] = fmaf(part[mf][nf][3], sc1, acc[mf][nf][3]);
-#pragma unroll
-              for (int i = 0; i < 4; ++i) part[mf][nf][i] = 0.f;
             }
           }
         }
@@ -512,8 +522,8 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
 template <typename T, int MF, int G>
 Status LaunchMmaMf(GemmParams p, dim3 grid, cudaStream_t s) {
   p.x_rows = std::max(1, std::min(p.x_rows, MF * 16));
-  p.chunk_k = ChunkK(p.groups_per_split * p.G, p.x_rows, sizeof(T));
-  const int smem = kStages * kStageBytes + p.x_rows * (p.chunk_k + kPad) * static_cast<int>(sizeof(T));
+  p.chunk_k = ChunkK(p.groups_per_split * p.G, p.x_rows + 1, sizeof(T));
+  const int smem = kStages * kStageBytes + (p.x_rows + 1) * (p.chunk_k + kPad) * static_cast<int>(sizeof(T));
   // per device and kernel; cheap enough to set on every launch
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16MmaKernel<T, MF, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "w4a16: shared memory"));
   W4A16MmaKernel<T, MF, G><<<grid, kThreads, smem, s>>>(p);
