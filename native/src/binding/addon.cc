@@ -336,13 +336,19 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return Napi::Number::New(env, ms);
   }
 
+  // Validates the parsed arguments, then queues the op on the call's stream.
+  template <typename Args>
+  Napi::Value Run(Napi::Env env, const Napi::Object& o, const Args& a, Status (*validate)(const Args&), Status (Backend::*op)(const Args&, int)) {
+    Check(env, validate(a));
+    Check(env, (be().*op)(a, Stream(env, o)));
+    return env.Undefined();
+  }
+
   Napi::Value W4A16GemmJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
     W4A16GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "y"), static_cast<int>(Int(env, o, "group", 32))};
-    Check(env, ValidateW4A16Gemm(a));
-    Check(env, be().W4A16Gemm(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateW4A16Gemm, &Backend::W4A16Gemm);
   }
   Napi::Value MoeGemmJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
@@ -376,25 +382,19 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.out = ParseTensor(env, o, "out");
     a.base = Int(env, o, "base", 0, 0);
     a.scale = Num(env, o, "scale", 0);
-    Check(env, ValidateMlaAttention(a));
-    Check(env, be().MlaAttention(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateMlaAttention, &Backend::MlaAttention);
   }
   Napi::Value EmbeddingJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
     EmbeddingArgs a{ParseTensor(env, o, "table"), ParseTensor(env, o, "ids"), ParseTensor(env, o, "out")};
-    Check(env, ValidateEmbedding(a));
-    Check(env, be().Embedding(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateEmbedding, &Backend::Embedding);
   }
   Napi::Value RmsNormJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
     RmsNormArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "weight"), ParseTensor(env, o, "out"), Num(env, o, "eps", 0)};
-    Check(env, ValidateRmsNorm(a));
-    Check(env, be().RmsNorm(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateRmsNorm, &Backend::RmsNorm);
   }
   Napi::Value RopeJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
@@ -406,25 +406,19 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.offset = Int(env, o, "offset", 0, 0);
     a.attention_factor = Num(env, o, "attentionFactor", 1.0);
     a.interleave = Bool(o, "interleave", true);
-    Check(env, ValidateRope(a));
-    Check(env, be().Rope(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateRope, &Backend::Rope);
   }
   Napi::Value SiluMulJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
     SiluMulArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "out")};
-    Check(env, ValidateSiluMul(a));
-    Check(env, be().SiluMul(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateSiluMul, &Backend::SiluMul);
   }
   Napi::Value AddJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
     AddArgs a{ParseTensor(env, o, "a"), ParseTensor(env, o, "b"), ParseTensor(env, o, "out")};
-    Check(env, ValidateAdd(a));
-    Check(env, be().Add(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateAdd, &Backend::Add);
   }
   Napi::Value RouterJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
@@ -439,33 +433,25 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.topk_group = static_cast<int>(Int(env, o, "topkGroup", 1, 1));
     a.norm_topk_prob = Bool(o, "normTopkProb", true);
     a.scaling = Num(env, o, "scaling", 1.0);
-    Check(env, ValidateRouter(a));
-    Check(env, be().Router(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateRouter, &Backend::Router);
   }
   Napi::Value ArgmaxJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
     ArgmaxArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "out")};
-    Check(env, ValidateArgmax(a));
-    Check(env, be().Argmax(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateArgmax, &Backend::Argmax);
   }
   Napi::Value TopkJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
     TopkArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "values"), ParseTensor(env, o, "ids"), static_cast<int>(Int(env, o, "k", 1, 1))};
-    Check(env, ValidateTopk(a));
-    Check(env, be().Topk(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateTopk, &Backend::Topk);
   }
   Napi::Value KvWriteJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
     KvWriteArgs a{ParseTensor(env, o, "c"), ParseTensor(env, o, "kpe"), ParseTensor(env, o, "cacheC"), ParseTensor(env, o, "cacheKpe"), ParseTensor(env, o, "slots")};
-    Check(env, ValidateKvWrite(a));
-    Check(env, be().KvWrite(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateKvWrite, &Backend::KvWrite);
   }
   Napi::Value DdtreeBuildJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
@@ -481,17 +467,13 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.positions = ParseTensor(env, o, "positions");
     a.mask = ParseTensor(env, o, "mask");
     a.size = ParseTensor(env, o, "size");
-    Check(env, ValidateDdtreeBuild(a));
-    Check(env, be().DdtreeBuild(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateDdtreeBuild, &Backend::DdtreeBuild);
   }
   Napi::Value DdtreeAcceptJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
     DdtreeAcceptArgs a{ParseTensor(env, o, "tokens"), ParseTensor(env, o, "parents"), ParseTensor(env, o, "size"), ParseTensor(env, o, "targetArgmax"), ParseTensor(env, o, "path"), ParseTensor(env, o, "pathLen"), ParseTensor(env, o, "bonus")};
-    Check(env, ValidateDdtreeAccept(a));
-    Check(env, be().DdtreeAccept(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateDdtreeAccept, &Backend::DdtreeAccept);
   }
   Napi::Value KvCommitJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
@@ -510,9 +492,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.path = ParseTensor(env, o, "path");
     a.path_len = ParseTensor(env, o, "pathLen");
     a.start = Int(env, o, "start", 0, 0);
-    Check(env, ValidateKvCommit(a));
-    Check(env, be().KvCommit(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, ValidateKvCommit, &Backend::KvCommit);
   }
 
   std::shared_ptr<BackendHandle> handle_;

@@ -22,6 +22,13 @@ __device__ __forceinline__ uint32_t OrderKey(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // larger float -> larger key
 }
 
+// Keys of `steps` 32-element steps from i0 (lane-strided, coalesced), all loads issued before use.
+template <int kSteps>
+__device__ __forceinline__ void LoadKeys(const float* row, int64_t i0, int64_t end, int lane, uint32_t* keys) {
+#pragma unroll
+  for (int u = 0; u < kSteps; ++u) keys[u] = i0 + 32 * u + lane < end ? OrderKey(row[i0 + 32 * u + lane]) : 0;
+}
+
 // Exclusive prefix sums of (a, b) over the block in thread order; returns the totals.
 __device__ __forceinline__ int2 BlockExclusiveScan2(int& a, int& b, int2* warp_sums) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -140,8 +147,7 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
   constexpr int kSteps = 8;  // 32-key steps loaded at once (memory-level parallelism, as above)
   for (int64_t i0 = w0; i0 < w1; i0 += 32 * kSteps) {
     uint32_t key[kSteps];
-#pragma unroll
-    for (int u = 0; u < kSteps; ++u) key[u] = i0 + 32 * u + lane < w1 ? OrderKey(row[i0 + 32 * u + lane]) : 0;
+    LoadKeys<kSteps>(row, i0, w1, lane, key);
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
       const bool ok = i0 + 32 * u + lane < w1;
@@ -156,8 +162,7 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
   const int total_gt = k - need_eq;
   for (int64_t j0 = w0; j0 < w1; j0 += 32 * kSteps) {
     uint32_t keyv[kSteps];
-#pragma unroll
-    for (int u = 0; u < kSteps; ++u) keyv[u] = j0 + 32 * u + lane < w1 ? OrderKey(row[j0 + 32 * u + lane]) : 0;
+    LoadKeys<kSteps>(row, j0, w1, lane, keyv);
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
       const int64_t i = j0 + 32 * u + lane;
