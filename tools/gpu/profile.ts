@@ -9,16 +9,16 @@ import { fileURLToPath } from 'node:url';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const gpu = createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPaths: true });
-const fillRandom = (t: DeviceTensor, byte: number) => gpu.native.fill(t.buffer, byte);
+const fillPattern = (t: DeviceTensor, byte: number) => gpu.native.fill(t.buffer, byte);
 
 // W4A16 at M = 1 and 16 on an expert and a dense shape
 for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
   const qw = gpu.empty('i32', [n, k / 8]);
   const sc = gpu.empty('bf16', [n, k / 32]);
-  fillRandom(qw, 0x5a);
-  fillRandom(sc, 0x3c);
+  fillPattern(qw, 0x5a);
+  fillPattern(sc, 0x3c);
   const x = gpu.empty('bf16', [16, k]);
-  fillRandom(x, 0x3c);
+  fillPattern(x, 0x3c);
   const y = gpu.empty('bf16', [16, n]);
   for (const m of [1, 16]) gpu.native.w4a16Gemm({ x: { ...x, shape: [m, k] }, qw, sc, y: { ...y, shape: [m, n] }, group: 32 });
   gpu.free(qw, sc, x, y);
@@ -31,7 +31,7 @@ for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
   const kvB = gpu.empty('bf16', [8 * 256, 512]);
   const cacheC = gpu.empty('f32', [4097, 512]);
   const cacheKpe = gpu.empty('f32', [4097, 64]);
-  for (const t of [qNope, qPe, kvB, cacheC, cacheKpe]) fillRandom(t, 0x3c);
+  for (const t of [qNope, qPe, kvB, cacheC, cacheKpe]) fillPattern(t, 0x3c);
   const out = gpu.empty('f32', [1, 8, 128]);
   gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, out, base: 4096, scale: 0.07 });
   gpu.free(qNope, qPe, kvB, cacheC, cacheKpe, out);

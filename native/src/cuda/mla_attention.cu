@@ -40,14 +40,13 @@ __global__ void __launch_bounds__(kQLatThreads) QLatentKernel(const float* q_nop
 // do not depend on T or on the other tokens (decode and tree verify agree).
 __global__ void __launch_bounds__(kAttnWarps * 32) AttendKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe,
                                                               const uint8_t* mask, int T, int H, int R, int dr, int64_t base, float scale, int max_chunks,
-                                                              float* partial) {
+                                                              float* partial, int64_t* key_counts) {
   extern __shared__ float smem[];
   float* wctx = smem;                                      // [warps][R]
   float* wm = wctx + kAttnWarps * R;                       // [warps]
   float* wl = wm + kAttnWarps;                             // [warps]
   int* allowed = reinterpret_cast<int*>(wl + kAttnWarps);  // [T]
   __shared__ int warp_counts[kAttnWarps];
-  __shared__ int n_allowed;
   const int th = blockIdx.x, t = th / H, chunk = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // ordered compaction of the new tokens this token sees (ballot + prefix over warps)
@@ -65,6 +64,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) AttendKernel(const float* q_l
     __syncthreads();
   }
   const int64_t keys = base + count;
+  if (chunk == 0 && threadIdx.x == 0) key_counts[th] = keys;  // how many chunks the merge reads
   const int64_t k_begin = static_cast<int64_t>(chunk) * kAttnChunk;
   if (k_begin >= keys) return;  // this token has fewer chunks than the longest one
   const int64_t k_end = min(keys, k_begin + kAttnChunk);
@@ -162,18 +162,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) AttendKernel(const float* q_l
 
 // Combines a token-head's chunks in order into ctx[R] (shared memory), then out[v] = W_vb[h, v] . ctx
 // for kOutVPerBlock values of v, one warp per v at a time.
-__global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, int max_chunks, int64_t base, const uint8_t* mask, int T, int H, int R,
-                                                        const void* kv_b, DType kvb_dtype, int dn, int dv, float* out) {
+__global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int H, int R, const void* kv_b,
+                                                        DType kvb_dtype, int dn, int dv, float* out) {
   extern __shared__ float ctx[];  // [R]
-  __shared__ int chunks_s;
-  const int th = blockIdx.x, h = th % H, t = th / H;
-  if (threadIdx.x == 0) {  // how many chunks this token's key list has (as AttendKernel counted)
-    int count = 0;
-    for (int j = 0; j < T; ++j) count += mask ? mask[static_cast<int64_t>(t) * T + j] != 0 : j <= t;
-    chunks_s = static_cast<int>((base + count + kAttnChunk - 1) / kAttnChunk);
-  }
-  __syncthreads();
-  const int chunks = chunks_s;
+  const int th = blockIdx.x, h = th % H;
+  const int chunks = static_cast<int>((key_counts[th] + kAttnChunk - 1) / kAttnChunk);
   const float* p = partial + static_cast<int64_t>(th) * max_chunks * (R + 2);
   float mx = -INFINITY;
   for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, p[c * (R + 2)]);
@@ -210,20 +203,22 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const size_t smem = static_cast<size_t>(kAttnWarps) * R * 4 + 2 * kAttnWarps * 4 + static_cast<size_t>(T) * 4;
   if (smem > 200 * 1024) return Unsupported("mla_attention: ", T, " new tokens need more shared memory than a block has; split the call");
   const int max_chunks = static_cast<int>((a.base + T + kAttnChunk - 1) / kAttnChunk);
-  // scratch: q_lat f32 [T * H, R], partial f32 [T * H, max_chunks, R + 2]
+  // scratch: key counts i64 [T * H], q_lat f32 [T * H, R], partial f32 [T * H, max_chunks, R + 2]
   const size_t q_lat_floats = static_cast<size_t>(T) * H * R;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve((q_lat_floats + static_cast<size_t>(T) * H * max_chunks * (R + 2)) * sizeof(float), s));
-  float* q_lat = static_cast<float*>(scratch.ptr);
+  const size_t counts_bytes = (static_cast<size_t>(T) * H * sizeof(int64_t) + 255) / 256 * 256;
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(counts_bytes + (q_lat_floats + static_cast<size_t>(T) * H * max_chunks * (R + 2)) * sizeof(float), s));
+  int64_t* key_counts = static_cast<int64_t*>(scratch.ptr);
+  float* q_lat = reinterpret_cast<float*>(static_cast<char*>(scratch.ptr) + counts_bytes);
   float* partial = q_lat + q_lat_floats;
   const uint8_t* mask = a.mask.present() ? a.mask.as<const uint8_t>() : nullptr;
   QLatentKernel<<<dim3(T * H, (R + kQLatThreads - 1) / kQLatThreads), kQLatThreads, 0, s>>>(a.q_nope.as<const float>(), a.kv_b.data, a.kv_b.dtype, H, dn, dv, R, q_lat);
   KDTREE_RETURN_IF_ERROR(LaunchStatus("mla q_latent"));
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
   AttendKernel<<<dim3(T * H, max_chunks), kAttnWarps * 32, smem, s>>>(q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R,
-                                                                   dr, a.base, static_cast<float>(a.scale), max_chunks, partial);
+                                                                   dr, a.base, static_cast<float>(a.scale), max_chunks, partial, key_counts);
   KDTREE_RETURN_IF_ERROR(LaunchStatus("mla attend"));
-  CombineOutKernel<<<dim3(T * H, (dv + kOutVPerBlock - 1) / kOutVPerBlock), 256, static_cast<size_t>(R) * 4, s>>>(partial, max_chunks, a.base, mask, T, H, R, a.kv_b.data,
-                                                                                                             a.kv_b.dtype, dn, dv, a.out.as<float>());
+  CombineOutKernel<<<dim3(T * H, (dv + kOutVPerBlock - 1) / kOutVPerBlock), 256, static_cast<size_t>(R) * 4, s>>>(partial, key_counts, max_chunks, H, R, a.kv_b.data, a.kv_b.dtype,
+                                                                                                             dn, dv, a.out.as<float>());
   return LaunchStatus("mla combine + out");
 }
 

@@ -24,12 +24,10 @@ namespace kdtree {
 namespace cuda {
 namespace {
 
-constexpr int kWarps = 4;                     // warp columns per block, side by side along N
-// Warps per column, each taking every kGroupWarps-th group of a stage. 2 doubles the warps on
-// the same ring (better under Nsight's locked clocks) but measured ~15% slower at boost clocks in
-// bench runs 11 vs 12 of docs/gpu/notes.md, so 1.
-constexpr int kGroupWarps = 1;
-constexpr int kThreads = kWarps * kGroupWarps * 32;
+// Warps per block, side by side along N. (Two warps per 16 rows, splitting the groups, measured
+// ~15% slower at boost clocks: runs 11 vs 12 of docs/gpu/notes.md.)
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
 constexpr int kWarpRows = 16;                 // W rows per warp: two n8 MMA tiles
 constexpr int kBlockRows = kWarps * kWarpRows;
 constexpr int kStepK = 256;                   // k per pipeline stage: one 128 B line of each of the block's 64 W rows
@@ -180,8 +178,7 @@ __global__ void __launch_bounds__(kThreads) W4A16MmaKernel(const GemmParams p) {
   const int xstride = p.chunk_k + kPad;
   int expert, row_start, rows;
   if (!BlockTile(p, &expert, &row_start, &rows)) return;
-  // warp column (which 16 rows) and which share of the groups (see kGroupWarps)
-  const int warp = (threadIdx.x >> 5) % kWarps, parity = (threadIdx.x >> 5) / kWarps;
+  const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n_block = blockIdx.x * kBlockRows;
   const int groups = p.K / G;
@@ -297,9 +294,6 @@ __global__ void __launch_bounds__(kThreads) W4A16MmaKernel(const GemmParams p) {
       for (int q16 = 0; q16 < kStepK / 16; ++q16) {  // sixteen k16 slices per stage
         const int k0 = k_begin + s * kStepK + q16 * 16;  // absolute k of this slice
         if (k0 >= k_end) break;
-        if constexpr (kGroupWarps > 1) {
-          if ((q16 * 16 / G) % kGroupWarps != parity) continue;  // another warp of this column has this group
-        }
         uint32_t b[2][2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -337,30 +331,10 @@ __global__ void __launch_bounds__(kThreads) W4A16MmaKernel(const GemmParams p) {
     }
   }
   CpAsyncWait<0>();
-  // the other warps of a column hand their sums to warp 0 of it through the (now idle) ring, in order
-  float* handoff = reinterpret_cast<float*>(smem_raw) + (warp * MF * 8) * 32 + lane;  // [warp][MF * 2 * 4][32 lanes]
-  static_assert(kGroupWarps <= 2, "the hand-off below sums two warps per column");
-  if constexpr (kGroupWarps > 1) {
-    __syncthreads();
-    if (parity == 1) {
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-        for (int nf = 0; nf < 2; ++nf)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) handoff[((mf * 2 + nf) * 4 + i) * 32] = acc[mf][nf][i];
-    }
-    __syncthreads();
-  }
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf) {
 #pragma unroll
     for (int nf = 0; nf < 2; ++nf) {
-      if constexpr (kGroupWarps > 1) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mf][nf][i] += handoff[((mf * 2 + nf) * 4 + i) * 32];
-        if (parity == 1) continue;
-      }
       const int n = n_warp + nf * 8 + 2 * t;
       const int m0 = mf * 16 + g, m1 = m0 + 8;
       if (m0 < rows && n < p.N) StoreOut(p, row_start + m0, n, acc[mf][nf][0]);
