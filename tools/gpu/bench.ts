@@ -17,6 +17,7 @@ import { fileURLToPath } from 'node:url';
 import { f32ArrayToBf16 } from '@kdtree/format';
 import { SeededRandom } from '@kdtree/reference';
 import { createBackend, type DeviceTensor, type KdtreeBackend } from '../../packages/cuda/src/backend.js';
+import { packedW4A16Shapes } from '../../packages/cuda/src/w4a16-layout.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const gpu = createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPaths: true });
@@ -61,6 +62,15 @@ function randomScales(n: number): Uint16Array {
 function randomBf16(n: number): Uint16Array {
   return f32ArrayToBf16(Float32Array.from({ length: n }, () => rng.normal()));
 }
+/** Checkpoint-layout weights uploaded to `b` and packed for the GEMM (the checkpoint copy freed). */
+function packCheckpoint(b: KdtreeBackend, qShape: number[], qw: Int32Array, sShape: number[], sc: Uint16Array): { qw: DeviceTensor; sc: DeviceTensor } {
+  const q = b.fromArray('i32', qShape, qw);
+  const s = b.fromArray('bf16', sShape, sc);
+  const packed = b.packW4A16(q, s, 32);
+  b.free(q, s);
+  return packed;
+}
+
 function relError(a: Float32Array, b: Float32Array): number {
   let num = 0;
   let den = 0;
@@ -104,10 +114,15 @@ for (const [n, k, what] of SHAPES) {
   const scs: DeviceTensor[] = [];
   const qw0 = randomWords(words);
   const sc0 = randomScales(groups);
+  const packedShapes = packedW4A16Shapes(n, k, 32);
   for (let c = 0; c < copies; c++) {
-    qws.push(c === 0 ? gpu.fromArray('i32', [n, k / 8], qw0) : gpu.empty('i32', [n, k / 8]));
-    scs.push(c === 0 ? gpu.fromArray('bf16', [n, k / 32], sc0) : gpu.empty('bf16', [n, k / 32]));
-    if (c > 0) {
+    if (c === 0) {
+      const packed = packCheckpoint(gpu, [n, k / 8], qw0, [n, k / 32], sc0);
+      qws.push(packed.qw);
+      scs.push(packed.sc);
+    } else {
+      qws.push(gpu.empty('i32', packedShapes.qw));
+      scs.push(gpu.empty('bf16', packedShapes.sc));
       gpu.native.fill(qws[c].buffer, 0x5a);
       gpu.native.fill(scs[c].buffer, 0x3c);
     }
@@ -118,8 +133,7 @@ for (const [n, k, what] of SHAPES) {
   // validation: cuda vs the C++ twin at M = 4 (bf16 out; tolerance of bf16 activations)
   {
     const xc = cpu.fromArray('bf16', [4, k], xHost.subarray(0, 4 * k));
-    const qc = cpu.fromArray('i32', [n, k / 8], qw0);
-    const scc = cpu.fromArray('bf16', [n, k / 32], sc0);
+    const { qw: qc, sc: scc } = packCheckpoint(cpu, [n, k / 8], qw0, [n, k / 32], sc0);
     const yc = cpu.empty('f32', [4, n]);
     cpu.native.w4a16Gemm({ x: xc, qw: qc, sc: scc, y: yc, group: 32 });
     const yg = gpu.empty('f32', [4, n]);
@@ -151,10 +165,12 @@ const E = 384;
 const TOPK = 8;
 const H = 7168;
 const I = 2048;
-const guQ = gpu.empty('i32', [E, 2 * I, H / 8]);
-const guS = gpu.empty('bf16', [E, 2 * I, H / 32]);
-const dnQ = gpu.empty('i32', [E, H, I / 8]);
-const dnS = gpu.empty('bf16', [E, H, I / 32]);
+const guShapes = packedW4A16Shapes(2 * I, H, 32, E);
+const dnShapes = packedW4A16Shapes(H, I, 32, E);
+const guQ = gpu.empty('i32', guShapes.qw);
+const guS = gpu.empty('bf16', guShapes.sc);
+const dnQ = gpu.empty('i32', dnShapes.qw);
+const dnS = gpu.empty('bf16', dnShapes.sc);
 for (const t of [guQ, dnQ]) gpu.native.fill(t.buffer, 0x5a);
 for (const t of [guS, dnS]) gpu.native.fill(t.buffer, 0x3c);
 const idSets = Array.from({ length: 16 }, () => {

@@ -4,6 +4,7 @@
  * caches; and measures the host cost of a native call (wall clock per call, queue not drained).
  */
 import { createBackend, type DeviceTensor } from '../../packages/cuda/src/backend.js';
+import { packedW4A16Shapes } from '../../packages/cuda/src/w4a16-layout.js';
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -13,8 +14,9 @@ const fillPattern = (t: DeviceTensor, byte: number) => gpu.native.fill(t.buffer,
 
 // W4A16 at M = 1 and 16 on an expert and a dense shape
 for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
-  const qw = gpu.empty('i32', [n, k / 8]);
-  const sc = gpu.empty('bf16', [n, k / 32]);
+  const shapes = packedW4A16Shapes(n, k, 32);
+  const qw = gpu.empty('i32', shapes.qw);
+  const sc = gpu.empty('bf16', shapes.sc);
   fillPattern(qw, 0x5a);
   fillPattern(sc, 0x3c);
   const x = gpu.empty('bf16', [16, k]);

@@ -50,6 +50,7 @@ class Backend {
   virtual Status RecordEvent(int event, int stream) = 0;
   virtual Status ElapsedMs(int start, int end, float* ms) = 0;
 
+  virtual Status W4A16Pack(const W4A16PackArgs& a, int stream) = 0;
   virtual Status W4A16Gemm(const W4A16GemmArgs& a, int stream) = 0;
   virtual Status MoeGemm(const MoeGemmArgs& a, int stream) = 0;
   virtual Status MlaAttention(const MlaAttentionArgs& a, int stream) = 0;

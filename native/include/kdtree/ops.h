@@ -6,7 +6,9 @@
 // either backend sees the arguments, so kernels can trust them.
 //
 // Shapes (row-major):
-//   W4A16 GEMM   y[M, N] = x[M, K] . dequant(qw[N, K/8], sc[N, K/G])^T
+//   W4A16 pack   checkpoint qw[(E,) N, K/8], sc[(E,) N, K/G] -> packed qw[(E,) N/16, K/128, 256],
+//                sc[(E,) N/16, K/(4G), 64] (rounded up; the layout is in w4a16_layout.h)
+//   W4A16 GEMM   y[M, N] = x[M, K] . dequant(W)^T, W packed (N from y, K from x)
 //   MoE GEMM     gather: y[T*topk, N] row t*topk+j = x[t] . W[ids[t, j]]^T
 //                sum:    y[T, N] = sum_j weights[t, j] * (x[t*topk+j] . W[ids[t, j]]^T)   (j in order)
 //   MLA          out[T, H, dv] from q_nope[T, H, dn], q_pe[T, H, dr] (RoPE'd), kv_b[H*(dn+dv), R],
@@ -20,15 +22,21 @@
 
 namespace kdtree {
 
+struct W4A16PackArgs {
+  Tensor qw, sc;                 // checkpoint layout
+  Tensor qw_packed, sc_packed;   // outputs, every element written (padding included)
+  int group = 32;
+};
+
 struct W4A16GemmArgs {
-  Tensor x, qw, sc, y;
+  Tensor x, qw, sc, y;           // qw, sc packed
   int group = 32;
 };
 
 enum class MoeMode : int { kGather = 0, kSum = 1 };
 
 struct MoeGemmArgs {
-  Tensor x, qw, sc, ids, weights, y;  // weights unused in gather mode
+  Tensor x, qw, sc, ids, weights, y;  // qw, sc packed with a leading E; weights unused in gather mode
   int group = 32;
   MoeMode mode = MoeMode::kGather;
 };

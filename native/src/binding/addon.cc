@@ -132,6 +132,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       InstanceMethod<&NativeBackend::DestroyEventJs>("destroyEvent"),
       InstanceMethod<&NativeBackend::RecordEventJs>("recordEvent"),
       InstanceMethod<&NativeBackend::ElapsedJs>("elapsedMs"),
+      InstanceMethod<&NativeBackend::W4A16PackJs>("w4a16Pack"),
       InstanceMethod<&NativeBackend::W4A16GemmJs>("w4a16Gemm"),
       InstanceMethod<&NativeBackend::MoeGemmJs>("moeGemm"),
       InstanceMethod<&NativeBackend::MlaAttentionJs>("mlaAttention"),
@@ -344,6 +345,12 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return env.Undefined();
   }
 
+  Napi::Value W4A16PackJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    W4A16PackArgs a{ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "qwPacked"), ParseTensor(env, o, "scPacked"), static_cast<int>(Int(env, o, "group", 32))};
+    return Run(env, o, a, ValidateW4A16Pack, &Backend::W4A16Pack);
+  }
   Napi::Value W4A16GemmJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);

@@ -4,6 +4,8 @@
 #include <sstream>
 #include <string>
 
+#include "kdtree/w4a16_layout.h"
+
 namespace kdtree {
 
 std::string Tensor::Describe() const {
@@ -45,45 +47,89 @@ Status CheckTensor(const std::string& ctx, const Tensor& t, std::initializer_lis
   return Status::Ok();
 }
 
+// The packed layout's dimensions for an N x K matrix (w4a16_layout.h).
+Status CheckPacked(const std::string& ctx, const Tensor& qw, const Tensor& sc, int lead, int64_t experts, int64_t n, int64_t k, int group) {
+  const int64_t tiles = w4::Tiles(n), steps = w4::Steps(k), blocks = w4::ScaleBlocks(k, group);
+  const std::string e = lead ? std::to_string(experts) + ", " : "";
+  const bool q_ok = qw.dim(lead) == tiles && qw.dim(lead + 1) == steps && qw.dim(lead + 2) == w4::kWordsPerStep && (!lead || qw.dim(0) == experts);
+  if (!q_ok) {
+    return Invalid(ctx, qw.name, " must be the packed layout [", lead ? "E, " : "", "N/16, K/128, 256] = [", e, tiles, ", ", steps, ", ", w4::kWordsPerStep, "] for N = ", n, ", K = ", k,
+                   " (pack checkpoint weights with w4a16Pack)");
+  }
+  const bool s_ok = sc.dim(lead) == tiles && sc.dim(lead + 1) == blocks && sc.dim(lead + 2) == w4::kScalesPerBlock && (!lead || sc.dim(0) == experts);
+  if (!s_ok) {
+    return Invalid(ctx, sc.name, " must be the packed layout [", lead ? "E, " : "", "N/16, K/(4G), 64] = [", e, tiles, ", ", blocks, ", ", w4::kScalesPerBlock, "] for N = ", n, ", K = ", k, ", G = ", group);
+  }
+  return Status::Ok();
+}
+
+// Checkpoint weights handed to a GEMM: say what to do instead of "wrong rank".
+Status NotCheckpoint(const std::string& ctx, const Tensor& qw, int checkpoint_rank) {
+  if (qw.rank() != checkpoint_rank) return Status::Ok();
+  std::ostringstream shape;
+  for (int i = 0; i < qw.rank(); ++i) shape << (i ? ", " : "") << qw.dim(i);
+  return Invalid(ctx, qw.name, " is in the checkpoint layout [", shape.str(), "]: pack it first (w4a16Pack, or KdtreeBackend.packW4A16)");
+}
+
+Status CheckGroup(const std::string& ctx, int64_t k, int group) {
+  if (group != 32 && group != 64 && group != 128) return Invalid(ctx, "group size ", group, " is not 32, 64 or 128");
+  if (k % 8 != 0 || k % group != 0) return Invalid(ctx, "K = ", k, " must be a multiple of 8 and of the group size ", group);
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status ValidateW4A16Pack(const W4A16PackArgs& a) {
+  const std::string ctx = Context("w4a16_pack", a.qw, a.sc, a.qw_packed, a.sc_packed);
+  const int rank = a.qw.rank();
+  if (rank != 2 && rank != 3) return Invalid(ctx, "qw must be [N, K/8] or [E, N, K/8], got ", rank, " dimensions");
+  const int lead = rank - 2;
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, rank));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, rank));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw_packed, {DType::kI32}, rank + 1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc_packed, {a.sc.dtype}, rank + 1));
+  const int64_t e = lead ? a.qw.dim(0) : 1, n = a.qw.dim(lead), k = a.qw.dim(lead + 1) * 8;
+  KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
+  if (a.sc.dim(lead) != n || a.sc.dim(lead + 1) * a.group != k || (lead && a.sc.dim(0) != e)) {
+    return Invalid(ctx, "sc must be [", lead ? std::to_string(e) + ", " : "", n, ", ", k / a.group, "] (N, K/G) for qw's N = ", n, ", K = ", k, ", G = ", a.group);
+  }
+  return CheckPacked(ctx, a.qw_packed, a.sc_packed, lead, e, n, k, a.group);
+}
 
 Status ValidateW4A16Gemm(const W4A16GemmArgs& a) {
   const std::string ctx = Context("w4a16_gemm", a.x, a.qw, a.sc, a.y);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16, DType::kF16}, 2));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, 2));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(NotCheckpoint(ctx, a.qw, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
-  if (a.group != 32 && a.group != 64 && a.group != 128) return Invalid(ctx, "group size ", a.group, " is not 32, 64 or 128");
-  const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.qw.dim(0);
-  if (k % 8 != 0 || k % a.group != 0) return Invalid(ctx, "K = ", k, " must be a multiple of 8 and of the group size ", a.group);
-  if (a.qw.dim(1) * 8 != k) return Invalid(ctx, "qw must be [N, K/8] = [", n, ", ", k / 8, "] for K = ", k);
-  if (a.sc.dim(0) != n || a.sc.dim(1) * a.group != k) return Invalid(ctx, "sc must be [N, K/G] = [", n, ", ", k / a.group, "]");
-  if (a.y.dim(0) != m || a.y.dim(1) != n) return Invalid(ctx, "y must be [M, N] = [", m, ", ", n, "]");
-  return Status::Ok();
+  const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.y.dim(1);
+  KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
+  if (a.y.dim(0) != m) return Invalid(ctx, "y must be [M, N] with M = ", m, " (x's rows)");
+  return CheckPacked(ctx, a.qw, a.sc, 0, 1, n, k, a.group);
 }
 
 Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
   const std::string ctx = Context("moe_gemm", a.x, a.qw, a.sc, a.ids, a.y);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16, DType::kF16}, 2));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, 3));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(NotCheckpoint(ctx, a.qw, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, 4));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, 4));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
-  if (a.group != 32 && a.group != 64 && a.group != 128) return Invalid(ctx, "group size ", a.group, " is not 32, 64 or 128");
-  const int64_t e = a.qw.dim(0), n = a.qw.dim(1), k = a.x.dim(1), t = a.ids.dim(0), kk = a.ids.dim(1);
-  if (k % 8 != 0 || k % a.group != 0) return Invalid(ctx, "K = ", k, " must be a multiple of 8 and of the group size ", a.group);
-  if (a.qw.dim(2) * 8 != k) return Invalid(ctx, "qw must be [E, N, K/8] = [", e, ", ", n, ", ", k / 8, "]");
-  if (a.sc.dim(0) != e || a.sc.dim(1) != n || a.sc.dim(2) * a.group != k) return Invalid(ctx, "sc must be [E, N, K/G] = [", e, ", ", n, ", ", k / a.group, "]");
+  const int64_t e = a.qw.dim(0), n = a.y.dim(1), k = a.x.dim(1), t = a.ids.dim(0), kk = a.ids.dim(1);
+  KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
   if (a.mode == MoeMode::kGather) {
     if (a.x.dim(0) != t) return Invalid(ctx, "gather mode: x must have one row per token (", t, ")");
-    if (a.y.dim(0) != t * kk || a.y.dim(1) != n) return Invalid(ctx, "gather mode: y must be [T*topk, N] = [", t * kk, ", ", n, "]");
+    if (a.y.dim(0) != t * kk) return Invalid(ctx, "gather mode: y must be [T*topk, N] = [", t * kk, ", N]");
   } else {
     const std::string wctx = Context("moe_gemm", a.x, a.qw, a.sc, a.ids, a.weights, a.y);
     KDTREE_RETURN_IF_ERROR(CheckTensor(wctx, a.weights, {DType::kF32}, 2));
     if (a.weights.dim(0) != t || a.weights.dim(1) != kk) return Invalid(wctx, "weights must be [T, topk] like ids");
     if (a.x.dim(0) != t * kk) return Invalid(wctx, "sum mode: x must have one row per (token, expert) pair (", t * kk, ")");
-    if (a.y.dim(0) != t || a.y.dim(1) != n) return Invalid(wctx, "sum mode: y must be [T, N] = [", t, ", ", n, "]");
+    if (a.y.dim(0) != t) return Invalid(wctx, "sum mode: y must be [T, N] = [", t, ", N]");
   }
+  KDTREE_RETURN_IF_ERROR(CheckPacked(ctx, a.qw, a.sc, 1, e, n, k, a.group));
   *experts = e;
   *topk = kk;
   return Status::Ok();

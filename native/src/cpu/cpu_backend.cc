@@ -17,6 +17,7 @@
 #include "../common/half.h"
 #include "../common/validate.h"
 #include "kdtree/backend.h"
+#include "kdtree/w4a16_layout.h"
 #include "thread_pool.h"
 
 namespace kdtree {
@@ -32,6 +33,12 @@ float LoadF(const Tensor& t, int64_t i) {
   }
 }
 
+std::vector<float> LoadAll(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = LoadF(t, i);
+  return v;
+}
+
 void StoreF(const Tensor& t, int64_t i, float v) {
   switch (t.dtype) {
     case DType::kF32: t.as<float>()[i] = v; break;
@@ -41,19 +48,82 @@ void StoreF(const Tensor& t, int64_t i, float v) {
   }
 }
 
-// One output row of W4A16: dot(x_row, dequant(W row)) with the CUDA kernels' grouping: per
-// group the f32 sum of x * q, then scaled; groups accumulate in f32, in order.
-float W4Dot(const float* x, const int32_t* qrow, const Tensor& sc, int64_t sc_row, int64_t k, int group) {
+// One 16-row tile of a packed W4A16 matrix (w4a16_layout.h) back in row order: codes q = u - 8
+// [16][K] and f32 scales [16][K/G]. Rows past N come out as zeros (the packing's padding).
+struct W4Tile {
+  std::vector<int8_t> q;
+  std::vector<float> s;
+};
+
+void UnpackW4Tile(const int32_t* qwp, const Tensor& scp, int64_t sc_offset, int64_t k, int group, W4Tile* out) {
+  const int64_t steps = w4::Steps(k), groups = k / group;
+  out->q.assign(static_cast<size_t>(w4::kTileRows * k), 0);
+  out->s.assign(static_cast<size_t>(w4::kTileRows * groups), 0.f);
+  for (int64_t st = 0; st < steps; ++st) {
+    for (int word = 0; word < w4::kWordsPerStep; ++word) {
+      const uint32_t w = static_cast<uint32_t>(qwp[st * w4::kWordsPerStep + word]);
+      const int row = w4::WordRow(word), t = w4::WordLaneT(word);
+      for (int p = 0; p < 8; ++p) {
+        const int64_t kk = st * w4::kStepK + 32 * w4::WordBlock(word) + w4::NibbleK(t, p);
+        if (kk < k) out->q[row * k + kk] = static_cast<int8_t>(static_cast<int>((w >> (4 * p)) & 0xF) - 8);
+      }
+    }
+  }
+  for (int64_t b = 0; b < w4::ScaleBlocks(k, group); ++b) {
+    for (int slot = 0; slot < w4::kScalesPerBlock; ++slot) {
+      const int64_t grp = 4 * b + w4::ScaleGroup(slot);
+      if (grp < groups) out->s[w4::ScaleRow(slot) * groups + grp] = LoadF(scp, sc_offset + b * w4::kScalesPerBlock + slot);
+    }
+  }
+}
+
+// dot(x_row, dequant(W row)) with the CUDA kernels' grouping: per group the f32 sum of x * q,
+// then scaled; groups accumulate in f32, in order.
+float W4Dot(const float* x, const int8_t* q, const float* scales, int64_t k, int group) {
   float acc = 0.f;
   for (int64_t g = 0; g < k / group; ++g) {
     float part = 0.f;
-    for (int64_t j = g * group; j < (g + 1) * group; j += 8) {
-      const uint32_t w = static_cast<uint32_t>(qrow[j / 8]);
-      for (int i = 0; i < 8; ++i) part += x[j + i] * static_cast<float>(static_cast<int>((w >> (4 * i)) & 0xF) - 8);
-    }
-    acc = std::fma(part, LoadF(sc, sc_row + g), acc);
+    for (int64_t j = g * group; j < (g + 1) * group; ++j) part += x[j] * static_cast<float>(q[j]);
+    acc = std::fma(part, scales[g], acc);
   }
   return acc;
+}
+
+// Checkpoint -> packed, one output word (or scale) at a time: a gather, so every padding slot is
+// written too.
+void PackW4(const W4A16PackArgs& a, ThreadPool& pool) {
+  const int lead = a.qw.rank() - 2;
+  const int64_t experts = lead ? a.qw.dim(0) : 1, n = a.qw.dim(lead), k = a.qw.dim(lead + 1) * 8, group = a.group;
+  const int64_t tiles = w4::Tiles(n), steps = w4::Steps(k), blocks = w4::ScaleBlocks(k, a.group), groups = k / group;
+  const int32_t* qw = a.qw.as<const int32_t>();
+  int32_t* qwp = a.qw_packed.as<int32_t>();
+  const int esize = DTypeSize(a.sc.dtype);
+  pool.ParallelFor(experts * tiles, [&](int64_t begin, int64_t end) {
+    for (int64_t et = begin; et < end; ++et) {
+      const int64_t e = et / tiles, tile = et % tiles;
+      for (int64_t st = 0; st < steps; ++st) {
+        for (int word = 0; word < w4::kWordsPerStep; ++word) {
+          const int64_t row = tile * w4::kTileRows + w4::WordRow(word);
+          uint32_t v = 0;
+          for (int p = 0; p < 8; ++p) {
+            const int64_t kk = st * w4::kStepK + 32 * w4::WordBlock(word) + w4::NibbleK(w4::WordLaneT(word), p);
+            uint32_t code = 8;
+            if (row < n && kk < k) code = (static_cast<uint32_t>(qw[(e * n + row) * (k / 8) + kk / 8]) >> (4 * (kk % 8))) & 0xF;
+            v |= code << (4 * p);
+          }
+          qwp[(et * steps + st) * w4::kWordsPerStep + word] = static_cast<int32_t>(v);
+        }
+      }
+      for (int64_t b = 0; b < blocks; ++b) {
+        for (int slot = 0; slot < w4::kScalesPerBlock; ++slot) {
+          const int64_t row = tile * w4::kTileRows + w4::ScaleRow(slot), grp = 4 * b + w4::ScaleGroup(slot);
+          char* dst = static_cast<char*>(a.sc_packed.data) + ((et * blocks + b) * w4::kScalesPerBlock + slot) * esize;
+          if (row < n && grp < groups) std::memcpy(dst, static_cast<const char*>(a.sc.data) + ((e * n + row) * groups + grp) * esize, esize);
+          else std::memset(dst, 0, esize);
+        }
+      }
+    }
+  });
 }
 
 class CpuBackend final : public Backend {
@@ -118,40 +188,63 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
+  Status W4A16Pack(const W4A16PackArgs& a, int) override {
+    PackW4(a, pool_);
+    return Status::Ok();
+  }
+
   Status W4A16Gemm(const W4A16GemmArgs& a, int) override {
-    const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.qw.dim(0);
-    std::vector<float> x(static_cast<size_t>(m * k));
-    for (int64_t i = 0; i < m * k; ++i) x[i] = LoadF(a.x, i);
-    pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const int32_t* q = a.qw.as<const int32_t>() + r * (k / 8);
-        for (int64_t row = 0; row < m; ++row) StoreF(a.y, row * n + r, W4Dot(&x[row * k], q, a.sc, r * (k / a.group), k, a.group));
+    const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.y.dim(1);
+    const std::vector<float> x = LoadAll(a.x);
+    pool_.ParallelFor(w4::Tiles(n), [&](int64_t b, int64_t e) {
+      W4Tile tile;
+      for (int64_t ti = b; ti < e; ++ti) {
+        UnpackW4Tile(a.qw.as<const int32_t>() + ti * w4::Steps(k) * w4::kWordsPerStep, a.sc, ti * w4::ScaleBlocks(k, a.group) * w4::kScalesPerBlock, k, a.group, &tile);
+        for (int r = 0; r < w4::kTileRows && ti * w4::kTileRows + r < n; ++r) {
+          for (int64_t row = 0; row < m; ++row) {
+            StoreF(a.y, row * n + ti * w4::kTileRows + r, W4Dot(&x[row * k], &tile.q[r * k], &tile.s[r * (k / a.group)], k, a.group));
+          }
+        }
       }
     });
     return Status::Ok();
   }
 
   Status MoeGemm(const MoeGemmArgs& a, int) override {
-    const int64_t e_count = a.qw.dim(0), n = a.qw.dim(1), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1);
+    const int64_t e_count = a.qw.dim(0), n = a.y.dim(1), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1);
     const int32_t* ids = a.ids.as<const int32_t>();
     for (int64_t i = 0; i < t * topk; ++i) {
       if (ids[i] < 0 || ids[i] >= e_count) return Invalid("moe_gemm: ids[", i / topk, ", ", i % topk, "] = ", ids[i], " is not an expert in [0, ", e_count, ")");
     }
-    std::vector<float> x(static_cast<size_t>(a.x.numel()));
-    for (int64_t i = 0; i < a.x.numel(); ++i) x[i] = LoadF(a.x, i);
-    const int64_t words = k / 8, groups = k / a.group;
-    auto expert_dot = [&](int64_t expert, int64_t row_n, const float* xr) {
-      return W4Dot(xr, a.qw.as<const int32_t>() + (expert * n + row_n) * words, a.sc, (expert * n + row_n) * groups, k, a.group);
-    };
-    pool_.ParallelFor(n, [&](int64_t b, int64_t end) {
-      for (int64_t r = b; r < end; ++r) {
-        for (int64_t tok = 0; tok < t; ++tok) {
+    const std::vector<float> x = LoadAll(a.x);
+    const int64_t tiles = w4::Tiles(n), q_tile = w4::Steps(k) * w4::kWordsPerStep, s_tile = w4::ScaleBlocks(k, a.group) * w4::kScalesPerBlock;
+    const int64_t pairs = t * topk, groups = k / a.group;
+    pool_.ParallelFor(tiles, [&](int64_t b, int64_t end) {
+      W4Tile tile;
+      std::vector<float> out(static_cast<size_t>(pairs * w4::kTileRows));  // [pair][row in tile]
+      for (int64_t ti = b; ti < end; ++ti) {
+        const int rows = static_cast<int>(std::min<int64_t>(w4::kTileRows, n - ti * w4::kTileRows));
+        for (int64_t e = 0; e < e_count; ++e) {
+          bool used = false;
+          for (int64_t p = 0; p < pairs && !used; ++p) used = ids[p] == e;
+          if (!used) continue;
+          UnpackW4Tile(a.qw.as<const int32_t>() + (e * tiles + ti) * q_tile, a.sc, (e * tiles + ti) * s_tile, k, a.group, &tile);
+          for (int64_t p = 0; p < pairs; ++p) {
+            if (ids[p] != e) continue;
+            const float* xr = &x[(a.mode == MoeMode::kGather ? p / topk : p) * k];
+            for (int r = 0; r < rows; ++r) out[p * w4::kTileRows + r] = W4Dot(xr, &tile.q[r * k], &tile.s[r * groups], k, a.group);
+          }
+        }
+        for (int r = 0; r < rows; ++r) {
+          const int64_t col = ti * w4::kTileRows + r;
           if (a.mode == MoeMode::kGather) {
-            for (int64_t j = 0; j < topk; ++j) StoreF(a.y, (tok * topk + j) * n + r, expert_dot(ids[tok * topk + j], r, &x[tok * k]));
+            for (int64_t p = 0; p < pairs; ++p) StoreF(a.y, p * n + col, out[p * w4::kTileRows + r]);
           } else {
-            float acc = 0.f;
-            for (int64_t j = 0; j < topk; ++j) acc = std::fma(a.weights.as<const float>()[tok * topk + j], expert_dot(ids[tok * topk + j], r, &x[(tok * topk + j) * k]), acc);
-            StoreF(a.y, tok * n + r, acc);
+            for (int64_t tok = 0; tok < t; ++tok) {
+              float acc = 0.f;
+              for (int64_t j = 0; j < topk; ++j) acc = std::fma(a.weights.as<const float>()[tok * topk + j], out[(tok * topk + j) * w4::kTileRows + r], acc);
+              StoreF(a.y, tok * n + col, acc);
+            }
           }
         }
       }

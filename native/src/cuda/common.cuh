@@ -49,6 +49,7 @@ __device__ __forceinline__ void StoreFromF32(void* p, DType t, int64_t i, float 
 }
 
 // Launchers (one per op), defined in the .cu file of the op.
+Status LaunchW4A16Pack(const W4A16PackArgs& a, cudaStream_t s);
 Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch);

@@ -182,6 +182,7 @@ class CudaBackend final : public Backend {
     KDTREE_RETURN_IF_ERROR(Stream(stream, &s));                 \
     return Launch(a, s __VA_ARGS__);                            \
   }
+  KDTREE_DISPATCH(W4A16Pack, LaunchW4A16Pack)
   KDTREE_DISPATCH(W4A16Gemm, LaunchW4A16Gemm, , scratch_[stream], info_.multiprocessors)
   KDTREE_DISPATCH(MoeGemm, LaunchMoeGemm, , scratch_[stream], info_.multiprocessors)
   KDTREE_DISPATCH(MlaAttention, LaunchMlaAttention, , scratch_[stream])

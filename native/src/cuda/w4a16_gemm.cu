@@ -1,43 +1,48 @@
-// W4A16 GEMM: y[M, N] = x[M, K] . dequant(qw[N, K/8], sc[N, K/G])^T, and its grouped MoE form.
+// W4A16 GEMM on the packed layout (w4a16_layout.h): y[M, N] = x[M, K] . dequant(W)^T, and its
+// grouped MoE form.
 //
-// bf16/f16 activations run on tensor cores (mma.sync m16n8k16, f32 accumulation):
-//  * Decode is a pure weight stream: a block owns 64 W rows and a range of K (split-K), and pulls
-//    one 128 B line per row per stage, with the stage's scales, through a 5-deep cp.async ring in
-//    shared memory (~32 KB in flight per block, no registers held, no load latency between MMAs).
-//  * K is permuted inside every 8-k word so that a lane's B pair (k, k+4) sits in nibbles (t, t+4)
-//    of one word: one shift and one LOP3 give two bf16 codes (128 + u) in a register, one HSUB2
-//    turns them into q = u - 8. The same permutation is applied to x when it is staged in shared
-//    memory, so A fragments are plain 32-bit loads; only the rows that exist are staged.
-//  * Codes are exact small integers in bf16/f16, so the MMA computes sum_k x*q exactly per group;
-//    the f32 group sum is then scaled: y = sum_g s_g * (sum_{k in g} x_k q_k).
-//  * Split-K partials are summed in split order by the last block of each tile (no second launch).
-//  * Every output element is computed in the same order whatever M is (MMA rows are independent;
-//    split-K depends only on N, K and the device), so results are batch-invariant.
-// f32 activations run a SIMT kernel with the same grouping and f32 FMAs (tensor cores would round
-// x to bf16/tf32).
+// At decode the GEMM is a pure weight stream (0.56 bytes per weight against 2 bytes of x per
+// token), so the design is about bytes in flight and instructions per byte:
+//  * W rows are the 16-row M side of mma.m16n8k16 and tokens the 8-wide N side: one token costs
+//    one MMA per 16 x 16 weights instead of wasting 15/16 of a 16-token tile.
+//  * Each lane fetches its A fragments straight from HBM, two 16-byte loads per 128 k (a warp's
+//    load is 512 contiguous bytes), kRing steps ahead in registers: no shared memory, no barriers.
+//    One LOP3 + one HSUB2 turn a nibble pair into an exact bf16x2 (or f16x2) code pair q = u - 8.
+//  * x is read as it is (an 8-byte load per lane per MMA, L1-resident): the layout's k order makes
+//    a lane's B fragment four consecutive k. f32 x is split into three bf16 planes (hi + mid + lo
+//    = x to 24 bits), three MMAs with the same exact codes.
+//  * Codes are exact, so the MMA computes the f32 sum of x * q per group; a group's sum is then
+//    scaled into the accumulator: y = sum_g s_g * (sum_{k in g} x_k q_k). A lane's 8 scales (two
+//    rows, the step's 4 groups) arrive with the step's weights in one 16-byte load.
+//  * Work is stream-K over warps: the (tile, step) space of a matrix is cut into equal ranges, one
+//    per warp, so every warp streams the same bytes and the ring never drains at tile boundaries.
+//    A tile shared by several warps is summed by the last to arrive, in warp order.
+//  * Launches use programmatic dependent launch: a GEMM fills its weight ring while the previous
+//    kernel drains, and waits for it only before reading x.
+//  * Every output element is computed in the same order whatever M is (MMA columns are
+//    independent; the ranges depend only on N, K and the device), so results are batch-invariant.
+// Measured limits (docs/gpu/notes.md): at M = 1 the kernel streams ~60% of the copy bandwidth on
+// H200, bound by issue latency and the mma.sync tensor pipe (8 HMMA.16816 per KB of weights at
+// M <= 8, 16 at M <= 16); the next step is Hopper's wgmma with the codes dequantized into shared
+// memory.
 #include <algorithm>
 #include <type_traits>
 
 #include "common.cuh"
+#include "kdtree/w4a16_layout.h"
 
 namespace kdtree {
 namespace cuda {
 namespace {
 
-// Warps per block, side by side along N. (Two warps per 16 rows, splitting the groups, measured
-// ~15% slower at boost clocks: runs 11 vs 12 of docs/gpu/notes.md.)
-constexpr int kWarps = 4;
+constexpr int kWarps = 4;                 // warps per block (they share nothing but x in L1)
 constexpr int kThreads = kWarps * 32;
-constexpr int kWarpRows = 16;                 // W rows per warp: two n8 MMA tiles
-constexpr int kBlockRows = kWarps * kWarpRows;
-constexpr int kStepK = 256;                   // k per pipeline stage: one 128 B line of each of the block's 64 W rows
-constexpr int kStages = 4;                    // cp.async stages: 3 x 8 KB of weights in flight per block
-constexpr int kWRowBytes = 144;               // 128 B of codes + 16 B padding: conflict-free fragment loads
-constexpr int kScWords = 8;                   // 4-byte words of scales per row and stage (8 groups of 32 in f32)
-constexpr int kScRowBytes = kScWords * 4;
-constexpr int kStageBytes = kBlockRows * (kWRowBytes + kScRowBytes);
-constexpr int kPad = 8;                       // halfs of padding per staged x row: conflict-free A loads
-constexpr int kXSmemBudget = 75 * 1024 - kStages * kStageBytes;  // x per block: 3 blocks fit an SM at decode
+// Steps in flight per warp: 3 KB of weights in registers; with 4 blocks of 4 warps per SM (<= 128
+// registers) that is 48 KB per SM. Rings of 2 (20 warps/SM) and 4 (12) measured the same or slower.
+constexpr int kRing = 3;
+constexpr int kWarpsPerSm = 16;           // stream-K ranges per SM and weight matrix (= resident warps at NT 1; 8, 24, 32 measured slower)
+constexpr int kChunkTiles = 16;           // token tiles per launch (bounds the partial buffer)
+constexpr int kUint4PerStep = w4::kWordsPerStep / 4;
 
 struct Tile {
   int expert, row_start, rows, pad;
@@ -45,30 +50,50 @@ struct Tile {
 
 struct GemmParams {
   const void* x;
-  const int32_t* qw;       // [E, N, K/8]
-  const void* sc;          // [E, N, K/G]
+  const uint4* qw;         // packed [E][tiles][steps][2][32] x 16 B
+  const char* sc;          // packed [E][tiles][blocks][8 row pairs][2][4 groups] (bf16 or f32)
   bool sc_f32;
-  int N, K, G;
-  int M;                   // logical rows (dense); MoE: pairs
-  int tile_rows;           // rows per tile (16 x MF)
-  const Tile* tiles;       // MoE tile list (device) or null for dense
-  const int* num_tiles;    // MoE: device count of tiles
+  int N, K, tiles, steps, blocks;
+  int M;                   // dense rows; MoE (token, expert) pairs
+  int tile_tokens;         // tokens per token tile: 8 x NT
+  int tile_offset;         // first token tile of this launch
+  const Tile* moe_tiles;   // MoE token tiles (device), or null for dense
+  const int* num_tiles;    // MoE: device count of token tiles
   const int* x_row;        // logical row -> x row, or null (identity)
-  const int* out_row;      // logical row -> output row, or null (identity)
-  int splits, groups_per_split;
-  int chunk_k;             // k of x staged in shared memory at once (a multiple of kStepK)
-  int x_rows;              // x rows staged per tile: min(tile_rows, rows that can exist); the rest read as 0
-  int64_t sc_bytes;        // size of sc, so the rounded-out scale words never read past it
-  bool direct;             // write y (dtype) directly; else partial f32 [splits][out_rows][N]
-  bool fixup;              // with partials: the last block of a tile sums them into y
-  int* counters;           // [grid.y * grid.x] arrival counters for the fixup, zero between calls
+  const int* out_row;      // logical row -> y row, or null (identity)
+  int steps_per_warp;      // the stream-K range length
+  int warps;               // ranges per matrix
+  float* partial;          // [chunk tiles][warps][2 slots][8 NT tokens][16 rows]
+  int* counters;           // [chunk tiles][tiles] arrivals, zero between launches
   void* y;
   DType y_dtype;
-  float* partial;
-  int out_rows;
 };
 
-// d = a . b + d, or with `fresh` d = a . b (the first slice of a group: no zeroing moves needed).
+// Streaming 16-byte load: read once, so keep it out of L1 (x lives there).
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Two codes (nibbles in bits 0-3 and 16-19 of `w`) -> two exact 16-bit floats q = u - 8: one
+// LOP3 ((w & 0x000F000F) | magic: 128 + u in bf16, 1024 + u in f16; the magic passed in a register,
+// as SASS LOP3 takes one immediate) and one HSUB2.
+template <typename A>
+__device__ __forceinline__ uint32_t Dequant2(uint32_t w, uint32_t magic) {
+  uint32_t v, r;
+  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;\n" : "=r"(v) : "r"(w), "r"(magic));  // (a & b) | c
+  if constexpr (std::is_same<A, __half>::value) {
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(v), "r"(0x64086408u));  // - 1032
+  } else {
+    asm("sub.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(v), "r"(0x43084308u));  // - 136
+  }
+  return r;
+}
+template <typename A>
+constexpr uint32_t kMagic = std::is_same<A, __half>::value ? 0x64006400u : 0x43004300u;
+
+// d = a . b + d, or with `fresh` d = a . b (a group's first MMA: no zeroing moves).
 #define KDTREE_MMA(TYPE)                                                                                                  \
   if (fresh) {                                                                                                            \
     asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n" \
@@ -79,9 +104,9 @@ struct GemmParams {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                                  \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                                  \
   }
-template <typename T>
+template <typename A>
 __device__ __forceinline__ void Mma(float* d, const uint32_t* a, uint32_t b0, uint32_t b1, bool fresh) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+  if constexpr (std::is_same<A, __nv_bfloat16>::value) {
     KDTREE_MMA("bf16")
   } else {
     KDTREE_MMA("f16")
@@ -89,337 +114,324 @@ __device__ __forceinline__ void Mma(float* d, const uint32_t* a, uint32_t b0, ui
 }
 #undef KDTREE_MMA
 
-// Two codes (nibbles in bits 0-3 and 16-19 of `w`) -> two exact 16-bit floats q = u - 8.
-template <typename T>
-__device__ __forceinline__ uint32_t Dequant2(uint32_t w);
-template <>
-__device__ __forceinline__ uint32_t Dequant2<__nv_bfloat16>(uint32_t w) {
-  uint32_t v = (w & 0x000F000Fu) | 0x43004300u;  // bf16 128 + u (ulp 1 in [128, 256))
-  __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&v), __floats2bfloat162_rn(136.f, 136.f));
-  return *reinterpret_cast<uint32_t*>(&r);
+// The code type the MMA runs in for activations X: f16 for f16, bf16 otherwise.
+template <typename X>
+using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
+
+__device__ __forceinline__ uint32_t Bf16Pair(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
 }
-template <>
-__device__ __forceinline__ uint32_t Dequant2<__half>(uint32_t w) {
-  uint32_t v = (w & 0x000F000Fu) | 0x64006400u;  // f16 1024 + u (ulp 1 in [1024, 2048))
-  __half2 r = __hsub2(*reinterpret_cast<__half2*>(&v), __floats2half2_rn(1032.f, 1032.f));
-  return *reinterpret_cast<uint32_t*>(&r);
+__device__ __forceinline__ float2 Bf16PairToF32(uint32_t v) { return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u)); }
+
+// B fragments (x[k .. k + 3] of one token) as the MMA takes them: one bf16x2/f16x2 register pair
+// for 16-bit x, three (lo, mid, hi bf16 planes: x to 24 bits) for f32 x. Out-of-range slices (a K
+// tail) load zeros: their codes are zero too, and the loads stay unconditional so that the
+// compiler can issue a whole step's loads before the first MMA.
+template <typename X>
+struct BFrag {
+  static constexpr int kPlanes = std::is_same<X, float>::value ? 3 : 1;
+  uint32_t r[kPlanes][2];
+};
+template <typename X>
+__device__ __forceinline__ BFrag<X> LoadB(const X* xk, bool valid) {
+  BFrag<X> f;
+  if constexpr (std::is_same<X, float>::value) {
+    const float4 v = valid ? __ldg(reinterpret_cast<const float4*>(xk)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const uint32_t h0 = Bf16Pair(v.x, v.y), h1 = Bf16Pair(v.z, v.w);
+    const float2 f0 = Bf16PairToF32(h0), f1 = Bf16PairToF32(h1);
+    const float r[4] = {v.x - f0.x, v.y - f0.y, v.z - f1.x, v.w - f1.y};  // exact
+    const uint32_t m0 = Bf16Pair(r[0], r[1]), m1 = Bf16Pair(r[2], r[3]);
+    const float2 g0 = Bf16PairToF32(m0), g1 = Bf16PairToF32(m1);
+    f.r[0][0] = Bf16Pair(r[0] - g0.x, r[1] - g0.y);
+    f.r[0][1] = Bf16Pair(r[2] - g1.x, r[3] - g1.y);
+    f.r[1][0] = m0;
+    f.r[1][1] = m1;
+    f.r[2][0] = h0;
+    f.r[2][1] = h1;
+  } else {
+    const uint2 v = valid ? __ldg(reinterpret_cast<const uint2*>(xk)) : make_uint2(0u, 0u);
+    f.r[0][0] = v.x;
+    f.r[0][1] = v.y;
+  }
+  return f;
 }
 
-__device__ __forceinline__ float ScaleAt(const GemmParams& p, int64_t row, int g) {
-  const int64_t i = row * (p.K / p.G) + g;
-  return p.sc_f32 ? static_cast<const float*>(p.sc)[i] : __bfloat162float(static_cast<const __nv_bfloat16*>(p.sc)[i]);
+// part (+)= codes . x: the planes smallest first, so the f32 sum keeps f32 precision.
+template <typename X>
+__device__ __forceinline__ void MmaB(float* part, const uint32_t* a, const BFrag<X>& b, bool fresh) {
+  using A = CodeT<X>;
+#pragma unroll
+  for (int pl = 0; pl < BFrag<X>::kPlanes; ++pl) Mma<A>(part, a, b.r[pl][0], b.r[pl][1], fresh && pl == 0);
 }
 
-// Resolves this block's tile: logical rows [row_start, row_start + rows) of one expert.
+// The scales a lane needs for one scale block: rows g and g + 8, its 4 groups (16 B in bf16,
+// 32 B in f32), loaded with the step's weights.
+template <typename S>
+struct ScaleFrag {
+  uint4 v[sizeof(S) / 2];
+};
+template <typename S>
+__device__ __forceinline__ void ScalesOf(const ScaleFrag<S>& f, int q, float* s_lo, float* s_hi) {
+  if constexpr (std::is_same<S, float>::value) {
+    const uint32_t lo[4] = {f.v[0].x, f.v[0].y, f.v[0].z, f.v[0].w}, hi[4] = {f.v[1].x, f.v[1].y, f.v[1].z, f.v[1].w};
+    *s_lo = __uint_as_float(lo[q]);
+    *s_hi = __uint_as_float(hi[q]);
+  } else {
+    const uint32_t w[4] = {f.v[0].x, f.v[0].y, f.v[0].z, f.v[0].w};  // [row g: q0 q1, q2 q3][row g+8: q0 q1, q2 q3]
+    const uint32_t lo = w[q / 2], hi = w[2 + q / 2];
+    *s_lo = __uint_as_float(q % 2 ? lo & 0xFFFF0000u : lo << 16);
+    *s_hi = __uint_as_float(q % 2 ? hi & 0xFFFF0000u : hi << 16);
+  }
+}
+
+// One step (128 k of the lane's two rows): 8 k16 slices per group of 8 tokens, each group's sum
+// scaled into acc as it ends. xs[j] points at this step's x of token 8 j + g (+ 4 t), so every x
+// load is a register + immediate. Only `blocks` 32-k blocks hold real k (a K tail).
+// Straight-line code (no branches): the compiler interleaves loads, dequantization and MMAs.
+template <typename X, typename S, int NT, int G>
+__device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const ScaleFrag<S>& sf, int step, int blocks,
+                                        const X* const (&xs)[NT], float (&acc)[NT][4], float (&part)[NT][4]) {
+  using A = CodeT<X>;
+  // small token tiles: the whole step's x up front (16-bit x: 2 registers per slice and tile)
+  constexpr bool kAhead = NT <= 2 && !std::is_same<X, float>::value;
+  BFrag<X> ahead[kAhead ? NT : 1][kAhead ? 8 : 1];
+  if constexpr (kAhead) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ahead[j][i] = LoadB<X>(xs[j] + 16 * i, i < 2 || i / 2 < blocks);
+  }
+  const uint32_t magic = kMagic<A>;
+  const uint32_t lo[4] = {w0.x, w0.y, w0.z, w0.w}, hi[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint32_t a[4] = {Dequant2<A>(lo[b] >> (8 * s), magic), Dequant2<A>(hi[b] >> (8 * s), magic),
+                             Dequant2<A>(lo[b] >> (8 * s + 4), magic), Dequant2<A>(hi[b] >> (8 * s + 4), magic)};
+      const bool fresh = (32 * b) % G == 0 && s == 0;  // compile-time once unrolled
+#pragma unroll
+      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, kAhead ? ahead[j][2 * b + s] : LoadB<X>(xs[j] + 32 * b + 16 * s, b == 0 || b < blocks), fresh);
+    }
+    if ((32 * b + 32) % G == 0) {  // a group ends (compile-time): scale its exact sums into acc
+      const int q = G == 32 ? b : G == 64 ? (2 * step + b / 2) & 3 : step & 3;  // its slot in the scale block
+      float s_lo, s_hi;  // rows g and g + 8
+      ScalesOf<S>(sf, q, &s_lo, &s_hi);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[j][0] = fmaf(part[j][0], s_lo, acc[j][0]);
+        acc[j][1] = fmaf(part[j][1], s_lo, acc[j][1]);
+        acc[j][2] = fmaf(part[j][2], s_hi, acc[j][2]);
+        acc[j][3] = fmaf(part[j][3], s_hi, acc[j][3]);
+      }
+    }
+  }
+}
+
+// Resolves this block's token tile: logical rows [row_start, row_start + rows) of one expert.
 __device__ __forceinline__ bool BlockTile(const GemmParams& p, int* expert, int* row_start, int* rows) {
-  if (p.tiles != nullptr) {
-    if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return false;
-    const Tile t = p.tiles[blockIdx.y];
+  const int tile = p.tile_offset + static_cast<int>(blockIdx.y);
+  if (p.moe_tiles != nullptr) {
+    if (tile >= *p.num_tiles) return false;
+    const Tile t = p.moe_tiles[tile];
     *expert = t.expert;
     *row_start = t.row_start;
     *rows = t.rows;
   } else {
     *expert = 0;
-    *row_start = blockIdx.y * p.tile_rows;
-    *rows = min(p.tile_rows, p.M - *row_start);
+    *row_start = tile * p.tile_tokens;
+    *rows = min(p.tile_tokens, p.M - *row_start);
   }
   return *rows > 0;
 }
 
-__device__ __forceinline__ void StoreOut(const GemmParams& p, int logical_row, int n, float v) {
-  const int out = p.out_row ? p.out_row[logical_row] : logical_row;
-  if (p.direct) StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * p.N + n, v);
-  else p.partial[(static_cast<int64_t>(blockIdx.z) * p.out_rows + out) * p.N + n] = v;
-}
-
-// Split-K fixup: the last block to finish a tile (arrival counter) sums every split's partial in
-// split order, so the result is deterministic and needs no second launch; it resets the counter.
-__device__ void FixupTile(const GemmParams& p, int row_start, int rows) {
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-  if (threadIdx.x == 0) last = atomicAdd(&p.counters[tile], 1) == p.splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int n0 = blockIdx.x * kBlockRows;
-  for (int i = threadIdx.x; i < rows * kBlockRows; i += blockDim.x) {
-    const int r = i / kBlockRows, n = n0 + i % kBlockRows;
-    if (n >= p.N) continue;
-    const int lr = row_start + r;
-    const int out = p.out_row ? p.out_row[lr] : lr;
-    float v = 0.f;
-    for (int sp = 0; sp < p.splits; ++sp) v += __ldcg(&p.partial[(static_cast<int64_t>(sp) * p.out_rows + out) * p.N + n]);
-    StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * p.N + n, v);
+// acc element i of n-tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
+template <int NT>
+__device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[NT][4], int tile, int row_start, int rows, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = 8 * j + 2 * t + (i & 1), n = tile * w4::kTileRows + g + 8 * (i >> 1);
+      if (tok < rows && n < p.N) {
+        const int lr = row_start + tok;
+        const int out = p.out_row ? p.out_row[lr] : lr;
+        StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * p.N + n, v[j][i]);
+      }
+    }
   }
-  if (threadIdx.x == 0) p.counters[tile] = 0;
 }
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int bytes = valid ? 16 : 0;  // 0: fill with zeros, read nothing
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+// Split tiles: a tile covered by several warps' ranges is summed from their partials. Each warp
+// parks at most two (its first tile, slot 0, and its last, slot 1), and publishes them only when
+// its range is done: one fence per warp, after its loads have drained, instead of a fence in the
+// middle of the stream (a fence waits for the warp's in-flight loads).
+struct TileWarps {
+  int first, last;  // the warps whose ranges cover the tile
+};
+__device__ __forceinline__ TileWarps WarpsOf(const GemmParams& p, int tile) {
+  const int64_t L = p.steps_per_warp;
+  return {static_cast<int>(static_cast<int64_t>(tile) * p.steps / L), static_cast<int>((static_cast<int64_t>(tile + 1) * p.steps - 1) / L)};
 }
-__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, int src_bytes) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// G is a template parameter so that group boundaries inside the unrolled stage are compile-time.
-template <typename T, int MF, int G>
-__global__ void __launch_bounds__(kThreads) W4A16MmaKernel(const GemmParams p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  // [kStages] x {codes [64 rows][144 B], scales [64 rows][32 B]}, then x [x_rows][chunk_k + kPad]
-  T* xs = reinterpret_cast<T*>(smem_raw + kStages * kStageBytes);
-  const int xstride = p.chunk_k + kPad;
+template <int NT>
+constexpr int kSlotFloats = NT * 8 * w4::kTileRows;
+
+// acc element i of n-tile j of a lane, in a partial slot: [token 8 j + 2 t + (i & 1)][row g + 8 (i >> 1)]
+__device__ __forceinline__ int SlotIndex(int j, int i, int g, int t) { return (8 * j + 2 * t + (i & 1)) * w4::kTileRows + g + 8 * (i >> 1); }
+
+template <int NT>
+__device__ __forceinline__ float* SlotOf(const GemmParams& p, int warp, int tile) {
+  const bool first = tile == static_cast<int>(static_cast<int64_t>(warp) * p.steps_per_warp / p.steps);
+  return p.partial + ((static_cast<int64_t>(blockIdx.y) * p.warps + warp) * 2 + (first ? 0 : 1)) * kSlotFloats<NT>;
+}
+
+template <int NT>
+__device__ __forceinline__ void ParkPartial(const GemmParams& p, const float (&acc)[NT][4], int tile, int warp, int g, int t) {
+  float* slot = SlotOf<NT>(p, warp, tile);
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) slot[SlotIndex(j, i, g, t)] = acc[j][i];
+}
+
+// After the fence: count this warp in; the last of the tile's warps sums the slots in warp order
+// (deterministic, no second launch), stores and resets the counter.
+template <int NT>
+__device__ void ArriveTile(const GemmParams& p, int tile, int row_start, int rows, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const TileWarps tw = WarpsOf(p, tile);
+  int* counter = p.counters + static_cast<int64_t>(blockIdx.y) * p.tiles + tile;
+  int arrived = 0;
+  if (lane == 0) arrived = atomicAdd(counter, 1);
+  arrived = __shfl_sync(0xffffffffu, arrived, 0);
+  if (arrived != tw.last - tw.first) return;
+  __threadfence();
+  float sum[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sum[j][i] = 0.f;
+  for (int w = tw.first; w <= tw.last; ++w) {
+    const float* slot = SlotOf<NT>(p, w, tile);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sum[j][i] += __ldcg(&slot[SlotIndex(j, i, g, t)]);
+  }
+  StoreTile<NT>(p, sum, tile, row_start, rows, g, t);
+  if (lane == 0) *counter = 0;
+}
+
+template <typename X, typename S, int NT, int G>
+__global__ void __launch_bounds__(kThreads, NT == 1 ? 4 : NT == 8 ? 2 : 3) W4A16Kernel(const GemmParams p) {
+  // Programmatic dependent launch: the next kernel in the stream may start as our blocks retire,
+  // and we may start before the previous kernel ends. Weights and scales never depend on earlier
+  // kernels, so a dense launch fills its ring first and waits (griddepcontrol.wait) only before
+  // reading x or writing anything; MoE waits at once (its tiles come from the sort kernel).
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  const bool moe = p.moe_tiles != nullptr;
+  if (moe) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   int expert, row_start, rows;
   if (!BlockTile(p, &expert, &row_start, &rows)) return;
-  const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n_block = blockIdx.x * kBlockRows;
-  const int groups = p.K / G;
-  const int g_begin = blockIdx.z * p.groups_per_split;
-  const int g_end = min(groups, g_begin + p.groups_per_split);
-  const int k_begin = g_begin * G, k_end = g_end * G;
-  const int n_warp = n_block + warp * kWarpRows;
-  const int words = p.K / 8;
-  const int vecs = (k_end - k_begin) / 32;  // 16-byte vectors per W row in this split
-  const int steps = (k_end - k_begin + kStepK - 1) / kStepK;
-  const int esize = p.sc_f32 ? 4 : 2;
-  const char* sc_bytes = static_cast<const char*>(p.sc);
+  const int warp = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
+  const int64_t f_begin = static_cast<int64_t>(warp) * p.steps_per_warp;
+  if (f_begin >= total) return;
+  const int64_t f_end = min(total, f_begin + p.steps_per_warp);
+  const uint4* wq = p.qw + static_cast<int64_t>(expert) * total * kUint4PerStep + lane;
+  const S* sq = reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(expert) * p.tiles * p.blocks * w4::kScalesPerBlock + 8 * g;
 
-  // Weights and their scales stream HBM -> shared memory with cp.async, kStages deep, so ~32 KB per
-  // block are in flight without holding registers, and no load latency sits between the MMAs.
-  // Codes: each thread copies 4 of a stage's 512 16-byte pieces (a row's 128 B = one line).
-  // Scales: a row's groups of the stage are a contiguous run, copied as the 4-byte words that
-  // cover it (bf16 runs may start mid-word; the read below adds the offset back).
-  const int32_t* wbase = p.qw + (static_cast<int64_t>(expert) * p.N + n_block) * words + k_begin / 8;
-  // byte of row r's first scale of this split; stage s starts kStepK / G scales further
-  auto scale_base = [&](int row) { return ((static_cast<int64_t>(expert) * p.N + n_block + row) * groups + g_begin) * esize; };
-  constexpr int kGroupsPerStage = kStepK / G;
-  constexpr int kCopies = kBlockRows * 8 / kThreads;  // 16-byte code pieces (and scale words) per thread per stage
-  int64_t copy_base[kCopies];  // this thread's scale rows (c / 8 for c = tid + kThreads i)
+  // Load cursor: the ring holds steps [f, f + kRing). Weights advance 1 KB per step; a tile's
+  // scale blocks follow the previous tile's, so the scale pointer advances one block every
+  // 4G/128 steps and at every tile end (a partly used last block).
+  constexpr int kStepsPerBlock = 4 * G / w4::kStepK;
+  int ld_step = static_cast<int>(f_begin % p.steps);
+  int64_t ld_f = f_begin;
+  const uint4* ld_w = wq + f_begin * kUint4PerStep;
+  const S* ld_s = sq + (f_begin / p.steps * p.blocks + ld_step / kStepsPerBlock) * w4::kScalesPerBlock;
+  uint4 ring_w[kRing][2];
+  ScaleFrag<S> ring_s[kRing];
+#define KDTREE_ISSUE(SLOT)                                                                             \
+  if (ld_f < f_end) {                                                                                  \
+    ring_w[SLOT][0] = LoadStream(ld_w);                                                                \
+    ring_w[SLOT][1] = LoadStream(ld_w + 32);                                                           \
+    for (int v = 0; v < static_cast<int>(sizeof(S)) / 2; ++v) ring_s[SLOT].v[v] = __ldg(reinterpret_cast<const uint4*>(ld_s) + v); \
+    ++ld_f;                                                                                            \
+    ld_w += kUint4PerStep;                                                                             \
+    const bool tile_end = ++ld_step == p.steps;                                                        \
+    if (tile_end || ld_step % kStepsPerBlock == 0) ld_s += w4::kScalesPerBlock;                        \
+    if (tile_end) ld_step = 0;                                                                         \
+  }
 #pragma unroll
-  for (int i = 0; i < kCopies; ++i) copy_base[i] = scale_base((threadIdx.x + i * kThreads) >> 3);
-  auto issue_stage = [&](int s) {
-    unsigned char* stage = smem_raw + (s % kStages) * kStageBytes;
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int c = threadIdx.x + i * kThreads;  // 0..511
-      const int row = c >> 3, q = c & 7;
-      const int v = s * 8 + q;
-      const bool valid = s < steps && n_block + row < p.N && v < vecs;
-      CpAsync16(stage + row * kWRowBytes + q * 16, valid ? wbase + static_cast<int64_t>(row) * words + v * 4 : p.qw, valid);
-    }
-    unsigned char* sc_stage = stage + kBlockRows * kWRowBytes;
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int c = threadIdx.x + i * kThreads;  // 0..511: row c / 8, word c % 8
-      const int row = c >> 3, w = c & 7;
-      int src = 0;
-      int64_t word_byte = 0;
-      if (s < steps && n_block + row < p.N) {
-        const int64_t first = copy_base[i] + static_cast<int64_t>(s) * kGroupsPerStage * esize;
-        const int run = min(kGroupsPerStage, (k_end - k_begin) / G - s * kGroupsPerStage) * esize;
-        word_byte = (first & ~int64_t{3}) + 4 * w;
-        if (word_byte < first + run) src = static_cast<int>(p.sc_bytes - word_byte < 4 ? p.sc_bytes - word_byte : 4);
-      }
-      CpAsync4(sc_stage + row * kScRowBytes + w * 4, src > 0 ? sc_bytes + word_byte : sc_bytes, max(src, 0));
-    }
-    CpAsyncCommit();  // always commit (possibly empty) so group counting stays uniform
-  };
-#pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) issue_stage(st);
+  for (int s = 0; s < kRing; ++s) KDTREE_ISSUE(s)
+  if (!moe) asm volatile("griddepcontrol.wait;\n" ::: "memory");  // x and the outputs are the previous kernels'
 
-  float acc[MF][2][4], part[MF][2][4];
+  // B operand rows: tokens 8 j + g (tokens past the tile repeat its last; their columns are dropped)
+  const X* xr[NT];
 #pragma unroll
-  for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-    for (int nf = 0; nf < 2; ++nf)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mf][nf][i] = part[mf][nf][i] = 0.f;
+  for (int j = 0; j < NT; ++j) {
+    const int lr = row_start + min(8 * j + g, rows - 1);
+    xr[j] = static_cast<const X*>(p.x) + static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K + 4 * t;
+  }
 
-  const int wrow[2] = {warp * kWarpRows + g, warp * kWarpRows + 8 + g};  // this lane's rows in a stage
-  // A-fragment rows of this lane (32-bit word offsets in xs); rows past x_rows read the zero row
-  // staged after them, so the inner loop has no per-load selects
-  const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs);
-  int arow[MF][2];
+  float acc[NT][4], part[NT][4];  // part: the current group's exact sum (each group starts it afresh)
 #pragma unroll
-  for (int mf = 0; mf < MF; ++mf)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) arow[mf][h] = min(mf * 16 + g + 8 * h, p.x_rows) * (xstride / 2);
-  int64_t read_base[2][2];  // scale rows this lane reads: 2t, 2t + 1 of each n8 tile
+    for (int i = 0; i < 4; ++i) acc[j][i] = part[j][i] = 0.f;
+  int tile = static_cast<int>(f_begin / p.steps), step = static_cast<int>(f_begin % p.steps);
+  const int range_first_tile = tile;
+  int parked_first = -1, parked_last = -1;  // split tiles whose partials this warp has parked
+  for (int64_t base = f_begin; base < f_end; base += kRing) {
 #pragma unroll
-  for (int nf = 0; nf < 2; ++nf)
+    for (int s = 0; s < kRing; ++s) {
+      if (base + s >= f_end) break;
+      const uint4 w0 = ring_w[s][0], w1 = ring_w[s][1];
+      const ScaleFrag<S> sw = ring_s[s];
+      KDTREE_ISSUE(s)
+      const int k_step = step * w4::kStepK;
+      const X* xs[NT];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) read_base[nf][j] = scale_base(warp * kWarpRows + nf * 8 + 2 * t + j);
-  for (int chunk = k_begin; chunk < k_end; chunk += p.chunk_k) {
-    const int clen = min(p.chunk_k, k_end - chunk);
-    if (chunk != k_begin) __syncthreads();  // the previous chunk's A reads are done
-    // stage x[rows, chunk .. chunk + clen) permuted within each 8-k word: (k, k+4) pairs adjacent
-    const int wpr = clen / 8;
-    for (int i = threadIdx.x; i < (p.x_rows + 1) * wpr; i += kThreads) {  // + the zero row
-      const int r = i / wpr, w = i % wpr;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < rows) {
-        const int lr = row_start + r;
-        const int xr = p.x_row ? p.x_row[lr] : lr;
-        v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + static_cast<int64_t>(xr) * p.K + chunk + w * 8);
-      }
-      uint4 o;
-      o.x = __byte_perm(v.x, v.z, 0x5410);
-      o.y = __byte_perm(v.x, v.z, 0x7632);
-      o.z = __byte_perm(v.y, v.w, 0x5410);
-      o.w = __byte_perm(v.y, v.w, 0x7632);
-      *reinterpret_cast<uint4*>(&xs[r * xstride + w * 8]) = o;
-    }
-    const int first = (chunk - k_begin) / kStepK, last = (chunk - k_begin + clen + kStepK - 1) / kStepK;
-    for (int s = first; s < last; ++s) {
-      CpAsyncWait<kStages - 2>();  // stage s has landed (for this thread's copies)
-      __syncthreads();             // ... and for everyone's; stage s-1's buffer is free again
-      issue_stage(s + kStages - 1);
-      const unsigned char* ws = smem_raw + (s % kStages) * kStageBytes;
-      const unsigned char* ss = ws + kBlockRows * kWRowBytes;
-      // where each of this lane's 4 scale rows starts inside its word-aligned run
-      int sc_off[2][2];
-#pragma unroll
-      for (int nf = 0; nf < 2; ++nf)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) sc_off[nf][j] = static_cast<int>((read_base[nf][j] + static_cast<int64_t>(s) * kGroupsPerStage * esize) & 3);
-#pragma unroll
-      for (int q16 = 0; q16 < kStepK / 16; ++q16) {  // sixteen k16 slices per stage
-        const int k0 = k_begin + s * kStepK + q16 * 16;  // absolute k of this slice
-        if (k0 >= k_end) break;
-        uint32_t b[2][2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint2 v = *reinterpret_cast<const uint2*>(ws + wrow[r] * kWRowBytes + q16 * 8);  // words 2j, 2j+1
-          b[r][0] = Dequant2<T>(v.x >> (4 * t));
-          b[r][1] = Dequant2<T>(v.y >> (4 * t));
+      for (int j = 0; j < NT; ++j) xs[j] = xr[j] + k_step;
+      RunStep<X, S, NT, G>(w0, w1, sw, step, (p.K - k_step) / 32, xs, acc, part);
+      if (++step == p.steps || base + s + 1 == f_end) {
+        const TileWarps tw = WarpsOf(p, tile);
+        if (tw.first == tw.last) {
+          StoreTile<NT>(p, acc, tile, row_start, rows, g, t);
+        } else {
+          ParkPartial<NT>(p, acc, tile, warp, g, t);
+          if (tile == range_first_tile) parked_first = tile;  // announced when the range is done
+          else parked_last = tile;
         }
-        const int col = (k0 - chunk) / 2 + t;  // 32-bit word of the (k, k+4) pair in the staged x row
-        const bool fresh = (q16 * 16) % G == 0;  // compile-time once unrolled
 #pragma unroll
-        for (int mf = 0; mf < MF; ++mf) {
-          const uint32_t a[4] = {xw[arow[mf][0] + col], xw[arow[mf][1] + col], xw[arow[mf][0] + col + 4], xw[arow[mf][1] + col + 4]};
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-          for (int nf = 0; nf < 2; ++nf) Mma<T>(part[mf][nf], a, b[nf][0], b[nf][1], fresh);
-        }
-        if ((q16 * 16 + 16) % G == 0) {  // a group ends (compile-time): scale its exact sums into acc
-          const int gi = q16 * 16 / G;  // group index inside the stage
-#pragma unroll
-          for (int nf = 0; nf < 2; ++nf) {
-            const int r0 = warp * kWarpRows + nf * 8 + 2 * t;
-            const unsigned char* s0 = ss + r0 * kScRowBytes + sc_off[nf][0] + gi * esize;
-            const unsigned char* s1 = ss + (r0 + 1) * kScRowBytes + sc_off[nf][1] + gi * esize;
-            const float sc0 = p.sc_f32 ? *reinterpret_cast<const float*>(s0) : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(s0));
-            const float sc1 = p.sc_f32 ? *reinterpret_cast<const float*>(s1) : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(s1));
-#pragma unroll
-            for (int mf = 0; mf < MF; ++mf) {
-              acc[mf][nf][0] = fmaf(part[mf][nf][0], sc0, acc[mf][nf][0]);
-              acc[mf][nf][1] = fmaf(part[mf][nf][1], sc1, acc[mf][nf][1]);
-              acc[mf][nf][2] = fmaf(part[mf][nf][2], sc0, acc[mf][nf][2]);
-              acc[mf][nf][3] = fmaf(part[mf][nf][3], sc1, acc[mf][nf][3]);
-            }
-          }
+          for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+        if (step == p.steps) {
+          step = 0;
+          ++tile;
         }
       }
     }
   }
-  CpAsyncWait<0>();
-#pragma unroll
-  for (int mf = 0; mf < MF; ++mf) {
-#pragma unroll
-    for (int nf = 0; nf < 2; ++nf) {
-      const int n = n_warp + nf * 8 + 2 * t;
-      const int m0 = mf * 16 + g, m1 = m0 + 8;
-      if (m0 < rows && n < p.N) StoreOut(p, row_start + m0, n, acc[mf][nf][0]);
-      if (m0 < rows && n + 1 < p.N) StoreOut(p, row_start + m0, n + 1, acc[mf][nf][1]);
-      if (m1 < rows && n < p.N) StoreOut(p, row_start + m1, n, acc[mf][nf][2]);
-      if (m1 < rows && n + 1 < p.N) StoreOut(p, row_start + m1, n + 1, acc[mf][nf][3]);
-    }
-  }
-  if (p.fixup) FixupTile(p, row_start, rows);
+#undef KDTREE_ISSUE
+  if (parked_first < 0 && parked_last < 0) return;
+  __threadfence();  // the parked partials are visible before any counter says so
+  __syncwarp();
+  if (parked_first >= 0) ArriveTile<NT>(p, parked_first, row_start, rows, lane);
+  if (parked_last >= 0) ArriveTile<NT>(p, parked_last, row_start, rows, lane);
 }
 
-// f32 activations: one warp per W row, lane l on 8-k words l, l + 32, ... (128 B per warp per step,
-// coalesced), f32 FMAs, each word's dot scaled by its group's scale; 8 x rows per pass; lanes
-// reduced in a fixed shuffle tree, so the result does not depend on M.
-constexpr int kSimtRows = 8;
-__global__ void __launch_bounds__(256) W4A16SimtKernel(const GemmParams p) {
-  int expert, row_start, rows;
-  if (!BlockTile(p, &expert, &row_start, &rows)) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n = blockIdx.x * (blockDim.x / 32) + warp;
-  if (n >= p.N) return;
-  const int words = p.K / 8, wpg = p.G / 8;
-  const int w_begin = blockIdx.z * p.groups_per_split * wpg;
-  const int w_end = min(words, w_begin + p.groups_per_split * wpg);
-  const int64_t wrow = static_cast<int64_t>(expert) * p.N + n;
-  const int32_t* q = p.qw + wrow * words;
-  const float* x = static_cast<const float*>(p.x);
-  for (int pass = 0; pass < rows; pass += kSimtRows) {
-    float acc[kSimtRows];
-    int64_t xoff[kSimtRows];
-#pragma unroll
-    for (int m = 0; m < kSimtRows; ++m) {
-      acc[m] = 0.f;
-      const int lr = row_start + pass + m;
-      xoff[m] = pass + m < rows ? static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K : -1;
-    }
-    for (int w = w_begin + lane; w < w_end; w += 32) {
-      const uint32_t word = static_cast<uint32_t>(__ldcs(q + w));
-      const float s = ScaleAt(p, wrow, w / wpg);
-      float qv[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) qv[i] = __int_as_float(0x4B000000 | ((word >> (4 * i)) & 0xF)) - 8388616.f;  // 2^23 + u - (2^23 + 8)
-#pragma unroll
-      for (int m = 0; m < kSimtRows; ++m) {
-        if (xoff[m] < 0) continue;
-        const float4 a = *reinterpret_cast<const float4*>(x + xoff[m] + w * 8);
-        const float4 b = *reinterpret_cast<const float4*>(x + xoff[m] + w * 8 + 4);
-        float d = a.x * qv[0];
-        d = fmaf(a.y, qv[1], d);
-        d = fmaf(a.z, qv[2], d);
-        d = fmaf(a.w, qv[3], d);
-        d = fmaf(b.x, qv[4], d);
-        d = fmaf(b.y, qv[5], d);
-        d = fmaf(b.z, qv[6], d);
-        d = fmaf(b.w, qv[7], d);
-        acc[m] = fmaf(d, s, acc[m]);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < kSimtRows; ++m) {
-      for (int off = 16; off > 0; off >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int m = 0; m < kSimtRows; ++m) {
-        if (xoff[m] >= 0) StoreOut(p, row_start + pass + m, n, acc[m]);
-      }
-    }
-  }
-}
-
-// Sums split-K partials (and, for MoE sum mode, the weighted experts of each token) in a fixed order.
-__global__ void FinalizeKernel(const float* partial, int splits, int part_rows, int N, int out_rows, int topk,
-                               const float* weights, void* y, DType y_dtype) {
+// MoE sum mode: y[t] = sum_j weights[t, j] * pair[t * topk + j], j in order.
+__global__ void MoeSumKernel(const float* pair, int T, int topk, int N, const float* weights, void* y, DType y_dtype) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<int64_t>(out_rows) * N) return;
+  if (i >= static_cast<int64_t>(T) * N) return;
   const int r = static_cast<int>(i / N), n = static_cast<int>(i % N);
   float out = 0.f;
-  const int pairs = weights ? topk : 1;
-  for (int j = 0; j < pairs; ++j) {
-    const int src = weights ? r * topk + j : r;
-    float v = 0.f;
-    for (int s = 0; s < splits; ++s) v += partial[(static_cast<int64_t>(s) * part_rows + src) * N + n];
-    out = weights ? fmaf(weights[r * topk + j], v, out) : v;
-  }
+  for (int j = 0; j < topk; ++j) out = fmaf(weights[r * topk + j], pair[static_cast<int64_t>(r * topk + j) * N + n], out);
   StoreFromF32(y, y_dtype, i, out);
 }
 
@@ -454,181 +466,169 @@ __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int exper
   }
 }
 
-// Split-K from the shape and the device only (never from M, so rows stay batch-invariant). Blocks
-// run in waves of kBlocksPerSm x SMs; a partial last wave costs as much as a full one, so pick the
-// split count with the least waves per unit of work, plus a small price per split (partials and
-// the fixup), each split at least two pipeline stages. `matrices` is how many weight matrices one
-// launch streams at decode: 1 dense, top-k for MoE (the experts of one token).
-constexpr int kBlocksPerSm = 3;
-void ChooseSplits(int n, int groups, int group_size, int matrices, int sms, int* splits, int* per) {
-  const int64_t blocks = static_cast<int64_t>((n + kBlockRows - 1) / kBlockRows) * matrices;
-  const int64_t wave = static_cast<int64_t>(kBlocksPerSm) * sms;
-  const int max_splits = std::max(1, std::min(32, groups / std::max(1, 2 * kStepK / group_size)));
-  int best = 1;
-  double best_cost = 1e30;
-  for (int sp = 1; sp <= max_splits; ++sp) {
-    const double cost = static_cast<double>((blocks * sp + wave - 1) / wave) / sp + 0.02 * sp;
-    if (cost < best_cost - 1e-9) {
-      best_cost = cost;
-      best = sp;
-    }
-  }
-  *per = (groups + best - 1) / best;
-  *splits = (groups + *per - 1) / *per;
+// Stream-K ranges from the shape and the device only (never from M, so rows stay batch-invariant):
+// kWarpsPerSm ranges per SM for one matrix, or shared by the `matrices` a decode launch streams
+// (top-k experts of a token).
+struct Ranges {
+  int steps_per_warp, warps;
+};
+Ranges ChooseRanges(int64_t total_steps, int matrices, int sms) {
+  const int64_t target = std::max<int64_t>(1, static_cast<int64_t>(sms) * kWarpsPerSm / std::max(1, matrices));
+  Ranges r;
+  r.steps_per_warp = static_cast<int>((total_steps + target - 1) / target);
+  r.warps = static_cast<int>((total_steps + r.steps_per_warp - 1) / r.steps_per_warp);
+  return r;
 }
 
-// x staged per block: the whole split if it fits the shared-memory budget, else chunks of whole
-// pipeline stages.
-int ChunkK(int split_k, int rows, int elem) {
-  const int unit = kStepK;
-  const int fit = (kXSmemBudget / (rows * elem) - kPad) / unit * unit;
-  const int whole = (split_k + unit - 1) / unit * unit;
-  return std::max(unit, std::min(fit, whole));
+// Token tiles of 8 x NT tokens: NT 1, 2 and 4 cover decode and tree verify, 8 the rest (f16 and
+// f32 x, test and reference paths: 1 or 8).
+int ChooseNt(int rows, DType x) {
+  if (rows <= 8) return 1;
+  if (x != DType::kBF16) return 8;
+  return rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
 }
-
-int Mf(int rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
 
 Status Aligned(const Tensor& t, int bytes, const char* op) {
   if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) return Invalid(op, ": ", t.Describe(), " must start on a ", bytes, "-byte boundary (check its offset)");
   return Status::Ok();
 }
 
-template <typename T, int MF, int G>
-Status LaunchMmaMf(GemmParams p, dim3 grid, cudaStream_t s) {
-  p.x_rows = std::max(1, std::min(p.x_rows, MF * 16));
-  p.chunk_k = ChunkK(p.groups_per_split * p.G, p.x_rows + 1, sizeof(T));
-  const int smem = kStages * kStageBytes + (p.x_rows + 1) * (p.chunk_k + kPad) * static_cast<int>(sizeof(T));
-  // per device and kernel; cheap enough to set on every launch
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16MmaKernel<T, MF, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "w4a16: shared memory"));
-  W4A16MmaKernel<T, MF, G><<<grid, kThreads, smem, s>>>(p);
-  return LaunchStatus("w4a16 mma kernel");
+template <typename X, typename S, int NT, int G>
+Status LaunchKernel(const GemmParams& p, dim3 grid, cudaStream_t s) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.stream = s;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see griddepcontrol in the kernel
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return FromCuda(cudaLaunchKernelEx(&config, W4A16Kernel<X, S, NT, G>, p), "w4a16 kernel");
 }
-
-template <typename T, int MF>
-Status LaunchMmaG(GemmParams p, dim3 grid, cudaStream_t s) {
-  switch (p.G) {
-    case 32: return LaunchMmaMf<T, MF, 32>(p, grid, s);
-    case 64: return LaunchMmaMf<T, MF, 64>(p, grid, s);
-    default: return LaunchMmaMf<T, MF, 128>(p, grid, s);  // validated: 32, 64 or 128
+template <typename X, typename S, int NT>
+Status LaunchG(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
+  switch (group) {
+    case 32: return LaunchKernel<X, S, NT, 32>(p, grid, s);
+    case 64: return LaunchKernel<X, S, NT, 64>(p, grid, s);
+    default: return LaunchKernel<X, S, NT, 128>(p, grid, s);  // validated: 32, 64 or 128
   }
 }
-
-template <typename T>
-Status LaunchMma(GemmParams p, int mf, dim3 grid, cudaStream_t s) {
-  switch (mf) {
-    case 1: return LaunchMmaG<T, 1>(p, grid, s);
-    case 2: return LaunchMmaG<T, 2>(p, grid, s);
-    default: return LaunchMmaG<T, 4>(p, grid, s);
+template <typename X, int NT>
+Status LaunchS(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
+  return p.sc_f32 ? LaunchG<X, float, NT>(p, group, grid, s) : LaunchG<X, uint16_t, NT>(p, group, grid, s);
+}
+template <typename X>
+Status LaunchNt(const GemmParams& p, int nt, int group, dim3 grid, cudaStream_t s) {
+  if constexpr (std::is_same<X, __nv_bfloat16>::value) {
+    if (nt == 2) return LaunchS<X, 2>(p, group, grid, s);
+    if (nt == 4) return LaunchS<X, 4>(p, group, grid, s);
   }
+  return nt == 1 ? LaunchS<X, 1>(p, group, grid, s) : LaunchS<X, 8>(p, group, grid, s);
 }
 
-Status RunGemm(GemmParams p, DType x_dtype, int grid_tiles, int tile_rows_for_mf, cudaStream_t s) {
-  if (x_dtype == DType::kF32) {
-    const dim3 grid((p.N + 7) / 8, grid_tiles, p.splits);
-    W4A16SimtKernel<<<grid, 256, 0, s>>>(p);
-    return LaunchStatus("w4a16 simt kernel");
+// Launches the token tiles [0, token_tiles) in chunks of kChunkTiles (the partial buffer and the
+// counters are sized for one chunk; chunks run in stream order).
+Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, int matrices, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
+  const Ranges r = ChooseRanges(static_cast<int64_t>(p.tiles) * p.steps, matrices, sms);
+  p.steps_per_warp = r.steps_per_warp;
+  p.warps = r.warps;
+  const int chunk = std::min(token_tiles, kChunkTiles);
+  const size_t partial_bytes = static_cast<size_t>(chunk) * r.warps * 2 * nt * 8 * w4::kTileRows * sizeof(float);
+  const size_t offset = (scratch_used + 255) / 256 * 256;
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + partial_bytes, s));
+  p.partial = reinterpret_cast<float*>(static_cast<char*>(scratch.ptr) + offset);
+  KDTREE_RETURN_IF_ERROR(scratch.Counters(static_cast<size_t>(chunk) * p.tiles, s, &p.counters));
+  for (int first = 0; first < token_tiles; first += chunk) {
+    p.tile_offset = first;
+    const dim3 grid((r.warps + kWarps - 1) / kWarps, std::min(chunk, token_tiles - first));
+    Status st = x_dtype == DType::kBF16 ? LaunchNt<__nv_bfloat16>(p, nt, group, grid, s)
+              : x_dtype == DType::kF16  ? LaunchNt<__half>(p, nt, group, grid, s)
+                                        : LaunchNt<float>(p, nt, group, grid, s);
+    KDTREE_RETURN_IF_ERROR(st);
   }
-  const dim3 grid((p.N + kBlockRows - 1) / kBlockRows, grid_tiles, p.splits);
-  const int mf = Mf(tile_rows_for_mf);
-  return x_dtype == DType::kBF16 ? LaunchMma<__nv_bfloat16>(p, mf, grid, s) : LaunchMma<__half>(p, mf, grid, s);
+  return Status::Ok();
 }
 
-// The fields every launch shares: operands, shape, group, logical rows and their tiling.
-GemmParams WeightParams(const Tensor& x, const Tensor& qw, const Tensor& sc, int group, int rows, int tile_rows) {
+// The fields every launch shares: operands and the packed shape.
+GemmParams WeightParams(const Tensor& x, const Tensor& qw, const Tensor& sc, int n, int group, int rows) {
   GemmParams p{};
   p.x = x.data;
-  p.qw = qw.as<const int32_t>();
-  p.sc = sc.data;
+  p.qw = reinterpret_cast<const uint4*>(qw.data);
+  p.sc = static_cast<const char*>(sc.data);
   p.sc_f32 = sc.dtype == DType::kF32;
-  p.N = static_cast<int>(qw.dim(qw.rank() - 2));
+  p.N = n;
   p.K = static_cast<int>(x.dim(1));
-  p.G = group;
+  p.tiles = static_cast<int>(w4::Tiles(n));
+  p.steps = static_cast<int>(w4::Steps(p.K));
+  p.blocks = static_cast<int>(w4::ScaleBlocks(p.K, group));
   p.M = rows;
-  p.tile_rows = tile_rows;
-  p.x_rows = std::min(rows, tile_rows);
-  p.sc_bytes = sc.bytes;
   return p;
+}
+
+Status CheckAlignment(const Tensor& x, const Tensor& qw, const Tensor& sc, const char* op) {
+  KDTREE_RETURN_IF_ERROR(Aligned(qw, 16, op));
+  KDTREE_RETURN_IF_ERROR(Aligned(x, 16, op));
+  return Aligned(sc, 16, op);
 }
 
 }  // namespace
 
 Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
-  const int m = static_cast<int>(a.x.dim(0)), k = static_cast<int>(a.x.dim(1)), n = static_cast<int>(a.qw.dim(0));
+  const int m = static_cast<int>(a.x.dim(0)), n = static_cast<int>(a.y.dim(1));
   if (m == 0 || n == 0) return Status::Ok();
-  KDTREE_RETURN_IF_ERROR(Aligned(a.qw, 16, "w4a16_gemm"));
-  KDTREE_RETURN_IF_ERROR(Aligned(a.x, 16, "w4a16_gemm"));
-  KDTREE_RETURN_IF_ERROR(Aligned(a.sc, 4, "w4a16_gemm"));
-  const bool simt = a.x.dtype == DType::kF32;
-  GemmParams p = WeightParams(a.x, a.qw, a.sc, a.group, m, simt ? 64 : 16 * Mf(m));
-  ChooseSplits(n, k / a.group, a.group, 1, sms, &p.splits, &p.groups_per_split);
-  p.direct = p.splits == 1;
-  p.fixup = !p.direct && !simt;
+  KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "w4a16_gemm"));
+  GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, m);
+  const int nt = ChooseNt(m, a.x.dtype);
+  p.tile_tokens = 8 * nt;
   p.y = a.y.data;
   p.y_dtype = a.y.dtype;
-  p.out_rows = m;
-  const int tiles = (m + p.tile_rows - 1) / p.tile_rows;
-  if (!p.direct) {
-    KDTREE_RETURN_IF_ERROR(scratch.Reserve(static_cast<size_t>(p.splits) * m * n * sizeof(float), s));
-    p.partial = static_cast<float*>(scratch.ptr);
-  }
-  if (p.fixup) KDTREE_RETURN_IF_ERROR(scratch.Counters(static_cast<size_t>(tiles) * ((n + kBlockRows - 1) / kBlockRows), s, &p.counters));
-  KDTREE_RETURN_IF_ERROR(RunGemm(p, a.x.dtype, tiles, std::min(m, p.tile_rows), s));
-  if (!p.direct && !p.fixup) {
-    const int64_t total = static_cast<int64_t>(m) * n;
-    FinalizeKernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, s>>>(p.partial, p.splits, m, n, m, 1, nullptr, a.y.data, a.y.dtype);
-    KDTREE_RETURN_IF_ERROR(LaunchStatus("w4a16 finalize"));
-  }
-  return Status::Ok();
+  return RunGemm(p, a.x.dtype, a.group, nt, (m + p.tile_tokens - 1) / p.tile_tokens, 1, sms, scratch, 0, s);
 }
 
 Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
-  const int experts = static_cast<int>(a.qw.dim(0)), n = static_cast<int>(a.qw.dim(1)), k = static_cast<int>(a.x.dim(1));
+  const int experts = static_cast<int>(a.qw.dim(0)), n = static_cast<int>(a.y.dim(1));
   const int t = static_cast<int>(a.ids.dim(0)), topk = static_cast<int>(a.ids.dim(1)), pairs = t * topk;
   if (pairs == 0 || n == 0) return Status::Ok();
-  KDTREE_RETURN_IF_ERROR(Aligned(a.qw, 16, "moe_gemm"));
-  KDTREE_RETURN_IF_ERROR(Aligned(a.x, 16, "moe_gemm"));
-  KDTREE_RETURN_IF_ERROR(Aligned(a.sc, 4, "moe_gemm"));
+  KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "moe_gemm"));
   const bool gather = a.mode == MoeMode::kGather;
-  const int tile_rows = a.x.dtype == DType::kF32 ? 64 : 16 * Mf(std::min(pairs, 64));
+  const int nt = ChooseNt(std::min(pairs, 64), a.x.dtype);
+  const int tile_rows = 8 * nt;
   const int max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
-  GemmParams p = WeightParams(a.x, a.qw, a.sc, a.group, pairs, tile_rows);
-  ChooseSplits(n, k / a.group, a.group, topk, sms, &p.splits, &p.groups_per_split);
-  p.direct = gather && p.splits == 1;
-  const bool simt = a.x.dtype == DType::kF32;
-  p.fixup = gather && !p.direct && !simt;
-  // scratch: x_row[pairs] out_row[pairs] counts[experts] num_tiles tiles[max_tiles] partial[splits, pairs, n]
+  GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
+  p.tile_tokens = tile_rows;
+  // scratch: x_row[pairs] out_row[pairs] counts[experts] num_tiles tiles[max_tiles] (sum mode: pair rows [pairs, N] f32), partials
   auto align = [](size_t v) { return (v + 255) / 256 * 256; };
   const size_t off_out = align(pairs * sizeof(int));
   const size_t off_counts = off_out + align(pairs * sizeof(int));
   const size_t off_num = off_counts + align(experts * sizeof(int));
   const size_t off_tiles = off_num + 256;
-  const size_t off_partial = off_tiles + align(max_tiles * sizeof(Tile));
-  const size_t total = off_partial + (p.direct ? 0 : static_cast<size_t>(p.splits) * pairs * n * sizeof(float));
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(total, s));
+  const size_t off_pair = off_tiles + align(max_tiles * sizeof(Tile));
+  const size_t used = off_pair + (gather ? 0 : static_cast<size_t>(pairs) * n * sizeof(float));
+  // RunGemm may grow (and move) the scratch block: reserve the whole need first
+  const Ranges r = ChooseRanges(static_cast<int64_t>(p.tiles) * p.steps, topk, sms);
+  const size_t partial_bytes = static_cast<size_t>(std::min(max_tiles, kChunkTiles)) * r.warps * 2 * nt * 8 * w4::kTileRows * sizeof(float);
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(align(used) + partial_bytes, s));
   char* base = static_cast<char*>(scratch.ptr);
   int* x_row = reinterpret_cast<int*>(base);
   int* out_row = reinterpret_cast<int*>(base + off_out);
   int* counts = reinterpret_cast<int*>(base + off_counts);
   int* num_tiles = reinterpret_cast<int*>(base + off_num);
   Tile* tiles = reinterpret_cast<Tile*>(base + off_tiles);
+  float* pair_out = reinterpret_cast<float*>(base + off_pair);
   MoeSortKernel<<<1, 1024, 0, s>>>(a.ids.as<const int32_t>(), pairs, topk, experts, gather, tile_rows, x_row, out_row, tiles, num_tiles, counts);
   KDTREE_RETURN_IF_ERROR(LaunchStatus("moe sort"));
-  p.tiles = tiles;
+  p.moe_tiles = tiles;
   p.num_tiles = num_tiles;
   p.x_row = x_row;
   p.out_row = out_row;
-  p.y = a.y.data;
-  p.y_dtype = a.y.dtype;
-  p.partial = reinterpret_cast<float*>(base + off_partial);
-  p.out_rows = pairs;
-  if (p.fixup) KDTREE_RETURN_IF_ERROR(scratch.Counters(static_cast<size_t>(max_tiles) * ((n + kBlockRows - 1) / kBlockRows), s, &p.counters));
-  KDTREE_RETURN_IF_ERROR(RunGemm(p, a.x.dtype, max_tiles, tile_rows, s));
-  if (!p.direct && !p.fixup) {
-    const int rows_out = gather ? pairs : t;
-    const int64_t count = static_cast<int64_t>(rows_out) * n;
-    FinalizeKernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(p.partial, p.splits, pairs, n, rows_out, topk,
-                                                                              gather ? nullptr : a.weights.as<const float>(), a.y.data, a.y.dtype);
-    KDTREE_RETURN_IF_ERROR(LaunchStatus("moe finalize"));
+  p.y = gather ? a.y.data : pair_out;
+  p.y_dtype = gather ? a.y.dtype : DType::kF32;
+  KDTREE_RETURN_IF_ERROR(RunGemm(p, a.x.dtype, a.group, nt, max_tiles, topk, sms, scratch, used, s));
+  if (!gather) {
+    const int64_t count = static_cast<int64_t>(t) * n;
+    MoeSumKernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(pair_out, t, topk, n, a.weights.as<const float>(), a.y.data, a.y.dtype);
+    KDTREE_RETURN_IF_ERROR(LaunchStatus("moe sum"));
   }
   return Status::Ok();
 }

@@ -4,6 +4,7 @@
  * dtypes, shapes, sizes) and throws an Error with a `code` and all shapes involved.
  */
 import { loadAddon, type LoadedAddon, type LoadOptions } from './loader.js';
+import { packedW4A16Shapes } from './w4a16-layout.js';
 import type { NativeBackend, NativeBuffer, NativeDeviceInfo, NativeDtype, TensorArg } from './native-types.js';
 
 export type Dtype = NativeDtype;
@@ -92,6 +93,28 @@ export class KdtreeBackend {
       const buffer = 'buffer' in t ? t.buffer : t;
       if (!buffer.freed) this.native.free(buffer);
     }
+  }
+
+  /**
+   * Packs checkpoint W4A16 weights (qw i32 [(E,) N, K/8], sc [(E,) N, K/G]) into the layout the
+   * GEMM kernels read, as new tensors; the inputs are left as they are.
+   */
+  packW4A16(qw: DeviceTensor, sc: DeviceTensor, group: number, stream?: number): { qw: DeviceTensor; sc: DeviceTensor } {
+    const lead = qw.shape.length - 2;
+    if (lead !== 0 && lead !== 1) {
+      const error = new Error(`packW4A16: qw must be [N, K/8] or [E, N, K/8], got [${qw.shape.join(', ')}]`) as Error & { code: string };
+      error.code = 'KDTREE_INVALID_ARGUMENT';
+      throw error;
+    }
+    const shapes = packedW4A16Shapes(qw.shape[lead], qw.shape[lead + 1] * 8, group, lead ? qw.shape[0] : undefined);
+    const out = { qw: this.empty('i32', shapes.qw), sc: this.empty(sc.dtype, shapes.sc) };
+    try {
+      this.native.w4a16Pack({ qw, sc, qwPacked: out.qw, scPacked: out.sc, group, stream });
+    } catch (error) {
+      this.free(out.qw, out.sc);
+      throw error;
+    }
+    return out;
   }
 
   synchronize(stream?: number): void {

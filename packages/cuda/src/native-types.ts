@@ -43,6 +43,7 @@ export interface NativeBackend {
   destroyEvent(event: number): void;
   recordEvent(event: number, stream?: number): void;
   elapsedMs(start: number, end: number): number;
+  w4a16Pack(args: { qw: TensorArg; sc: TensorArg; qwPacked: TensorArg; scPacked: TensorArg; group?: number; stream?: number }): void;
   w4a16Gemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; y: TensorArg; group?: number; stream?: number }): void;
   moeGemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; ids: TensorArg; weights?: TensorArg; y: TensorArg; group?: number; mode?: 'gather' | 'sum'; stream?: number }): void;
   mlaAttention(args: { qNope: TensorArg; qPe: TensorArg; kvB: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; mask?: TensorArg; out: TensorArg; base: number; scale: number; stream?: number }): void;

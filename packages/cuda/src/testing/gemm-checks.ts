@@ -3,6 +3,7 @@ import { bf16ArrayToF32, f16ArrayToF32, f32ArrayToBf16, f32ArrayToF16 } from '@k
 import { dequantizeInt4, quantizeInt4, type Int4Matrix } from '@kdtree/quant';
 import { matmulT } from '@kdtree/reference';
 import type { DeviceTensor, Dtype, KdtreeBackend } from '../backend.js';
+import { packedW4A16Shapes } from '../w4a16-layout.js';
 import { expectClose, expectThrows, fail, randomF32, sameBits, withTensors, type KernelCheck } from './harness.js';
 
 /** x as the kernel sees it: rounded to bf16/f16 when that is its dtype. */
@@ -28,10 +29,68 @@ export function int4(n: number, k: number, group: number, scaleDtype: 'BF16' | '
   return quantizeInt4(randomF32(n * k, seed, 0.05), n, k, { groupSize: group, scaleDtype });
 }
 
-export function uploadInt4(b: KdtreeBackend, m: Int4Matrix, experts = 1): { qw: DeviceTensor; sc: DeviceTensor } {
+/** Checkpoint-layout tensors of `m` (rows split into `experts` equal matrices when > 1). */
+export function uploadCheckpoint(b: KdtreeBackend, m: Int4Matrix, experts = 1): { qw: DeviceTensor; sc: DeviceTensor } {
   const shapeQ = experts === 1 ? [m.rows, m.cols / 8] : [experts, m.rows / experts, m.cols / 8];
   const shapeS = experts === 1 ? [m.rows, m.cols / m.groupSize] : [experts, m.rows / experts, m.cols / m.groupSize];
   return { qw: b.fromArray('i32', shapeQ, m.packed), sc: b.fromArray(m.scaleDtype === 'BF16' ? 'bf16' : 'f32', shapeS, m.scales) };
+}
+
+/** `m` uploaded and packed into the layout the GEMM kernels read. */
+export function uploadInt4(b: KdtreeBackend, m: Int4Matrix, experts = 1): { qw: DeviceTensor; sc: DeviceTensor } {
+  const checkpoint = uploadCheckpoint(b, m, experts);
+  try {
+    return b.packW4A16(checkpoint.qw, checkpoint.sc, m.groupSize);
+  } finally {
+    b.free(checkpoint.qw, checkpoint.sc);
+  }
+}
+
+/**
+ * The packed layout written out from its definition (w4a16_layout.h), independently of the native
+ * code: word (h, lane, b) of (tile, step) holds row 16 tile + lane/4 + 8h, k = 128 step + 32 b +
+ * off(p) in nibble p, off(p) = 16 (p&3 >> 1) + 4 (lane%4) + 2 (p&1) + (p >> 2); scale slot (r, h, q)
+ * of (tile, block) holds row 16 tile + r + 8 h, group 4 block + q. Padding: code 8, scale 0.
+ */
+export function packReference(m: Int4Matrix): { qw: Int32Array; sc: Uint16Array | Float32Array } {
+  const { rows: n, cols: k, groupSize: group } = m;
+  const tiles = Math.ceil(n / 16);
+  const steps = Math.ceil(k / 128);
+  const blocks = Math.ceil((steps * (128 / group)) / 4);
+  const code = (r: number, c: number) => (r < n && c < k ? (m.packed[r * (k / 8) + (c >> 3)] >>> (4 * (c & 7))) & 15 : 8);
+  const qw = new Int32Array(tiles * steps * 256);
+  for (let tile = 0; tile < tiles; tile++) {
+    for (let step = 0; step < steps; step++) {
+      for (let h = 0; h < 2; h++) {
+        for (let lane = 0; lane < 32; lane++) {
+          for (let b = 0; b < 4; b++) {
+            let v = 0;
+            for (let p = 0; p < 8; p++) {
+              const off = 16 * ((p & 3) >> 1) + 4 * (lane % 4) + 2 * (p & 1) + (p >> 2);
+              v |= code(tile * 16 + (lane >> 2) + 8 * h, step * 128 + 32 * b + off) << (4 * p);
+            }
+            qw[(tile * steps + step) * 256 + (h * 32 + lane) * 4 + b] = v;
+          }
+        }
+      }
+    }
+  }
+  const groups = k / group;
+  const sc = m.scaleDtype === 'BF16' ? new Uint16Array(tiles * blocks * 64) : new Float32Array(tiles * blocks * 64);
+  for (let tile = 0; tile < tiles; tile++) {
+    for (let blk = 0; blk < blocks; blk++) {
+      for (let pair = 0; pair < 8; pair++) {
+        for (let h = 0; h < 2; h++) {
+          for (let q = 0; q < 4; q++) {
+            const r = tile * 16 + pair + 8 * h;
+            const g = 4 * blk + q;
+            sc[(tile * blocks + blk) * 64 + pair * 8 + h * 4 + q] = r < n && g < groups ? m.scales[r * groups + g] : 0;
+          }
+        }
+      }
+    }
+  }
+  return { qw, sc };
 }
 
 const TOLERANCE: Record<Dtype, number> = { f32: 1e-5, bf16: 1e-2, f16: 1e-2, i32: 0, u8: 0, f64: 0 };
@@ -157,28 +216,105 @@ function moeCheck(xDtype: Dtype): KernelCheck {
   };
 }
 
+function packCheck(scaleDtype: 'BF16' | 'F32'): KernelCheck {
+  return {
+    name: `w4a16_pack, scales ${scaleDtype.toLowerCase()}: bit-exact with the layout written out in JS (odd N, K tails, groups 32/64/128, experts)`,
+    run(b) {
+      const cases = [...SHAPES, { n: 17, k: 32, group: 32 }, { n: 16, k: 128, group: 128 }];
+      for (const [ci, { n, k, group }] of cases.entries()) {
+        const w = int4(n, k, group, scaleDtype, 40 + ci);
+        const ref = packReference(w);
+        withTensors(b, (track) => {
+          const packed = uploadInt4(b, w);
+          track(packed.qw);
+          track(packed.sc);
+          const shapes = packedW4A16Shapes(n, k, group);
+          if (packed.qw.shape.join() !== shapes.qw.join() || packed.sc.shape.join() !== shapes.sc.join()) fail(`N=${n} K=${k}: packed shapes ${packed.qw.shape} / ${packed.sc.shape}`);
+          if (!sameBits(b.toArray(packed.qw), ref.qw)) fail(`N=${n} K=${k} G=${group}: packed codes differ from the layout definition`);
+          if (!sameBits(b.toArray(packed.sc), ref.sc)) fail(`N=${n} K=${k} G=${group}: packed scales differ from the layout definition`);
+        });
+      }
+      // experts: each matrix packed on its own, one after the other
+      const E = 3;
+      const w = int4(E * 40, 96, 32, scaleDtype, 49);
+      withTensors(b, (track) => {
+        const packed = uploadInt4(b, w, E);
+        track(packed.qw);
+        track(packed.sc);
+        const qw = b.toArray(packed.qw) as Int32Array;
+        const sc = b.toArray(packed.sc);
+        for (let e = 0; e < E; e++) {
+          const one: Int4Matrix = { ...w, rows: 40, packed: w.packed.subarray(e * 40 * 12, (e + 1) * 40 * 12), scales: w.scales.subarray(e * 40 * 3, (e + 1) * 40 * 3) };
+          const ref = packReference(one);
+          if (!sameBits(qw.subarray(e * ref.qw.length, (e + 1) * ref.qw.length), ref.qw)) fail(`expert ${e}: packed codes differ`);
+          if (!sameBits((sc as Uint16Array).subarray(e * ref.sc.length, (e + 1) * ref.sc.length), ref.sc)) fail(`expert ${e}: packed scales differ`);
+        }
+      });
+      return { detail: `${cases.length} shapes + 3 experts` };
+    },
+  };
+}
+
+/**
+ * A shape large enough that the device's stream-K ranges (about 16 per SM) end inside tiles and
+ * several warps share one tile: N = 14496 (906 tiles), K = 896 (7 steps of 128).
+ */
+const streamKCheck: KernelCheck = {
+  name: 'w4a16_gemm bf16: N 14496 x K 896 (work ranges that split tiles) at M 1/3/17 vs reference',
+  run(b) {
+    const { n, k, group } = { n: 14496, k: 896, group: 32 };
+    const w = int4(n, k, group, 'BF16', 61);
+    const wf = dequantizeInt4(w);
+    let detail = '';
+    withTensors(b, (track) => {
+      const { qw, sc } = uploadInt4(b, w);
+      track(qw);
+      track(sc);
+      for (const m of [1, 3, 17]) {
+        const x = randomF32(m * k, 500 + m);
+        const y = track(b.empty('f32', [m, n]));
+        b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
+        detail = expectClose(`M=${m}`, b.toArray(y) as Float32Array, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16);
+      }
+    });
+    return { detail };
+  },
+};
+
 const shapeErrors: KernelCheck = {
-  name: 'w4a16_gemm and moe_gemm reject bad shapes, dtypes and groups with every shape in the message',
+  name: 'w4a16_pack, w4a16_gemm and moe_gemm reject bad shapes, dtypes, layouts and groups with every shape in the message',
   run(b) {
     withTensors(b, (track) => {
       const x = track(b.zeros('bf16', [3, 64]));
-      const qw = track(b.zeros('i32', [16, 8]));
-      const sc = track(b.zeros('bf16', [16, 2]));
+      const qw = track(b.zeros('i32', [1, 1, 256]));
+      const sc = track(b.zeros('bf16', [1, 1, 64]));
       const y = track(b.zeros('f32', [3, 16]));
       b.native.w4a16Gemm({ x, qw, sc, y, group: 32 });
-      expectThrows('K mismatch', () => b.native.w4a16Gemm({ x: track(b.zeros('bf16', [3, 96])), qw, sc, y, group: 32 }), /x: bf16 \[3, 96\].*qw: i32 \[16, 8\].*qw must be \[N, K\/8\] = \[16, 12\]/);
+      expectThrows('K mismatch', () => b.native.w4a16Gemm({ x: track(b.zeros('bf16', [3, 192])), qw, sc, y, group: 32 }), /x: bf16 \[3, 192\].*qw: i32 \[1, 1, 256\].*qw must be the packed layout \[N\/16, K\/128, 256\] = \[1, 2, 256\] for N = 16, K = 192/);
+      expectThrows('N mismatch', () => b.native.w4a16Gemm({ x, qw, sc, y: track(b.zeros('f32', [3, 40])), group: 32 }), /qw must be the packed layout .* = \[3, 1, 256\] for N = 40/);
+      expectThrows('checkpoint layout', () => b.native.w4a16Gemm({ x, qw: track(b.zeros('i32', [16, 8])), sc, y, group: 32 }), /qw is in the checkpoint layout \[16, 8\]: pack it first \(w4a16Pack, or KdtreeBackend\.packW4A16\)/);
       expectThrows('group', () => b.native.w4a16Gemm({ x, qw, sc, y, group: 48 }), /group size 48 is not 32, 64 or 128/);
-      expectThrows('scales', () => b.native.w4a16Gemm({ x, qw, sc: track(b.zeros('bf16', [16, 3])), y, group: 32 }), /sc must be \[N, K\/G\] = \[16, 2\]/);
-      expectThrows('y shape', () => b.native.w4a16Gemm({ x, qw, sc, y: track(b.zeros('f32', [2, 16])), group: 32 }), /y must be \[M, N\] = \[3, 16\]/);
+      expectThrows('scales', () => b.native.w4a16Gemm({ x, qw, sc: track(b.zeros('bf16', [1, 2, 64])), y, group: 32 }), /sc must be the packed layout \[N\/16, K\/\(4G\), 64\] = \[1, 1, 64\]/);
+      expectThrows('y rows', () => b.native.w4a16Gemm({ x, qw, sc, y: track(b.zeros('f32', [2, 16])), group: 32 }), /y must be \[M, N\] with M = 3/);
       expectThrows('dtype', () => b.native.w4a16Gemm({ x: track(b.zeros('i32', [3, 64])), qw, sc, y, group: 32 }), /x must be f32 or bf16 or f16, got i32/);
       expectThrows('buffer too small', () => b.native.w4a16Gemm({ x: { ...x, shape: [300, 64] }, qw, sc, y, group: 32 }), /x needs 38400 bytes but its buffer holds 384/);
       expectThrows('rank', () => b.native.w4a16Gemm({ x: { ...x, shape: [192] }, qw, sc, y, group: 32 }), /x must have 2 dimensions, got 1/);
       expectThrows('not a tensor', () => b.native.w4a16Gemm({ x: { buffer: {} as never, dtype: 'bf16', shape: [3, 64] }, qw, sc, y, group: 32 }), /x\.buffer must be a DeviceBuffer/);
       expectThrows('missing', () => b.native.w4a16Gemm({ x, qw, sc } as never), /y is required/);
+      // pack
+      const cq = track(b.zeros('i32', [16, 8]));
+      const cs = track(b.zeros('bf16', [16, 2]));
+      b.native.w4a16Pack({ qw: cq, sc: cs, qwPacked: qw, scPacked: sc, group: 32 });
+      expectThrows('pack output shape', () => b.native.w4a16Pack({ qw: cq, sc: cs, qwPacked: track(b.zeros('i32', [1, 2, 256])), scPacked: sc, group: 32 }), /qwPacked must be the packed layout \[N\/16, K\/128, 256\] = \[1, 1, 256\] for N = 16, K = 64/);
+      expectThrows('pack scale dtype', () => b.native.w4a16Pack({ qw: cq, sc: cs, qwPacked: qw, scPacked: track(b.zeros('f32', [1, 1, 64])), group: 32 }), /scPacked must be bf16, got f32/);
+      expectThrows('pack scales', () => b.native.w4a16Pack({ qw: cq, sc: track(b.zeros('bf16', [16, 4])), qwPacked: qw, scPacked: sc, group: 32 }), /sc must be \[16, 2\] \(N, K\/G\)/);
+      expectThrows('pack rank', () => b.native.w4a16Pack({ qw: track(b.zeros('i32', [128])), sc: cs, qwPacked: qw, scPacked: sc, group: 32 }), /qw must be \[N, K\/8\] or \[E, N, K\/8\], got 1 dimensions/);
+      // MoE
       const ids = track(b.zeros('i32', [3, 2]));
-      const eqw = track(b.zeros('i32', [4, 16, 8]));
-      const esc = track(b.zeros('bf16', [4, 16, 2]));
-      expectThrows('moe gather y', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y, mode: 'gather' }), /gather mode: y must be \[T\*topk, N\] = \[6, 16\]/);
+      const eqw = track(b.zeros('i32', [4, 1, 1, 256]));
+      const esc = track(b.zeros('bf16', [4, 1, 1, 64]));
+      expectThrows('moe gather y', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y, mode: 'gather' }), /gather mode: y must be \[T\*topk, N\] = \[6, N\]/);
+      expectThrows('moe experts', () => b.native.moeGemm({ x, qw: eqw, sc: track(b.zeros('bf16', [3, 1, 1, 64])), ids, y: track(b.zeros('f32', [6, 16])), mode: 'gather' }), /sc must be the packed layout \[E, N\/16, K\/\(4G\), 64\] = \[4, 1, 1, 64\]/);
       expectThrows('moe mode', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y, mode: 'scatter' as never }), /mode must be 'gather' or 'sum'/);
       expectThrows('moe weights', () => b.native.moeGemm({ x: track(b.zeros('bf16', [6, 64])), qw: eqw, sc: esc, ids, y, mode: 'sum' }), /weights/);
     });
@@ -191,6 +327,9 @@ export const GEMM_CHECKS: KernelCheck[] = [
   gemmCheck('bf16', 'BF16', 'f32'),
   gemmCheck('bf16', 'BF16', 'bf16'),
   gemmCheck('f16', 'F32', 'f16'),
+  packCheck('BF16'),
+  packCheck('F32'),
+  streamKCheck,
   gemmInvarianceCheck('f32'),
   gemmInvarianceCheck('bf16'),
   moeCheck('f32'),
