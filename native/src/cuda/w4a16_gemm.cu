@@ -8,9 +8,10 @@
 //  * Each lane fetches its A fragments straight from HBM, two 16-byte loads per 128 k (a warp's
 //    load is 512 contiguous bytes), kRing steps ahead in registers: no shared memory, no barriers.
 //    One LOP3 + one HSUB2 turn a nibble pair into an exact bf16x2 (or f16x2) code pair q = u - 8.
-//  * x is read as it is (an 8-byte load per lane per MMA, L1-resident): the layout's k order makes
-//    a lane's B fragment four consecutive k. f32 x is split into three bf16 planes (hi + mid + lo
-//    = x to 24 bits), three MMAs with the same exact codes.
+//  * x: the layout's k order makes a lane's B fragment four consecutive k, an 8-byte load. Up to 8
+//    tokens x is read in place (L1-resident); beyond, a staging kernel first rewrites it in
+//    fragment order so a warp's load is 256 contiguous bytes. f32 x is split into three bf16
+//    planes (hi + mid + lo = x to 24 bits), three MMAs with the same exact codes.
 //  * Codes are exact, so the MMA computes the f32 sum of x * q per group; a group's sum is then
 //    scaled into the accumulator: y = sum_g s_g * (sum_{k in g} x_k q_k). A lane's 8 scales (two
 //    rows, the step's 4 groups) arrive with the step's weights in one 16-byte load.
@@ -63,6 +64,8 @@ struct GemmParams {
   const int* out_row;      // logical row -> y row, or null (identity)
   int steps_per_warp;      // the stream-K range length
   int warps;               // ranges per matrix
+  const void* xs;          // x staged in fragment order for this chunk (StageXKernel), or null (StagesX)
+  int slices;              // k16 slices per staged token group: Steps(K) * 8 (zero past K)
   float* partial;          // [chunk tiles][warps][2 slots][8 NT tokens][16 rows]
   int* counters;           // [chunk tiles][tiles] arrivals, zero between launches
   void* y;
@@ -117,6 +120,13 @@ __device__ __forceinline__ void Mma(float* d, const uint32_t* a, uint32_t b0, ui
 // The code type the MMA runs in for activations X: f16 for f16, bf16 otherwise.
 template <typename X>
 using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
+
+// Whether x is read from the staged copy (StageXKernel): 16-bit x with more than one group of 8
+// tokens. With one group the in-place rows are few (one at decode, where staging would only add a
+// launch); with more, in-place loads hit 8 L1 lines each. f32 x is never staged.
+template <typename X, int NT>
+constexpr bool StagesX() { return NT > 1 && !std::is_same<X, float>::value; }
+inline bool StagesX(DType x, int nt) { return nt > 1 && x != DType::kF32; }
 
 __device__ __forceinline__ uint32_t Bf16Pair(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -194,13 +204,17 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
                                         const X* const (&xs)[NT], float (&acc)[NT][4], float (&part)[NT][4]) {
   using A = CodeT<X>;
   // small token tiles: the whole step's x up front (16-bit x: 2 registers per slice and tile)
-  constexpr bool kAhead = NT <= 2 && !std::is_same<X, float>::value;
+  // Staged x (StagesX): slice i of the step is 128 elements further, zero-padded past K (no
+  // predicate); otherwise x is read in place, 16 k per slice, K tail predicated.
+  constexpr bool kStaged = StagesX<X, NT>();
+  constexpr int kSliceStride = kStaged ? 32 * 4 : 16;
+  constexpr bool kAhead = NT <= 2 && kStaged;
   BFrag<X> ahead[kAhead ? NT : 1][kAhead ? 8 : 1];
   if constexpr (kAhead) {
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ahead[j][i] = LoadB<X>(xs[j] + 16 * i, i < 2 || i / 2 < blocks);
+      for (int i = 0; i < 8; ++i) ahead[j][i] = LoadB<X>(xs[j] + kSliceStride * i, true);
   }
   const uint32_t magic = kMagic<A>;
   const uint32_t lo[4] = {w0.x, w0.y, w0.z, w0.w}, hi[4] = {w1.x, w1.y, w1.z, w1.w};
@@ -212,7 +226,7 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
                              Dequant2<A>(lo[b] >> (8 * s + 4), magic), Dequant2<A>(hi[b] >> (8 * s + 4), magic)};
       const bool fresh = (32 * b) % G == 0 && s == 0;  // compile-time once unrolled
 #pragma unroll
-      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, kAhead ? ahead[j][2 * b + s] : LoadB<X>(xs[j] + 32 * b + 16 * s, b == 0 || b < blocks), fresh);
+      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, kAhead ? ahead[j][2 * b + s] : LoadB<X>(xs[j] + kSliceStride * (2 * b + s), kStaged || b == 0 || b < blocks), fresh);
     }
     if ((32 * b + 32) % G == 0) {  // a group ends (compile-time): scale its exact sums into acc
       const int q = G == 32 ? b : G == 64 ? (2 * step + b / 2) & 3 : step & 3;  // its slot in the scale block
@@ -229,9 +243,8 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
   }
 }
 
-// Resolves this block's token tile: logical rows [row_start, row_start + rows) of one expert.
-__device__ __forceinline__ bool BlockTile(const GemmParams& p, int* expert, int* row_start, int* rows) {
-  const int tile = p.tile_offset + static_cast<int>(blockIdx.y);
+// Token tile `tile` (of all the launch's): logical rows [row_start, row_start + rows) of one expert.
+__device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* expert, int* row_start, int* rows) {
   if (p.moe_tiles != nullptr) {
     if (tile >= *p.num_tiles) return false;
     const Tile t = p.moe_tiles[tile];
@@ -244,6 +257,28 @@ __device__ __forceinline__ bool BlockTile(const GemmParams& p, int* expert, int*
     *rows = min(p.tile_tokens, p.M - *row_start);
   }
   return *rows > 0;
+}
+
+// 16-bit x of a chunk of token tiles, rewritten in B-fragment order so that the GEMM's x loads are
+// 256 contiguous bytes per warp (read in place, the 8 token rows of a warp load hit 8 L1 lines:
+// 7.6 wavefronts per request at 16 tokens, L1 56% busy). Layout, per chunk tile and group of 8
+// tokens j: [slice q of 16 k][lane (g, t)][4 elements] = x[token 8 j + g][16 q + 4 t .. + 3], zero
+// for missing tokens and for k past K. One thread per 8 bytes.
+template <int NT, typename X>
+__global__ void StageXKernel(const GemmParams p, int chunk_tiles, X* xs) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int lane = static_cast<int>(i & 31), g = lane >> 2, t = lane & 3;
+  const int64_t q = (i >> 5) % p.slices, jt = (i >> 5) / p.slices;  // jt = chunk tile * NT + j
+  if (jt >= static_cast<int64_t>(chunk_tiles) * NT) return;
+  const int tile = p.tile_offset + static_cast<int>(jt / NT), tok = 8 * static_cast<int>(jt % NT) + g;
+  const int k = static_cast<int>(q) * 16 + 4 * t;
+  int expert, row_start, rows;
+  uint2 v = make_uint2(0u, 0u);
+  if (ResolveTile(p, tile, &expert, &row_start, &rows) && tok < rows && k < p.K) {
+    const int lr = row_start + tok;
+    v = *reinterpret_cast<const uint2*>(static_cast<const X*>(p.x) + static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K + k);
+  }
+  reinterpret_cast<uint2*>(xs)[i] = v;
 }
 
 // acc element i of n-tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
@@ -334,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 4 : NT == 8 ? 2 : 3) W4A16
   const bool moe = p.moe_tiles != nullptr;
   if (moe) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   int expert, row_start, rows;
-  if (!BlockTile(p, &expert, &row_start, &rows)) return;
+  if (!ResolveTile(p, p.tile_offset + static_cast<int>(blockIdx.y), &expert, &row_start, &rows)) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
@@ -369,12 +404,18 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 4 : NT == 8 ? 2 : 3) W4A16
   for (int s = 0; s < kRing; ++s) KDTREE_ISSUE(s)
   if (!moe) asm volatile("griddepcontrol.wait;\n" ::: "memory");  // x and the outputs are the previous kernels'
 
-  // B operand rows: tokens 8 j + g (tokens past the tile repeat its last; their columns are dropped)
+  // B operand: staged x (this lane's 8 bytes of each slice), or x in place at tokens
+  // 8 j + g (tokens past the tile repeat its last; their columns are dropped)
+  constexpr bool kStaged = StagesX<X, NT>();
   const X* xr[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    const int lr = row_start + min(8 * j + g, rows - 1);
-    xr[j] = static_cast<const X*>(p.x) + static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K + 4 * t;
+    if constexpr (kStaged) {
+      xr[j] = static_cast<const X*>(p.xs) + ((static_cast<int64_t>(blockIdx.y) * NT + j) * p.slices * 32 + lane) * 4;
+    } else {
+      const int lr = row_start + min(8 * j + g, rows - 1);
+      xr[j] = static_cast<const X*>(p.x) + static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K + 4 * t;
+    }
   }
 
   float acc[NT][4], part[NT][4];  // part: the current group's exact sum (each group starts it afresh)
@@ -395,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 4 : NT == 8 ? 2 : 3) W4A16
       const int k_step = step * w4::kStepK;
       const X* xs[NT];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xs[j] = xr[j] + k_step;
+      for (int j = 0; j < NT; ++j) xs[j] = xr[j] + (kStaged ? step * 8 * 32 * 4 : k_step);
       RunStep<X, S, NT, G>(w0, w1, sw, step, (p.K - k_step) / 32, xs, acc, part);
       if (++step == p.steps || base + s + 1 == f_end) {
         const TileWarps tw = WarpsOf(p, tile);
@@ -519,12 +560,35 @@ Status LaunchS(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
   return p.sc_f32 ? LaunchG<X, float, NT>(p, group, grid, s) : LaunchG<X, uint16_t, NT>(p, group, grid, s);
 }
 template <typename X>
+Status LaunchStage(const GemmParams& p, int nt, int chunk_tiles, void* xs, cudaStream_t s) {
+  const int64_t threads = static_cast<int64_t>(chunk_tiles) * nt * p.slices * 32;
+  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+  X* out = static_cast<X*>(xs);
+  switch (nt) {  // StagesX: nt > 1
+    case 2: StageXKernel<2, X><<<blocks, 256, 0, s>>>(p, chunk_tiles, out); break;
+    case 4: StageXKernel<4, X><<<blocks, 256, 0, s>>>(p, chunk_tiles, out); break;
+    default: StageXKernel<8, X><<<blocks, 256, 0, s>>>(p, chunk_tiles, out); break;
+  }
+  return LaunchStatus("w4a16 stage x");
+}
+
+template <typename X>
 Status LaunchNt(const GemmParams& p, int nt, int group, dim3 grid, cudaStream_t s) {
   if constexpr (std::is_same<X, __nv_bfloat16>::value) {
     if (nt == 2) return LaunchS<X, 2>(p, group, grid, s);
     if (nt == 4) return LaunchS<X, 4>(p, group, grid, s);
   }
   return nt == 1 ? LaunchS<X, 1>(p, group, grid, s) : LaunchS<X, 8>(p, group, grid, s);
+}
+
+// Scratch of one chunk: split-tile partials, then the staged x (when StagesX).
+size_t StagedXBytes(int chunk, int nt, int slices, DType x) {
+  return StagesX(x, nt) ? static_cast<size_t>(chunk) * nt * slices * 32 * 4 * 2 : 0;
+}
+size_t ScratchAfter(size_t used, int chunk, int nt, const Ranges& r, int slices, DType x) {
+  auto align = [](size_t v) { return (v + 255) / 256 * 256; };
+  const size_t partial = static_cast<size_t>(chunk) * r.warps * 2 * nt * 8 * w4::kTileRows * sizeof(float);
+  return align(used) + align(partial) + StagedXBytes(chunk, nt, slices, x);
 }
 
 // Launches the token tiles [0, token_tiles) in chunks of kChunkTiles (the partial buffer and the
@@ -534,17 +598,27 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   p.steps_per_warp = r.steps_per_warp;
   p.warps = r.warps;
   const int chunk = std::min(token_tiles, kChunkTiles);
-  const size_t partial_bytes = static_cast<size_t>(chunk) * r.warps * 2 * nt * 8 * w4::kTileRows * sizeof(float);
+  p.slices = p.steps * 8;
+  const size_t partial_bytes = ScratchAfter(0, chunk, nt, r, p.slices, x_dtype) - StagedXBytes(chunk, nt, p.slices, x_dtype);
   const size_t offset = (scratch_used + 255) / 256 * 256;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + partial_bytes, s));
-  p.partial = reinterpret_cast<float*>(static_cast<char*>(scratch.ptr) + offset);
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(scratch_used, chunk, nt, r, p.slices, x_dtype), s));
+  char* base = static_cast<char*>(scratch.ptr) + offset;
+  p.partial = reinterpret_cast<float*>(base);
+  void* staged = base + (partial_bytes + 255) / 256 * 256;
+  const bool stage = StagesX(x_dtype, nt);
+  p.xs = stage ? staged : nullptr;
   KDTREE_RETURN_IF_ERROR(scratch.Counters(static_cast<size_t>(chunk) * p.tiles, s, &p.counters));
   for (int first = 0; first < token_tiles; first += chunk) {
     p.tile_offset = first;
-    const dim3 grid((r.warps + kWarps - 1) / kWarps, std::min(chunk, token_tiles - first));
-    Status st = x_dtype == DType::kBF16 ? LaunchNt<__nv_bfloat16>(p, nt, group, grid, s)
-              : x_dtype == DType::kF16  ? LaunchNt<__half>(p, nt, group, grid, s)
-                                        : LaunchNt<float>(p, nt, group, grid, s);
+    const int tiles_now = std::min(chunk, token_tiles - first);
+    const dim3 grid((r.warps + kWarps - 1) / kWarps, tiles_now);
+    Status st = !stage ? Status::Ok()
+              : x_dtype == DType::kBF16 ? LaunchStage<__nv_bfloat16>(p, nt, tiles_now, staged, s)
+                                        : LaunchStage<__half>(p, nt, tiles_now, staged, s);
+    KDTREE_RETURN_IF_ERROR(st);
+    st = x_dtype == DType::kBF16 ? LaunchNt<__nv_bfloat16>(p, nt, group, grid, s)
+       : x_dtype == DType::kF16  ? LaunchNt<__half>(p, nt, group, grid, s)
+                                 : LaunchNt<float>(p, nt, group, grid, s);
     KDTREE_RETURN_IF_ERROR(st);
   }
   return Status::Ok();
@@ -607,8 +681,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const size_t used = off_pair + (gather ? 0 : static_cast<size_t>(pairs) * n * sizeof(float));
   // RunGemm may grow (and move) the scratch block: reserve the whole need first
   const Ranges r = ChooseRanges(static_cast<int64_t>(p.tiles) * p.steps, topk, sms);
-  const size_t partial_bytes = static_cast<size_t>(std::min(max_tiles, kChunkTiles)) * r.warps * 2 * nt * 8 * w4::kTileRows * sizeof(float);
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(align(used) + partial_bytes, s));
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(used, std::min(max_tiles, kChunkTiles), nt, r, p.steps * 8, a.x.dtype), s));
   char* base = static_cast<char*>(scratch.ptr);
   int* x_row = reinterpret_cast<int*>(base);
   int* out_row = reinterpret_cast<int*>(base + off_out);
