@@ -198,24 +198,17 @@ __device__ __forceinline__ void ScalesOf(const ScaleFrag<S>& f, int q, float* s_
 // One step (128 k of the lane's two rows): 8 k16 slices per group of 8 tokens, each group's sum
 // scaled into acc as it ends. xs[j] points at this step's x of token 8 j + g (+ 4 t), so every x
 // load is a register + immediate. Only `blocks` 32-k blocks hold real k (a K tail).
-// Straight-line code (no branches): the compiler interleaves loads, dequantization and MMAs.
+// Straight-line code (no branches): the compiler hoists the x loads and interleaves them with
+// dequantization and MMAs (loading a step's x into registers up front measured no faster and
+// cost 1 block per SM at 16 tokens).
 template <typename X, typename S, int NT, int G>
 __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const ScaleFrag<S>& sf, int step, int blocks,
                                         const X* const (&xs)[NT], float (&acc)[NT][4], float (&part)[NT][4]) {
   using A = CodeT<X>;
-  // small token tiles: the whole step's x up front (16-bit x: 2 registers per slice and tile)
   // Staged x (StagesX): slice i of the step is 128 elements further, zero-padded past K (no
   // predicate); otherwise x is read in place, 16 k per slice, K tail predicated.
   constexpr bool kStaged = StagesX<X, NT>();
   constexpr int kSliceStride = kStaged ? 32 * 4 : 16;
-  constexpr bool kAhead = NT <= 2 && kStaged;
-  BFrag<X> ahead[kAhead ? NT : 1][kAhead ? 8 : 1];
-  if constexpr (kAhead) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ahead[j][i] = LoadB<X>(xs[j] + kSliceStride * i, true);
-  }
   const uint32_t magic = kMagic<A>;
   const uint32_t lo[4] = {w0.x, w0.y, w0.z, w0.w}, hi[4] = {w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
@@ -226,7 +219,7 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
                              Dequant2<A>(lo[b] >> (8 * s + 4), magic), Dequant2<A>(hi[b] >> (8 * s + 4), magic)};
       const bool fresh = (32 * b) % G == 0 && s == 0;  // compile-time once unrolled
 #pragma unroll
-      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, kAhead ? ahead[j][2 * b + s] : LoadB<X>(xs[j] + kSliceStride * (2 * b + s), kStaged || b == 0 || b < blocks), fresh);
+      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, LoadB<X>(xs[j] + kSliceStride * (2 * b + s), kStaged || b == 0 || b < blocks), fresh);
     }
     if ((32 * b + 32) % G == 0) {  // a group ends (compile-time): scale its exact sums into acc
       const int q = G == 32 ? b : G == 64 ? (2 * step + b / 2) & 3 : step & 3;  // its slot in the scale block
@@ -360,7 +353,7 @@ __device__ void ArriveTile(const GemmParams& p, int tile, int row_start, int row
 }
 
 template <typename X, typename S, int NT, int G>
-__global__ void __launch_bounds__(kThreads, NT == 1 ? 4 : NT == 8 ? 2 : 3) W4A16Kernel(const GemmParams p) {
+__global__ void __launch_bounds__(kThreads, NT <= 2 ? 4 : NT == 8 ? 2 : 3) W4A16Kernel(const GemmParams p) {
   // Programmatic dependent launch: the next kernel in the stream may start as our blocks retire,
   // and we may start before the previous kernel ends. Weights and scales never depend on earlier
   // kernels, so a dense launch fills its ring first and waits (griddepcontrol.wait) only before
