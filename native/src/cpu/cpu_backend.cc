@@ -219,18 +219,16 @@ class CpuBackend final : public Backend {
     const std::vector<float> x = LoadAll(a.x);
     const int64_t tiles = w4::Tiles(n), q_tile = w4::Steps(k) * w4::kWordsPerStep, s_tile = w4::ScaleBlocks(k, a.group) * w4::kScalesPerBlock;
     const int64_t pairs = t * topk, groups = k / a.group;
+    std::map<int64_t, std::vector<int64_t>> pairs_of;  // expert -> its (token, slot) pairs, in order
+    for (int64_t p = 0; p < pairs; ++p) pairs_of[ids[p]].push_back(p);
     pool_.ParallelFor(tiles, [&](int64_t b, int64_t end) {
       W4Tile tile;
       std::vector<float> out(static_cast<size_t>(pairs * w4::kTileRows));  // [pair][row in tile]
       for (int64_t ti = b; ti < end; ++ti) {
         const int rows = static_cast<int>(std::min<int64_t>(w4::kTileRows, n - ti * w4::kTileRows));
-        for (int64_t e = 0; e < e_count; ++e) {
-          bool used = false;
-          for (int64_t p = 0; p < pairs && !used; ++p) used = ids[p] == e;
-          if (!used) continue;
+        for (const auto& [e, expert_pairs] : pairs_of) {  // each used expert's tile unpacked once
           UnpackW4Tile(a.qw.as<const int32_t>() + (e * tiles + ti) * q_tile, a.sc, (e * tiles + ti) * s_tile, k, a.group, &tile);
-          for (int64_t p = 0; p < pairs; ++p) {
-            if (ids[p] != e) continue;
+          for (const int64_t p : expert_pairs) {
             const float* xr = &x[(a.mode == MoeMode::kGather ? p / topk : p) * k];
             for (int r = 0; r < rows; ++r) out[p * w4::kTileRows + r] = W4Dot(xr, &tile.q[r * k], &tile.s[r * groups], k, a.group);
           }
