@@ -39,7 +39,9 @@ namespace {
 constexpr int kWarps = 4;                 // warps per block (they share nothing but x in L1)
 constexpr int kThreads = kWarps * 32;
 // Steps in flight per warp: 3 KB of weights in registers; with 4 blocks of 4 warps per SM (<= 128
-// registers) that is 48 KB per SM. Rings of 2 (20 warps/SM) and 4 (12) measured the same or slower.
+// registers, up to 32 tokens per tile) that is 48 KB per SM. Rings of 2 (20 warps/SM) and 4 (12)
+// measured the same or slower; letting 16- and 32-token tiles use more registers at 3 blocks per SM
+// was 10-45% slower (docs/gpu/notes.md, runs 38 and 40).
 constexpr int kRing = 3;
 constexpr int kWarpsPerSm = 16;           // stream-K ranges per SM and weight matrix (= resident warps at NT 1; 8, 24, 32 measured slower)
 constexpr int kChunkTiles = 16;           // token tiles per launch (bounds the partial buffer)
@@ -353,7 +355,7 @@ __device__ void ArriveTile(const GemmParams& p, int tile, int row_start, int row
 }
 
 template <typename X, typename S, int NT, int G>
-__global__ void __launch_bounds__(kThreads, NT <= 2 ? 4 : NT == 8 ? 2 : 3) W4A16Kernel(const GemmParams p) {
+__global__ void __launch_bounds__(kThreads, NT <= 4 ? 4 : 2) W4A16Kernel(const GemmParams p) {
   // Programmatic dependent launch: the next kernel in the stream may start as our blocks retire,
   // and we may start before the previous kernel ends. Weights and scales never depend on earlier
   // kernels, so a dense launch fills its ring first and waits (griddepcontrol.wait) only before
