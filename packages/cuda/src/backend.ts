@@ -3,6 +3,7 @@
  * streams, events, and every op. The native side checks every argument again (liveness, owner,
  * dtypes, shapes, sizes) and throws an Error with a `code` and all shapes involved.
  */
+import type { NativeError } from './errors.js';
 import { loadAddon, type LoadedAddon, type LoadOptions } from './loader.js';
 import { packedW4A16Shapes } from './w4a16-layout.js';
 import type { NativeBackend, NativeBuffer, NativeDeviceInfo, NativeDtype, TensorArg } from './native-types.js';
@@ -40,6 +41,13 @@ export function numel(shape: readonly number[]): number {
   return shape.reduce((a, b) => a * b, 1);
 }
 
+/** A bad argument caught on the JS side, coded like the native ops' errors. */
+function invalidArgument(message: string): NativeError {
+  const error = new Error(message) as NativeError;
+  error.code = 'KDTREE_INVALID_ARGUMENT';
+  return error;
+}
+
 export class KdtreeBackend {
   readonly native: NativeBackend;
   readonly kind: 'cpu' | 'cuda';
@@ -72,9 +80,7 @@ export class KdtreeBackend {
   fromArray(dtype: Dtype, shape: readonly number[], data: ArrayBufferView): DeviceTensor {
     const bytes = numel(shape) * DTYPE_BYTES[dtype];
     if (data.byteLength !== bytes) {
-      const error = new Error(`fromArray: ${dtype} [${shape.join(', ')}] needs ${bytes} bytes, the array has ${data.byteLength}`) as Error & { code: string };
-      error.code = 'KDTREE_INVALID_ARGUMENT';
-      throw error;
+      throw invalidArgument(`fromArray: ${dtype} [${shape.join(', ')}] needs ${bytes} bytes, the array has ${data.byteLength}`);
     }
     const t = this.empty(dtype, shape);
     this.native.upload(t.buffer, data);
@@ -102,9 +108,7 @@ export class KdtreeBackend {
   packW4A16(qw: DeviceTensor, sc: DeviceTensor, group: number, stream?: number): { qw: DeviceTensor; sc: DeviceTensor } {
     const lead = qw.shape.length - 2;
     if (lead !== 0 && lead !== 1) {
-      const error = new Error(`packW4A16: qw must be [N, K/8] or [E, N, K/8], got [${qw.shape.join(', ')}]`) as Error & { code: string };
-      error.code = 'KDTREE_INVALID_ARGUMENT';
-      throw error;
+      throw invalidArgument(`packW4A16: qw must be [N, K/8] or [E, N, K/8], got [${qw.shape.join(', ')}]`);
     }
     const shapes = packedW4A16Shapes(qw.shape[lead], qw.shape[lead + 1] * 8, group, lead ? qw.shape[0] : undefined);
     const out = { qw: this.empty('i32', shapes.qw), sc: this.empty(sc.dtype, shapes.sc) };
