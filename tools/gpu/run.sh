@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU host, from the repository root (the payload of `node tools/gpu/bundle.mjs` in .gpu/):
-#   bash .gpu/run.sh            the kernel self-test, the torch peer, then the benchmark
+#   bash .gpu/run.sh            the kernel self-test, the torch peer, the pure-read floor, then the benchmark
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
 # Results go to $OUT (default /tmp).
 set -u
@@ -19,5 +19,6 @@ if [ "${1:-}" = profile ]; then
 fi
 OUT=$out /tmp/node .gpu/selftest.mjs; st=$?
 python3 .gpu/dense_baseline.py "$out/dense.json"
+nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 .gpu/stream_floor.cu -o /tmp/stream_floor && /tmp/stream_floor > "$out/floor.md"
 OUT=$out /tmp/node .gpu/bench.mjs "$out/dense.json"; bt=$?
 exit $(( st || bt ))

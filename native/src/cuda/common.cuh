@@ -17,10 +17,11 @@ struct Scratch {
   void* ptr = nullptr;
   size_t bytes = 0;
   Status Reserve(size_t need, cudaStream_t stream);
-  // Split-K arrival counters: zero between launches (each user resets what it used).
-  int* counters = nullptr;
-  size_t n_counters = 0;
-  Status Counters(size_t need, cudaStream_t stream, int** out);
+  // Work space that is all zero between launches (each user resets what it used): the W4A16
+  // split-tile exchange slots.
+  void* zeroed = nullptr;
+  size_t zeroed_bytes = 0;
+  Status Zeroed(size_t need, cudaStream_t stream, void** out);
 };
 
 inline Status FromCuda(cudaError_t e, const char* what) {

@@ -28,18 +28,18 @@ Status Scratch::Reserve(size_t need, cudaStream_t stream) {
   return Status::Ok();
 }
 
-Status Scratch::Counters(size_t need, cudaStream_t stream, int** out) {
-  if (need > n_counters) {
-    KDTREE_RETURN_IF_ERROR(FromCuda(cudaStreamSynchronize(stream), "counters: synchronize"));
-    if (counters != nullptr) cudaFree(counters);
-    counters = nullptr;
-    n_counters = 0;
-    const size_t grown = std::max<size_t>(need * 2, 1024);
-    KDTREE_RETURN_IF_ERROR(FromCuda(cudaMalloc(&counters, grown * sizeof(int)), "counters: cudaMalloc"));
-    KDTREE_RETURN_IF_ERROR(FromCuda(cudaMemsetAsync(counters, 0, grown * sizeof(int), stream), "counters: zero"));
-    n_counters = grown;
+Status Scratch::Zeroed(size_t need, cudaStream_t stream, void** out) {
+  if (need > zeroed_bytes) {
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaStreamSynchronize(stream), "zeroed scratch: synchronize"));
+    if (zeroed != nullptr) cudaFree(zeroed);
+    zeroed = nullptr;
+    zeroed_bytes = 0;
+    const size_t grown = std::max<size_t>(need * 2, 4096);
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaMalloc(&zeroed, grown), "zeroed scratch: cudaMalloc"));
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaMemsetAsync(zeroed, 0, grown, stream), "zeroed scratch: zero"));
+    zeroed_bytes = grown;
   }
-  *out = counters;
+  *out = zeroed;
   return Status::Ok();
 }
 
@@ -63,7 +63,7 @@ class CudaBackend final : public Backend {
     for (auto& [id, e] : events_) cudaEventDestroy(e);
     for (auto& [id, sc] : scratch_) {
       if (sc.ptr) cudaFree(sc.ptr);
-      if (sc.counters) cudaFree(sc.counters);
+      if (sc.zeroed) cudaFree(sc.zeroed);
     }
   }
 
@@ -135,7 +135,7 @@ class CudaBackend final : public Backend {
     streams_.erase(stream);
     if (scratch_.count(stream)) {
       cudaFree(scratch_[stream].ptr);
-      cudaFree(scratch_[stream].counters);
+      cudaFree(scratch_[stream].zeroed);
       scratch_.erase(stream);
     }
     return Status::Ok();

@@ -6,26 +6,28 @@
 //  * W rows are the 16-row M side of mma.m16n8k16 and tokens the 8-wide N side: one token costs
 //    one MMA per 16 x 16 weights instead of wasting 15/16 of a 16-token tile.
 //  * Each lane fetches its A fragments straight from HBM, two 16-byte loads per 128 k (a warp's
-//    load is 512 contiguous bytes), kRing steps ahead in registers: no shared memory, no barriers.
+//    load is 512 contiguous bytes), kRing steps ahead in a register ring (no shared memory).
 //    One LOP3 + one HSUB2 turn a nibble pair into an exact bf16x2 (or f16x2) code pair q = u - 8.
 //  * x: the layout's k order makes a lane's B fragment four consecutive k, an 8-byte load. Up to 8
-//    tokens x is read in place (L1-resident); beyond, a staging kernel first rewrites it in
-//    fragment order so a warp's load is 256 contiguous bytes. f32 x is split into three bf16
-//    planes (hi + mid + lo = x to 24 bits), three MMAs with the same exact codes.
+//    tokens with K a multiple of 128, x is read in place (L1-resident, no K-tail predicates);
+//    otherwise a staging kernel first rewrites it in fragment order, zero-padded, so a warp's load
+//    is 256 contiguous bytes. f32 x is split into three bf16 planes (hi + mid + lo = x to 24
+//    bits), three MMAs with the same exact codes.
 //  * Codes are exact, so the MMA computes the f32 sum of x * q per group; a group's sum is then
 //    scaled into the accumulator: y = sum_g s_g * (sum_{k in g} x_k q_k). A lane's 8 scales (two
 //    rows, the step's 4 groups) arrive with the step's weights in one 16-byte load.
-//  * Work is stream-K over warps: the (tile, step) space of a matrix is cut into equal ranges, one
-//    per warp, so every warp streams the same bytes and the ring never drains at tile boundaries.
-//    A tile shared by several warps is summed by the last to arrive, in warp order.
+//  * Work is stream-K: the (tile, step) space of a matrix is cut into equal ranges, one per block
+//    and within it one per warp, so every warp streams the same bytes and the ring never drains at
+//    tile boundaries. A block sums the tiles its warps share in shared memory, in warp order; a
+//    tile crossing into the next block is finished by one exchange between the two (CombineSplitTiles).
 //  * Launches use programmatic dependent launch: a GEMM fills its weight ring while the previous
 //    kernel drains, and waits for it only before reading x.
 //  * Every output element is computed in the same order whatever M is (MMA columns are
 //    independent; the ranges depend only on N, K and the device), so results are batch-invariant.
-// Measured limits (docs/gpu/notes.md): at M = 1 the kernel streams ~60% of the copy bandwidth on
-// H200, bound by issue latency and the mma.sync tensor pipe (8 HMMA.16816 per KB of weights at
-// M <= 8, 16 at M <= 16); the next step is Hopper's wgmma with the codes dequantized into shared
-// memory.
+// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams ~2/3
+// of the copy bandwidth on H200; a pure read of the same bytes in the same launch pattern reaches
+// ~87% (tools/gpu/stream_floor.cu). The rest is issue: ~160 instructions per KB of weights (88 of
+// them dequantization) and the mma.sync pipe (8 HMMA.16816 per KB at M <= 8, 16 at M <= 16).
 #include <algorithm>
 #include <type_traits>
 
@@ -36,15 +38,17 @@ namespace kdtree {
 namespace cuda {
 namespace {
 
-constexpr int kWarps = 4;                 // warps per block (they share nothing but x in L1)
+// A block's warps split its step range and combine the tiles they share in shared memory; only a
+// tile that crosses a block boundary is combined across blocks, by one exchange (run 45).
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-// Steps in flight per warp: 3 KB of weights in registers; with 4 blocks of 4 warps per SM (<= 128
-// registers, up to 32 tokens per tile) that is 48 KB per SM. Rings of 2 (20 warps/SM) and 4 (12)
-// measured the same or slower; letting 16- and 32-token tiles use more registers at 3 blocks per SM
-// was 10-45% slower (docs/gpu/notes.md, runs 38 and 40).
+// Steps in flight per warp: 3 KB of weights in registers; with 16 warps per SM (<= 128 registers,
+// up to 32 tokens per tile) that is 48 KB per SM. Rings of 2 (20 warps/SM) and 4 (12) measured the
+// same or slower; letting 16- and 32-token tiles use more registers at 12 warps per SM was 10-45%
+// slower (docs/gpu/notes.md, runs 38 and 40); 20 warps per SM spill (run 43).
 constexpr int kRing = 3;
-constexpr int kWarpsPerSm = 16;           // stream-K ranges per SM and weight matrix (= resident warps at NT 1; 8, 24, 32 measured slower)
-constexpr int kChunkTiles = 16;           // token tiles per launch (bounds the partial buffer)
+constexpr int kWarpsPerSm = 16;          // stream-K ranges per SM and weight matrix (= resident warps up to 32 tokens)
+constexpr int kChunkTiles = 16;           // token tiles per launch (bounds the staged x and the exchange slots)
 constexpr int kUint4PerStep = w4::kWordsPerStep / 4;
 
 struct Tile {
@@ -64,12 +68,13 @@ struct GemmParams {
   const int* num_tiles;    // MoE: device count of token tiles
   const int* x_row;        // logical row -> x row, or null (identity)
   const int* out_row;      // logical row -> y row, or null (identity)
-  int steps_per_warp;      // the stream-K range length
-  int warps;               // ranges per matrix
+  int steps_per_block;     // the stream-K range of a block (>= steps: a tile spans at most two blocks)
+  int steps_per_warp;      // a warp's share of its block's range
+  int range_blocks;        // blocks per matrix
   const void* xs;          // x staged in fragment order for this chunk (StageXKernel), or null (StagesX)
   int slices;              // k16 slices per staged token group: Steps(K) * 8 (zero past K)
-  float* partial;          // [chunk tiles][warps][2 slots][8 NT tokens][16 rows]
-  int* counters;           // [chunk tiles][tiles] arrivals, zero between launches
+  uint64_t* exchange;      // [chunk tiles][range_blocks][8 NT tokens][16 rows]: a boundary tile's
+                           // first block sum (flag << 32 | f32 bits), zero between launches
   void* y;
   DType y_dtype;
 };
@@ -207,9 +212,11 @@ template <typename X, typename S, int NT, int G>
 __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const ScaleFrag<S>& sf, int step, int blocks,
                                         const X* const (&xs)[NT], float (&acc)[NT][4], float (&part)[NT][4]) {
   using A = CodeT<X>;
-  // Staged x (StagesX): slice i of the step is 128 elements further, zero-padded past K (no
-  // predicate); otherwise x is read in place, 16 k per slice, K tail predicated.
+  // Staged x (StagesX): slice i of the step is 128 elements further, zero-padded past K;
+  // otherwise x is read in place, 16 k per slice. In place, 16-bit x always has whole steps
+  // (ChooseNt stages it otherwise), so only f32 x predicates its loads at a K tail.
   constexpr bool kStaged = StagesX<X, NT>();
+  constexpr bool kPredicated = !kStaged && std::is_same<X, float>::value;
   constexpr int kSliceStride = kStaged ? 32 * 4 : 16;
   const uint32_t magic = kMagic<A>;
   const uint32_t lo[4] = {w0.x, w0.y, w0.z, w0.w}, hi[4] = {w1.x, w1.y, w1.z, w1.w};
@@ -221,7 +228,7 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
                              Dequant2<A>(lo[b] >> (8 * s + 4), magic), Dequant2<A>(hi[b] >> (8 * s + 4), magic)};
       const bool fresh = (32 * b) % G == 0 && s == 0;  // compile-time once unrolled
 #pragma unroll
-      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, LoadB<X>(xs[j] + kSliceStride * (2 * b + s), kStaged || b == 0 || b < blocks), fresh);
+      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, LoadB<X>(xs[j] + kSliceStride * (2 * b + s), kPredicated ? b == 0 || b < blocks : true), fresh);
     }
     if ((32 * b + 32) % G == 0) {  // a group ends (compile-time): scale its exact sums into acc
       const int q = G == 32 ? b : G == 64 ? (2 * step + b / 2) & 3 : step & 3;  // its slot in the scale block
@@ -277,85 +284,120 @@ __global__ void StageXKernel(const GemmParams p, int chunk_tiles, X* xs) {
 }
 
 // acc element i of n-tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
+__device__ __forceinline__ void StoreElement(const GemmParams& p, float v, int j, int i, int tile, int row_start, int rows, int g, int t) {
+  const int tok = 8 * j + 2 * t + (i & 1), n = tile * w4::kTileRows + g + 8 * (i >> 1);
+  if (tok < rows && n < p.N) {
+    const int lr = row_start + tok;
+    const int out = p.out_row ? p.out_row[lr] : lr;
+    StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * p.N + n, v);
+  }
+}
 template <int NT>
 __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[NT][4], int tile, int row_start, int rows, int g, int t) {
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tok = 8 * j + 2 * t + (i & 1), n = tile * w4::kTileRows + g + 8 * (i >> 1);
-      if (tok < rows && n < p.N) {
-        const int lr = row_start + tok;
-        const int out = p.out_row ? p.out_row[lr] : lr;
-        StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * p.N + n, v[j][i]);
-      }
-    }
-  }
+    for (int i = 0; i < 4; ++i) StoreElement(p, v[j][i], j, i, tile, row_start, rows, g, t);
 }
 
-// Split tiles: a tile covered by several warps' ranges is summed from their partials. Each warp
-// parks at most two (its first tile, slot 0, and its last, slot 1), and publishes them only when
-// its range is done: one fence per warp, after its loads have drained, instead of a fence in the
-// middle of the stream (a fence waits for the warp's in-flight loads).
-struct TileWarps {
-  int first, last;  // the warps whose ranges cover the tile
-};
-__device__ __forceinline__ TileWarps WarpsOf(const GemmParams& p, int tile) {
-  const int64_t L = p.steps_per_warp;
-  return {static_cast<int>(static_cast<int64_t>(tile) * p.steps / L), static_cast<int>((static_cast<int64_t>(tile + 1) * p.steps - 1) / L)};
-}
-
+// Split tiles. A tile whose steps lie in several warps' ranges is parked by each of them in
+// shared memory (slot 0: the warp's first tile, slot 1: its last; the tiles in between are whole
+// and stored directly), and after one barrier a warp of the block sums the parked partials in warp
+// order. A tile that crosses a block boundary (at most two blocks: a block's range is at least a
+// tile) is then finished by whichever of its two blocks comes second: one 64-bit exchange per
+// element hands over the other's sum, and a + b = b + a exactly, so the result does not depend on
+// which block was first. No global fence or counter: the value travels in the atomic (a fence +
+// counter + reload chain at the end of every warp's range cost ~2.5 us per call, run 44). A
+// per-tile shared-memory counter instead of the barrier (no warp waits for another) measured
+// slower everywhere (run 46).
 template <int NT>
 constexpr int kSlotFloats = NT * 8 * w4::kTileRows;
+template <int NT>
+constexpr int SharedBytes() { return kWarps * 2 * kSlotFloats<NT> * sizeof(float); }
 
 // acc element i of n-tile j of a lane, in a partial slot: [token 8 j + 2 t + (i & 1)][row g + 8 (i >> 1)]
 __device__ __forceinline__ int SlotIndex(int j, int i, int g, int t) { return (8 * j + 2 * t + (i & 1)) * w4::kTileRows + g + 8 * (i >> 1); }
 
-template <int NT>
-__device__ __forceinline__ float* SlotOf(const GemmParams& p, int warp, int tile) {
-  const bool first = tile == static_cast<int>(static_cast<int64_t>(warp) * p.steps_per_warp / p.steps);
-  return p.partial + ((static_cast<int64_t>(blockIdx.y) * p.warps + warp) * 2 + (first ? 0 : 1)) * kSlotFloats<NT>;
+// This block's stream-K range, [begin, end) in steps of the matrix, and its warps' shares. Never
+// empty: the grid has no more blocks than ranges.
+struct BlockRange {
+  int64_t begin, end;
+  __device__ int64_t WarpBegin(const GemmParams& p, int w) const { return min(end, begin + static_cast<int64_t>(w) * p.steps_per_warp); }
+  __device__ int64_t WarpEnd(const GemmParams& p, int w) const { return min(end, WarpBegin(p, w) + p.steps_per_warp); }
+};
+__device__ __forceinline__ BlockRange RangeOf(const GemmParams& p) {
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.steps_per_block;
+  return {begin, min(static_cast<int64_t>(p.tiles) * p.steps, begin + p.steps_per_block)};
 }
 
 template <int NT>
-__device__ __forceinline__ void ParkPartial(const GemmParams& p, const float (&acc)[NT][4], int tile, int warp, int g, int t) {
-  float* slot = SlotOf<NT>(p, warp, tile);
+__device__ __forceinline__ void ParkPartial(float* slot, const float (&acc)[NT][4], int g, int t) {
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) slot[SlotIndex(j, i, g, t)] = acc[j][i];
 }
 
-// After the fence: count this warp in; the last of the tile's warps sums the slots in warp order
-// (deterministic, no second launch), stores and resets the counter.
+// The block's sum of split tile `tile` (warps wa..wb in order), stored, or finished by exchange.
 template <int NT>
-__device__ void ArriveTile(const GemmParams& p, int tile, int row_start, int rows, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const TileWarps tw = WarpsOf(p, tile);
-  int* counter = p.counters + static_cast<int64_t>(blockIdx.y) * p.tiles + tile;
-  int arrived = 0;
-  if (lane == 0) arrived = atomicAdd(counter, 1);
-  arrived = __shfl_sync(0xffffffffu, arrived, 0);
-  if (arrived != tw.last - tw.first) return;
-  __threadfence();
+__device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRange& br, const float* parked, int tile, int wa, int wb, bool inside, int row_start,
+                                            int rows, int g, int t) {
+  const int64_t t0 = static_cast<int64_t>(tile) * p.steps;
   float sum[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) sum[j][i] = 0.f;
-  for (int w = tw.first; w <= tw.last; ++w) {
-    const float* slot = SlotOf<NT>(p, w, tile);
+  for (int w = wa; w <= wb; ++w) {
+    const bool first = tile == static_cast<int>(br.WarpBegin(p, w) / p.steps);
+    const float* slot = parked + (2 * w + (first ? 0 : 1)) * kSlotFloats<NT>;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) sum[j][i] += __ldcg(&slot[SlotIndex(j, i, g, t)]);
+      for (int i = 0; i < 4; ++i) sum[j][i] += slot[SlotIndex(j, i, g, t)];
   }
-  StoreTile<NT>(p, sum, tile, row_start, rows, g, t);
-  if (lane == 0) *counter = 0;
+  if (inside) {
+    StoreTile<NT>(p, sum, tile, row_start, rows, g, t);
+    return;
+  }
+  // the boundary between blocks b and b + 1 has exchange slot b
+  const int boundary = t0 < br.begin ? blockIdx.x - 1 : blockIdx.x;
+  uint64_t* slots = p.exchange + (static_cast<int64_t>(blockIdx.y) * p.range_blocks + boundary) * kSlotFloats<NT>;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint64_t* e = slots + SlotIndex(j, i, g, t);
+      const uint64_t other = atomicExch(reinterpret_cast<unsigned long long*>(e), (1ull << 32) | __float_as_uint(sum[j][i]));
+      if (other >> 32) {  // second: finish the element and leave the slot zero for the next launch
+        StoreElement(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other)), j, i, tile, row_start, rows, g, t);
+        *e = 0;
+      }
+    }
+}
+
+// After the block barrier: sum the parked partials of the block's split tiles, store the tiles that
+// lie inside the block, and exchange the two boundary tiles' block sums.
+// The range and the parked partials are recomputed here, not kept live across the streaming loop.
+template <int NT>
+__device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) {
+  const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const BlockRange br = RangeOf(p);
+  extern __shared__ float4 shared_partials[];
+  const float* parked = reinterpret_cast<const float*>(shared_partials);
+  const int t_lo = static_cast<int>(br.begin / p.steps), t_hi = static_cast<int>((br.end - 1) / p.steps);
+  for (int tile = t_lo + wib; tile <= t_hi; tile += kWarps) {
+    const int64_t t0 = static_cast<int64_t>(tile) * p.steps, t1 = t0 + p.steps;
+    const int64_t c0 = max(t0, br.begin), c1 = min(t1, br.end);  // the block's part of the tile
+    const int wa = static_cast<int>((c0 - br.begin) / p.steps_per_warp), wb = static_cast<int>((c1 - 1 - br.begin) / p.steps_per_warp);
+    const bool inside = t0 >= br.begin && t1 <= br.end;
+    if (wa == wb && inside) continue;  // one warp had it whole and stored it
+    CombineTile<NT>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
+  }
 }
 
 template <typename X, typename S, int NT, int G>
-__global__ void __launch_bounds__(kThreads, NT <= 4 ? 4 : 2) W4A16Kernel(const GemmParams p) {
+__global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) W4A16Kernel(const GemmParams p) {
   // Programmatic dependent launch: the next kernel in the stream may start as our blocks retire,
   // and we may start before the previous kernel ends. Weights and scales never depend on earlier
   // kernels, so a dense launch fills its ring first and waits (griddepcontrol.wait) only before
@@ -365,12 +407,13 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 4 : 2) W4A16Kernel(const G
   if (moe) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   int expert, row_start, rows;
   if (!ResolveTile(p, p.tile_offset + static_cast<int>(blockIdx.y), &expert, &row_start, &rows)) return;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int warp = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wib = threadIdx.x >> 5;
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
-  const int64_t f_begin = static_cast<int64_t>(warp) * p.steps_per_warp;
-  if (f_begin >= total) return;
-  const int64_t f_end = min(total, f_begin + p.steps_per_warp);
+  // This warp's steps (empty for the last warps of a short last block: they still meet the barrier)
+  const BlockRange br = RangeOf(p);
+  const int64_t f_begin = br.WarpBegin(p, wib), f_end = br.WarpEnd(p, wib);
+  extern __shared__ float4 shared_partials[];
+  float* parked = reinterpret_cast<float*>(shared_partials);  // [kWarps][2 slots][kSlotFloats]
   const uint4* wq = p.qw + static_cast<int64_t>(expert) * total * kUint4PerStep + lane;
   const S* sq = reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(expert) * p.tiles * p.blocks * w4::kScalesPerBlock + 8 * g;
 
@@ -382,8 +425,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 4 : 2) W4A16Kernel(const G
   int64_t ld_f = f_begin;
   const uint4* ld_w = wq + f_begin * kUint4PerStep;
   const S* ld_s = sq + (f_begin / p.steps * p.blocks + ld_step / kStepsPerBlock) * w4::kScalesPerBlock;
-  uint4 ring_w[kRing][2];
-  ScaleFrag<S> ring_s[kRing];
+  // kRing + 1 register slots, the loop unrolled over them: step i reads slot i % kSlots while step
+  // i + kRing loads into another, so no slot is copied aside before its reload (with kRing slots
+  // the compiler moved each step's 12 registers: ~28 of ~210 instructions per step; run 42).
+  constexpr int kSlots = kRing + 1;
+  uint4 ring_w[kSlots][2];
+  ScaleFrag<S> ring_s[kSlots];
 #define KDTREE_ISSUE(SLOT)                                                                             \
   if (ld_f < f_end) {                                                                                  \
     ring_w[SLOT][0] = LoadStream(ld_w);                                                                \
@@ -420,27 +467,28 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 4 : 2) W4A16Kernel(const G
     for (int i = 0; i < 4; ++i) acc[j][i] = part[j][i] = 0.f;
   int tile = static_cast<int>(f_begin / p.steps), step = static_cast<int>(f_begin % p.steps);
   const int range_first_tile = tile;
-  int parked_first = -1, parked_last = -1;  // split tiles whose partials this warp has parked
-  for (int64_t base = f_begin; base < f_end; base += kRing) {
+  // x of this step: in place (one token group) a pointer advanced step by step (no per-step
+  // address arithmetic, run 43); staged, an offset from the step index (cheaper for several groups)
+  constexpr int kXPerStep = kStaged ? 8 * 32 * 4 : w4::kStepK;  // elements per step (staged: 8 slices x 32 lanes x 4)
+  const X* x_step = xr[0] + step * kXPerStep;
+  for (int64_t base = f_begin; base < f_end; base += kSlots) {
 #pragma unroll
-    for (int s = 0; s < kRing; ++s) {
+    for (int s = 0; s < kSlots; ++s) {
       if (base + s >= f_end) break;
+      KDTREE_ISSUE((s + kRing) % kSlots)
       const uint4 w0 = ring_w[s][0], w1 = ring_w[s][1];
       const ScaleFrag<S> sw = ring_s[s];
-      KDTREE_ISSUE(s)
-      const int k_step = step * w4::kStepK;
       const X* xs[NT];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xs[j] = xr[j] + (kStaged ? step * 8 * 32 * 4 : k_step);
-      RunStep<X, S, NT, G>(w0, w1, sw, step, (p.K - k_step) / 32, xs, acc, part);
+      for (int j = 0; j < NT; ++j) xs[j] = NT == 1 ? x_step : xr[j] + step * kXPerStep;
+      RunStep<X, S, NT, G>(w0, w1, sw, step, (p.K - step * w4::kStepK) / 32, xs, acc, part);
+      x_step += kXPerStep;
       if (++step == p.steps || base + s + 1 == f_end) {
-        const TileWarps tw = WarpsOf(p, tile);
-        if (tw.first == tw.last) {
-          StoreTile<NT>(p, acc, tile, row_start, rows, g, t);
+        const int64_t t0 = static_cast<int64_t>(tile) * p.steps;
+        if (t0 >= f_begin && t0 + p.steps <= f_end) {
+          StoreTile<NT>(p, acc, tile, row_start, rows, g, t);  // whole in this warp's range
         } else {
-          ParkPartial<NT>(p, acc, tile, warp, g, t);
-          if (tile == range_first_tile) parked_first = tile;  // announced when the range is done
-          else parked_last = tile;
+          ParkPartial<NT>(parked + (2 * wib + (tile == range_first_tile ? 0 : 1)) * kSlotFloats<NT>, acc, g, t);
         }
 #pragma unroll
         for (int j = 0; j < NT; ++j)
@@ -449,16 +497,14 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 4 : 2) W4A16Kernel(const G
         if (step == p.steps) {
           step = 0;
           ++tile;
+          x_step = xr[0];
         }
       }
     }
   }
 #undef KDTREE_ISSUE
-  if (parked_first < 0 && parked_last < 0) return;
-  __threadfence();  // the parked partials are visible before any counter says so
-  __syncwarp();
-  if (parked_first >= 0) ArriveTile<NT>(p, parked_first, row_start, rows, lane);
-  if (parked_last >= 0) ArriveTile<NT>(p, parked_last, row_start, rows, lane);
+  __syncthreads();  // every warp's split tiles are parked
+  CombineSplitTiles<NT>(p, row_start, rows);
 }
 
 // MoE sum mode: y[t] = sum_j weights[t, j] * pair[t * topk + j], j in order.
@@ -502,24 +548,28 @@ __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int exper
   }
 }
 
-// Stream-K ranges from the shape and the device only (never from M, so rows stay batch-invariant):
-// kWarpsPerSm ranges per SM for one matrix, or shared by the `matrices` a decode launch streams
-// (top-k experts of a token).
+// Stream-K ranges from the shape and the device only (never from M or the token tile size, so rows
+// stay batch-invariant): kWarpsPerSm warps per SM for one matrix, or shared by the `matrices` a
+// decode launch streams (top-k experts of a token), in blocks of kWarps; a block's range is at
+// least one tile, so a tile spans at most two blocks.
 struct Ranges {
-  int steps_per_warp, warps;
+  int steps_per_block, steps_per_warp, blocks;
 };
-Ranges ChooseRanges(int64_t total_steps, int matrices, int sms) {
-  const int64_t target = std::max<int64_t>(1, static_cast<int64_t>(sms) * kWarpsPerSm / std::max(1, matrices));
+Ranges ChooseRanges(int64_t total_steps, int tile_steps, int matrices, int sms) {
+  const int64_t target = std::max<int64_t>(1, static_cast<int64_t>(sms) * (kWarpsPerSm / kWarps) / std::max(1, matrices));
+  const int64_t per_block = std::max<int64_t>((total_steps + target - 1) / target, tile_steps);
   Ranges r;
-  r.steps_per_warp = static_cast<int>((total_steps + target - 1) / target);
-  r.warps = static_cast<int>((total_steps + r.steps_per_warp - 1) / r.steps_per_warp);
+  r.steps_per_warp = static_cast<int>((per_block + kWarps - 1) / kWarps);
+  r.steps_per_block = r.steps_per_warp * kWarps;
+  r.blocks = static_cast<int>((total_steps + r.steps_per_block - 1) / r.steps_per_block);
   return r;
 }
 
 // Token tiles of 8 x NT tokens: NT 1, 2 and 4 cover decode and tree verify, 8 the rest (f16 and
-// f32 x, test and reference paths: 1 or 8).
-int ChooseNt(int rows, DType x) {
-  if (rows <= 8) return 1;
+// f32 x, test and reference paths: 1 or 8). 16-bit x is read in place (NT 1) only when K is whole
+// steps: its loads then need no K-tail predicate (~15 instructions per step); other K stage it.
+int ChooseNt(int rows, DType x, int k) {
+  if (rows <= 8 && (k % w4::kStepK == 0 || x == DType::kF32)) return 1;
   if (x != DType::kBF16) return 8;
   return rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
 }
@@ -531,9 +581,14 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
 
 template <typename X, typename S, int NT, int G>
 Status LaunchKernel(const GemmParams& p, dim3 grid, cudaStream_t s) {
+  constexpr int kShared = SharedBytes<NT>();  // the block's parked partials: 8-64 KB
+  if constexpr (kShared > 48 * 1024) {
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16Kernel<X, S, NT, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 kernel: shared memory"));
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kShared;
   config.stream = s;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see griddepcontrol in the kernel
@@ -576,37 +631,33 @@ Status LaunchNt(const GemmParams& p, int nt, int group, dim3 grid, cudaStream_t 
   return nt == 1 ? LaunchS<X, 1>(p, group, grid, s) : LaunchS<X, 8>(p, group, grid, s);
 }
 
-// Scratch of one chunk: split-tile partials, then the staged x (when StagesX).
+// Scratch of one chunk: the staged x (when StagesX).
 size_t StagedXBytes(int chunk, int nt, int slices, DType x) {
   return StagesX(x, nt) ? static_cast<size_t>(chunk) * nt * slices * 32 * 4 * 2 : 0;
 }
-size_t ScratchAfter(size_t used, int chunk, int nt, const Ranges& r, int slices, DType x) {
-  auto align = [](size_t v) { return (v + 255) / 256 * 256; };
-  const size_t partial = static_cast<size_t>(chunk) * r.warps * 2 * nt * 8 * w4::kTileRows * sizeof(float);
-  return align(used) + align(partial) + StagedXBytes(chunk, nt, slices, x);
-}
+size_t ScratchAfter(size_t used, int chunk, int nt, int slices, DType x) { return (used + 255) / 256 * 256 + StagedXBytes(chunk, nt, slices, x); }
 
-// Launches the token tiles [0, token_tiles) in chunks of kChunkTiles (the partial buffer and the
-// counters are sized for one chunk; chunks run in stream order).
+// Launches the token tiles [0, token_tiles) in chunks of kChunkTiles (the staged x and the
+// exchange slots are sized for one chunk; chunks run in stream order).
 Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, int matrices, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
-  const Ranges r = ChooseRanges(static_cast<int64_t>(p.tiles) * p.steps, matrices, sms);
+  const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
+  const Ranges r = ChooseRanges(total, p.steps, matrices, sms);
+  p.steps_per_block = r.steps_per_block;
   p.steps_per_warp = r.steps_per_warp;
-  p.warps = r.warps;
+  p.range_blocks = r.blocks;
   const int chunk = std::min(token_tiles, kChunkTiles);
   p.slices = p.steps * 8;
-  const size_t partial_bytes = ScratchAfter(0, chunk, nt, r, p.slices, x_dtype) - StagedXBytes(chunk, nt, p.slices, x_dtype);
-  const size_t offset = (scratch_used + 255) / 256 * 256;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(scratch_used, chunk, nt, r, p.slices, x_dtype), s));
-  char* base = static_cast<char*>(scratch.ptr) + offset;
-  p.partial = reinterpret_cast<float*>(base);
-  void* staged = base + (partial_bytes + 255) / 256 * 256;
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(scratch_used, chunk, nt, p.slices, x_dtype), s));
+  void* staged = static_cast<char*>(scratch.ptr) + (scratch_used + 255) / 256 * 256;
   const bool stage = StagesX(x_dtype, nt);
   p.xs = stage ? staged : nullptr;
-  KDTREE_RETURN_IF_ERROR(scratch.Counters(static_cast<size_t>(chunk) * p.tiles, s, &p.counters));
+  void* exchange = nullptr;
+  KDTREE_RETURN_IF_ERROR(scratch.Zeroed(static_cast<size_t>(chunk) * r.blocks * nt * 8 * w4::kTileRows * sizeof(uint64_t), s, &exchange));
+  p.exchange = static_cast<uint64_t*>(exchange);
   for (int first = 0; first < token_tiles; first += chunk) {
     p.tile_offset = first;
     const int tiles_now = std::min(chunk, token_tiles - first);
-    const dim3 grid((r.warps + kWarps - 1) / kWarps, tiles_now);
+    const dim3 grid(r.blocks, tiles_now);
     Status st = !stage ? Status::Ok()
               : x_dtype == DType::kBF16 ? LaunchStage<__nv_bfloat16>(p, nt, tiles_now, staged, s)
                                         : LaunchStage<__half>(p, nt, tiles_now, staged, s);
@@ -648,7 +699,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   if (m == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "w4a16_gemm"));
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, m);
-  const int nt = ChooseNt(m, a.x.dtype);
+  const int nt = ChooseNt(m, a.x.dtype, p.K);
   p.tile_tokens = 8 * nt;
   p.y = a.y.data;
   p.y_dtype = a.y.dtype;
@@ -661,7 +712,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   if (pairs == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "moe_gemm"));
   const bool gather = a.mode == MoeMode::kGather;
-  const int nt = ChooseNt(std::min(pairs, 64), a.x.dtype);
+  const int nt = ChooseNt(std::min(pairs, 64), a.x.dtype, static_cast<int>(a.x.dim(1)));
   const int tile_rows = 8 * nt;
   const int max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
@@ -675,8 +726,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const size_t off_pair = off_tiles + align(max_tiles * sizeof(Tile));
   const size_t used = off_pair + (gather ? 0 : static_cast<size_t>(pairs) * n * sizeof(float));
   // RunGemm may grow (and move) the scratch block: reserve the whole need first
-  const Ranges r = ChooseRanges(static_cast<int64_t>(p.tiles) * p.steps, topk, sms);
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(used, std::min(max_tiles, kChunkTiles), nt, r, p.steps * 8, a.x.dtype), s));
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(used, std::min(max_tiles, kChunkTiles), nt, p.steps * 8, a.x.dtype), s));
   char* base = static_cast<char*>(scratch.ptr);
   int* x_row = reinterpret_cast<int*>(base);
   int* out_row = reinterpret_cast<int*>(base + off_out);

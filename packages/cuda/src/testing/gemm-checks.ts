@@ -256,11 +256,14 @@ function packCheck(scaleDtype: 'BF16' | 'F32'): KernelCheck {
 }
 
 /**
- * A shape large enough that the device's stream-K ranges (about 16 per SM) end inside tiles and
- * several warps share one tile: N = 14496 (906 tiles), K = 896 (7 steps of 128).
+ * A shape large enough that the device's stream-K ranges end inside tiles: on cuda, warps of a
+ * block share tiles (summed in shared memory) and tiles cross block boundaries (finished by an
+ * exchange between the two blocks). N = 14496 (906 tiles), K = 896 (7 steps of 128). Row 5 of the
+ * M = 17 call (16-token tiles, x staged) must also equal the row alone (8-token tiles, x in place)
+ * bit for bit.
  */
 const streamKCheck: KernelCheck = {
-  name: 'w4a16_gemm bf16: N 14496 x K 896 at M 1/3/17 vs reference (on cuda: work ranges that end inside tiles)',
+  name: 'w4a16_gemm bf16: N 14496 x K 896 at M 1/3/17 vs reference, and batch-invariant (on cuda: ranges that end inside tiles and blocks)',
   run(b) {
     const { n, k, group } = { n: 14496, k: 896, group: 32 };
     const w = int4(n, k, group, 'BF16', 61);
@@ -274,7 +277,13 @@ const streamKCheck: KernelCheck = {
         const x = randomF32(m * k, 500 + m);
         const y = track(b.empty('f32', [m, n]));
         b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
-        detail = expectClose(`M=${m}`, b.toArray(y) as Float32Array, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16);
+        const all = b.toArray(y) as Float32Array;
+        detail = expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16);
+        if (m === 17) {
+          const y1 = track(b.empty('f32', [1, n]));
+          b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [1, k], x.subarray(5 * k, 6 * k))), qw, sc, y: y1, group });
+          if (!sameBits(b.toArray(y1), all.subarray(5 * n, 6 * n))) fail('row 5 of M=17 differs from the row computed alone');
+        }
       }
     });
     return { detail };
