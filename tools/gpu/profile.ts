@@ -26,6 +26,26 @@ for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
   gpu.free(qw, sc, x, y);
 }
 
+// Kimi K2 MoE decode step (384 experts, top-8, H 7168, I 2048): sort + gate_up, SiLU, sort + down + sum
+{
+  const [E, TOPK, H, I] = [384, 8, 7168, 2048];
+  const gu = packedW4A16Shapes(2 * I, H, 32, E);
+  const dn = packedW4A16Shapes(H, I, 32, E);
+  const w = [gpu.empty('i32', gu.qw), gpu.empty('bf16', gu.sc), gpu.empty('i32', dn.qw), gpu.empty('bf16', dn.sc)];
+  for (const t of w) fillPattern(t, 0x3c);
+  const ids = gpu.fromArray('i32', [1, TOPK], Int32Array.from({ length: TOPK }, (_, j) => 7 + 45 * j));
+  const weights = gpu.fromArray('f32', [1, TOPK], new Float32Array(TOPK).fill(0.125));
+  const x = gpu.empty('bf16', [1, H]);
+  fillPattern(x, 0x3c);
+  const guOut = gpu.empty('bf16', [TOPK, 2 * I]);
+  const act = gpu.empty('bf16', [TOPK, I]);
+  const out = gpu.empty('bf16', [1, H]);
+  gpu.native.moeGemm({ x, qw: w[0], sc: w[1], ids, y: guOut, mode: 'gather' });
+  gpu.native.siluMul({ x: guOut, out: act });
+  gpu.native.moeGemm({ x: act, qw: w[2], sc: w[3], ids, weights, y: out, mode: 'sum' });
+  gpu.free(...w, ids, weights, x, guOut, act, out);
+}
+
 // MLA attention decode, 8 heads, 4096 keys
 {
   const qNope = gpu.empty('f32', [1, 8, 128]);
