@@ -18,6 +18,7 @@ import { f32ArrayToBf16 } from '@kdtree/format';
 import { SeededRandom } from '@kdtree/reference';
 import { createBackend, type DeviceTensor, type KdtreeBackend } from '../../packages/cuda/src/backend.js';
 import { packedW4A16Shapes } from '../../packages/cuda/src/w4a16-layout.js';
+import { treeMask } from './tree-mask.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const gpu = createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPaths: true });
@@ -197,8 +198,8 @@ report.moe = { us: moeMs * 1e3, bytes: moeBytes, gbs: moeGBs, fractionOfCopy: mo
 gpu.free(guQ, guS, dnQ, dnS, ...idSets, topkW, xTok, gu, act, out);
 
 // 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
-// cache: decode (T = 1), a 64-node tree verify (T = 65, causal mask as a stand-in for the tree's)
-// and a 512-token prefill. The floor reads the cache and kv_b once at the copy bandwidth.
+// cache: decode (T = 1), a 65-node tree verify (T = 65, the ancestor mask of a binary tree) and a
+// 512-token causal prefill. The floor reads the cache and kv_b once at the copy bandwidth.
 const ATT = { H: 8, NOPE: 128, ROPE: 64, V: 128, R: 512, S: 4096 };
 const kvB = gpu.fromArray('bf16', [ATT.H * (ATT.NOPE + ATT.V), ATT.R], randomBf16(ATT.H * (ATT.NOPE + ATT.V) * ATT.R));
 const cacheC = gpu.fromArray('f32', [ATT.S + 512, ATT.R], Float32Array.from({ length: (ATT.S + 512) * ATT.R }, () => rng.normal()));
@@ -210,13 +211,14 @@ for (const [label, T] of [['decode', 1], ['tree verify', 65], ['prefill', 512]] 
   const qNope = gpu.fromArray('f32', [T, ATT.H, ATT.NOPE], Float32Array.from({ length: T * ATT.H * ATT.NOPE }, () => rng.normal()));
   const qPe = gpu.fromArray('f32', [T, ATT.H, ATT.ROPE], Float32Array.from({ length: T * ATT.H * ATT.ROPE }, () => rng.normal()));
   const out = gpu.empty('f32', [T, ATT.H, ATT.V]);
-  const ms = timeLaunches(gpu, () => gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, out, base, scale: 1 / Math.sqrt(ATT.NOPE + ATT.ROPE) }), 10);
+  const mask = label === 'tree verify' ? gpu.fromArray('u8', [T, T], treeMask(T)) : undefined;
+  const ms = timeLaunches(gpu, () => gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, mask, out, base, scale: 1 / Math.sqrt(ATT.NOPE + ATT.ROPE) }), 10);
   const keys = base + T;
   const bytes = keys * (ATT.R + ATT.ROPE) * 4 + ATT.H * (ATT.NOPE + ATT.V) * ATT.R * 2;
   const floorUs = (bytes / (copyGBs * 1e9)) * 1e6;
   attRows.push([label, String(T), String(keys), (ms * 1e3).toFixed(1), floorUs.toFixed(1), `${((floorUs / (ms * 1e3)) * 100).toFixed(0)}%`]);
   attReport.push({ label, T, keys, us: ms * 1e3, floorUs });
-  gpu.free(qNope, qPe, out);
+  gpu.free(qNope, qPe, out, ...(mask ? [mask] : []));
 }
 gpu.free(kvB, cacheC, cacheKpe);
 report.attention = attReport;

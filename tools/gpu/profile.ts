@@ -5,6 +5,7 @@
  */
 import { createBackend, type DeviceTensor } from '../../packages/cuda/src/backend.js';
 import { packedW4A16Shapes } from '../../packages/cuda/src/w4a16-layout.js';
+import { treeMask } from './tree-mask.js';
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -46,17 +47,23 @@ for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
   gpu.free(...w, ids, weights, x, guOut, act, out);
 }
 
-// MLA attention decode, 8 heads, 4096 keys
+// MLA attention, 8 heads, 4096 committed keys: decode, and a 65-node tree verify (binary-ish tree)
 {
-  const qNope = gpu.empty('f32', [1, 8, 128]);
-  const qPe = gpu.empty('f32', [1, 8, 64]);
+  const S = 4096 + 65;
   const kvB = gpu.empty('bf16', [8 * 256, 512]);
-  const cacheC = gpu.empty('f32', [4097, 512]);
-  const cacheKpe = gpu.empty('f32', [4097, 64]);
-  for (const t of [qNope, qPe, kvB, cacheC, cacheKpe]) fillPattern(t, 0x3c);
-  const out = gpu.empty('f32', [1, 8, 128]);
-  gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, out, base: 4096, scale: 0.07 });
-  gpu.free(qNope, qPe, kvB, cacheC, cacheKpe, out);
+  const cacheC = gpu.empty('f32', [S, 512]);
+  const cacheKpe = gpu.empty('f32', [S, 64]);
+  for (const t of [kvB, cacheC, cacheKpe]) fillPattern(t, 0x3c);
+  for (const T of [1, 65]) {
+    const qNope = gpu.empty('f32', [T, 8, 128]);
+    const qPe = gpu.empty('f32', [T, 8, 64]);
+    for (const t of [qNope, qPe]) fillPattern(t, 0x3c);
+    const out = gpu.empty('f32', [T, 8, 128]);
+    const mask = T > 1 ? gpu.fromArray('u8', [T, T], treeMask(T)) : undefined;
+    gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, mask, out, base: 4096, scale: 0.07 });
+    gpu.free(qNope, qPe, out, ...(mask ? [mask] : []));
+  }
+  gpu.free(kvB, cacheC, cacheKpe);
 }
 
 // DDTree build (B = 64, depth 8, V 163840) and accept

@@ -4,22 +4,20 @@
 //   ctx[t, h]   = sum_j softmax(score)_j c_j;   out[t, h] = W_vb[h] ctx[t, h]
 // Keys: the `base` committed slots, then the new tokens the mask allows (causal without a mask;
 // a DDTree verify passes the ancestor mask). Flash-decoding style: a token's key list is cut into
-// fixed chunks, one block per (token, head, chunk), so a 4096-key decode fills the GPU instead of
-// running H blocks; chunks combine in a fixed order, so a token's output depends only on the keys
-// it sees (decode and tree verify give the same bits for the same prefix).
+// fixed chunks, a block per (chunk, tile of token-head rows), so a 4096-key decode fills the GPU
+// instead of running H blocks; chunks combine in a fixed order, so a token's output depends only
+// on the keys it sees (decode and tree verify give the same bits for the same prefix).
 #include "common.cuh"
 
 namespace kdtree {
 namespace cuda {
 namespace {
 
-constexpr int kAttnWarps = 8;
-constexpr int kAttnChunk = 64;    // keys per block: a token's keys split into fixed chunks of its key list
-constexpr int kKeysPerStep = 4;   // keys a warp has in flight at once (independent loads and reductions)
-constexpr int kMaxR = 1024;
+constexpr int kAttnChunk = 64;    // keys per chunk: a token's key list is cut into fixed chunks of 64
 constexpr int kQLatR = 32;        // q_lat values per block (one per lane)
 constexpr int kQLatSplit = 8;     // warps per block, each summing dn / 8 of the terms
-constexpr int kOutVPerBlock = 32;
+constexpr int kOutVPerBlock = 32;   // output values per merge block when rows are few
+constexpr int kCombineAloneRows = 128;  // from this many rows, one merge block per row
 
 // q_lat[th, r] = sum_i q_nope[th, i] kv_b[h * (dn + dv) + i, r]: a block owns 32 values of r (a
 // warp's loads are 128 contiguous bytes of a kv_b row); its 8 warps split i and add up in warp
@@ -47,139 +45,273 @@ __global__ void __launch_bounds__(kQLatR * kQLatSplit) QLatentKernel(const float
   }
 }
 
-// One block per (token, head, chunk of kAttnChunk keys); the token's key list is the `base`
-// committed slots then the new tokens its mask row allows, in order. Warps take kKeysPerStep keys
-// at a time round-robin, with an online softmax; the block's warps then combine in order 0..7 into
-// a partial (m, l, acc[R]) for the chunk. Chunking depends only on the key list, so a token's bits
-// do not depend on T or on the other tokens (decode and tree verify agree).
-__global__ void __launch_bounds__(kAttnWarps * 32) AttendKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe,
-                                                              const uint8_t* mask, int T, int H, int R, int dr, int64_t base, float scale, int max_chunks,
-                                                              float* partial, int64_t* key_counts) {
-  extern __shared__ float smem[];
-  float* wctx = smem;                                      // [warps][R]
-  float* wm = wctx + kAttnWarps * R;                       // [warps]
-  float* wl = wm + kAttnWarps;                             // [warps]
-  int* allowed = reinterpret_cast<int*>(wl + kAttnWarps);  // [T]
-  __shared__ int warp_counts[kAttnWarps];
-  const int th = blockIdx.x, t = th / H, chunk = blockIdx.y;
+// Key counts: a token sees the `base` committed slots and the new tokens its mask row allows
+// (causal without a mask). One warp per token; every head of the token gets the count.
+__global__ void KeyCountKernel(const uint8_t* mask, int T, int H, int64_t base, int64_t* key_counts) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // ordered compaction of the new tokens this token sees (ballot + prefix over warps)
+  const int t = blockIdx.x * (blockDim.x >> 5) + warp;
+  if (t >= T) return;
   int count = 0;
-  for (int j0 = 0; j0 < T; j0 += blockDim.x) {
-    const int j = j0 + threadIdx.x;
-    const bool ok = j < T && (mask ? mask[static_cast<int64_t>(t) * T + j] != 0 : j <= t);
-    const unsigned bal = __ballot_sync(0xffffffffu, ok);
-    if (lane == 0) warp_counts[warp] = __popc(bal);
-    __syncthreads();
-    int before = count;
-    for (int w = 0; w < warp; ++w) before += warp_counts[w];
-    if (ok) allowed[before + __popc(bal & ((1u << lane) - 1))] = j;
-    for (int w = 0; w < kAttnWarps; ++w) count += warp_counts[w];
-    __syncthreads();
+  for (int j0 = 0; j0 < T; j0 += 32) {
+    const int j = j0 + lane;
+    count += __popc(__ballot_sync(0xffffffffu, j < T && (mask ? mask[static_cast<int64_t>(t) * T + j] != 0 : j <= t)));
   }
-  const int64_t keys = base + count;
-  if (chunk == 0 && threadIdx.x == 0) key_counts[th] = keys;  // how many chunks the merge reads
+  for (int h = lane; h < H; h += 32) key_counts[static_cast<int64_t>(t) * H + h] = base + count;
+}
+
+// The attention of a chunk of kAttnChunk keys for a tile of ROWS query rows (token-head pairs), as
+// two small GEMMs on CUDA cores: scores S = [q_lat | q_pe] . [c | kpe]^T (ROWS x 64, over
+// D = R + dr in stages of kTileD through shared memory), the chunk's softmax per row, then the
+// partial context P . c (ROWS x R, kTileCols columns at a time). Every key row is read once per
+// tile instead of once per (token, head): one block per (token, head, chunk) re-read the cache
+// 8 x 65 times for a 65-node tree verify (2.5 ms; run 55 found per-query latency, not traffic,
+// to be what limits that form).
+// Chunks are fixed cuts of each row's key list (the committed slots, then its allowed new tokens),
+// and each row's arithmetic has one order whatever the tile: a score is one f32 FMA chain over d,
+// the softmax runs over the chunk's keys in order in one thread, a context value is one FMA chain
+// over the 64 keys (a padded key adds 0 x finite). So a row's bits do not depend on the other
+// rows, on ROWS, or on which mode loaded its keys: tree verify equals decoding over the same keys.
+// Modes: SHARED, every row of the tile has the same key list in this chunk (the chunk lies in the
+// committed prefix, or attention is causal: key k is slot k for every row, rows differ only in
+// how many keys they see); otherwise the tile holds one token's heads and its keys are looked up
+// through its mask row.
+// A 16 x TX thread grid: RPT rows x KPT keys (scores), then RPT rows x CPT columns. Small
+// tiles (decode, a tree node's own keys) are few blocks on a mostly idle GPU, each warp a chain of
+// dependent shared-memory reads: they spread a tile over twice the threads and take fewer, larger
+// stages.
+template <int ROWS>
+struct TileLayout {
+  static constexpr int kThreads = ROWS <= 16 ? 512 : 256;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kTx = kThreads / 16;
+  static constexpr int kRowsPerThread = ROWS / 16;
+  static constexpr int kKeysPerThread = kAttnChunk / kTx;
+  static constexpr int kTileD = ROWS <= 16 ? 64 : 32;       // dims of q and keys per stage
+  static constexpr int kTileCols = ROWS <= 16 ? 128 : 64;   // context columns per pass
+  static constexpr int kColsPerThread = kTileCols / kTx;
+  static constexpr int kQStride = ROWS + 4, kKStride = kAttnChunk + 4, kPStride = ROWS + 4, kCStride = kTileCols + 4;
+  static constexpr int kStage = kTileD * (kQStride + kKStride);  // Q and K stage (phase 1)
+  static constexpr int kCtx = kAttnChunk * kCStride;             // c columns (phase 3), aliasing the stage
+  static constexpr int kFloats = (kStage > kCtx ? kStage : kCtx) + kAttnChunk * kPStride;
+  static size_t Bytes(int T, bool shared) { return kFloats * sizeof(float) + (shared ? 0 : static_cast<size_t>(T) * sizeof(int)); }
+};
+
+// N consecutive floats of shared memory into registers: 16- or 8-byte reads when N allows (the
+// tile strides keep every such run aligned).
+template <int N>
+__device__ __forceinline__ void LoadRun(const float* src, float (&v)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(src + i);
+      v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
+    }
+  } else if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      const float2 f = *reinterpret_cast<const float2*>(src + i);
+      v[i] = f.x, v[i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = src[i];
+  }
+}
+
+// acc[i][k] += sum over steps of a[step][i] * b[step][k], one FMA chain per element in step order
+// (a register tile of an outer-product GEMM; a and b in shared memory, SA and SB floats per step).
+template <int M, int N, int STEPS, int SA, int SB>
+__device__ __forceinline__ void AccumulateOuter(const float* a, const float* b, float (&acc)[M][N]) {
+#pragma unroll 8
+  for (int step = 0; step < STEPS; ++step) {
+    float av[M], bv[N];
+    LoadRun<M>(a + step * SA, av);
+    LoadRun<N>(b + step * SB, bv);
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int k = 0; k < N; ++k) acc[i][k] = fmaf(av[i], bv[k], acc[i][k]);
+  }
+}
+
+template <int ROWS, bool SHARED>
+__global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
+                                                                 int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
+                                                                 const int64_t* key_counts, float* partial) {
+  using L = TileLayout<ROWS>;
+  constexpr int RPT = L::kRowsPerThread, KPT = L::kKeysPerThread, CPT = L::kColsPerThread;
+  constexpr int kThreads = L::kThreads, kWarps = L::kWarps, kTileD = L::kTileD, kTileCols = L::kTileCols;
+  extern __shared__ float4 tile_smem[];
+  float* stage_q = reinterpret_cast<float*>(tile_smem);  // [kTileD][ROWS]  (phase 1)
+  float* stage_k = stage_q + kTileD * L::kQStride;       // [kTileD][64 keys]
+  float* ctx_c = stage_q;                                // [64 keys][kTileCols]  (phase 3)
+  float* probs = stage_q + (L::kStage > L::kCtx ? L::kStage : L::kCtx);  // [64 keys][ROWS]: scores, then p
+  int* allowed = reinterpret_cast<int*>(probs + kAttnChunk * L::kPStride);  // [T] (one token's tile)
+  __shared__ int64_t slots[kAttnChunk];  // cache slot of each key of the chunk, -1 past the last
+  __shared__ int row_keys[ROWS];         // keys of the chunk each row sees
+  __shared__ int warp_counts[kWarps];
+  __shared__ int max_keys;
+  const int chunk = chunk0 + blockIdx.x;
   const int64_t k_begin = static_cast<int64_t>(chunk) * kAttnChunk;
-  if (k_begin >= keys) return;  // this token has fewer chunks than the longest one
-  const int64_t k_end = min(keys, k_begin + kAttnChunk);
-  const float* ql = q_lat + static_cast<int64_t>(th) * R;
-  const float* qp = q_pe + static_cast<int64_t>(th) * dr;
-  const int per_lane = (R + 31) / 32;
-  float acc[kMaxR / 32];
-#pragma unroll
-  for (int i = 0; i < kMaxR / 32; ++i) acc[i] = 0.f;
-  float m = -INFINITY, l = 0.f;
-  for (int64_t k0 = k_begin + warp * kKeysPerStep; k0 < k_end; k0 += kAttnWarps * kKeysPerStep) {
-    const float* c[kKeysPerStep];
-    const float* kp[kKeysPerStep];
-    float dot[kKeysPerStep];
-#pragma unroll
-    for (int q = 0; q < kKeysPerStep; ++q) {
-      const int64_t key = min(k0 + q, k_end - 1);  // past the end: a valid slot, masked below
-      const int64_t slot = key < base ? key : base + allowed[key - base];
-      c[q] = cache_c + slot * R;
-      kp[q] = cache_kpe + slot * dr;
-      dot[q] = 0.f;
+  // rows: SHARED, th = tile * ROWS + i; otherwise token blockIdx.y, heads blockIdx.z * ROWS + i
+  const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
+  const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) max_keys = 0;
+  if constexpr (!SHARED) {
+    // ordered compaction of the new tokens this token sees (ballot + prefix over warps)
+    const int t = blockIdx.y;
+    int count = 0;
+    for (int j0 = 0; j0 < T; j0 += kThreads) {
+      const int j = j0 + tid;
+      const bool ok = j < T && mask[static_cast<int64_t>(t) * T + j] != 0;
+      const unsigned bal = __ballot_sync(0xffffffffu, ok);
+      if (lane == 0) warp_counts[warp] = __popc(bal);
+      __syncthreads();
+      int before = count;
+      for (int w = 0; w < warp; ++w) before += warp_counts[w];
+      if (ok) allowed[before + __popc(bal & ((1u << lane) - 1))] = j;
+      for (int w = 0; w < kWarps; ++w) count += warp_counts[w];
+      __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < kMaxR / 32; ++i) {
-      const int r = lane + 32 * i;
-      if (i < per_lane && r < R) {
-        const float qv = ql[r];
-#pragma unroll
-        for (int q = 0; q < kKeysPerStep; ++q) dot[q] = fmaf(qv, c[q][r], dot[q]);
-      }
-    }
-    for (int i = lane; i < dr; i += 32) {
-      const float qv = qp[i];
-#pragma unroll
-      for (int q = 0; q < kKeysPerStep; ++q) dot[q] = fmaf(qv, kp[q][i], dot[q]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-      for (int q = 0; q < kKeysPerStep; ++q) dot[q] += __shfl_xor_sync(0xffffffffu, dot[q], off);
-    }
-    float sc[kKeysPerStep], m_new = m;
-#pragma unroll
-    for (int q = 0; q < kKeysPerStep; ++q) {
-      sc[q] = k0 + q < k_end ? dot[q] * scale : -INFINITY;
-      m_new = fmaxf(m_new, sc[q]);
-    }
-    const float keep = m == -INFINITY ? 0.f : expf(m - m_new);  // rescale what was accumulated
-    float p[kKeysPerStep];
-    l *= keep;
-#pragma unroll
-    for (int q = 0; q < kKeysPerStep; ++q) {
-      p[q] = sc[q] == -INFINITY ? 0.f : expf(sc[q] - m_new);
-      l += p[q];
-    }
-#pragma unroll
-    for (int i = 0; i < kMaxR / 32; ++i) {
-      const int r = lane + 32 * i;
-      if (i < per_lane && r < R) {
-        float a = acc[i] * keep;
-#pragma unroll
-        for (int q = 0; q < kKeysPerStep; ++q) a = fmaf(p[q], c[q][r], a);
-        acc[i] = a;
-      }
-    }
-    m = m_new;
-  }
-  for (int i = 0; i < per_lane; ++i) {
-    const int r = lane + 32 * i;
-    if (r < R) wctx[warp * R + r] = acc[i];
-  }
-  if (lane == 0) {
-    wm[warp] = m;
-    wl[warp] = l;
   }
   __syncthreads();
-  // combine the warps in order 0..7 into this chunk's partial: m, l, then acc[R] relative to m
-  float mx = -INFINITY;
-  for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, wm[w]);
-  float* out = partial + (static_cast<int64_t>(th) * max_chunks + chunk) * (R + 2);
-  if (threadIdx.x == 0) {
-    float denom = 0.f;
-    for (int w = 0; w < kAttnWarps; ++w) denom += wm[w] == -INFINITY ? 0.f : wl[w] * expf(wm[w] - mx);
-    out[0] = mx;
-    out[1] = denom;
+  if (tid < ROWS) {
+    const int64_t keys = tid < rows ? key_counts[th0 + tid] : 0;
+    const int64_t left = keys - k_begin;
+    const int n = left <= 0 ? 0 : left >= kAttnChunk ? kAttnChunk : static_cast<int>(left);
+    row_keys[tid] = n;
+    atomicMax(&max_keys, n);
   }
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    float num = 0.f;
-    for (int w = 0; w < kAttnWarps; ++w) {
-      if (wm[w] != -INFINITY) num = fmaf(expf(wm[w] - mx), wctx[w * R + r], num);
+  __syncthreads();
+  const int n_max = max_keys;
+  if (n_max == 0) return;  // no row of the tile reaches this chunk (causal prefill's upper triangle)
+  if (tid < kAttnChunk) {
+    const int64_t key = k_begin + tid;
+    slots[tid] = tid >= n_max ? -1 : SHARED || key < base ? key : base + allowed[key - base];
+  }
+  __syncthreads();
+
+  // Stages go through registers: a thread loads its elements of the next stage (all in flight at
+  // once) while the block computes on the current one. Loading element by element into shared
+  // memory serialized one L2 round trip per element: 169 us for a decode token (Nsight).
+  // Phase 1 stage: dims d0 + lane + 32 v of rows / keys warp + kWarps u (a warp reads 128
+  // contiguous bytes).
+  constexpr int kDv = kTileD / 32, kQRows = ROWS / kWarps, kKRows = kAttnChunk / kWarps;
+  constexpr int kCPerThread = kAttnChunk * kTileCols / kThreads;
+  static_assert(kQRows * kWarps == ROWS && kCPerThread * kThreads == kAttnChunk * kTileCols, "tile loads must cover the tile");
+  const int D = R + dr;
+  float q_next[kDv][kQRows], k_next[kDv][kKRows];
+  auto load_stage = [&](int d0) {
+#pragma unroll
+    for (int v = 0; v < kDv; ++v) {
+      const int d = d0 + lane + 32 * v;
+#pragma unroll
+      for (int u = 0; u < kQRows; ++u) {
+        const int row = warp + kWarps * u;
+        const int64_t th = th0 + row;
+        q_next[v][u] = row >= rows || d >= D ? 0.f : d < R ? q_lat[th * R + d] : q_pe[th * dr + d - R];
+      }
+#pragma unroll
+      for (int u = 0; u < kKRows; ++u) {
+        const int64_t slot = slots[warp + kWarps * u];
+        k_next[v][u] = slot < 0 || d >= D ? 0.f : d < R ? cache_c[slot * R + d] : cache_kpe[slot * dr + d - R];
+      }
     }
-    out[2 + r] = num;
+  };
+  auto store_stage = [&]() {
+#pragma unroll
+    for (int v = 0; v < kDv; ++v) {
+#pragma unroll
+      for (int u = 0; u < kQRows; ++u) stage_q[(lane + 32 * v) * L::kQStride + warp + kWarps * u] = q_next[v][u];
+#pragma unroll
+      for (int u = 0; u < kKRows; ++u) stage_k[(lane + 32 * v) * L::kKStride + warp + kWarps * u] = k_next[v][u];
+    }
+  };
+  // Phase 3 stage: column r0 + tid % kTileCols of keys tid / kTileCols + 4 u
+  float c_next[kCPerThread];
+  auto load_ctx = [&](int r0) {
+    const int r = r0 + tid % kTileCols;
+#pragma unroll
+    for (int u = 0; u < kCPerThread; ++u) {
+      const int64_t slot = slots[tid / kTileCols + (kThreads / kTileCols) * u];
+      c_next[u] = slot < 0 || r >= R ? 0.f : cache_c[slot * R + r];
+    }
+  };
+
+  // Phase 1: scores, RPT rows x KPT keys per thread
+  const int tx = tid % L::kTx, ty = tid / L::kTx;
+  float s[RPT][KPT];
+#pragma unroll
+  for (int i = 0; i < RPT; ++i)
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) s[i][k] = 0.f;
+  load_stage(0);
+  for (int d0 = 0; d0 < D; d0 += kTileD) {
+    store_stage();
+    __syncthreads();
+    if (d0 + kTileD < D) load_stage(d0 + kTileD);
+    AccumulateOuter<RPT, KPT, kTileD, L::kQStride, L::kKStride>(stage_q + RPT * ty, stage_k + KPT * tx, s);
+    __syncthreads();
+  }
+  load_ctx(0);  // in flight during the softmax
+#pragma unroll
+  for (int i = 0; i < RPT; ++i)
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) probs[(KPT * tx + k) * L::kPStride + RPT * ty + i] = s[i][k];
+  __syncthreads();
+
+  // Phase 2: the chunk's softmax, one thread per row, keys in order
+  if (tid < ROWS) {
+    float* pr = probs + tid;  // key j at pr[j * kPStride]
+    const int n = row_keys[tid];
+    float m = -INFINITY, l = 0.f;
+    for (int j = 0; j < n; ++j) m = fmaxf(m, pr[j * L::kPStride] * scale);
+    for (int j = 0; j < kAttnChunk; ++j) {
+      const float p = j < n ? expf(pr[j * L::kPStride] * scale - m) : 0.f;
+      pr[j * L::kPStride] = p;
+      l += p;
+    }
+    if (n > 0) {
+      float* out = partial + (static_cast<int64_t>(th0 + tid) * max_chunks + chunk) * (R + 2);
+      out[0] = m;
+      out[1] = l;
+    }
+  }
+
+  // Phase 3: partial context, RPT rows x CPT columns per thread, one FMA chain over the keys
+  for (int r0 = 0; r0 < R; r0 += kTileCols) {
+#pragma unroll
+    for (int u = 0; u < kCPerThread; ++u) ctx_c[(tid / kTileCols + (kThreads / kTileCols) * u) * L::kCStride + tid % kTileCols] = c_next[u];
+    __syncthreads();
+    if (r0 + kTileCols < R) load_ctx(r0 + kTileCols);
+    float a[RPT][CPT];
+#pragma unroll
+    for (int i = 0; i < RPT; ++i)
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) a[i][c] = 0.f;
+    AccumulateOuter<RPT, CPT, kAttnChunk, L::kPStride, L::kCStride>(probs + RPT * ty, ctx_c + CPT * tx, a);
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+      const int row = RPT * ty + i;
+      if (row_keys[row] == 0) continue;
+      float* out = partial + (static_cast<int64_t>(th0 + row) * max_chunks + chunk) * (R + 2) + 2;
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) {
+        const int r = r0 + CPT * tx + c;
+        if (r < R) out[r] = a[i][c];
+      }
+    }
+    __syncthreads();
   }
 }
 
 // Combines a token-head's chunks into ctx[R] (shared memory): warp 0 turns each chunk's (m, l)
 // into its weight exp(m_c - max) / sum once, then every r is one pass over the chunks (the weights
 // recomputed per thread and per r took 57 us for a decode token; Nsight, run 50). Then
-// out[v] = W_vb[h, v] . ctx for kOutVPerBlock values of v, one warp per v at a time.
+// out[v] = W_vb[h, v] . ctx for the block's values of v, one warp per v at a time.
 __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int H, int R, const void* kv_b,
-                                                        DType kvb_dtype, int dn, int dv, float* out) {
+                                                        DType kvb_dtype, int dn, int dv, int v_per_block, float* out) {
   extern __shared__ float shared[];
   float* ctx = shared;           // [R]
   float* weight = shared + R;    // [max_chunks]
@@ -210,8 +342,8 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int v_end = min(dv, static_cast<int>(blockIdx.y + 1) * kOutVPerBlock);
-  for (int v = blockIdx.y * kOutVPerBlock + warp; v < v_end; v += blockDim.x / 32) {
+  const int v_end = min(dv, static_cast<int>(blockIdx.y + 1) * v_per_block);
+  for (int v = blockIdx.y * v_per_block + warp; v < v_end; v += blockDim.x / 32) {
     const int64_t row = static_cast<int64_t>(h * (dn + dv) + dn + v) * R;
     float s = 0.f;
     for (int r = lane; r < R; r += 32) s = fmaf(LoadAsF32(kv_b, kvb_dtype, row + r), ctx[r], s);
@@ -220,13 +352,32 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
   }
 }
 
+struct AttendArgs {
+  const float *q_lat, *q_pe, *cache_c, *cache_kpe;
+  const uint8_t* mask;
+  int T, H, R, dr;
+  int64_t base;
+  float scale;
+  int max_chunks;
+  const int64_t* key_counts;
+  float* partial;
+};
+
+template <int ROWS, bool SHARED>
+Status LaunchAttendTile(const AttendArgs& a, dim3 grid, int chunk0, cudaStream_t s) {
+  const size_t smem = TileLayout<ROWS>::Bytes(a.T, SHARED);
+  if (smem > 200 * 1024) return Unsupported("mla_attention: ", a.T, " new tokens with a mask need more shared memory than a block has; split the call");
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendTileKernel<ROWS, SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
+  AttendTileKernel<ROWS, SHARED><<<grid, TileLayout<ROWS>::kThreads, smem, s>>>(a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr, a.base, a.scale, a.max_chunks, chunk0,
+                                                                  a.key_counts, a.partial);
+  return LaunchStatus("mla attend");
+}
+
 }  // namespace
 
 Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch) {
   const int T = static_cast<int>(a.q_nope.dim(0)), H = static_cast<int>(a.q_nope.dim(1)), dn = static_cast<int>(a.q_nope.dim(2));
   const int dr = static_cast<int>(a.q_pe.dim(2)), R = static_cast<int>(a.cache_c.dim(1)), dv = static_cast<int>(a.out.dim(2));
-  const size_t smem = static_cast<size_t>(kAttnWarps) * R * 4 + 2 * kAttnWarps * 4 + static_cast<size_t>(T) * 4;
-  if (smem > 200 * 1024) return Unsupported("mla_attention: ", T, " new tokens need more shared memory than a block has; split the call");
   const int max_chunks = static_cast<int>((a.base + T + kAttnChunk - 1) / kAttnChunk);
   if ((static_cast<size_t>(R) + max_chunks) * 4 > 48 * 1024) return Unsupported("mla_attention: ", a.base + T, " keys need more chunk weights than the merge keeps in shared memory (", (48 * 1024 / 4 - R) * kAttnChunk, " at most)");
   // scratch: key counts i64 [T * H], q_lat f32 [T * H, R], partial f32 [T * H, max_chunks, R + 2]
@@ -239,12 +390,27 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const uint8_t* mask = a.mask.present() ? a.mask.as<const uint8_t>() : nullptr;
   QLatentKernel<<<dim3(T * H, (R + kQLatR - 1) / kQLatR), kQLatR * kQLatSplit, 0, s>>>(a.q_nope.as<const float>(), a.kv_b.data, a.kv_b.dtype, H, dn, dv, R, q_lat);
   KDTREE_RETURN_IF_ERROR(LaunchStatus("mla q_latent"));
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
-  AttendKernel<<<dim3(T * H, max_chunks), kAttnWarps * 32, smem, s>>>(q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R,
-                                                                   dr, a.base, static_cast<float>(a.scale), max_chunks, partial, key_counts);
-  KDTREE_RETURN_IF_ERROR(LaunchStatus("mla attend"));
-  CombineOutKernel<<<dim3(T * H, (dv + kOutVPerBlock - 1) / kOutVPerBlock), 256, (static_cast<size_t>(R) + max_chunks) * 4, s>>>(partial, key_counts, max_chunks, H, R, a.kv_b.data, a.kv_b.dtype,
-                                                                                                             dn, dv, a.out.as<float>());
+  KeyCountKernel<<<(T + 7) / 8, 256, 0, s>>>(mask, T, H, a.base, key_counts);
+  KDTREE_RETURN_IF_ERROR(LaunchStatus("mla key counts"));
+  // Causal: every chunk is shared by all rows. With a mask: the chunks inside the committed prefix
+  // are; the rest are looked up per token.
+  const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
+  const AttendArgs args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, key_counts, partial};
+  if (shared_chunks > 0) {
+    const Status st = T * H <= 16 ? LaunchAttendTile<16, true>(args, dim3(shared_chunks, (T * H + 15) / 16), 0, s)
+                                  : LaunchAttendTile<64, true>(args, dim3(shared_chunks, (T * H + 63) / 64), 0, s);
+    KDTREE_RETURN_IF_ERROR(st);
+  }
+  if (shared_chunks < max_chunks) {
+    const Status st = H <= 16 ? LaunchAttendTile<16, false>(args, dim3(max_chunks - shared_chunks, T, 1), shared_chunks, s)
+                              : LaunchAttendTile<64, false>(args, dim3(max_chunks - shared_chunks, T, (H + 63) / 64), shared_chunks, s);
+    KDTREE_RETURN_IF_ERROR(st);
+  }
+  // Few rows (decode): several blocks per row share its output columns, each merging the chunks
+  // again; many rows (verify, prefill) fill the GPU with one block per row and merge once.
+  const int v_per_block = T * H >= kCombineAloneRows ? dv : kOutVPerBlock;
+  CombineOutKernel<<<dim3(T * H, (dv + v_per_block - 1) / v_per_block), 256, (static_cast<size_t>(R) + max_chunks) * 4, s>>>(partial, key_counts, max_chunks, H, R, a.kv_b.data,
+                                                                                                         a.kv_b.dtype, dn, dv, v_per_block, a.out.as<float>());
   return LaunchStatus("mla combine + out");
 }
 

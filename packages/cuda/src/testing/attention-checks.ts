@@ -95,6 +95,55 @@ const invariance: KernelCheck = {
   },
 };
 
+/**
+ * DDTree's guarantee: a tree node's verify output equals decoding that node after its ancestors were
+ * committed, bit for bit. 134 committed keys (chunks of 64: two inside the prefix, one holding its
+ * end and the new tokens) and a 7-node tree; each node is then decoded over a cache holding the
+ * prefix, its ancestors compacted after it, and itself.
+ */
+const treeEqualsDecode: KernelCheck = {
+  name: 'mla_attention: a tree-verify row == decoding that node over its committed ancestors, bit for bit (keys across 3 chunks)',
+  run(b) {
+    withTensors(b, (track) => {
+      const [T, base, slots] = [7, 134, 160];
+      const parents = [-1, 0, 0, 1, 3, 2, 0];
+      const mask = new Uint8Array(T * T);
+      for (let i = 0; i < T; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * T + j] = 1;
+      const q = { nope: randomF32(T * H * NOPE, 31), pe: randomF32(T * H * ROPE, 32) };
+      const kvB = randomF32(H * (NOPE + V) * R, 33, 0.2);
+      const cacheC = randomF32(slots * R, 34);
+      const cacheKpe = randomF32(slots * ROPE, 35);
+      const call = (tokens: number, start: number, c: Float32Array, kpe: Float32Array, nope: Float32Array, pe: Float32Array, m?: Uint8Array) => {
+        const out = track(b.empty('f32', [tokens, H, V]));
+        b.native.mlaAttention({
+          qNope: track(b.fromArray('f32', [tokens, H, NOPE], nope)),
+          qPe: track(b.fromArray('f32', [tokens, H, ROPE], pe)),
+          kvB: track(b.fromArray('f32', [H * (NOPE + V), R], kvB)),
+          cacheC: track(b.fromArray('f32', [slots, R], c)),
+          cacheKpe: track(b.fromArray('f32', [slots, ROPE], kpe)),
+          mask: m ? track(b.fromArray('u8', [tokens, tokens], m)) : undefined,
+          out,
+          base: start,
+          scale: SCALE,
+        });
+        return b.toArray(out) as Float32Array;
+      };
+      const verify = call(T, base, cacheC, cacheKpe, q.nope, q.pe, mask);
+      for (let i = 0; i < T; i++) {
+        const seen = [...Array(T).keys()].filter((j) => mask[i * T + j] === 1);  // ancestors, then i
+        const c = cacheC.slice();
+        const kpe = cacheKpe.slice();
+        seen.forEach((j, k) => {
+          c.set(cacheC.subarray((base + j) * R, (base + j + 1) * R), (base + k) * R);
+          kpe.set(cacheKpe.subarray((base + j) * ROPE, (base + j + 1) * ROPE), (base + k) * ROPE);
+        });
+        const decoded = call(1, base + seen.length - 1, c, kpe, q.nope.subarray(i * H * NOPE, (i + 1) * H * NOPE), q.pe.subarray(i * H * ROPE, (i + 1) * H * ROPE));
+        if (!sameBits(decoded, verify.subarray(i * H * V, (i + 1) * H * V))) fail(`node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
+      }
+    });
+  },
+};
+
 const kvWrite: KernelCheck = {
   name: 'kv_write: rows land in their slots; bad slots are rejected or skipped',
   run(b) {
@@ -138,4 +187,4 @@ const shapeErrors: KernelCheck = {
   },
 };
 
-export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, invariance, kvWrite, shapeErrors];
+export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, invariance, treeEqualsDecode, kvWrite, shapeErrors];
