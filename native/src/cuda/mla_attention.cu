@@ -16,32 +16,45 @@ namespace {
 constexpr int kAttnChunk = 64;    // keys per chunk: a token's key list is cut into fixed chunks of 64
 constexpr int kQLatR = 32;        // q_lat values per block (one per lane)
 constexpr int kQLatSplit = 8;     // warps per block, each summing dn / 8 of the terms
+constexpr int kQLatTokens = 8;    // tokens per block (<= kQLatSplit: warp k writes token k)
+static_assert(kQLatTokens <= kQLatSplit, "a warp writes each token's sum");
 constexpr int kOutVPerBlock = 32;   // output values per merge block when rows are few
 constexpr int kCombineAloneRows = 128;  // from this many rows, one merge block per row
 
-// q_lat[th, r] = sum_i q_nope[th, i] kv_b[h * (dn + dv) + i, r]: a block owns 32 values of r (a
-// warp's loads are 128 contiguous bytes of a kv_b row); its 8 warps split i and add up in warp
-// order through shared memory (deterministic). One thread per r over all of i left 32 blocks on
-// the GPU, each walking 128 rows: 54 us for a decode token (Nsight, run 50).
-__global__ void __launch_bounds__(kQLatR * kQLatSplit) QLatentKernel(const float* q_nope, const void* kv_b, DType kvb_dtype, int H, int dn, int dv, int R, float* q_lat) {
-  __shared__ float part[kQLatSplit][kQLatR];
-  const int th = blockIdx.x, h = th % H;
+// q_lat[t, h, r] = sum_i q_nope[t, h, i] kv_b[h * (dn + dv) + i, r]: a block owns 32 values of r
+// of one head (a warp's loads are 128 contiguous bytes of a kv_b row) for up to kQLatTokens
+// tokens, so each kv_b value is read once for all of them (once per token cost a 65-node verify
+// 48 us, Nsight run 63); its 8 warps split i and add up in warp order through shared memory
+// (deterministic, the same order for every token count). One thread per r over all of i left 32
+// blocks on the GPU, each walking 128 rows: 54 us for a decode token (Nsight, run 50).
+__global__ void __launch_bounds__(kQLatR * kQLatSplit) QLatentKernel(const float* q_nope, const void* kv_b, DType kvb_dtype, int T, int H, int dn, int dv, int R,
+                                                                   float* q_lat) {
+  __shared__ float part[kQLatSplit][kQLatTokens][kQLatR];
+  const int h = blockIdx.x, t0 = blockIdx.z * kQLatTokens, tokens = min(kQLatTokens, T - t0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = blockIdx.y * kQLatR + lane;
-  const float* q = q_nope + static_cast<int64_t>(th) * dn;
   const int64_t col = static_cast<int64_t>(h) * (dn + dv) * R + r;
-  float s = 0.f;
+  float s[kQLatTokens];
+#pragma unroll
+  for (int k = 0; k < kQLatTokens; ++k) s[k] = 0.f;
   if (r < R) {
-#pragma unroll 4
-    for (int i = warp; i < dn; i += kQLatSplit) s = fmaf(q[i], LoadAsF32(kv_b, kvb_dtype, col + static_cast<int64_t>(i) * R), s);
+    for (int i = warp; i < dn; i += kQLatSplit) {
+      const float w = LoadAsF32(kv_b, kvb_dtype, col + static_cast<int64_t>(i) * R);
+#pragma unroll
+      for (int k = 0; k < kQLatTokens; ++k) {
+        if (k < tokens) s[k] = fmaf(q_nope[(static_cast<int64_t>(t0 + k) * H + h) * dn + i], w, s[k]);
+      }
+    }
   }
-  part[warp][lane] = s;
+#pragma unroll
+  for (int k = 0; k < kQLatTokens; ++k) part[warp][k][lane] = s[k];
   __syncthreads();
-  if (warp == 0 && r < R) {
+  // warp k sums token k's parts in warp order
+  if (warp < tokens && r < R) {
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kQLatSplit; ++w) sum += part[w][lane];
-    q_lat[static_cast<int64_t>(th) * R + r] = sum;
+    for (int w = 0; w < kQLatSplit; ++w) sum += part[w][warp][lane];
+    q_lat[(static_cast<int64_t>(t0 + warp) * H + h) * R + r] = sum;
   }
 }
 
@@ -388,7 +401,8 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   float* q_lat = reinterpret_cast<float*>(static_cast<char*>(scratch.ptr) + counts_bytes);
   float* partial = q_lat + q_lat_floats;
   const uint8_t* mask = a.mask.present() ? a.mask.as<const uint8_t>() : nullptr;
-  QLatentKernel<<<dim3(T * H, (R + kQLatR - 1) / kQLatR), kQLatR * kQLatSplit, 0, s>>>(a.q_nope.as<const float>(), a.kv_b.data, a.kv_b.dtype, H, dn, dv, R, q_lat);
+  QLatentKernel<<<dim3(H, (R + kQLatR - 1) / kQLatR, (T + kQLatTokens - 1) / kQLatTokens), kQLatR * kQLatSplit, 0, s>>>(a.q_nope.as<const float>(), a.kv_b.data, a.kv_b.dtype, T,
+                                                                                                                       H, dn, dv, R, q_lat);
   KDTREE_RETURN_IF_ERROR(LaunchStatus("mla q_latent"));
   KeyCountKernel<<<(T + 7) / 8, 256, 0, s>>>(mask, T, H, a.base, key_counts);
   KDTREE_RETURN_IF_ERROR(LaunchStatus("mla key counts"));

@@ -150,7 +150,7 @@ struct BFrag {
   static constexpr int kPlanes = std::is_same<X, float>::value ? 3 : 1;
   uint32_t r[kPlanes][2];
 };
-template <typename X>
+template <typename X, bool kSharedX = false>
 __device__ __forceinline__ BFrag<X> LoadB(const X* xk, bool valid) {
   BFrag<X> f;
   if constexpr (std::is_same<X, float>::value) {
@@ -167,7 +167,12 @@ __device__ __forceinline__ BFrag<X> LoadB(const X* xk, bool valid) {
     f.r[2][0] = h0;
     f.r[2][1] = h1;
   } else {
-    const uint2 v = valid ? __ldg(reinterpret_cast<const uint2*>(xk)) : make_uint2(0u, 0u);
+    uint2 v = make_uint2(0u, 0u);
+    if constexpr (kSharedX) {
+      v = *reinterpret_cast<const uint2*>(xk);  // the warp's shared-memory copy (SharedX)
+    } else if (valid) {
+      v = __ldg(reinterpret_cast<const uint2*>(xk));
+    }
     f.r[0][0] = v.x;
     f.r[0][1] = v.y;
   }
@@ -208,7 +213,7 @@ __device__ __forceinline__ void ScalesOf(const ScaleFrag<S>& f, int q, float* s_
 // Straight-line code (no branches): the compiler hoists the x loads and interleaves them with
 // dequantization and MMAs (loading a step's x into registers up front measured no faster and
 // cost 1 block per SM at 16 tokens).
-template <typename X, typename S, int NT, int G>
+template <typename X, typename S, int NT, int G, bool kSharedX>
 __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const ScaleFrag<S>& sf, int step, int blocks,
                                         const X* const (&xs)[NT], float (&acc)[NT][4], float (&part)[NT][4]) {
   using A = CodeT<X>;
@@ -228,7 +233,7 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
                              Dequant2<A>(lo[b] >> (8 * s + 4), magic), Dequant2<A>(hi[b] >> (8 * s + 4), magic)};
       const bool fresh = (32 * b) % G == 0 && s == 0;  // compile-time once unrolled
 #pragma unroll
-      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, LoadB<X>(xs[j] + kSliceStride * (2 * b + s), kPredicated ? b == 0 || b < blocks : true), fresh);
+      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, LoadB<X, kSharedX>(xs[j] + kSliceStride * (2 * b + s), kPredicated ? b == 0 || b < blocks : true), fresh);
     }
     if ((32 * b + 32) % G == 0) {  // a group ends (compile-time): scale its exact sums into acc
       const int q = G == 32 ? b : G == 64 ? (2 * step + b / 2) & 3 : step & 3;  // its slot in the scale block
@@ -312,8 +317,20 @@ __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[
 // slower everywhere (run 46).
 template <int NT>
 constexpr int kSlotFloats = NT * 8 * w4::kTileRows;
+// Whether a warp copies its next step's staged x into shared memory (cp.async) while it computes
+// the current one. At 16 tokens the x loads, issued right before their MMAs, were the top stall
+// (long scoreboard, run 57); 2 KB per token group and step, two slots per warp. Only at NT = 2:
+// more groups would not leave 2 blocks per SM.
+#ifndef KDTREE_SHARED_X_MAX_NT
+#define KDTREE_SHARED_X_MAX_NT 2
+#endif
 template <int NT>
-constexpr int SharedBytes() { return kWarps * 2 * kSlotFloats<NT> * sizeof(float); }
+constexpr bool SharedX() { return NT >= 2 && NT <= KDTREE_SHARED_X_MAX_NT; }
+constexpr int kXStepBytes = 8 * 32 * 8;  // one token group's x of a step: 8 slices x 32 lanes x 8 B
+template <int NT>
+constexpr int SharedXBytes() { return SharedX<NT>() ? kWarps * 2 * NT * kXStepBytes : 0; }
+template <int NT>
+constexpr int SharedBytes() { return kWarps * 2 * kSlotFloats<NT> * sizeof(float) + SharedXBytes<NT>(); }
 
 // acc element i of n-tile j of a lane, in a partial slot: [token 8 j + 2 t + (i & 1)][row g + 8 (i >> 1)]
 __device__ __forceinline__ int SlotIndex(int j, int i, int g, int t) { return (8 * j + 2 * t + (i & 1)) * w4::kTileRows + g + 8 * (i >> 1); }
@@ -402,6 +419,22 @@ __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) 
   }
 }
 
+// Copies the staged x of step `step` for the NT token groups (2 KB each, from xr[j], which points
+// at this lane's 8 bytes) into a warp's shared-memory slot: 16-byte cp.async, 4 per lane per group.
+template <typename X, int NT>
+__device__ __forceinline__ void CopyXStep(const X* const (&xr)[NT], int step, char* slot, int lane) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const char* src = reinterpret_cast<const char*>(xr[j] - 4 * lane) + static_cast<int64_t>(step) * kXStepBytes;
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot + j * kXStepBytes));
+#pragma unroll
+    for (int q = 0; q < kXStepBytes / 16 / 32; ++q) {
+      const int off = (lane + 32 * q) * 16;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + off), "l"(src + off) : "memory");
+    }
+  }
+}
+
 template <typename X, typename S, int NT, int G>
 __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) W4A16Kernel(const GemmParams p) {
   // Programmatic dependent launch: the next kernel in the stream may start as our blocks retire,
@@ -466,6 +499,14 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
     }
   }
 
+  // Shared x (SharedX): two slots of this warp's staged x, [slot][group j][slices][lanes][4]
+  constexpr bool kSharedX = SharedX<NT>();
+  char* x_smem = reinterpret_cast<char*>(shared_partials) + kWarps * 2 * kSlotFloats<NT> * sizeof(float) + wib * 2 * NT * kXStepBytes;
+  int x_slot = 0;
+  if constexpr (kSharedX) {
+    if (f_begin < f_end) CopyXStep(xr, static_cast<int>(f_begin % p.steps), x_smem, lane);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
   float acc[NT][4], part[NT][4];  // part: the current group's exact sum (each group starts it afresh)
 #pragma unroll
   for (int j = 0; j < NT; ++j)
@@ -485,9 +526,23 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
       const uint4 w0 = ring_w[s][0], w1 = ring_w[s][1];
       const ScaleFrag<S> sw = ring_s[s];
       const X* xs[NT];
+      if constexpr (kSharedX) {
+        // the next step's x into the other slot, then wait for this step's
+        if (base + s + 1 < f_end) CopyXStep(xr, step + 1 == p.steps ? 0 : step + 1, x_smem + (x_slot ^ 1) * NT * kXStepBytes, lane);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        __syncwarp();
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xs[j] = NT == 1 ? x_step : xr[j] + step * kXPerStep;
-      RunStep<X, S, NT, G>(w0, w1, sw, step, (p.K - step * w4::kStepK) / 32, xs, acc, part);
+        for (int j = 0; j < NT; ++j) xs[j] = reinterpret_cast<const X*>(x_smem + (x_slot * NT + j) * kXStepBytes) + 4 * lane;
+      } else {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) xs[j] = NT == 1 ? x_step : xr[j] + step * kXPerStep;
+      }
+      RunStep<X, S, NT, G, kSharedX>(w0, w1, sw, step, (p.K - step * w4::kStepK) / 32, xs, acc, part);
+      if constexpr (kSharedX) {
+        __syncwarp();  // every lane has read the slot before the next copy into it
+        x_slot ^= 1;
+      }
       x_step += kXPerStep;
       if (++step == p.steps || base + s + 1 == f_end) {
         const int64_t t0 = static_cast<int64_t>(tile) * p.steps;
