@@ -195,7 +195,41 @@ const moeBytes = TOPK * (2 * I * H / 2 + 2 * I * (H / 32) * 2 + H * I / 2 + H * 
 const moeGBs = moeBytes / (moeMs * 1e-3) / 1e9;
 log(`MoE decode step (Kimi K2: ${E} experts, top-${TOPK}, gate_up + SiLU + down, bf16): ${(moeMs * 1e3).toFixed(1)} us, ${(moeBytes / 1e6).toFixed(0)} MB of expert weights, ${moeGBs.toFixed(0)} GB/s = ${((moeGBs / copyGBs) * 100).toFixed(0)}% of copy`);
 report.moe = { us: moeMs * 1e3, bytes: moeBytes, gbs: moeGBs, fractionOfCopy: moeGBs / copyGBs };
-gpu.free(guQ, guS, dnQ, dnS, ...idSets, topkW, xTok, gu, act, out);
+gpu.free(...idSets, topkW, xTok, gu, act, out);
+
+// The same MoE layer at a DDTree verify: 65 tokens (a 64-node tree + root), top-8 each, so most
+// of the 384 experts get one or two rows. Bytes: the experts actually used, once.
+{
+  const T = 65;
+  const sets = Array.from({ length: 4 }, () => {
+    const ids = new Int32Array(T * TOPK);
+    for (let t = 0; t < T; t++) {
+      const chosen = new Set<number>();
+      while (chosen.size < TOPK) chosen.add(Math.floor(rng.uniform() * E));
+      ids.set([...chosen].sort((a, b) => a - b), t * TOPK);
+    }
+    return { ids: gpu.fromArray('i32', [T, TOPK], ids), used: new Set(ids).size };
+  });
+  const weights = gpu.fromArray('f32', [T, TOPK], Float32Array.from({ length: T * TOPK }, () => 0.1 + rng.uniform() * 0.3));
+  const xs = gpu.fromArray('bf16', [T, H], randomBf16(T * H));
+  const guV = gpu.empty('bf16', [T * TOPK, 2 * I]);
+  const actV = gpu.empty('bf16', [T * TOPK, I]);
+  const outV = gpu.empty('bf16', [T, H]);
+  const verifyStep = (r: number) => {
+    const { ids } = sets[r % sets.length];
+    gpu.native.moeGemm({ x: xs, qw: guQ, sc: guS, ids, y: guV, mode: 'gather' });
+    gpu.native.siluMul({ x: guV, out: actV });
+    gpu.native.moeGemm({ x: actV, qw: dnQ, sc: dnS, ids, weights, y: outV, mode: 'sum' });
+  };
+  const ms = timeLaunches(gpu, verifyStep, 4);
+  const used = sets.reduce((n, s) => n + s.used, 0) / sets.length;
+  const bytes = (used * moeBytes) / TOPK;
+  const gbs = bytes / (ms * 1e-3) / 1e9;
+  log(`MoE verify step (65 tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
+  report.moeVerify = { tokens: T, us: ms * 1e3, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
+  gpu.free(...sets.map((s) => s.ids), weights, xs, guV, actV, outV);
+}
+gpu.free(guQ, guS, dnQ, dnS);
 
 // 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
 // cache: decode (T = 1), a 65-node tree verify (T = 65, the ancestor mask of a binary tree) and a
