@@ -69,8 +69,8 @@ Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s);
 
 // Row-wise top-k of f32 rows (descending, ties to the lower index) used by topk and ddtree_build:
 // a radix select of the k-th largest key, then a sort of the <= k survivors. One block per row.
-// `values`/`ids` are [rows, k]; `scratch` must hold TopkScratchBytes(rows, k).
-size_t TopkScratchBytes(int64_t rows, int k);
+// `values`/`ids` are [rows, k]; `scratch` must hold TopkScratchBytes(rows, k, cols).
+size_t TopkScratchBytes(int64_t rows, int k, int64_t cols);
 Status LaunchRowTopk(const float* x, int64_t rows, int64_t cols, int k, float* values, int32_t* ids, void* scratch, cudaStream_t s);
 
 }  // namespace cuda

@@ -56,11 +56,15 @@ __device__ __forceinline__ int2 BlockExclusiveScan2(int& a, int& b, int2* warp_s
   return total;
 }
 
-// One block per row: the k largest (value desc, index asc), k <= 1024.
+// One block per segment of a row: the k largest (value desc, index asc), k <= 1024. Block b takes
+// segment b % segments of row b / segments: `seg_len` values from row * stride + segment * seg_len
+// (the last segment ends at `row_len`), and writes its k to values/ids[b * k ..], ids as the row's
+// index (or id_map of it, when the row is a previous pass's candidates).
 // Logits of one row share their top key bits, so a shared histogram would serialize every atomic
 // on one bin: each warp adds into its own histogram, lanes sharing lane 0's bin as one atomic, and
 // the 32 histograms are summed afterwards.
-__global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, int64_t cols, int k, float* values, int32_t* ids) {
+__global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, int64_t stride, int64_t seg_len, int segments, int64_t row_len, int k,
+                                                              const int32_t* id_map, float* values, int32_t* ids) {
   __shared__ int warp_hist[kTopkWarps][256];
   __shared__ int hist[256];
   __shared__ uint32_t prefix_s, mask_s;
@@ -68,7 +72,9 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
   __shared__ int2 warp_sums[kTopkWarps];
   __shared__ uint32_t keys[kTopkThreads];
   __shared__ int idx[kTopkThreads];
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  const int64_t row_index = blockIdx.x / segments, start = (blockIdx.x % segments) * seg_len;
+  const int64_t cols = min(seg_len, row_len - start);  // this block's values
+  const float* row = x + row_index * stride + start;
   const int lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     prefix_s = 0;
@@ -215,7 +221,7 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
   }
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
     values[static_cast<int64_t>(blockIdx.x) * k + i] = row[idx[i]];
-    ids[static_cast<int64_t>(blockIdx.x) * k + i] = idx[i];
+    ids[static_cast<int64_t>(blockIdx.x) * k + i] = id_map ? id_map[row_index * stride + start + idx[i]] : static_cast<int32_t>(start + idx[i]);
   }
 }
 
@@ -397,12 +403,35 @@ __global__ void KvCommitKernel(const __grid_constant__ CommitBatch batch, const 
 
 }  // namespace
 
-size_t TopkScratchBytes(int64_t, int) { return 0; }
+// Segments per row of the two-pass top-k: one block per row left 8 of 132 SMs busy for a draft's
+// 8 rows of 163840 logits (259 us, Nsight run 15). Each segment's k best are candidates; the k
+// best of a row's candidates are its k best, with the same ties: a row's candidates run in
+// segment order and, among equal values, in index order.
+int TopkSegments(int64_t cols, int k) {
+  constexpr int64_t kMinSegment = 8192;  // values per block at least (below, the extra pass costs more)
+  const int64_t per = std::max<int64_t>(kMinSegment, 4LL * k);
+  return static_cast<int>(std::min<int64_t>(32, std::max<int64_t>(1, cols / per)));
+}
 
-Status LaunchRowTopk(const float* x, int64_t rows, int64_t cols, int k, float* values, int32_t* ids, void*, cudaStream_t s) {
+size_t TopkScratchBytes(int64_t rows, int k, int64_t cols) {
+  const int segments = TopkSegments(cols, k);
+  return segments > 1 ? static_cast<size_t>(rows) * segments * k * (sizeof(float) + sizeof(int32_t)) : 0;
+}
+
+Status LaunchRowTopk(const float* x, int64_t rows, int64_t cols, int k, float* values, int32_t* ids, void* scratch, cudaStream_t s) {
   if (rows == 0 || k == 0) return Status::Ok();
-  RowTopkKernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, s>>>(x, cols, k, values, ids);
-  return LaunchStatus("row top-k");
+  const int segments = TopkSegments(cols, k);
+  if (segments == 1) {
+    RowTopkKernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, s>>>(x, cols, cols, 1, cols, k, nullptr, values, ids);
+    return LaunchStatus("row top-k");
+  }
+  const int64_t candidates = static_cast<int64_t>(segments) * k;
+  float* cand_values = static_cast<float*>(scratch);
+  int32_t* cand_ids = reinterpret_cast<int32_t*>(cand_values + rows * candidates);
+  RowTopkKernel<<<static_cast<unsigned>(rows * segments), kTopkThreads, 0, s>>>(x, cols, (cols + segments - 1) / segments, segments, cols, k, nullptr, cand_values, cand_ids);
+  KDTREE_RETURN_IF_ERROR(LaunchStatus("row top-k: segments"));
+  RowTopkKernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, s>>>(cand_values, candidates, candidates, 1, candidates, k, cand_ids, values, ids);
+  return LaunchStatus("row top-k: candidates");
 }
 
 Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch) {
@@ -410,18 +439,19 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   const int64_t vocab = a.draft_logits.dim(1);
   const int k = static_cast<int>(std::min<int64_t>(a.budget, vocab));
   const int kk = std::max(k, 1);
-  // scratch: values f32 [depth, k], tokens i32 [depth, k], logz f64 [depth], lse partials [depth, slices]
+  // scratch: values f32 [depth, k], tokens i32 [depth, k], logz f64 [depth], lse partials [depth, slices], top-k candidates
   const size_t off_tok = static_cast<size_t>(depth) * kk * 4;
   const size_t off_logz = (off_tok + static_cast<size_t>(depth) * kk * 4 + 15) / 16 * 16;
   const size_t off_lse = off_logz + (static_cast<size_t>(depth) * 8 + 15) / 16 * 16;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(off_lse + static_cast<size_t>(depth) * kLseSlices * sizeof(double2), s));
+  const size_t off_topk = (off_lse + static_cast<size_t>(depth) * kLseSlices * sizeof(double2) + 255) / 256 * 256;
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(off_topk + TopkScratchBytes(depth, kk, vocab), s));
   char* base = static_cast<char*>(scratch.ptr);
   float* values = reinterpret_cast<float*>(base);
   int32_t* tok = reinterpret_cast<int32_t*>(base + off_tok);
   double* logz = reinterpret_cast<double*>(base + off_logz);
   double2* lse_partial = reinterpret_cast<double2*>(base + off_lse);
   if (k > 0) {
-    KDTREE_RETURN_IF_ERROR(LaunchRowTopk(a.draft_logits.as<const float>(), depth, vocab, k, values, tok, nullptr, s));
+    KDTREE_RETURN_IF_ERROR(LaunchRowTopk(a.draft_logits.as<const float>(), depth, vocab, k, values, tok, base + off_topk, s));
     LogSumExpSliceKernel<<<dim3(depth, kLseSlices), 1024, 0, s>>>(a.draft_logits.as<const float>(), vocab, lse_partial);
     KDTREE_RETURN_IF_ERROR(LaunchStatus("ddtree log-sum-exp"));
     LogSumExpMergeKernel<<<(depth + 127) / 128, 128, 0, s>>>(lse_partial, depth, logz);

@@ -210,9 +210,10 @@ Status LaunchArgmax(const ArgmaxArgs& a, cudaStream_t s) {
   ArgmaxKernel<<<static_cast<unsigned>(a.x.dim(0)), 1024, 0, s>>>(a.x.as<const float>(), a.x.dim(1), a.out.as<int32_t>());
   return LaunchStatus("argmax");
 }
-Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch&) {
+Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch) {
   if (a.x.dim(0) == 0) return Status::Ok();
-  return LaunchRowTopk(a.x.as<const float>(), a.x.dim(0), a.x.dim(1), a.k, a.values.as<float>(), a.ids.as<int32_t>(), nullptr, s);
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(TopkScratchBytes(a.x.dim(0), a.k, a.x.dim(1)), s));
+  return LaunchRowTopk(a.x.as<const float>(), a.x.dim(0), a.x.dim(1), a.k, a.values.as<float>(), a.ids.as<int32_t>(), scratch.ptr, s);
 }
 Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s) {
   if (a.c.dim(0) == 0) return Status::Ok();

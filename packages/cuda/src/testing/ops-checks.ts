@@ -141,4 +141,36 @@ const argmaxTopk: KernelCheck = {
   },
 };
 
-export const OPS_CHECKS: KernelCheck[] = [rmsNormCheck, ropeCheck, elementwise, router, argmaxTopk];
+/**
+ * Top-k over a Kimi K2 vocabulary row (163840 logits: on cuda, 20 segments of 8192 reduced to
+ * candidates, then the candidates): few distinct values, so the k-th value is tied across segment
+ * boundaries, and equal maxima straddle one; ties must still go to the lowest indices.
+ */
+const vocabTopk: KernelCheck = {
+  name: 'top-k over a 163840-logit row (segmented on cuda): many ties across segments, k up to 1024',
+  run(b) {
+    withTensors(b, (track) => {
+      const [rows, V] = [2, 163840];
+      const x = randomF32(rows * V, 41).map((v) => Math.round(v * 8) / 4);
+      for (const i of [8191, 8192, 16383, 16384, 163839]) x[i] = 20; // row 0: the maximum, at segment edges
+      const xd = track(b.fromArray('f32', [rows, V], x));
+      const orders = Array.from({ length: rows }, (_, r) =>
+        Int32Array.from({ length: V }, (_, i) => i).sort((p, q) => x[r * V + q] - x[r * V + p] || p - q),
+      );
+      for (const k of [1, 5, 300, 1024]) {
+        const values = track(b.empty('f32', [rows, k]));
+        const ids = track(b.empty('i32', [rows, k]));
+        b.native.topk({ x: xd, values, ids, k });
+        const gotIds = b.toArray(ids) as Int32Array;
+        const gotValues = b.toArray(values) as Float32Array;
+        for (let r = 0; r < rows; r++) {
+          const want = Array.from(orders[r].subarray(0, k));
+          expectEqual(`top-${k} row ${r} ids`, Array.from(gotIds.subarray(r * k, (r + 1) * k)), want);
+          expectEqual(`top-${k} row ${r} values`, Array.from(gotValues.subarray(r * k, (r + 1) * k)), want.map((i) => x[r * V + i]));
+        }
+      }
+    });
+  },
+};
+
+export const OPS_CHECKS: KernelCheck[] = [rmsNormCheck, ropeCheck, elementwise, router, argmaxTopk, vocabTopk];
