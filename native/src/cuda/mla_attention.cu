@@ -18,7 +18,7 @@ constexpr int kQLatR = 32;        // q_lat values per block (one per lane)
 constexpr int kQLatSplit = 8;     // warps per block, each summing dn / 8 of the terms
 constexpr int kQLatTokens = 8;    // tokens per block (<= kQLatSplit: warp k writes token k)
 static_assert(kQLatTokens <= kQLatSplit, "a warp writes each token's sum");
-constexpr int kOutVPerBlock = 32;   // output values per merge block when rows are few
+constexpr int kOutVPerBlock = 8;    // output values per merge block when rows are few (8 instead of 32: decode merge 26 -> 20 us, run 68)
 constexpr int kCombineAloneRows = 128;  // from this many rows, one merge block per row
 
 // q_lat[t, h, r] = sum_i q_nope[t, h, i] kv_b[h * (dn + dv) + i, r]: a block owns 32 values of r
@@ -99,7 +99,7 @@ struct TileLayout {
   static constexpr int kTx = kThreads / 16;
   static constexpr int kRowsPerThread = ROWS / 16;
   static constexpr int kKeysPerThread = kAttnChunk / kTx;
-  static constexpr int kTileD = ROWS <= 16 ? 64 : 32;       // dims of q and keys per stage
+  static constexpr int kTileD = ROWS <= 16 ? 64 : 32;       // dims of q and keys per stage (128: slower, run 68)
   static constexpr int kTileCols = ROWS <= 16 ? 128 : 64;   // context columns per pass
   static constexpr int kColsPerThread = kTileCols / kTx;
   static constexpr int kQStride = ROWS + 4, kKStride = kAttnChunk + 4, kPStride = ROWS + 4, kCStride = kTileCols + 4;
