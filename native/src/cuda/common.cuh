@@ -68,7 +68,8 @@ Status LaunchDdtreeAccept(const DdtreeAcceptArgs& a, cudaStream_t s);
 Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s);
 
 // Row-wise top-k of f32 rows (descending, ties to the lower index) used by topk and ddtree_build:
-// a radix select of the k-th largest key, then a sort of the <= k survivors. One block per row.
+// a radix select of the k-th largest key, then a sort of the <= k survivors, one block per row; a
+// long row is first cut into segments whose k best become its candidates (TopkSegments).
 // `values`/`ids` are [rows, k]; `scratch` must hold TopkScratchBytes(rows, k, cols).
 size_t TopkScratchBytes(int64_t rows, int k, int64_t cols);
 Status LaunchRowTopk(const float* x, int64_t rows, int64_t cols, int k, float* values, int32_t* ids, void* scratch, cudaStream_t s);

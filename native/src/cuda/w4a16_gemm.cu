@@ -11,7 +11,8 @@
 //  * x: the layout's k order makes a lane's B fragment four consecutive k, an 8-byte load. Up to 8
 //    tokens with K a multiple of 128, x is read in place (L1-resident, no K-tail predicates);
 //    otherwise a staging kernel first rewrites it in fragment order, zero-padded, so a warp's load
-//    is 256 contiguous bytes. f32 x is split into three bf16 planes (hi + mid + lo = x to 24
+//    is 256 contiguous bytes; at 9-16 tokens each warp copies its next step of it into shared
+//    memory (cp.async) while it computes the current one. f32 x is split into three bf16 planes (hi + mid + lo = x to 24
 //    bits), three MMAs with the same exact codes.
 //  * Codes are exact, so the MMA computes the f32 sum of x * q per group; a group's sum is then
 //    scaled into the accumulator: y = sum_g s_g * (sum_{k in g} x_k q_k). A lane's 8 scales (two
@@ -320,7 +321,8 @@ constexpr int kSlotFloats = NT * 8 * w4::kTileRows;
 // Whether a warp copies its next step's staged x into shared memory (cp.async) while it computes
 // the current one. At 16 tokens the x loads, issued right before their MMAs, were the top stall
 // (long scoreboard, run 57); 2 KB per token group and step, two slots per warp. Only at NT = 2:
-// more groups would not leave 2 blocks per SM.
+// at NT = 4 the slots leave one block per SM, faster on the dense shapes and slower on the expert
+// ones (KDTREE_SHARED_X_MAX_NT=4, run 65).
 #ifndef KDTREE_SHARED_X_MAX_NT
 #define KDTREE_SHARED_X_MAX_NT 2
 #endif
