@@ -1,10 +1,11 @@
 // DDTree on the device (the reference is @kdtree/reference ddtree.ts):
-//   build   per depth the top-K draft tokens (radix select + bitonic sort, one block per depth) and
-//           their log-softmax (log-sum-exp in f64), then the best-first heap expansion into at most
-//           B nodes (one thread, heap in shared memory), then positions and the ancestor mask
+//   build   per depth the top-K draft tokens (radix select + bitonic sort, segments of a row then
+//           their candidates) and their log-softmax (log-sum-exp in f64), then the best-first
+//           expansion into at most B nodes (one warp, frontier in shared memory), then positions
+//           and the ancestor mask
 //   accept  the greedy walk from the root along children whose token is the target's argmax
 //   commit  KV[start + k] = KV[start + path[k]] for k ascending, in every cache tensor
-// Ties follow the reference: tokens by (logit desc, id asc); heap entries by (log-prob desc, push order).
+// Ties follow the reference: tokens by (logit desc, id asc); frontier entries by (log-prob desc, push order).
 #include <algorithm>
 #include <climits>
 
@@ -267,19 +268,23 @@ __global__ void LogSumExpMergeKernel(const double2* partial, int rows, double* o
   out[r] = m + log(sum);
 }
 
-struct HeapEntry {
+struct FrontierEntry {
   double w;
   int parent, depth, rank, seq;
 };
 
-__device__ __forceinline__ bool Better(const HeapEntry& a, const HeapEntry& b) { return a.w > b.w || (a.w == b.w && a.seq < b.seq); }
+// Whether the entry (w, seq) pops before (w2, seq2): larger log-prob first, then earlier push.
+__device__ __forceinline__ bool PopsBefore(double w, int seq, double w2, int seq2) { return w > w2 || (w == w2 && seq < seq2); }
 
 constexpr int kMaxNodes = static_cast<int>(kMaxDdtreeBudget) + 1;
 
-// The heap expansion is inherently serial (each pop decides the next pushes), so thread 0 runs it
-// entirely out of shared memory: the heap (at most budget + 1 live entries, since a pop pushes at
-// most two), and when it fits the log-prob table, which the rest of the block fills first. Global
-// memory latency on every sift step was what made the first version take milliseconds.
+// The expansion is inherently serial (each pop decides the next pushes), so warp 0 runs it out of
+// shared memory: the frontier (at most budget + 1 live entries, since a pop pushes at most two) as
+// an unordered pool whose best entry the warp finds together, each lane scanning every 32nd entry,
+// and, when it fits, the log-prob table, which the rest of the block fills first. Entries are
+// totally ordered by (w, seq), so this pops the same sequence as the reference's heap; a binary
+// heap walked by one thread spent a chain of dependent shared-memory reads on every pop and push
+// (global memory on every sift step made the first version take milliseconds).
 // Then one warp per row writes the ancestor mask: coalesced zeroing, lane 0 sets the ancestors.
 __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, const int32_t* tok, const double* logz, int depth, int k, int root, int budget,
                                                         int64_t start, bool lp_in_smem, int32_t* tokens, int32_t* parents, int32_t* depths,
@@ -287,8 +292,8 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
   extern __shared__ __align__(16) unsigned char dyn[];
   __shared__ int parents_s[kMaxNodes], depths_s[kMaxNodes], at_s[kMaxNodes];  // at: index into the [depth, k] top-k
   __shared__ int size_s;
-  HeapEntry* heap = reinterpret_cast<HeapEntry*>(dyn);
-  double* lp_table = reinterpret_cast<double*>(dyn + static_cast<size_t>(budget + 2) * sizeof(HeapEntry));
+  FrontierEntry* pool = reinterpret_cast<FrontierEntry*>(dyn);
+  double* lp_table = reinterpret_cast<double*>(dyn + static_cast<size_t>(budget + 2) * sizeof(FrontierEntry));
   const int n = budget + 1;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     parents_s[i] = -1;
@@ -299,42 +304,48 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
     for (int i = threadIdx.x; i < depth * k; i += blockDim.x) lp_table[i] = static_cast<double>(values[i]) - logz[i / k];
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int size = 1, len = 0, seq = 0;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int size = 1, len = 0, seq = 0;  // the same in every lane
     auto lp = [&](int d, int r) { return lp_in_smem ? lp_table[d * k + r] : static_cast<double>(values[d * k + r]) - logz[d]; };
-    auto push = [&](const HeapEntry& e) {
-      int i = len++;
-      while (i > 0) {  // sift up, moving the hole instead of swapping
-        const int p = (i - 1) >> 1;
-        if (!Better(e, heap[p])) break;
-        heap[i] = heap[p];
-        i = p;
-      }
-      heap[i] = e;
+    auto push = [&](const FrontierEntry& e) {
+      if (lane == 0) pool[len] = e;
+      ++len;
     };
-    if (k > 0) push(HeapEntry{lp(0, 0), 0, 1, 0, seq++});
+    if (k > 0) push(FrontierEntry{lp(0, 0), 0, 1, 0, seq++});
+    __syncwarp();
     while (len > 0 && size < n) {
-      const HeapEntry e = heap[0];
-      const HeapEntry last = heap[--len];
-      int i = 0;
-      for (;;) {  // sift down (entries are totally ordered by (w, seq), so any heap pops the same sequence)
-        const int l = 2 * i + 1;
-        if (l >= len) break;
-        const int m = (l + 1 < len && Better(heap[l + 1], heap[l])) ? l + 1 : l;
-        if (!Better(heap[m], last)) break;
-        heap[i] = heap[m];
-        i = m;
+      int best = -1;
+      double best_w = 0.0;
+      int best_seq = 0;
+      for (int i = lane; i < len; i += 32) {
+        const double w = pool[i].w;
+        const int q = pool[i].seq;
+        if (best < 0 || PopsBefore(w, q, best_w, best_seq)) best = i, best_w = w, best_seq = q;
       }
-      if (len > 0) heap[i] = last;
+      for (int off = 16; off > 0; off >>= 1) {
+        const double w = __shfl_xor_sync(0xffffffffu, best_w, off);
+        const int q = __shfl_xor_sync(0xffffffffu, best_seq, off), i = __shfl_xor_sync(0xffffffffu, best, off);
+        if (i >= 0 && (best < 0 || PopsBefore(w, q, best_w, best_seq))) best = i, best_w = w, best_seq = q;
+      }
+      const FrontierEntry e = pool[best];
+      __syncwarp();  // every lane has read the entry before it is overwritten
+      if (lane == 0) pool[best] = pool[len - 1];
+      --len;
       const int node = size++;
-      at_s[node] = (e.depth - 1) * k + e.rank;  // the token is looked up afterwards, in parallel
-      parents_s[node] = e.parent;
-      depths_s[node] = e.depth;
-      if (e.rank + 1 < k) push(HeapEntry{e.w - lp(e.depth - 1, e.rank) + lp(e.depth - 1, e.rank + 1), e.parent, e.depth, e.rank + 1, seq++});
-      if (e.depth < depth) push(HeapEntry{e.w + lp(e.depth, 0), node, e.depth + 1, 0, seq++});
+      if (lane == 0) {
+        at_s[node] = (e.depth - 1) * k + e.rank;  // the token is looked up afterwards, in parallel
+        parents_s[node] = e.parent;
+        depths_s[node] = e.depth;
+      }
+      if (e.rank + 1 < k) push(FrontierEntry{e.w - lp(e.depth - 1, e.rank) + lp(e.depth - 1, e.rank + 1), e.parent, e.depth, e.rank + 1, seq++});
+      if (e.depth < depth) push(FrontierEntry{e.w + lp(e.depth, 0), node, e.depth + 1, 0, seq++});
+      __syncwarp();  // the pool's writes are visible to the next scan
     }
-    size_s = size;
-    *size_out = size;
+    if (lane == 0) {
+      size_s = size;
+      *size_out = size;
+    }
   }
   __syncthreads();
   const int size = size_s;
@@ -457,12 +468,12 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
     LogSumExpMergeKernel<<<(depth + 127) / 128, 128, 0, s>>>(lse_partial, depth, logz);
     KDTREE_RETURN_IF_ERROR(LaunchStatus("ddtree log-sum-exp merge"));
   }
-  // shared memory: the heap always, the [depth, k] log-prob table when it fits beside it
+  // shared memory: the frontier pool always, the [depth, k] log-prob table when it fits beside it
   constexpr size_t kMaxDynamicSmem = 160 * 1024;
-  const size_t heap_bytes = static_cast<size_t>(a.budget + 2) * sizeof(HeapEntry);
+  const size_t pool_bytes = static_cast<size_t>(a.budget + 2) * sizeof(FrontierEntry);
   const size_t table_bytes = static_cast<size_t>(depth) * k * sizeof(double);
-  const bool lp_in_smem = heap_bytes + table_bytes <= kMaxDynamicSmem;
-  const size_t smem = heap_bytes + (lp_in_smem ? table_bytes : 0);
+  const bool lp_in_smem = pool_bytes + table_bytes <= kMaxDynamicSmem;
+  const size_t smem = pool_bytes + (lp_in_smem ? table_bytes : 0);
   constexpr size_t kStaticSmem = 3 * kMaxNodes * sizeof(int) + sizeof(int);  // parents_s, depths_s, at_s, size_s
   if (smem + kStaticSmem > 48 * 1024) {  // static + dynamic past 48 KiB needs the opt-in
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(BuildTreeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "ddtree build: shared memory"));
