@@ -166,13 +166,13 @@ function gemmInvarianceCheck(xDtype: Dtype): KernelCheck {
   };
 }
 
-function moeCheck(xDtype: Dtype): KernelCheck {
+/** k = 96: 16-bit x is staged (a K tail); k = 128: read in place, through row slots past one row per expert. */
+function moeCheck(xDtype: Dtype, k: number): KernelCheck {
   return {
-    name: `moe_gemm x ${xDtype}: gather and weighted-sum modes, 6 experts, top-2, T 1/5/21 (an expert with 21 rows: several token tiles) vs reference; a token's rows == the token alone`,
+    name: `moe_gemm x ${xDtype}, K ${k}: gather and weighted-sum modes, 6 experts, top-2, T 1/5/21 (an expert with 21 rows: several token tiles) vs reference; a token's rows == the token alone`,
     run(b) {
       const E = 6;
       const n = 64;
-      const k = 96;
       const topk = 2;
       const w = int4(E * n, k, 32, 'BF16', 55);
       const wf = dequantizeInt4(w);
@@ -349,7 +349,8 @@ export const GEMM_CHECKS: KernelCheck[] = [
   streamKCheck,
   gemmInvarianceCheck('f32'),
   gemmInvarianceCheck('bf16'),
-  moeCheck('f32'),
-  moeCheck('bf16'),
+  moeCheck('f32', 96),
+  moeCheck('bf16', 96),
+  moeCheck('bf16', 128),
   shapeErrors,
 ];
