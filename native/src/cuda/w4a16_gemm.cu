@@ -322,12 +322,9 @@ constexpr int kSlotFloats = NT * 8 * w4::kTileRows;
 // the current one. At 16 tokens the x loads, issued right before their MMAs, were the top stall
 // (long scoreboard, run 57); 2 KB per token group and step, two slots per warp. Only at NT = 2:
 // at NT = 4 the slots leave one block per SM, faster on the dense shapes and slower on the expert
-// ones (KDTREE_SHARED_X_MAX_NT=4, run 65).
-#ifndef KDTREE_SHARED_X_MAX_NT
-#define KDTREE_SHARED_X_MAX_NT 2
-#endif
+// ones (run 65).
 template <int NT>
-constexpr bool SharedX() { return NT >= 2 && NT <= KDTREE_SHARED_X_MAX_NT; }
+constexpr bool SharedX() { return NT == 2; }
 constexpr int kXStepBytes = 8 * 32 * 8;  // one token group's x of a step: 8 slices x 32 lanes x 8 B
 template <int NT>
 constexpr int SharedXBytes() { return SharedX<NT>() ? kWarps * 2 * NT * kXStepBytes : 0; }
