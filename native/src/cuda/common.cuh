@@ -49,6 +49,35 @@ __device__ __forceinline__ void StoreFromF32(void* p, DType t, int64_t i, float 
   }
 }
 
+// Exclusive prefix sums of two per-thread counts over the block, in thread order (blockDim.x a
+// multiple of 32, at most 1024). `warp_sums` is shared memory for one int2 per warp; `total`
+// receives the block's sums. Ends with a barrier, so the caller may reuse warp_sums at once.
+__device__ __forceinline__ int2 BlockExclusiveScan(int2 v, int2* total, int2* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int2 inc = v;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int x = __shfl_up_sync(0xffffffffu, inc.x, d), y = __shfl_up_sync(0xffffffffu, inc.y, d);
+    if (lane >= d) inc.x += x, inc.y += y;
+  }
+  if (lane == 31) warp_sums[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int2 w = lane < warps ? warp_sums[lane] : make_int2(0, 0);
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int x = __shfl_up_sync(0xffffffffu, w.x, d), y = __shfl_up_sync(0xffffffffu, w.y, d);
+      if (lane >= d) w.x += x, w.y += y;
+    }
+    if (lane < warps) warp_sums[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  const int2 before = warp == 0 ? make_int2(0, 0) : warp_sums[warp - 1];
+  *total = warp_sums[warps - 1];
+  __syncthreads();
+  return make_int2(before.x + inc.x - v.x, before.y + inc.y - v.y);
+}
+
 // Launchers (one per op), defined in the .cu file of the op.
 Status LaunchW4A16Pack(const W4A16PackArgs& a, cudaStream_t s);
 Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);

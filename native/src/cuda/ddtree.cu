@@ -30,33 +30,6 @@ __device__ __forceinline__ void LoadKeys(const float* row, int64_t i0, int64_t e
   for (int u = 0; u < kSteps; ++u) keys[u] = i0 + 32 * u + lane < end ? OrderKey(row[i0 + 32 * u + lane]) : 0;
 }
 
-// Exclusive prefix sums of (a, b) over the block in thread order; returns the totals.
-__device__ __forceinline__ int2 BlockExclusiveScan2(int& a, int& b, int2* warp_sums) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int ia = a, ib = b;
-  for (int d = 1; d < 32; d <<= 1) {
-    const int ua = __shfl_up_sync(0xffffffffu, ia, d), ub = __shfl_up_sync(0xffffffffu, ib, d);
-    if (lane >= d) ia += ua, ib += ub;
-  }
-  if (lane == 31) warp_sums[warp] = make_int2(ia, ib);
-  __syncthreads();
-  if (warp == 0) {
-    int2 s = lane < kTopkWarps ? warp_sums[lane] : make_int2(0, 0);
-    for (int d = 1; d < 32; d <<= 1) {
-      const int ua = __shfl_up_sync(0xffffffffu, s.x, d), ub = __shfl_up_sync(0xffffffffu, s.y, d);
-      if (lane >= d) s.x += ua, s.y += ub;
-    }
-    if (lane < kTopkWarps) warp_sums[lane] = s;  // inclusive over warps
-  }
-  __syncthreads();
-  const int2 before = warp > 0 ? warp_sums[warp - 1] : make_int2(0, 0);
-  const int2 total = warp_sums[kTopkWarps - 1];
-  a = before.x + ia - a;
-  b = before.y + ib - b;
-  __syncthreads();  // warp_sums is reused by the caller
-  return total;
-}
-
 // One block per segment of a row: the k largest (value desc, index asc), k <= 1024. Block b takes
 // segment b % segments of row b / segments: `seg_len` values from row * stride + segment * seg_len
 // (the last segment ends at `row_len`), and writes its k to values/ids[b * k ..], ids as the row's
@@ -163,9 +136,10 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
     }
   }
   if (lane != 0) pos_gt = pos_eq = 0;  // one count per warp goes into the scan
-  BlockExclusiveScan2(pos_gt, pos_eq, warp_sums);
-  pos_gt = __shfl_sync(0xffffffffu, pos_gt, 0);
-  pos_eq = __shfl_sync(0xffffffffu, pos_eq, 0);
+  int2 totals;
+  const int2 before = BlockExclusiveScan(make_int2(pos_gt, pos_eq), &totals, warp_sums);
+  pos_gt = __shfl_sync(0xffffffffu, before.x, 0);
+  pos_eq = __shfl_sync(0xffffffffu, before.y, 0);
   const int total_gt = k - need_eq;
   for (int64_t j0 = w0; j0 < w1; j0 += 32 * kSteps) {
     uint32_t keyv[kSteps];

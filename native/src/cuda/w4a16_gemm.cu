@@ -577,34 +577,6 @@ __global__ void MoeSumKernel(const float* pair, int T, int topk, int N, const fl
   StoreFromF32(y, y_dtype, i, out);
 }
 
-// Exclusive prefix sums over the block of two per-thread values, in thread order (blockDim.x a
-// multiple of 32, at most 1024); `total` receives the block's sums.
-__device__ __forceinline__ int2 BlockExclusiveScan(int2 v, int2* total) {
-  __shared__ int2 warp_sums[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  int2 inc = v;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const int x = __shfl_up_sync(0xffffffffu, inc.x, d), y = __shfl_up_sync(0xffffffffu, inc.y, d);
-    if (lane >= d) inc.x += x, inc.y += y;
-  }
-  if (lane == 31) warp_sums[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    int2 w = lane < warps ? warp_sums[lane] : make_int2(0, 0);
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int x = __shfl_up_sync(0xffffffffu, w.x, d), y = __shfl_up_sync(0xffffffffu, w.y, d);
-      if (lane >= d) w.x += x, w.y += y;
-    }
-    if (lane < warps) warp_sums[lane] = w;  // inclusive over warps
-  }
-  __syncthreads();
-  const int2 before = warp == 0 ? make_int2(0, 0) : warp_sums[warp - 1];
-  *total = warp_sums[warps - 1];
-  return make_int2(before.x + inc.x - v.x, before.y + inc.y - v.y);
-}
-
 // MoE: counts pairs per expert, orders them by expert and cuts tiles of <= tile_rows rows. Every
 // thread owns a contiguous run of experts, and one block-wide scan gives each run its first row and
 // first tile (a single thread walking the 384 experts took 30 us, half of a decode step; run 50).
@@ -626,8 +598,9 @@ __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int exper
     mine.x += c;
     mine.y += (c + tile_rows - 1) / tile_rows;
   }
+  __shared__ int2 warp_sums[32];
   int2 total;
-  int2 at = BlockExclusiveScan(mine, &total);
+  int2 at = BlockExclusiveScan(mine, &total, warp_sums);
   for (int e = e0; e < e1; ++e) {
     const int c = __ldcg(&counts[e]);
     for (int r = 0; r < c; r += tile_rows) tiles[at.y++] = Tile{e, at.x + r, min(tile_rows, c - r), 0};
