@@ -147,35 +147,23 @@ __device__ __forceinline__ void AccumulateOuter(const float* a, const float* b, 
   }
 }
 
-template <int ROWS, bool SHARED>
-__global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
-                                                                 int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
-                                                                 const int64_t* key_counts, float* partial) {
-  using L = TileLayout<ROWS>;
-  constexpr int RPT = L::kRowsPerThread, KPT = L::kKeysPerThread, CPT = L::kColsPerThread;
-  constexpr int kThreads = L::kThreads, kWarps = L::kWarps, kTileD = L::kTileD, kTileCols = L::kTileCols;
-  extern __shared__ float4 tile_smem[];
-  float* stage_q = reinterpret_cast<float*>(tile_smem);  // [kTileD][ROWS]  (phase 1)
-  float* stage_k = stage_q + kTileD * L::kQStride;       // [kTileD][64 keys]
-  float* ctx_c = stage_q;                                // [64 keys][kTileCols]  (phase 3)
-  float* probs = stage_q + (L::kStage > L::kCtx ? L::kStage : L::kCtx);  // [64 keys][ROWS]: scores, then p
-  int* allowed = reinterpret_cast<int*>(probs + kAttnChunk * L::kPStride);  // [T] (one token's tile)
-  __shared__ int64_t slots[kAttnChunk];  // cache slot of each key of the chunk, -1 past the last
-  __shared__ int row_keys[ROWS];         // keys of the chunk each row sees
+// The chunk's keys for a tile of rows: slots[j] = the cache slot of key j of the chunk (-1 past
+// the longest row's last), row_keys[i] = how many of them row i sees; returns the most any row
+// sees (0: the tile has nothing to do here, e.g. causal prefill's upper triangle). Without SHARED
+// the tile is one token's heads and `allowed` (shared memory, [T]) receives the new tokens its
+// mask row allows, in order. Every thread of the block must call it.
+template <int ROWS, bool SHARED, int kWarps>
+__device__ int ChunkKeys(const uint8_t* mask, int T, int64_t base, const int64_t* key_counts, int chunk, int th0, int rows, int* allowed, int64_t* slots, int* row_keys) {
   __shared__ int warp_counts[kWarps];
   __shared__ int max_keys;
-  const int chunk = chunk0 + blockIdx.x;
-  const int64_t k_begin = static_cast<int64_t>(chunk) * kAttnChunk;
-  // rows: SHARED, th = tile * ROWS + i; otherwise token blockIdx.y, heads blockIdx.z * ROWS + i
-  const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
-  const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t k_begin = static_cast<int64_t>(chunk) * kAttnChunk;
   if (tid == 0) max_keys = 0;
   if constexpr (!SHARED) {
     // ordered compaction of the new tokens this token sees (ballot + prefix over warps)
     const int t = blockIdx.y;
     int count = 0;
-    for (int j0 = 0; j0 < T; j0 += kThreads) {
+    for (int j0 = 0; j0 < T; j0 += kWarps * 32) {
       const int j = j0 + tid;
       const bool ok = j < T && mask[static_cast<int64_t>(t) * T + j] != 0;
       const unsigned bal = __ballot_sync(0xffffffffu, ok);
@@ -198,12 +186,63 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   }
   __syncthreads();
   const int n_max = max_keys;
-  if (n_max == 0) return;  // no row of the tile reaches this chunk (causal prefill's upper triangle)
-  if (tid < kAttnChunk) {
+  if (n_max > 0 && tid < kAttnChunk) {
     const int64_t key = k_begin + tid;
     slots[tid] = tid >= n_max ? -1 : SHARED || key < base ? key : base + allowed[key - base];
   }
   __syncthreads();
+  return n_max;
+}
+
+// A key's scaled score and its exponent, with explicit roundings: both softmax forms must give the
+// same bits, and a plain s * scale - m may or may not be contracted into one FMA.
+__device__ __forceinline__ float ScaledScore(float s, float scale) { return __fmul_rn(s, scale); }
+__device__ __forceinline__ float KeyWeight(float s, float scale, float m) { return expf(__fsub_rn(ScaledScore(s, scale), m)); }
+
+// Phase 2 of a chunk: its softmax, one thread per row, keys in order (scores in probs[key *
+// PSTRIDE + row], turned into p); the row's (max, sum) go to its partial.
+template <int ROWS, int PSTRIDE>
+__device__ __forceinline__ void ChunkSoftmax(float* probs, const int* row_keys, float scale, float* partial, int th0, int max_chunks, int chunk, int R) {
+  const int tid = threadIdx.x;
+  if (tid < ROWS) {
+    float* pr = probs + tid;  // key j at pr[j * PSTRIDE]
+    const int n = row_keys[tid];
+    float m = -INFINITY, l = 0.f;
+    for (int j = 0; j < n; ++j) m = fmaxf(m, ScaledScore(pr[j * PSTRIDE], scale));
+    for (int j = 0; j < kAttnChunk; ++j) {
+      const float p = j < n ? KeyWeight(pr[j * PSTRIDE], scale, m) : 0.f;
+      pr[j * PSTRIDE] = p;
+      l += p;
+    }
+    if (n > 0) {
+      float* out = partial + (static_cast<int64_t>(th0 + tid) * max_chunks + chunk) * (R + 2);
+      out[0] = m;
+      out[1] = l;
+    }
+  }
+}
+
+template <int ROWS, bool SHARED>
+__global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
+                                                                 int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
+                                                                 const int64_t* key_counts, float* partial) {
+  using L = TileLayout<ROWS>;
+  constexpr int RPT = L::kRowsPerThread, KPT = L::kKeysPerThread, CPT = L::kColsPerThread;
+  constexpr int kThreads = L::kThreads, kWarps = L::kWarps, kTileD = L::kTileD, kTileCols = L::kTileCols;
+  extern __shared__ float4 tile_smem[];
+  float* stage_q = reinterpret_cast<float*>(tile_smem);  // [kTileD][ROWS]  (phase 1)
+  float* stage_k = stage_q + kTileD * L::kQStride;       // [kTileD][64 keys]
+  float* ctx_c = stage_q;                                // [64 keys][kTileCols]  (phase 3)
+  float* probs = stage_q + (L::kStage > L::kCtx ? L::kStage : L::kCtx);  // [64 keys][ROWS]: scores, then p
+  int* allowed = reinterpret_cast<int*>(probs + kAttnChunk * L::kPStride);  // [T] (one token's tile)
+  __shared__ int64_t slots[kAttnChunk];  // cache slot of each key of the chunk, -1 past the last
+  __shared__ int row_keys[ROWS];         // keys of the chunk each row sees
+  const int chunk = chunk0 + blockIdx.x;
+  // rows: SHARED, th = tile * ROWS + i; otherwise token blockIdx.y, heads blockIdx.z * ROWS + i
+  const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
+  const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, key_counts, chunk, th0, rows, allowed, slots, row_keys) == 0) return;
 
   // Stages go through registers: a thread loads its elements of the next stage (all in flight at
   // once) while the block computes on the current one. Loading element by element into shared
@@ -274,23 +313,8 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
     for (int k = 0; k < KPT; ++k) probs[(KPT * tx + k) * L::kPStride + RPT * ty + i] = s[i][k];
   __syncthreads();
 
-  // Phase 2: the chunk's softmax, one thread per row, keys in order
-  if (tid < ROWS) {
-    float* pr = probs + tid;  // key j at pr[j * kPStride]
-    const int n = row_keys[tid];
-    float m = -INFINITY, l = 0.f;
-    for (int j = 0; j < n; ++j) m = fmaxf(m, pr[j * L::kPStride] * scale);
-    for (int j = 0; j < kAttnChunk; ++j) {
-      const float p = j < n ? expf(pr[j * L::kPStride] * scale - m) : 0.f;
-      pr[j * L::kPStride] = p;
-      l += p;
-    }
-    if (n > 0) {
-      float* out = partial + (static_cast<int64_t>(th0 + tid) * max_chunks + chunk) * (R + 2);
-      out[0] = m;
-      out[1] = l;
-    }
-  }
+  // Phase 2: the chunk's softmax
+  ChunkSoftmax<ROWS, L::kPStride>(probs, row_keys, scale, partial, th0, max_chunks, chunk, R);
 
   // Phase 3: partial context, RPT rows x CPT columns per thread, one FMA chain over the keys
   for (int r0 = 0; r0 < R; r0 += kTileCols) {
@@ -365,6 +389,135 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
   }
 }
 
+// Small tiles (decode, a tree node's own keys) in one round trip: the whole chunk (64 key rows of
+// [c | kpe]) and the tile's q rows go into shared memory with cp.async, zero past the tile's keys
+// and rows, then scores, softmax and context all read shared memory. The staged kernel made a
+// small tile ~13 dependent global round trips (9 score stages, 4 context passes) on a mostly idle
+// GPU. Per row the arithmetic is AttendTileKernel's (a score is one FMA chain over d in order, a
+// context value one chain over the 64 keys), so both kernels give a row the same bits.
+// 512 threads; the phases spread (row, part) work items over the warps, so a decode tile's 8 real
+// rows keep all 16 warps busy.
+struct ChunkLayout {
+  static constexpr int kRows = 16, kThreads = 512, kWarps = kThreads / 32;
+  static constexpr int kPStride = kRows + 4;
+  // floats per key / q row: 16-byte runs, and rows 4 banks apart so a warp's 16-byte reads of 32
+  // consecutive key rows hit distinct banks
+  __host__ __device__ static int Stride(int D) { return (D + 31) / 32 * 32 + 4; }
+  static size_t Bytes(int D, int T, bool shared) {
+    return (static_cast<size_t>(kAttnChunk + kRows) * Stride(D) + kAttnChunk * kPStride) * sizeof(float) + (shared ? 0 : static_cast<size_t>(T) * sizeof(int));
+  }
+};
+
+template <bool SHARED>
+__global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
+                                                                          int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
+                                                                          const int64_t* key_counts, float* partial) {
+  constexpr int ROWS = ChunkLayout::kRows, kPStride = ChunkLayout::kPStride;
+  const int D = R + dr, stride = ChunkLayout::Stride(D);
+  extern __shared__ float4 chunk_smem[];
+  float* keys = reinterpret_cast<float*>(chunk_smem);     // [64 keys][stride]: c (d < R), then kpe
+  float* q = keys + kAttnChunk * stride;                  // [ROWS][stride]: q_lat, then q_pe
+  float* probs = q + ROWS * stride;                       // [64 keys][kPStride]: scores, then p
+  int* allowed = reinterpret_cast<int*>(probs + kAttnChunk * kPStride);  // [T] (one token's tile)
+  __shared__ int64_t slots[kAttnChunk];
+  __shared__ int row_keys[ROWS];
+  const int chunk = chunk0 + blockIdx.x;
+  const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
+  const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, key_counts, chunk, th0, rows, allowed, slots, row_keys) == 0) return;
+
+  // 16-byte pieces (D, R and dr are multiples of 4) of the key rows, then the q rows, a warp per
+  // row (no index division per piece); zero-filled (source size 0) past the chunk's keys and the
+  // tile's rows
+  const int pieces = D / 4;
+  for (int r = warp; r < kAttnChunk + ROWS; r += ChunkLayout::kWarps) {
+    const float* c_row = cache_c;
+    const float* pe_row = cache_kpe;
+    bool valid;
+    float* dst;
+    if (r < kAttnChunk) {
+      const int64_t slot = slots[r];
+      valid = slot >= 0;
+      if (valid) c_row = cache_c + slot * R, pe_row = cache_kpe + slot * dr;
+      dst = keys + r * stride;
+    } else {
+      const int64_t th = th0 + r - kAttnChunk;
+      valid = r - kAttnChunk < rows;
+      if (valid) c_row = q_lat + th * R, pe_row = q_pe + th * dr;
+      dst = q + (r - kAttnChunk) * stride;
+    }
+    for (int pc = lane; pc < pieces; pc += 32) {
+      const int d = 4 * pc;
+      const float* src = !valid ? cache_c : d < R ? c_row + d : pe_row + d - R;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst + d))), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+
+  // Phase 1: scores. Work items are (row, half of the keys), one key per lane, spread over the
+  // warps: a decode tile has 8 real rows of 16, and padding rows would take half the issue slots.
+  constexpr int kWarps = ChunkLayout::kWarps;
+  for (int item = warp; item < 2 * rows; item += kWarps) {
+    const int r = item >> 1, key = 32 * (item & 1) + lane;
+    const float* qr = q + r * stride;
+    const float* kr = keys + key * stride;
+    float sc = 0.f;
+#pragma unroll 4
+    for (int d = 0; d < D; d += 4) {
+      const float4 qv = *reinterpret_cast<const float4*>(qr + d), kv = *reinterpret_cast<const float4*>(kr + d);
+      sc = fmaf(qv.x, kv.x, sc);
+      sc = fmaf(qv.y, kv.y, sc);
+      sc = fmaf(qv.z, kv.z, sc);
+      sc = fmaf(qv.w, kv.w, sc);
+    }
+    probs[key * kPStride + r] = sc;
+  }
+  __syncthreads();
+
+  // Phase 2: the chunk's softmax, a warp per row: the max and the exponentials in parallel (exact
+  // in any order), the sum in key order by one lane, as ChunkSoftmax does
+  if (warp < rows) {
+    const int r = warp, n = row_keys[r];
+    const float s0 = probs[lane * kPStride + r], s1 = probs[(lane + 32) * kPStride + r];
+    float m = fmaxf(lane < n ? ScaledScore(s0, scale) : -INFINITY, lane + 32 < n ? ScaledScore(s1, scale) : -INFINITY);
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    probs[lane * kPStride + r] = lane < n ? KeyWeight(s0, scale, m) : 0.f;
+    probs[(lane + 32) * kPStride + r] = lane + 32 < n ? KeyWeight(s1, scale, m) : 0.f;
+    __syncwarp();
+    if (lane == 0 && n > 0) {
+      float l = 0.f;
+#pragma unroll 16
+      for (int j = 0; j < kAttnChunk; ++j) l += probs[j * kPStride + r];
+      float* out = partial + (static_cast<int64_t>(th0 + r) * max_chunks + chunk) * (R + 2);
+      out[0] = m;
+      out[1] = l;
+    }
+  }
+  __syncthreads();
+
+  // Phase 3: partial context. Work items are (row, 128 columns), columns c0 + 4 lane .. + 3 per lane.
+  const int passes = (R + 127) / 128;
+  for (int item = warp; item < rows * passes; item += kWarps) {
+    const int r = item / passes, c0 = 128 * (item % passes) + 4 * lane;
+    if (row_keys[r] == 0 || c0 >= R) continue;
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+    for (int j = 0; j < kAttnChunk; ++j) {
+      const float p = probs[j * kPStride + r];
+      const float4 c = *reinterpret_cast<const float4*>(keys + j * stride + c0);
+      a[0] = fmaf(p, c.x, a[0]);
+      a[1] = fmaf(p, c.y, a[1]);
+      a[2] = fmaf(p, c.z, a[2]);
+      a[3] = fmaf(p, c.w, a[3]);
+    }
+    float* out = partial + (static_cast<int64_t>(th0 + r) * max_chunks + chunk) * (R + 2) + 2;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[c0 + i] = a[i];  // partial rows are R + 2 floats: not 16-byte aligned
+  }
+}
+
 struct AttendArgs {
   const float *q_lat, *q_pe, *cache_c, *cache_kpe;
   const uint8_t* mask;
@@ -384,6 +537,20 @@ Status LaunchAttendTile(const AttendArgs& a, dim3 grid, int chunk0, cudaStream_t
   AttendTileKernel<ROWS, SHARED><<<grid, TileLayout<ROWS>::kThreads, smem, s>>>(a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr, a.base, a.scale, a.max_chunks, chunk0,
                                                                   a.key_counts, a.partial);
   return LaunchStatus("mla attend");
+}
+
+// Small tiles take AttendChunkKernel when the whole chunk fits in shared memory and its rows can
+// be copied in 16-byte pieces; otherwise the staged kernel.
+template <bool SHARED>
+Status LaunchSmallTile(const AttendArgs& a, dim3 grid, int chunk0, cudaStream_t s) {
+  const size_t smem = ChunkLayout::Bytes(a.R + a.dr, a.T, SHARED);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool whole = smem <= 227 * 1024 && a.R % 4 == 0 && a.dr % 4 == 0 && aligned(a.q_lat) && aligned(a.q_pe) && aligned(a.cache_c) && aligned(a.cache_kpe);
+  if (!whole) return LaunchAttendTile<16, SHARED>(a, grid, chunk0, s);
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendChunkKernel<SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
+  AttendChunkKernel<SHARED><<<grid, ChunkLayout::kThreads, smem, s>>>(a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr, a.base, a.scale, a.max_chunks, chunk0,
+                                                                     a.key_counts, a.partial);
+  return LaunchStatus("mla attend (whole chunk)");
 }
 
 }  // namespace
@@ -411,12 +578,12 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
   const AttendArgs args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, key_counts, partial};
   if (shared_chunks > 0) {
-    const Status st = T * H <= 16 ? LaunchAttendTile<16, true>(args, dim3(shared_chunks, (T * H + 15) / 16), 0, s)
+    const Status st = T * H <= 16 ? LaunchSmallTile<true>(args, dim3(shared_chunks, (T * H + 15) / 16), 0, s)
                                   : LaunchAttendTile<64, true>(args, dim3(shared_chunks, (T * H + 63) / 64), 0, s);
     KDTREE_RETURN_IF_ERROR(st);
   }
   if (shared_chunks < max_chunks) {
-    const Status st = H <= 16 ? LaunchAttendTile<16, false>(args, dim3(max_chunks - shared_chunks, T, 1), shared_chunks, s)
+    const Status st = H <= 16 ? LaunchSmallTile<false>(args, dim3(max_chunks - shared_chunks, T, 1), shared_chunks, s)
                               : LaunchAttendTile<64, false>(args, dim3(max_chunks - shared_chunks, T, (H + 63) / 64), shared_chunks, s);
     KDTREE_RETURN_IF_ERROR(st);
   }
