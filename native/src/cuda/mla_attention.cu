@@ -357,17 +357,25 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
   const float* p = partial + static_cast<int64_t>(th) * max_chunks * (R + 2);
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
+    // each lane keeps its chunks' maxima in `weight` (read from global memory once, the loads of
+    // a loop in flight together) and reads their sums once
     float mx = -INFINITY;
-    for (int c = lane; c < chunks; c += 32) mx = fmaxf(mx, p[c * (R + 2)]);
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float denom = 0.f;
+#pragma unroll 4
     for (int c = lane; c < chunks; c += 32) {
       const float mc = p[c * (R + 2)];
+      weight[c] = mc;
+      mx = fmaxf(mx, mc);
+    }
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float denom = 0.f;
+#pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+      const float mc = weight[c];
       if (mc != -INFINITY) denom += p[c * (R + 2) + 1] * expf(mc - mx);
     }
     for (int off = 16; off > 0; off >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, off);
     for (int c = lane; c < chunks; c += 32) {
-      const float mc = p[c * (R + 2)];
+      const float mc = weight[c];
       weight[c] = mc == -INFINITY ? 0.f : expf(mc - mx) / denom;
     }
   }
