@@ -343,12 +343,29 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   }
 }
 
+// Eight consecutive values of a bf16 or f32 tensor (kv_b's dtypes) from element i (16-byte
+// aligned) as f32.
+__device__ __forceinline__ void Load8AsF32(const void* p, DType t, int64_t i, float (&v)[8]) {
+  if (t == DType::kF32) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p) + i)), b = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p) + i) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+  const uint4 q = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i));
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = __uint_as_float(w[k] << 16);
+    v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+  }
+}
+
 // Combines a token-head's chunks into ctx[R] (shared memory): warp 0 turns each chunk's (m, l)
 // into its weight exp(m_c - max) / sum once, then every r is one pass over the chunks (the weights
 // recomputed per thread and per r took 57 us for a decode token; Nsight, run 50). Then
 // out[v] = W_vb[h, v] . ctx for the block's values of v, one warp per v at a time.
 __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int H, int R, const void* kv_b,
-                                                        DType kvb_dtype, int dn, int dv, int v_per_block, float* out) {
+                                                        DType kvb_dtype, bool vector_rows, int dn, int dv, int v_per_block, float* out) {
   extern __shared__ float shared[];
   float* ctx = shared;           // [R]
   float* weight = shared + R;    // [max_chunks]
@@ -391,7 +408,20 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
   for (int v = blockIdx.y * v_per_block + warp; v < v_end; v += blockDim.x / 32) {
     const int64_t row = static_cast<int64_t>(h * (dn + dv) + dn + v) * R;
     float s = 0.f;
-    for (int r = lane; r < R; r += 32) s = fmaf(LoadAsF32(kv_b, kvb_dtype, row + r), ctx[r], s);
+    if (vector_rows) {
+      // 8 values per lane and load (16 bytes of bf16): a 512-wide row in two loads per lane
+      // instead of 16 dependent 2-byte ones
+      for (int r = 8 * lane; r < R; r += 256) {
+        float w[8];
+        Load8AsF32(kv_b, kvb_dtype, row + r, w);
+        const float4 c0 = *reinterpret_cast<const float4*>(ctx + r), c1 = *reinterpret_cast<const float4*>(ctx + r + 4);
+        const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s = fmaf(w[i], c[i], s);
+      }
+    } else {
+      for (int r = lane; r < R; r += 32) s = fmaf(LoadAsF32(kv_b, kvb_dtype, row + r), ctx[r], s);
+    }
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (lane == 0) out[static_cast<int64_t>(th) * dv + v] = s;
   }
@@ -598,8 +628,10 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   // Few rows (decode): several blocks per row share its output columns, each merging the chunks
   // again; many rows (verify, prefill) fill the GPU with one block per row and merge once.
   const int v_per_block = T * H >= kCombineAloneRows ? dv : kOutVPerBlock;
+  // kv_b rows read 8 values per load when every row starts on 16 bytes
+  const bool vector_rows = R % 8 == 0 && reinterpret_cast<uintptr_t>(a.kv_b.data) % 16 == 0;
   CombineOutKernel<<<dim3(T * H, (dv + v_per_block - 1) / v_per_block), 256, (static_cast<size_t>(R) + max_chunks) * 4, s>>>(partial, key_counts, max_chunks, H, R, a.kv_b.data,
-                                                                                                         a.kv_b.dtype, dn, dv, v_per_block, a.out.as<float>());
+                                                                                                         a.kv_b.dtype, vector_rows, dn, dv, v_per_block, a.out.as<float>());
   return LaunchStatus("mla combine + out");
 }
 

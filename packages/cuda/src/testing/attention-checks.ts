@@ -10,8 +10,17 @@ const V = 12;
 const R = 32;
 const S = 40;
 const SCALE = 0.31;
+/**
+ * Rope widths the attention checks run with: 8, and 6, which is not a multiple of 4, so the CUDA
+ * kernel's small tiles cannot copy whole chunks in 16-byte pieces and take the staged form.
+ */
+const ROPES = [ROPE, 6];
+/** Shapes of the reference check: the above, and a rank that is not a multiple of 8 (the CUDA merge reads kv_b rows value by value). */
+const SHAPES = [...ROPES.map((rope) => ({ rope, rank: R })), { rope: ROPE, rank: 36 }];
 
 interface Setup {
+  rope: number;
+  rank: number;
   qNope: Float32Array;
   qPe: Float32Array;
   kvB: Float32Array;
@@ -19,22 +28,24 @@ interface Setup {
   cacheKpe: Float32Array;
 }
 
-function setup(seed: number, T: number): Setup {
+function setup(seed: number, T: number, rope = ROPE, rank = R): Setup {
   return {
+    rope,
+    rank,
     qNope: randomF32(T * H * NOPE, seed),
-    qPe: randomF32(T * H * ROPE, seed + 1),
-    kvB: randomF32(H * (NOPE + V) * R, seed + 2, 0.2),
-    cacheC: randomF32(S * R, seed + 3),
-    cacheKpe: randomF32(S * ROPE, seed + 4),
+    qPe: randomF32(T * H * rope, seed + 1),
+    kvB: randomF32(H * (NOPE + V) * rank, seed + 2, 0.2),
+    cacheC: randomF32(S * rank, seed + 3),
+    cacheKpe: randomF32(S * rope, seed + 4),
   };
 }
 
 /** The reference's q layout: [T, H, nope + rope]. */
 function joinQ(s: Setup, T: number): Float32Array {
-  const q = new Float32Array(T * H * (NOPE + ROPE));
+  const q = new Float32Array(T * H * (NOPE + s.rope));
   for (let th = 0; th < T * H; th++) {
-    q.set(s.qNope.subarray(th * NOPE, (th + 1) * NOPE), th * (NOPE + ROPE));
-    q.set(s.qPe.subarray(th * ROPE, (th + 1) * ROPE), th * (NOPE + ROPE) + NOPE);
+    q.set(s.qNope.subarray(th * NOPE, (th + 1) * NOPE), th * (NOPE + s.rope));
+    q.set(s.qPe.subarray(th * s.rope, (th + 1) * s.rope), th * (NOPE + s.rope) + NOPE);
   }
   return q;
 }
@@ -43,10 +54,10 @@ function run(b: KdtreeBackend, track: <U extends DeviceTensor>(t: U) => U, s: Se
   const out = track(b.empty('f32', [T, H, V]));
   b.native.mlaAttention({
     qNope: track(b.fromArray('f32', [T, H, NOPE], s.qNope)),
-    qPe: track(b.fromArray('f32', [T, H, ROPE], s.qPe)),
-    kvB: track(b.fromArray('f32', [H * (NOPE + V), R], s.kvB)),
-    cacheC: track(b.fromArray('f32', [S, R], s.cacheC)),
-    cacheKpe: track(b.fromArray('f32', [S, ROPE], s.cacheKpe)),
+    qPe: track(b.fromArray('f32', [T, H, s.rope], s.qPe)),
+    kvB: track(b.fromArray('f32', [H * (NOPE + V), s.rank], s.kvB)),
+    cacheC: track(b.fromArray('f32', [S, s.rank], s.cacheC)),
+    cacheKpe: track(b.fromArray('f32', [S, s.rope], s.cacheKpe)),
     mask: mask ? track(b.fromArray('u8', [T, T], mask)) : undefined,
     out,
     base,
@@ -56,24 +67,27 @@ function run(b: KdtreeBackend, track: <U extends DeviceTensor>(t: U) => U, s: Se
 }
 
 function reference(s: Setup, T: number, base: number, attends?: (i: number, j: number) => boolean): Float32Array {
-  return latentAttention({ q: joinQ(s, T), kvB: s.kvB, cacheC: s.cacheC, cacheKpe: s.cacheKpe, base, tokens: T, heads: H, nope: NOPE, rope: ROPE, v: V, rank: R, scale: SCALE, attends });
+  return latentAttention({ q: joinQ(s, T), kvB: s.kvB, cacheC: s.cacheC, cacheKpe: s.cacheKpe, base, tokens: T, heads: H, nope: NOPE, rope: s.rope, v: V, rank: s.rank, scale: SCALE, attends });
 }
 
 const decodePrefillTree: KernelCheck = {
-  name: 'mla_attention: decode (T=1), causal prefill (T=7) and tree verify (ancestor mask) vs reference',
+  name: 'mla_attention: decode (T=1), causal prefill (T=7) and tree verify (ancestor mask) vs reference (rope 8 and 6, rank 32 and 36)',
   run(b) {
     return withTensors(b, (track) => {
       const details: string[] = [];
-      const s1 = setup(1, 1);
-      details.push(expectClose('decode base 20', run(b, track, s1, 1, 20), reference(s1, 1, 20), 1e-5));
-      const s7 = setup(2, 7);
-      details.push(expectClose('prefill base 0', run(b, track, s7, 7, 0), reference(s7, 7, 0), 1e-5));
-      details.push(expectClose('prefill base 9', run(b, track, s7, 7, 9), reference(s7, 7, 9), 1e-5));
       // a tree: 0 root, 1 and 2 children of 0, 3 child of 1, 4 child of 3, 5 child of 2, 6 child of 0
       const parents = [-1, 0, 0, 1, 3, 2, 0];
       const mask = new Uint8Array(49);
       for (let i = 0; i < 7; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * 7 + j] = 1;
-      details.push(expectClose('tree base 11', run(b, track, s7, 7, 11, mask), reference(s7, 7, 11, (i, j) => mask[i * 7 + j] === 1), 1e-5));
+      for (const { rope, rank } of SHAPES) {
+        const at = `rope ${rope} rank ${rank}`;
+        const s1 = setup(1, 1, rope, rank);
+        details.push(expectClose(`${at} decode base 20`, run(b, track, s1, 1, 20), reference(s1, 1, 20), 1e-5));
+        const s7 = setup(2, 7, rope, rank);
+        details.push(expectClose(`${at} prefill base 0`, run(b, track, s7, 7, 0), reference(s7, 7, 0), 1e-5));
+        details.push(expectClose(`${at} prefill base 9`, run(b, track, s7, 7, 9), reference(s7, 7, 9), 1e-5));
+        details.push(expectClose(`${at} tree base 11`, run(b, track, s7, 7, 11, mask), reference(s7, 7, 11, (i, j) => mask[i * 7 + j] === 1), 1e-5));
+      }
       return { detail: details.join('; ') };
     });
   },
@@ -102,25 +116,25 @@ const invariance: KernelCheck = {
  * prefix, its ancestors compacted after it, and itself.
  */
 const treeEqualsDecode: KernelCheck = {
-  name: 'mla_attention: a tree-verify row == decoding that node over its committed ancestors, bit for bit (keys across 3 chunks)',
+  name: 'mla_attention: a tree-verify row == decoding that node over its committed ancestors, bit for bit (keys across 3 chunks; rope 8 and 6)',
   run(b) {
-    withTensors(b, (track) => {
+    for (const rope of ROPES) withTensors(b, (track) => {
       const [T, base, slots] = [7, 134, 160];
       const parents = [-1, 0, 0, 1, 3, 2, 0];
       const mask = new Uint8Array(T * T);
       for (let i = 0; i < T; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * T + j] = 1;
-      const q = { nope: randomF32(T * H * NOPE, 31), pe: randomF32(T * H * ROPE, 32) };
+      const q = { nope: randomF32(T * H * NOPE, 31), pe: randomF32(T * H * rope, 32) };
       const kvB = randomF32(H * (NOPE + V) * R, 33, 0.2);
       const cacheC = randomF32(slots * R, 34);
-      const cacheKpe = randomF32(slots * ROPE, 35);
+      const cacheKpe = randomF32(slots * rope, 35);
       const call = (tokens: number, start: number, c: Float32Array, kpe: Float32Array, nope: Float32Array, pe: Float32Array, m?: Uint8Array) => {
         const out = track(b.empty('f32', [tokens, H, V]));
         b.native.mlaAttention({
           qNope: track(b.fromArray('f32', [tokens, H, NOPE], nope)),
-          qPe: track(b.fromArray('f32', [tokens, H, ROPE], pe)),
+          qPe: track(b.fromArray('f32', [tokens, H, rope], pe)),
           kvB: track(b.fromArray('f32', [H * (NOPE + V), R], kvB)),
           cacheC: track(b.fromArray('f32', [slots, R], c)),
-          cacheKpe: track(b.fromArray('f32', [slots, ROPE], kpe)),
+          cacheKpe: track(b.fromArray('f32', [slots, rope], kpe)),
           mask: m ? track(b.fromArray('u8', [tokens, tokens], m)) : undefined,
           out,
           base: start,
@@ -135,10 +149,10 @@ const treeEqualsDecode: KernelCheck = {
         const kpe = cacheKpe.slice();
         seen.forEach((j, k) => {
           c.set(cacheC.subarray((base + j) * R, (base + j + 1) * R), (base + k) * R);
-          kpe.set(cacheKpe.subarray((base + j) * ROPE, (base + j + 1) * ROPE), (base + k) * ROPE);
+          kpe.set(cacheKpe.subarray((base + j) * rope, (base + j + 1) * rope), (base + k) * rope);
         });
-        const decoded = call(1, base + seen.length - 1, c, kpe, q.nope.subarray(i * H * NOPE, (i + 1) * H * NOPE), q.pe.subarray(i * H * ROPE, (i + 1) * H * ROPE));
-        if (!sameBits(decoded, verify.subarray(i * H * V, (i + 1) * H * V))) fail(`node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
+        const decoded = call(1, base + seen.length - 1, c, kpe, q.nope.subarray(i * H * NOPE, (i + 1) * H * NOPE), q.pe.subarray(i * H * rope, (i + 1) * H * rope));
+        if (!sameBits(decoded, verify.subarray(i * H * V, (i + 1) * H * V))) fail(`rope ${rope}, node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
       }
     });
   },
