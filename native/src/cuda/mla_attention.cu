@@ -428,8 +428,8 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
 }
 
 // Small tiles (decode, a tree node's own keys) in one round trip: the whole chunk (64 key rows of
-// [c | kpe]) and the tile's q rows go into shared memory with cp.async, zero past the tile's keys
-// and rows, then scores, softmax and context all read shared memory. The staged kernel made a
+// [c | kpe], zero past its keys) and the tile's q rows go into shared memory with cp.async, then
+// scores, softmax and context all read shared memory. The staged kernel made a
 // small tile ~13 dependent global round trips (9 score stages, 4 context passes) on a mostly idle
 // GPU. Per row the arithmetic is AttendTileKernel's (a score is one FMA chain over d in order, a
 // context value one chain over the 64 keys), so both kernels give a row the same bits.
@@ -465,14 +465,14 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, key_counts, chunk, th0, rows, allowed, slots, row_keys) == 0) return;
 
-  // 16-byte pieces (D, R and dr are multiples of 4) of the key rows, then the q rows, a warp per
-  // row (no index division per piece); zero-filled (source size 0) past the chunk's keys and the
-  // tile's rows
+  // 16-byte pieces (D, R and dr are multiples of 4) of the key rows, then the tile's q rows, a
+  // warp per row (no index division per piece); key rows past the chunk's keys are zero-filled
+  // (source size 0): the context chains run over all 64 keys
   const int pieces = D / 4;
-  for (int r = warp; r < kAttnChunk + ROWS; r += ChunkLayout::kWarps) {
+  for (int r = warp; r < kAttnChunk + rows; r += ChunkLayout::kWarps) {
     const float* c_row = cache_c;
     const float* pe_row = cache_kpe;
-    bool valid;
+    bool valid = true;
     float* dst;
     if (r < kAttnChunk) {
       const int64_t slot = slots[r];
@@ -481,8 +481,7 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
       dst = keys + r * stride;
     } else {
       const int64_t th = th0 + r - kAttnChunk;
-      valid = r - kAttnChunk < rows;
-      if (valid) c_row = q_lat + th * R, pe_row = q_pe + th * dr;
+      c_row = q_lat + th * R, pe_row = q_pe + th * dr;
       dst = q + (r - kAttnChunk) * stride;
     }
     for (int pc = lane; pc < pieces; pc += 32) {
