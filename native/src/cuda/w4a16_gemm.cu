@@ -25,10 +25,14 @@
 //    kernel drains, and waits for it only before reading x.
 //  * Every output element is computed in the same order whatever M is (MMA columns are
 //    independent; the ranges depend only on N, K and the device), so results are batch-invariant.
-// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams ~2/3
-// of the copy bandwidth on H200; a pure read of the same bytes in the same launch pattern reaches
-// ~87% (tools/gpu/stream_floor.cu). The rest is issue: ~160 instructions per KB of weights (88 of
-// them dequantization) and the mma.sync pipe (8 HMMA.16816 per KB at M <= 8, 16 at M <= 16).
+// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams ~3/4
+// of the copy bandwidth on H200. Its loads alone (no step arithmetic, no end) run at the pure-read
+// floor (96%, tools/gpu/stream_floor.cu); the step arithmetic (~160 instructions per KB of
+// weights, 88 of them dequantization; 8 HMMA.16816 per KB at M <= 8, 16 at M <= 16) costs
+// 3.4-3.8 us per large-shape launch and the end (barrier, split-tile combine, stores) 1.4-2.1 us
+// (run 78). The arithmetic is bound by its dependency chains at 4 warps per scheduler, not by its
+// instruction count: dropping the HSUB2s (biased codes, runs 76-77) and a deeper shared-memory
+// ring (run 80) were both slower.
 #include <algorithm>
 #include <type_traits>
 
