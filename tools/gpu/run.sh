@@ -2,7 +2,12 @@
 # On the GPU host, from the repository root (the payload of `node tools/gpu/bundle.mjs` in .gpu/):
 #   bash .gpu/run.sh            the kernel self-test, the torch peer, the pure-read floor, then the benchmark
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
-# Results go to $OUT (default /tmp).
+#   bash .gpu/run.sh ab         same-run A/B: the self-test of this binary, then the benchmark of it and
+#                               of every other build in .gpu/v*/kdtree_cuda.node, interleaved, twice
+# Results go to $OUT (default /tmp). An A/B variant is another build of the addon, e.g. with a macro:
+#   (cd packages/cuda && node node_modules/cmake-js/bin/cmake-js compile --directory ../../native \
+#     --out /tmp/vb-x --config Release --CDKDTREE_VERSION=0.1.0 --CDKDTREE_CUDA=ON "--CDCMAKE_CUDA_FLAGS=-DNAME") \
+#   && mkdir -p .gpu/vx && cp /tmp/vb-x/Release/kdtree_cuda.node .gpu/vx/
 set -u
 out=${OUT:-/tmp}
 xz -dc .gpu/node.xz > /tmp/node && chmod +x /tmp/node
@@ -16,6 +21,26 @@ if [ "${1:-}" = profile ]; then
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
     /tmp/node .gpu/profile.mjs > "$out/ncu-gemm.txt" 2>&1
   exit $rc
+fi
+if [ "${1:-}" = ab ]; then
+  OUT=$out /tmp/node .gpu/selftest.mjs > "$out/selftest.log"; st=$?
+  tail -1 "$out/selftest.log"
+  python3 .gpu/dense_baseline.py "$out/dense.json" > /dev/null
+  variants=(.gpu)
+  for d in .gpu/v*/; do
+    [ -f "$d/kdtree_cuda.node" ] || continue
+    for f in bench.mjs kdtree_cpu.node kdtree_cpu.json kdtree_cuda.json; do [ -f "$d/$f" ] || cp ".gpu/$f" "$d/"; done
+    variants+=("${d%/}")
+  done
+  for r in 1 2; do
+    for d in "${variants[@]}"; do
+      name=$(basename "$d"); [ "$d" = .gpu ] && name=new
+      mkdir -p "$out/$name-$r"
+      OUT="$out/$name-$r" /tmp/node "$d/bench.mjs" "$out/dense.json" > "$out/$name-$r.log" 2>&1
+      echo "bench $name (round $r): rc=$?"
+    done
+  done
+  exit $st
 fi
 OUT=$out /tmp/node .gpu/selftest.mjs; st=$?
 python3 .gpu/dense_baseline.py "$out/dense.json"
