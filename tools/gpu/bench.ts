@@ -8,7 +8,9 @@
  *   - MLA attention of one tensor-parallel rank (8 heads): decode, tree verify, prefill, vs the
  *     time to read the cache once at the copy bandwidth
  *   - DDTree build + accept at budgets 64..512 over a 163840-token vocabulary
- * Each kernel is validated against the C++ twin on the same random weights before it is timed.
+ * Each W4A16 shape is validated against the C++ twin on the same random weights before it is
+ * timed; the other kernels' correctness comes from the self-test (selftest.mjs), whose MLA checks
+ * include Kimi K2's per-rank dims.
  * Weights rotate over copies larger than the L2 cache, so timings are HBM timings.
  */
 import { readFileSync, writeFileSync } from 'node:fs';

@@ -1,4 +1,5 @@
 /** MLA attention over the latent cache (with kv_write) against @kdtree/reference latentAttention. */
+import { bf16ArrayToF32, f32ArrayToBf16 } from '@kdtree/format';
 import { latentAttention } from '@kdtree/reference';
 import type { DeviceTensor, KdtreeBackend } from '../backend.js';
 import { expectClose, expectThrows, fail, randomF32, sameBits, withTensors, type KernelCheck } from './harness.js';
@@ -158,6 +159,72 @@ const treeEqualsDecode: KernelCheck = {
   },
 };
 
+/**
+ * One tensor-parallel rank of Kimi K2 (8 heads, nope 128, rope 64, v 128, rank 512, kv_b in bf16):
+ * the dims the kernels are tuned for (on cuda: the whole-chunk small tiles at 190 KB of shared
+ * memory, the 64-row tiles, the merge reading bf16 W_vb rows 8 values per load), which the small
+ * checks above do not reach. Decode over 300 keys (5 chunks, the last partial) and a 9-node tree
+ * verify after 200 committed keys vs the reference, and each tree row == decoding that node over
+ * its committed ancestors, bit for bit.
+ */
+const kimiRank: KernelCheck = {
+  name: "mla_attention at Kimi K2's per-rank dims (8 heads, rank 512 + rope 64, bf16 kv_b): decode and a 9-node tree verify vs reference, tree rows == decode",
+  run(b) {
+    return withTensors(b, (track) => {
+      const [h, nope, rope, v, rank, slots, scale] = [8, 128, 64, 128, 512, 320, 1 / Math.sqrt(192)];
+      const kvB = bf16ArrayToF32(f32ArrayToBf16(randomF32(h * (nope + v) * rank, 41, 0.05)));
+      const cacheC = randomF32(slots * rank, 42);
+      const cacheKpe = randomF32(slots * rope, 43);
+      const kvBDevice = track(b.fromArray('bf16', [h * (nope + v), rank], f32ArrayToBf16(kvB)));
+      const call = (tokens: number, base: number, qNope: Float32Array, qPe: Float32Array, c: Float32Array, kpe: Float32Array, mask?: Uint8Array) => {
+        const out = track(b.empty('f32', [tokens, h, v]));
+        b.native.mlaAttention({
+          qNope: track(b.fromArray('f32', [tokens, h, nope], qNope)),
+          qPe: track(b.fromArray('f32', [tokens, h, rope], qPe)),
+          kvB: kvBDevice,
+          cacheC: track(b.fromArray('f32', [slots, rank], c)),
+          cacheKpe: track(b.fromArray('f32', [slots, rope], kpe)),
+          mask: mask ? track(b.fromArray('u8', [tokens, tokens], mask)) : undefined,
+          out,
+          base,
+          scale,
+        });
+        return b.toArray(out) as Float32Array;
+      };
+      const reference = (tokens: number, base: number, qNope: Float32Array, qPe: Float32Array, attends?: (i: number, j: number) => boolean) => {
+        const q = new Float32Array(tokens * h * (nope + rope));
+        for (let th = 0; th < tokens * h; th++) {
+          q.set(qNope.subarray(th * nope, (th + 1) * nope), th * (nope + rope));
+          q.set(qPe.subarray(th * rope, (th + 1) * rope), th * (nope + rope) + nope);
+        }
+        return latentAttention({ q, kvB, cacheC, cacheKpe, base, tokens, heads: h, nope, rope, v, rank, scale, attends });
+      };
+      const details: string[] = [];
+      const d = { nope: randomF32(h * nope, 44), pe: randomF32(h * rope, 45) };
+      details.push(expectClose('decode base 299', call(1, 299, d.nope, d.pe, cacheC, cacheKpe), reference(1, 299, d.nope, d.pe), 1e-5));
+      const [T, base] = [9, 200];
+      const parents = [-1, 0, 0, 1, 1, 2, 3, 4, 5];
+      const mask = new Uint8Array(T * T);
+      for (let i = 0; i < T; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * T + j] = 1;
+      const t = { nope: randomF32(T * h * nope, 46), pe: randomF32(T * h * rope, 47) };
+      const verify = call(T, base, t.nope, t.pe, cacheC, cacheKpe, mask);
+      details.push(expectClose('tree base 200', verify, reference(T, base, t.nope, t.pe, (i, j) => mask[i * T + j] === 1), 1e-5));
+      for (let i = 0; i < T; i++) {
+        const seen = [...Array(T).keys()].filter((j) => mask[i * T + j] === 1);
+        const c = cacheC.slice();
+        const kpe = cacheKpe.slice();
+        seen.forEach((j, k) => {
+          c.set(cacheC.subarray((base + j) * rank, (base + j + 1) * rank), (base + k) * rank);
+          kpe.set(cacheKpe.subarray((base + j) * rope, (base + j + 1) * rope), (base + k) * rope);
+        });
+        const decoded = call(1, base + seen.length - 1, t.nope.subarray(i * h * nope, (i + 1) * h * nope), t.pe.subarray(i * h * rope, (i + 1) * h * rope), c, kpe);
+        if (!sameBits(decoded, verify.subarray(i * h * v, (i + 1) * h * v))) fail(`node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
+      }
+      return { detail: details.join('; ') };
+    });
+  },
+};
+
 const kvWrite: KernelCheck = {
   name: 'kv_write: rows land in their slots; bad slots are rejected or skipped',
   run(b) {
@@ -201,4 +268,4 @@ const shapeErrors: KernelCheck = {
   },
 };
 
-export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, invariance, treeEqualsDecode, kvWrite, shapeErrors];
+export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, invariance, treeEqualsDecode, kimiRank, kvWrite, shapeErrors];
