@@ -19,6 +19,14 @@ const ROPES = [ROPE, 6];
 /** Shapes of the reference check: the above, and a rank that is not a multiple of 8 (the CUDA merge reads kv_b rows value by value). */
 const SHAPES = [...ROPES.map((rope) => ({ rope, rank: R })), { rope: ROPE, rank: 36 }];
 
+/** The [T, T] ancestor mask of a tree given by its parents (-1 for the root): row i sees i and its ancestors. */
+function ancestorMask(parents: readonly number[]): Uint8Array {
+  const T = parents.length;
+  const mask = new Uint8Array(T * T);
+  for (let i = 0; i < T; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * T + j] = 1;
+  return mask;
+}
+
 interface Setup {
   rope: number;
   rank: number;
@@ -77,9 +85,7 @@ const decodePrefillTree: KernelCheck = {
     return withTensors(b, (track) => {
       const details: string[] = [];
       // a tree: 0 root, 1 and 2 children of 0, 3 child of 1, 4 child of 3, 5 child of 2, 6 child of 0
-      const parents = [-1, 0, 0, 1, 3, 2, 0];
-      const mask = new Uint8Array(49);
-      for (let i = 0; i < 7; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * 7 + j] = 1;
+      const mask = ancestorMask([-1, 0, 0, 1, 3, 2, 0]);
       for (const { rope, rank } of SHAPES) {
         const at = `rope ${rope} rank ${rank}`;
         const s1 = setup(1, 1, rope, rank);
@@ -111,6 +117,22 @@ const invariance: KernelCheck = {
 };
 
 /**
+ * The cache a tree node is decoded over after DDTree commits its path: the `base` committed slots,
+ * then the node's ancestors and itself (mask row `node`, in order) compacted after them. Returns
+ * the latent and rope caches and how many new keys the node sees.
+ */
+function committedPath(cacheC: Float32Array, cacheKpe: Float32Array, rank: number, rope: number, base: number, mask: Uint8Array, T: number, node: number) {
+  const seen = [...Array(T).keys()].filter((j) => mask[node * T + j] === 1);
+  const c = cacheC.slice();
+  const kpe = cacheKpe.slice();
+  seen.forEach((j, k) => {
+    c.set(cacheC.subarray((base + j) * rank, (base + j + 1) * rank), (base + k) * rank);
+    kpe.set(cacheKpe.subarray((base + j) * rope, (base + j + 1) * rope), (base + k) * rope);
+  });
+  return { c, kpe, keys: seen.length };
+}
+
+/**
  * DDTree's guarantee: a tree node's verify output equals decoding that node after its ancestors were
  * committed, bit for bit. 134 committed keys (chunks of 64: two inside the prefix, one holding its
  * end and the new tokens) and a 7-node tree; each node is then decoded over a cache holding the
@@ -121,9 +143,7 @@ const treeEqualsDecode: KernelCheck = {
   run(b) {
     for (const rope of ROPES) withTensors(b, (track) => {
       const [T, base, slots] = [7, 134, 160];
-      const parents = [-1, 0, 0, 1, 3, 2, 0];
-      const mask = new Uint8Array(T * T);
-      for (let i = 0; i < T; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * T + j] = 1;
+      const mask = ancestorMask([-1, 0, 0, 1, 3, 2, 0]);
       const q = { nope: randomF32(T * H * NOPE, 31), pe: randomF32(T * H * rope, 32) };
       const kvB = randomF32(H * (NOPE + V) * R, 33, 0.2);
       const cacheC = randomF32(slots * R, 34);
@@ -145,14 +165,8 @@ const treeEqualsDecode: KernelCheck = {
       };
       const verify = call(T, base, cacheC, cacheKpe, q.nope, q.pe, mask);
       for (let i = 0; i < T; i++) {
-        const seen = [...Array(T).keys()].filter((j) => mask[i * T + j] === 1);  // ancestors, then i
-        const c = cacheC.slice();
-        const kpe = cacheKpe.slice();
-        seen.forEach((j, k) => {
-          c.set(cacheC.subarray((base + j) * R, (base + j + 1) * R), (base + k) * R);
-          kpe.set(cacheKpe.subarray((base + j) * rope, (base + j + 1) * rope), (base + k) * rope);
-        });
-        const decoded = call(1, base + seen.length - 1, c, kpe, q.nope.subarray(i * H * NOPE, (i + 1) * H * NOPE), q.pe.subarray(i * H * rope, (i + 1) * H * rope));
+        const { c, kpe, keys } = committedPath(cacheC, cacheKpe, R, rope, base, mask, T, i);
+        const decoded = call(1, base + keys - 1, c, kpe, q.nope.subarray(i * H * NOPE, (i + 1) * H * NOPE), q.pe.subarray(i * H * rope, (i + 1) * H * rope));
         if (!sameBits(decoded, verify.subarray(i * H * V, (i + 1) * H * V))) fail(`rope ${rope}, node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
       }
     });
@@ -203,21 +217,13 @@ const kimiRank: KernelCheck = {
       const d = { nope: randomF32(h * nope, 44), pe: randomF32(h * rope, 45) };
       details.push(expectClose('decode base 299', call(1, 299, d.nope, d.pe, cacheC, cacheKpe), reference(1, 299, d.nope, d.pe), 1e-5));
       const [T, base] = [9, 200];
-      const parents = [-1, 0, 0, 1, 1, 2, 3, 4, 5];
-      const mask = new Uint8Array(T * T);
-      for (let i = 0; i < T; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * T + j] = 1;
+      const mask = ancestorMask([-1, 0, 0, 1, 1, 2, 3, 4, 5]);
       const t = { nope: randomF32(T * h * nope, 46), pe: randomF32(T * h * rope, 47) };
       const verify = call(T, base, t.nope, t.pe, cacheC, cacheKpe, mask);
       details.push(expectClose('tree base 200', verify, reference(T, base, t.nope, t.pe, (i, j) => mask[i * T + j] === 1), 1e-5));
       for (let i = 0; i < T; i++) {
-        const seen = [...Array(T).keys()].filter((j) => mask[i * T + j] === 1);
-        const c = cacheC.slice();
-        const kpe = cacheKpe.slice();
-        seen.forEach((j, k) => {
-          c.set(cacheC.subarray((base + j) * rank, (base + j + 1) * rank), (base + k) * rank);
-          kpe.set(cacheKpe.subarray((base + j) * rope, (base + j + 1) * rope), (base + k) * rope);
-        });
-        const decoded = call(1, base + seen.length - 1, t.nope.subarray(i * h * nope, (i + 1) * h * nope), t.pe.subarray(i * h * rope, (i + 1) * h * rope), c, kpe);
+        const { c, kpe, keys } = committedPath(cacheC, cacheKpe, rank, rope, base, mask, T, i);
+        const decoded = call(1, base + keys - 1, t.nope.subarray(i * h * nope, (i + 1) * h * nope), t.pe.subarray(i * h * rope, (i + 1) * h * rope), c, kpe);
         if (!sameBits(decoded, verify.subarray(i * h * v, (i + 1) * h * v))) fail(`node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
       }
       return { detail: details.join('; ') };
