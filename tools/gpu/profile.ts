@@ -47,20 +47,21 @@ for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
   gpu.free(...w, ids, weights, x, guOut, act, out);
 }
 
-// MLA attention, 8 heads, 4096 committed keys: decode, and a 65-node tree verify (binary-ish tree)
+// MLA attention, 8 heads, 4096 committed keys: decode, and a 65-node tree verify (binary-ish tree);
+// then a 512-token causal prefill from an empty cache
 {
   const S = 4096 + 65;
   const kvB = gpu.empty('bf16', [8 * 256, 512]);
   const cacheC = gpu.empty('f32', [S, 512]);
   const cacheKpe = gpu.empty('f32', [S, 64]);
   for (const t of [kvB, cacheC, cacheKpe]) fillPattern(t, 0x3c);
-  for (const T of [1, 65]) {
+  for (const T of [1, 65, 512]) {
     const qNope = gpu.empty('f32', [T, 8, 128]);
     const qPe = gpu.empty('f32', [T, 8, 64]);
     for (const t of [qNope, qPe]) fillPattern(t, 0x3c);
     const out = gpu.empty('f32', [T, 8, 128]);
-    const mask = T > 1 ? gpu.fromArray('u8', [T, T], treeMask(T)) : undefined;
-    gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, mask, out, base: 4096, scale: 0.07 });
+    const mask = T === 65 ? gpu.fromArray('u8', [T, T], treeMask(T)) : undefined;
+    gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, mask, out, base: T === 512 ? 0 : 4096, scale: 0.07 });
     gpu.free(qNope, qPe, out, ...(mask ? [mask] : []));
   }
   gpu.free(kvB, cacheC, cacheKpe);

@@ -82,7 +82,7 @@ __device__ __forceinline__ int2 BlockExclusiveScan(int2 v, int2* total, int2* wa
 Status LaunchW4A16Pack(const W4A16PackArgs& a, cudaStream_t s);
 Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
-Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch);
+Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s);
 Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t s);
 Status LaunchRope(const RopeArgs& a, cudaStream_t s);

@@ -185,7 +185,7 @@ class CudaBackend final : public Backend {
   KDTREE_DISPATCH(W4A16Pack, LaunchW4A16Pack)
   KDTREE_DISPATCH(W4A16Gemm, LaunchW4A16Gemm, , scratch_[stream], info_.multiprocessors)
   KDTREE_DISPATCH(MoeGemm, LaunchMoeGemm, , scratch_[stream], info_.multiprocessors)
-  KDTREE_DISPATCH(MlaAttention, LaunchMlaAttention, , scratch_[stream])
+  KDTREE_DISPATCH(MlaAttention, LaunchMlaAttention, , scratch_[stream], info_.multiprocessors)
   KDTREE_DISPATCH(Embedding, LaunchEmbedding)
   KDTREE_DISPATCH(RmsNorm, LaunchRmsNorm)
   KDTREE_DISPATCH(Rope, LaunchRope)

@@ -360,52 +360,58 @@ __device__ __forceinline__ void Load8AsF32(const void* p, DType t, int64_t i, fl
   }
 }
 
-// Combines a token-head's chunks into ctx[R] (shared memory): warp 0 turns each chunk's (m, l)
-// into its weight exp(m_c - max) / sum once, then every r is one pass over the chunks (the weights
-// recomputed per thread and per r took 57 us for a decode token; Nsight, run 50). Then
-// out[v] = W_vb[h, v] . ctx for the block's values of v, one warp per v at a time.
-__global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int H, int R, const void* kv_b,
-                                                        DType kvb_dtype, bool vector_rows, int dn, int dv, int v_per_block, float* out) {
-  extern __shared__ float shared[];
-  float* ctx = shared;           // [R]
-  float* weight = shared + R;    // [max_chunks]
-  const int th = blockIdx.x, h = th % H;
-  const int chunks = static_cast<int>((key_counts[th] + kAttnChunk - 1) / kAttnChunk);
-  const float* p = partial + static_cast<int64_t>(th) * max_chunks * (R + 2);
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    // each lane keeps its chunks' maxima in `weight` (read from global memory once, the loads of
-    // a loop in flight together) and reads their sums once
-    float mx = -INFINITY;
+// The merge of a token-head's chunks: ctx[r] = sum_c weight_c partial_c[r], weight_c =
+// exp(m_c - max) / sum, then out[v] = W_vb[h, v] . ctx. The pieces below are shared by the one-block
+// form (many rows) and the two-kernel form (few rows), so a row gets the same bits from either.
+
+// Warp 0 turns each chunk's (m, l) into its weight once (the weights recomputed per thread and per
+// r took 57 us for a decode token; Nsight, run 50). Each lane keeps its chunks' maxima in `weight`
+// (read from global memory once, the loads of a loop in flight together) and reads their sums once.
+__device__ __forceinline__ void ChunkWeights(const float* p, int chunks, int R, float* weight) {
+  const int lane = threadIdx.x;
+  float mx = -INFINITY;
 #pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-      const float mc = p[c * (R + 2)];
-      weight[c] = mc;
-      mx = fmaxf(mx, mc);
-    }
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float denom = 0.f;
-#pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-      const float mc = weight[c];
-      if (mc != -INFINITY) denom += p[c * (R + 2) + 1] * expf(mc - mx);
-    }
-    for (int off = 16; off > 0; off >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, off);
-    for (int c = lane; c < chunks; c += 32) {
-      const float mc = weight[c];
-      weight[c] = mc == -INFINITY ? 0.f : expf(mc - mx) / denom;
-    }
+  for (int c = lane; c < chunks; c += 32) {
+    const float mc = p[c * (R + 2)];
+    weight[c] = mc;
+    mx = fmaxf(mx, mc);
   }
-  __syncthreads();
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    float num = 0.f;
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float denom = 0.f;
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) {
+    const float mc = weight[c];
+    if (mc != -INFINITY) denom = fmaf(p[c * (R + 2) + 1], expf(mc - mx), denom);  // explicit: one rounding in every kernel that inlines this
+  }
+  for (int off = 16; off > 0; off >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, off);
+  for (int c = lane; c < chunks; c += 32) {
+    const float mc = weight[c];
+    weight[c] = mc == -INFINITY ? 0.f : expf(mc - mx) / denom;
+  }
+}
+
+// ctx[r]: one FMA chain over the chunks in order. Spread thin (decode: a few rows over many
+// blocks) each thread's chain is the critical path, and 16 chunks' loads go out before their FMAs
+// (9.1 us against 11.6 with the compiler's unrolling, Nsight run 97). With a block per row the
+// compiler's own unrolling measured best (unrolled by 16: prefill's merge 201 -> 211 us, run 95;
+// not unrolled: verify's 49 -> 86 us, run 96).
+template <bool kSpread>
+__device__ __forceinline__ float ContextValue(const float* p, const float* weight, int chunks, int R, int r) {
+  float num = 0.f;
+  if constexpr (kSpread) {
+#pragma unroll 16
     for (int c = 0; c < chunks; ++c) num = fmaf(weight[c], p[c * (R + 2) + 2 + r], num);
-    ctx[r] = num;
+  } else {
+    for (int c = 0; c < chunks; ++c) num = fmaf(weight[c], p[c * (R + 2) + 2 + r], num);
   }
-  __syncthreads();
+  return num;
+}
+
+// out[v] = W_vb[h, v] . ctx for v in [v_begin, v_end), one warp per v at a time.
+__device__ __forceinline__ void ProjectOut(const float* ctx, const void* kv_b, DType kvb_dtype, bool vector_rows, int h, int R, int dn, int dv, int v_begin, int v_end,
+                                           float* out_row) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int v_end = min(dv, static_cast<int>(blockIdx.y + 1) * v_per_block);
-  for (int v = blockIdx.y * v_per_block + warp; v < v_end; v += blockDim.x / 32) {
+  for (int v = v_begin + warp; v < v_end; v += blockDim.x / 32) {
     const int64_t row = static_cast<int64_t>(h * (dn + dv) + dn + v) * R;
     float s = 0.f;
     if (vector_rows) {
@@ -423,8 +429,62 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
       for (int r = lane; r < R; r += 32) s = fmaf(LoadAsF32(kv_b, kvb_dtype, row + r), ctx[r], s);
     }
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (lane == 0) out[static_cast<int64_t>(th) * dv + v] = s;
+    if (lane == 0) out_row[v] = s;
   }
+}
+
+__device__ __forceinline__ int RowChunks(const int64_t* key_counts, int th) { return static_cast<int>((key_counts[th] + kAttnChunk - 1) / kAttnChunk); }
+
+// Many rows (verify, prefill): one block per row merges its chunks once and projects every v.
+__global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int H, int R, const void* kv_b,
+                                                        DType kvb_dtype, bool vector_rows, int dn, int dv, float* out) {
+  extern __shared__ float shared[];
+  float* ctx = shared;           // [R]
+  float* weight = shared + R;    // [max_chunks]
+  const int th = blockIdx.x;
+  const int chunks = RowChunks(key_counts, th);
+  const float* p = partial + static_cast<int64_t>(th) * max_chunks * (R + 2);
+  if (threadIdx.x < 32) ChunkWeights(p, chunks, R, weight);
+  __syncthreads();
+  for (int r = threadIdx.x; r < R; r += blockDim.x) ctx[r] = ContextValue<false>(p, weight, chunks, R, r);
+  __syncthreads();
+  ProjectOut(ctx, kv_b, kvb_dtype, vector_rows, th % H, R, dn, dv, 0, dv, out + static_cast<int64_t>(th) * dv);
+}
+
+// Few rows (decode, a small tree): a row's merge is spread over many blocks in two launches. Blocks
+// of kContextCols values of r merge the chunks into ctx (global, [rows, R]); then blocks of
+// kOutVPerBlock values of v project it. One kernel with a block per (row, v range) merged every
+// chunk again in each of its 16 blocks per row (16 x the partial reads: 16 us of a 36 us decode,
+// run 89). The projection is launched programmatically dependent: its blocks prefetch their
+// W_vb rows into L2 while the merge runs, and wait for it only before reading ctx.
+constexpr int kContextCols = 128;
+__global__ void __launch_bounds__(kContextCols) CombineContextKernel(const float* partial, const int64_t* key_counts, int max_chunks, int R, float* ctx_out) {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  extern __shared__ float weight[];  // [max_chunks]
+  const int th = blockIdx.x, r = blockIdx.y * kContextCols + threadIdx.x;
+  const int chunks = RowChunks(key_counts, th);
+  const float* p = partial + static_cast<int64_t>(th) * max_chunks * (R + 2);
+  if (threadIdx.x < 32) ChunkWeights(p, chunks, R, weight);
+  __syncthreads();
+  if (r < R) ctx_out[static_cast<int64_t>(th) * R + r] = ContextValue<true>(p, weight, chunks, R, r);
+}
+
+__global__ void __launch_bounds__(256) ProjectOutKernel(const float* ctx_in, int H, int R, const void* kv_b, DType kvb_dtype, bool vector_rows, int dn, int dv, int v_per_block,
+                                                        float* out) {
+  extern __shared__ float ctx[];  // [R]
+  const int th = blockIdx.x, h = th % H;
+  const int v_begin = blockIdx.y * v_per_block, v_end = min(dv, v_begin + v_per_block);
+  // this block's W_vb rows (contiguous) into L2 while the merge still runs
+  const int elem = kvb_dtype == DType::kF32 ? 4 : 2;
+  const char* rows = static_cast<const char*>(kv_b) + static_cast<int64_t>(h * (dn + dv) + dn + v_begin) * R * elem;
+  const int bytes = (v_end - v_begin) * R * elem;  // v_per_block rows
+  for (int off = 128 * static_cast<int>(threadIdx.x); off < bytes; off += 128 * static_cast<int>(blockDim.x)) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rows + off) : "memory");
+  }
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  for (int r = threadIdx.x; r < R; r += blockDim.x) ctx[r] = ctx_in[static_cast<int64_t>(th) * R + r];
+  __syncthreads();
+  ProjectOut(ctx, kv_b, kvb_dtype, vector_rows, h, R, dn, dv, v_begin, v_end, out + static_cast<int64_t>(th) * dv);
 }
 
 // Small tiles (decode, a tree node's own keys) in one round trip: the whole chunk (64 key rows of
@@ -449,7 +509,7 @@ struct ChunkLayout {
 template <bool SHARED>
 __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
                                                                           int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
-                                                                          const int64_t* key_counts, float* partial) {
+                                                                          const int64_t* key_counts, float* partial, int tile_rows) {
   constexpr int ROWS = ChunkLayout::kRows, kPStride = ChunkLayout::kPStride;
   const int D = R + dr, stride = ChunkLayout::Stride(D);
   extern __shared__ float4 chunk_smem[];
@@ -460,8 +520,8 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   __shared__ int64_t slots[kAttnChunk];
   __shared__ int row_keys[ROWS];
   const int chunk = chunk0 + blockIdx.x;
-  const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
-  const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
+  const int th0 = SHARED ? blockIdx.y * tile_rows : blockIdx.y * H + blockIdx.z * tile_rows;  // tile_rows <= ROWS
+  const int rows = SHARED ? min(tile_rows, T * H - th0) : min(tile_rows, H - static_cast<int>(blockIdx.z) * tile_rows);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, key_counts, chunk, th0, rows, allowed, slots, row_keys) == 0) return;
 
@@ -576,34 +636,45 @@ Status LaunchAttendTile(const AttendArgs& a, dim3 grid, int chunk0, cudaStream_t
   return LaunchStatus("mla attend");
 }
 
-// Small tiles take AttendChunkKernel when the whole chunk fits in shared memory and its rows can
-// be copied in 16-byte pieces; otherwise the staged kernel.
+// Small tiles (<= 16 rows: one token's heads, or a decode's few tokens) take AttendChunkKernel when
+// the whole chunk fits in shared memory and its rows can be copied in 16-byte pieces; otherwise the
+// staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys on a 132-SM GPU, each bound
+// by its shared-memory reads. Rows are independent, so while the blocks would still fit one per
+// SM the tile is cut in halves (down to 4 rows): twice the blocks, each reading the chunk once
+// for half the rows.
 template <bool SHARED>
-Status LaunchSmallTile(const AttendArgs& a, dim3 grid, int chunk0, cudaStream_t s) {
+Status LaunchSmallTile(const AttendArgs& a, int chunks, int chunk0, int sms, cudaStream_t s) {
+  const int rows = SHARED ? a.T * a.H : a.H, tokens = SHARED ? 1 : a.T;
+  const auto grid = [&](int tile_rows) { return SHARED ? dim3(chunks, (rows + tile_rows - 1) / tile_rows) : dim3(chunks, tokens, (rows + tile_rows - 1) / tile_rows); };
   const size_t smem = ChunkLayout::Bytes(a.R + a.dr, a.T, SHARED);
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool whole = smem <= 227 * 1024 && a.R % 4 == 0 && a.dr % 4 == 0 && aligned(a.q_lat) && aligned(a.q_pe) && aligned(a.cache_c) && aligned(a.cache_kpe);
-  if (!whole) return LaunchAttendTile<16, SHARED>(a, grid, chunk0, s);
+  if (!whole) return LaunchAttendTile<ChunkLayout::kRows, SHARED>(a, grid(ChunkLayout::kRows), chunk0, s);
+  int tile_rows = ChunkLayout::kRows;
+  const auto blocks = [&](int tr) { return static_cast<int64_t>(chunks) * tokens * ((rows + tr - 1) / tr); };
+  while (tile_rows > 4 && blocks(tile_rows / 2) <= sms) tile_rows /= 2;
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendChunkKernel<SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
-  AttendChunkKernel<SHARED><<<grid, ChunkLayout::kThreads, smem, s>>>(a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr, a.base, a.scale, a.max_chunks, chunk0,
-                                                                     a.key_counts, a.partial);
+  AttendChunkKernel<SHARED><<<grid(tile_rows), ChunkLayout::kThreads, smem, s>>>(a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr, a.base, a.scale, a.max_chunks,
+                                                                                chunk0, a.key_counts, a.partial, tile_rows);
   return LaunchStatus("mla attend (whole chunk)");
 }
 
 }  // namespace
 
-Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch) {
+Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
   const int T = static_cast<int>(a.q_nope.dim(0)), H = static_cast<int>(a.q_nope.dim(1)), dn = static_cast<int>(a.q_nope.dim(2));
   const int dr = static_cast<int>(a.q_pe.dim(2)), R = static_cast<int>(a.cache_c.dim(1)), dv = static_cast<int>(a.out.dim(2));
   const int max_chunks = static_cast<int>((a.base + T + kAttnChunk - 1) / kAttnChunk);
   if ((static_cast<size_t>(R) + max_chunks) * 4 > 48 * 1024) return Unsupported("mla_attention: ", a.base + T, " keys need more chunk weights than the merge keeps in shared memory (", (48 * 1024 / 4 - R) * kAttnChunk, " at most)");
-  // scratch: key counts i64 [T * H], q_lat f32 [T * H, R], partial f32 [T * H, max_chunks, R + 2]
-  const size_t q_lat_floats = static_cast<size_t>(T) * H * R;
+  // scratch: key counts i64 [T * H], q_lat f32 [T * H, R], partial f32 [T * H, max_chunks, R + 2],
+  // ctx f32 [T * H, R] (the two-kernel merge)
+  const size_t q_lat_floats = static_cast<size_t>(T) * H * R, partial_floats = static_cast<size_t>(T) * H * max_chunks * (R + 2);
   const size_t counts_bytes = (static_cast<size_t>(T) * H * sizeof(int64_t) + 255) / 256 * 256;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(counts_bytes + (q_lat_floats + static_cast<size_t>(T) * H * max_chunks * (R + 2)) * sizeof(float), s));
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(counts_bytes + (2 * q_lat_floats + partial_floats) * sizeof(float), s));
   int64_t* key_counts = static_cast<int64_t*>(scratch.ptr);
   float* q_lat = reinterpret_cast<float*>(static_cast<char*>(scratch.ptr) + counts_bytes);
   float* partial = q_lat + q_lat_floats;
+  float* ctx = partial + partial_floats;
   const uint8_t* mask = a.mask.present() ? a.mask.as<const uint8_t>() : nullptr;
   QLatentKernel<<<dim3(H, (R + kQLatR - 1) / kQLatR, (T + kQLatTokens - 1) / kQLatTokens), kQLatR * kQLatSplit, 0, s>>>(a.q_nope.as<const float>(), a.kv_b.data, a.kv_b.dtype, T,
                                                                                                                        H, dn, dv, R, q_lat);
@@ -615,23 +686,38 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
   const AttendArgs args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, key_counts, partial};
   if (shared_chunks > 0) {
-    const Status st = T * H <= 16 ? LaunchSmallTile<true>(args, dim3(shared_chunks, (T * H + 15) / 16), 0, s)
+    const Status st = T * H <= ChunkLayout::kRows ? LaunchSmallTile<true>(args, shared_chunks, 0, sms, s)
                                   : LaunchAttendTile<64, true>(args, dim3(shared_chunks, (T * H + 63) / 64), 0, s);
     KDTREE_RETURN_IF_ERROR(st);
   }
   if (shared_chunks < max_chunks) {
-    const Status st = H <= 16 ? LaunchSmallTile<false>(args, dim3(max_chunks - shared_chunks, T, 1), shared_chunks, s)
+    const Status st = H <= ChunkLayout::kRows ? LaunchSmallTile<false>(args, max_chunks - shared_chunks, shared_chunks, sms, s)
                               : LaunchAttendTile<64, false>(args, dim3(max_chunks - shared_chunks, T, (H + 63) / 64), shared_chunks, s);
     KDTREE_RETURN_IF_ERROR(st);
   }
-  // Few rows (decode): several blocks per row share its output columns, each merging the chunks
-  // again; many rows (verify, prefill) fill the GPU with one block per row and merge once.
-  const int v_per_block = T * H >= kCombineAloneRows ? dv : kOutVPerBlock;
   // kv_b rows read 8 values per load when every row starts on 16 bytes
   const bool vector_rows = R % 8 == 0 && reinterpret_cast<uintptr_t>(a.kv_b.data) % 16 == 0;
-  CombineOutKernel<<<dim3(T * H, (dv + v_per_block - 1) / v_per_block), 256, (static_cast<size_t>(R) + max_chunks) * 4, s>>>(partial, key_counts, max_chunks, H, R, a.kv_b.data,
-                                                                                                         a.kv_b.dtype, vector_rows, dn, dv, v_per_block, a.out.as<float>());
-  return LaunchStatus("mla combine + out");
+  float* out = a.out.as<float>();
+  const size_t weight_bytes = static_cast<size_t>(max_chunks) * sizeof(float);
+  if (T * H >= kCombineAloneRows) {
+    CombineOutKernel<<<T * H, 256, R * sizeof(float) + weight_bytes, s>>>(partial, key_counts, max_chunks, H, R, a.kv_b.data, a.kv_b.dtype, vector_rows, dn, dv, out);
+    return LaunchStatus("mla combine + out");
+  }
+  CombineContextKernel<<<dim3(T * H, (R + kContextCols - 1) / kContextCols), kContextCols, weight_bytes, s>>>(partial, key_counts, max_chunks, R, ctx);
+  KDTREE_RETURN_IF_ERROR(LaunchStatus("mla combine"));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(T * H, (dv + kOutVPerBlock - 1) / kOutVPerBlock);
+  config.blockDim = dim3(256);
+  config.dynamicSmemBytes = R * sizeof(float);
+  config.stream = s;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see griddepcontrol in ProjectOutKernel
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaLaunchKernelEx(&config, ProjectOutKernel, static_cast<const float*>(ctx), H, R, a.kv_b.data, a.kv_b.dtype, vector_rows, dn, dv, kOutVPerBlock, out),
+                                  "mla out projection"));
+  return LaunchStatus("mla out projection");
 }
 
 }  // namespace cuda

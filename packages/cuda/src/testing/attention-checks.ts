@@ -182,7 +182,7 @@ const treeEqualsDecode: KernelCheck = {
  * its committed ancestors, bit for bit.
  */
 const kimiRank: KernelCheck = {
-  name: "mla_attention at Kimi K2's per-rank dims (8 heads, rank 512 + rope 64, bf16 kv_b): decode and a 9-node tree verify vs reference, tree rows == decode",
+  name: "mla_attention at Kimi K2's per-rank dims (8 heads, rank 512 + rope 64, bf16 kv_b): decode and 9- and 17-node tree verifies vs reference, tree rows == decode",
   run(b) {
     return withTensors(b, (track) => {
       const [h, nope, rope, v, rank, slots, scale] = [8, 128, 64, 128, 512, 320, 1 / Math.sqrt(192)];
@@ -216,16 +216,24 @@ const kimiRank: KernelCheck = {
       const details: string[] = [];
       const d = { nope: randomF32(h * nope, 44), pe: randomF32(h * rope, 45) };
       details.push(expectClose('decode base 299', call(1, 299, d.nope, d.pe, cacheC, cacheKpe), reference(1, 299, d.nope, d.pe), 1e-5));
-      const [T, base] = [9, 200];
-      const mask = ancestorMask([-1, 0, 0, 1, 1, 2, 3, 4, 5]);
-      const t = { nope: randomF32(T * h * nope, 46), pe: randomF32(T * h * rope, 47) };
-      const verify = call(T, base, t.nope, t.pe, cacheC, cacheKpe, mask);
-      details.push(expectClose('tree base 200', verify, reference(T, base, t.nope, t.pe, (i, j) => mask[i * T + j] === 1), 1e-5));
-      for (let i = 0; i < T; i++) {
-        const { c, kpe, keys } = committedPath(cacheC, cacheKpe, rank, rope, base, mask, T, i);
-        const decoded = call(1, base + keys - 1, t.nope.subarray(i * h * nope, (i + 1) * h * nope), t.pe.subarray(i * h * rope, (i + 1) * h * rope), c, kpe);
-        if (!sameBits(decoded, verify.subarray(i * h * v, (i + 1) * h * v))) fail(`node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
-      }
+      // 9 nodes x 8 heads = 72 rows merge like a decode (two kernels), 17 x 8 = 136 in one block per
+      // row: both must give a node the bits of decoding it
+      const trees = [
+        [-1, 0, 0, 1, 1, 2, 3, 4, 5],
+        [-1, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15],
+      ];
+      trees.forEach((parents, n) => {
+        const [T, base] = [parents.length, 200];
+        const mask = ancestorMask(parents);
+        const t = { nope: randomF32(T * h * nope, 46 + 2 * n), pe: randomF32(T * h * rope, 47 + 2 * n) };
+        const verify = call(T, base, t.nope, t.pe, cacheC, cacheKpe, mask);
+        details.push(expectClose(`${T}-node tree base ${base}`, verify, reference(T, base, t.nope, t.pe, (i, j) => mask[i * T + j] === 1), 1e-5));
+        for (let i = 0; i < T; i++) {
+          const { c, kpe, keys } = committedPath(cacheC, cacheKpe, rank, rope, base, mask, T, i);
+          const decoded = call(1, base + keys - 1, t.nope.subarray(i * h * nope, (i + 1) * h * nope), t.pe.subarray(i * h * rope, (i + 1) * h * rope), c, kpe);
+          if (!sameBits(decoded, verify.subarray(i * h * v, (i + 1) * h * v))) fail(`${T}-node tree, node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
+        }
+      });
       return { detail: details.join('; ') };
     });
   },
