@@ -247,38 +247,38 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   // Stages go through registers: a thread loads its elements of the next stage (all in flight at
   // once) while the block computes on the current one. Loading element by element into shared
   // memory serialized one L2 round trip per element: 169 us for a decode token (Nsight).
-  // Phase 1 stage: dims d0 + lane + 32 v of rows / keys warp + kWarps u (a warp reads 128
-  // contiguous bytes).
-  constexpr int kDv = kTileD / 32, kQRows = ROWS / kWarps, kKRows = kAttnChunk / kWarps;
+  // Phase 1 stage, [d][row] in shared memory: each warp instruction moves a block of 4 rows x 8
+  // dims, lane -> (row 4 rb + lane % 4, dim 8 db + lane / 4); a warp keeps one dim block and walks
+  // the row blocks. Global reads are 4 runs of 32 bytes, and the transposed stores hit 32 distinct
+  // banks (strides are 4 mod 32, or 20 at 16 rows); a warp per row and a lane per dim made them
+  // 4-way conflicts.
+  constexpr int kDBlocks = kTileD / 8, kRowStep = kWarps / kDBlocks;  // row blocks advance by kRowStep
+  constexpr int kQPerThread = ROWS / 4 / kRowStep, kKPerThread = kAttnChunk / 4 / kRowStep;
   constexpr int kCPerThread = kAttnChunk * kTileCols / kThreads;
-  static_assert(kQRows * kWarps == ROWS && kCPerThread * kThreads == kAttnChunk * kTileCols, "tile loads must cover the tile");
+  static_assert(kRowStep * kDBlocks == kWarps && kQPerThread * kRowStep * 4 == ROWS && kKPerThread * kRowStep * 4 == kAttnChunk && kCPerThread * kThreads == kAttnChunk * kTileCols,
+                "tile loads must cover the tile");
   const int D = R + dr;
-  float q_next[kDv][kQRows], k_next[kDv][kKRows];
+  float q_next[kQPerThread], k_next[kKPerThread];
+  const int stage_row = 4 * (warp / kDBlocks) + (lane & 3), stage_d = 8 * (warp % kDBlocks) + (lane >> 2);  // row (or key) 4 kRowStep u + stage_row
   auto load_stage = [&](int d0) {
+    const int d = d0 + stage_d;
 #pragma unroll
-    for (int v = 0; v < kDv; ++v) {
-      const int d = d0 + lane + 32 * v;
+    for (int u = 0; u < kQPerThread; ++u) {
+      const int row = stage_row + 4 * kRowStep * u;
+      const int64_t th = th0 + row;
+      q_next[u] = row >= rows || d >= D ? 0.f : d < R ? q_lat[th * R + d] : q_pe[th * dr + d - R];
+    }
 #pragma unroll
-      for (int u = 0; u < kQRows; ++u) {
-        const int row = warp + kWarps * u;
-        const int64_t th = th0 + row;
-        q_next[v][u] = row >= rows || d >= D ? 0.f : d < R ? q_lat[th * R + d] : q_pe[th * dr + d - R];
-      }
-#pragma unroll
-      for (int u = 0; u < kKRows; ++u) {
-        const int64_t slot = slots[warp + kWarps * u];
-        k_next[v][u] = slot < 0 || d >= D ? 0.f : d < R ? cache_c[slot * R + d] : cache_kpe[slot * dr + d - R];
-      }
+    for (int u = 0; u < kKPerThread; ++u) {
+      const int64_t slot = slots[stage_row + 4 * kRowStep * u];
+      k_next[u] = slot < 0 || d >= D ? 0.f : d < R ? cache_c[slot * R + d] : cache_kpe[slot * dr + d - R];
     }
   };
   auto store_stage = [&]() {
 #pragma unroll
-    for (int v = 0; v < kDv; ++v) {
+    for (int u = 0; u < kQPerThread; ++u) stage_q[stage_d * L::kQStride + stage_row + 4 * kRowStep * u] = q_next[u];
 #pragma unroll
-      for (int u = 0; u < kQRows; ++u) stage_q[(lane + 32 * v) * L::kQStride + warp + kWarps * u] = q_next[v][u];
-#pragma unroll
-      for (int u = 0; u < kKRows; ++u) stage_k[(lane + 32 * v) * L::kKStride + warp + kWarps * u] = k_next[v][u];
-    }
+    for (int u = 0; u < kKPerThread; ++u) stage_k[stage_d * L::kKStride + stage_row + 4 * kRowStep * u] = k_next[u];
   };
   // Phase 3 stage: column r0 + tid % kTileCols of keys tid / kTileCols + 4 u
   float c_next[kCPerThread];
@@ -509,7 +509,7 @@ struct ChunkLayout {
 template <bool SHARED>
 __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
                                                                           int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
-                                                                          const int64_t* key_counts, float* partial, int tile_rows) {
+                                                                          const int64_t* key_counts, float* partial, int tile_rows, int row0) {
   constexpr int ROWS = ChunkLayout::kRows, kPStride = ChunkLayout::kPStride;
   const int D = R + dr, stride = ChunkLayout::Stride(D);
   extern __shared__ float4 chunk_smem[];
@@ -520,7 +520,8 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   __shared__ int64_t slots[kAttnChunk];
   __shared__ int row_keys[ROWS];
   const int chunk = chunk0 + blockIdx.x;
-  const int th0 = SHARED ? blockIdx.y * tile_rows : blockIdx.y * H + blockIdx.z * tile_rows;  // tile_rows <= ROWS
+  // rows: SHARED, th = row0 + tile * tile_rows + i; otherwise token blockIdx.y, heads blockIdx.z * tile_rows + i
+  const int th0 = SHARED ? row0 + blockIdx.y * tile_rows : blockIdx.y * H + blockIdx.z * tile_rows;  // tile_rows <= ROWS
   const int rows = SHARED ? min(tile_rows, T * H - th0) : min(tile_rows, H - static_cast<int>(blockIdx.z) * tile_rows);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, key_counts, chunk, th0, rows, allowed, slots, row_keys) == 0) return;
@@ -636,27 +637,38 @@ Status LaunchAttendTile(const AttendArgs& a, dim3 grid, int chunk0, cudaStream_t
   return LaunchStatus("mla attend");
 }
 
-// Small tiles (<= 16 rows: one token's heads, or a decode's few tokens) take AttendChunkKernel when
-// the whole chunk fits in shared memory and its rows can be copied in 16-byte pieces; otherwise the
-// staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys on a 132-SM GPU, each bound
-// by its shared-memory reads. Rows are independent, so while the blocks would still fit one per
-// SM the tile is cut in halves (down to 4 rows): twice the blocks, each reading the chunk once
-// for half the rows.
+// Small tiles (<= 16 rows: one token's heads, or a decode's few tokens; SHARED: rows [row0, T H))
+// take AttendChunkKernel when the whole chunk fits in shared memory and its rows can be copied in
+// 16-byte pieces; otherwise the staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys
+// on a 132-SM GPU, each bound by its shared-memory reads. Rows are independent, so while the
+// blocks would still fit one per SM the tile is cut in halves (down to 4 rows): twice the blocks,
+// each reading the chunk once for half the rows.
+bool WholeChunkFits(const AttendArgs& a, bool shared) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return ChunkLayout::Bytes(a.R + a.dr, a.T, shared) <= 227 * 1024 && a.R % 4 == 0 && a.dr % 4 == 0 && aligned(a.q_lat) && aligned(a.q_pe) && aligned(a.cache_c) &&
+         aligned(a.cache_kpe);
+}
+
 template <bool SHARED>
-Status LaunchSmallTile(const AttendArgs& a, int chunks, int chunk0, int sms, cudaStream_t s) {
-  const int rows = SHARED ? a.T * a.H : a.H, tokens = SHARED ? 1 : a.T;
+Status LaunchSmallTile(const AttendArgs& a, int chunks, int chunk0, int sms, cudaStream_t s, int row0 = 0) {
+  const int rows = SHARED ? a.T * a.H - row0 : a.H, tokens = SHARED ? 1 : a.T;
   const auto grid = [&](int tile_rows) { return SHARED ? dim3(chunks, (rows + tile_rows - 1) / tile_rows) : dim3(chunks, tokens, (rows + tile_rows - 1) / tile_rows); };
   const size_t smem = ChunkLayout::Bytes(a.R + a.dr, a.T, SHARED);
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool whole = smem <= 227 * 1024 && a.R % 4 == 0 && a.dr % 4 == 0 && aligned(a.q_lat) && aligned(a.q_pe) && aligned(a.cache_c) && aligned(a.cache_kpe);
-  if (!whole) return LaunchAttendTile<ChunkLayout::kRows, SHARED>(a, grid(ChunkLayout::kRows), chunk0, s);
+  if (!WholeChunkFits(a, SHARED)) return LaunchAttendTile<ChunkLayout::kRows, SHARED>(a, grid(ChunkLayout::kRows), chunk0, s);  // row0 = 0 here (SmallTileTail)
   int tile_rows = ChunkLayout::kRows;
   const auto blocks = [&](int tr) { return static_cast<int64_t>(chunks) * tokens * ((rows + tr - 1) / tr); };
   while (tile_rows > 4 && blocks(tile_rows / 2) <= sms) tile_rows /= 2;
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendChunkKernel<SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
   AttendChunkKernel<SHARED><<<grid(tile_rows), ChunkLayout::kThreads, smem, s>>>(a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr, a.base, a.scale, a.max_chunks,
-                                                                                chunk0, a.key_counts, a.partial, tile_rows);
+                                                                                chunk0, a.key_counts, a.partial, tile_rows, row0);
   return LaunchStatus("mla attend (whole chunk)");
+}
+
+// Whether SHARED rows past the last whole 64-row tile go to the small-tile kernel: a 65-node tree
+// verify has 520 rows, and a ninth 64-row tile for its last 8 would cost as much as a full one.
+bool SmallTileTail(const AttendArgs& a) {
+  const int tail = a.T * a.H % 64;
+  return a.T * a.H > 64 && tail > 0 && tail <= ChunkLayout::kRows && WholeChunkFits(a, true);
 }
 
 }  // namespace
@@ -686,9 +698,14 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
   const AttendArgs args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, key_counts, partial};
   if (shared_chunks > 0) {
-    const Status st = T * H <= ChunkLayout::kRows ? LaunchSmallTile<true>(args, shared_chunks, 0, sms, s)
-                                  : LaunchAttendTile<64, true>(args, dim3(shared_chunks, (T * H + 63) / 64), 0, s);
-    KDTREE_RETURN_IF_ERROR(st);
+    if (T * H <= ChunkLayout::kRows) {
+      KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s));
+    } else if (SmallTileTail(args)) {
+      KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, T * H / 64), 0, s)));
+      KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s, T * H / 64 * 64));
+    } else {
+      KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, (T * H + 63) / 64), 0, s)));
+    }
   }
   if (shared_chunks < max_chunks) {
     const Status st = H <= ChunkLayout::kRows ? LaunchSmallTile<false>(args, max_chunks - shared_chunks, shared_chunks, sms, s)
