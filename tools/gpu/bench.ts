@@ -163,41 +163,50 @@ log('');
 log(table(['N x K', 'M', 'W4A16 us', 'GB/s', 'of copy', 'dense bf16 us', 'speedup'], gemmRows));
 log('');
 
-// 3. grouped MoE decode step of Kimi K2: 384 experts, 8 per token, H 7168, I 2048, group 32
+// 3. grouped MoE decode step of Kimi K2: 384 experts, 8 per token, H 7168, I 2048, group 32; and
+// the same step on one tensor-parallel rank of 8 (each expert's intermediate split: I 256), which
+// is what the engine runs per GPU
 const E = 384;
 const TOPK = 8;
 const H = 7168;
 const I = 2048;
-const guShapes = packedW4A16Shapes(2 * I, H, 32, E);
-const dnShapes = packedW4A16Shapes(H, I, 32, E);
-const guQ = gpu.empty('i32', guShapes.qw);
-const guS = gpu.empty('bf16', guShapes.sc);
-const dnQ = gpu.empty('i32', dnShapes.qw);
-const dnS = gpu.empty('bf16', dnShapes.sc);
-for (const t of [guQ, dnQ]) gpu.native.fill(t.buffer, 0x5a);
-for (const t of [guS, dnS]) gpu.native.fill(t.buffer, 0x3c);
-const idSets = Array.from({ length: 16 }, () => {
-  const chosen = new Set<number>();
-  while (chosen.size < TOPK) chosen.add(Math.floor(rng.uniform() * E));
-  return gpu.fromArray('i32', [1, TOPK], Int32Array.from([...chosen].sort((a, b) => a - b)));
-});
-const topkW = gpu.fromArray('f32', [1, TOPK], Float32Array.from({ length: TOPK }, () => 0.1 + rng.uniform() * 0.3));
-const xTok = gpu.fromArray('bf16', [1, H], randomBf16(H));
-const gu = gpu.empty('bf16', [TOPK, 2 * I]);
-const act = gpu.empty('bf16', [TOPK, I]);
-const out = gpu.empty('bf16', [1, H]);
-const moeStep = (r: number) => {
-  const ids = idSets[r % idSets.length];
-  gpu.native.moeGemm({ x: xTok, qw: guQ, sc: guS, ids, y: gu, mode: 'gather' });
-  gpu.native.siluMul({ x: gu, out: act });
-  gpu.native.moeGemm({ x: act, qw: dnQ, sc: dnS, ids, weights: topkW, y: out, mode: 'sum' });
+const moeWeights = (inter: number) => {
+  const guShapes = packedW4A16Shapes(2 * inter, H, 32, E);
+  const dnShapes = packedW4A16Shapes(H, inter, 32, E);
+  const w = { guQ: gpu.empty('i32', guShapes.qw), guS: gpu.empty('bf16', guShapes.sc), dnQ: gpu.empty('i32', dnShapes.qw), dnS: gpu.empty('bf16', dnShapes.sc) };
+  for (const t of [w.guQ, w.dnQ]) gpu.native.fill(t.buffer, 0x5a);
+  for (const t of [w.guS, w.dnS]) gpu.native.fill(t.buffer, 0x3c);
+  // bytes of one token's top-k experts: codes + bf16 scales of gate_up and down
+  const bytes = TOPK * ((2 * inter * H) / 2 + 2 * inter * (H / 32) * 2 + (H * inter) / 2 + H * (inter / 32) * 2);
+  return { ...w, inter, bytes, free: () => gpu.free(w.guQ, w.guS, w.dnQ, w.dnS) };
 };
-const moeMs = timeLaunches(gpu, moeStep);
-const moeBytes = TOPK * (2 * I * H / 2 + 2 * I * (H / 32) * 2 + H * I / 2 + H * (I / 32) * 2);
-const moeGBs = moeBytes / (moeMs * 1e-3) / 1e9;
-log(`MoE decode step (Kimi K2: ${E} experts, top-${TOPK}, gate_up + SiLU + down, bf16): ${(moeMs * 1e3).toFixed(1)} us, ${(moeBytes / 1e6).toFixed(0)} MB of expert weights, ${moeGBs.toFixed(0)} GB/s = ${((moeGBs / copyGBs) * 100).toFixed(0)}% of copy`);
-report.moe = { us: moeMs * 1e3, bytes: moeBytes, gbs: moeGBs, fractionOfCopy: moeGBs / copyGBs };
-gpu.free(...idSets, topkW, xTok, gu, act, out);
+const moeDecode = (w: ReturnType<typeof moeWeights>, label: string) => {
+  const idSets = Array.from({ length: 16 }, () => {
+    const chosen = new Set<number>();
+    while (chosen.size < TOPK) chosen.add(Math.floor(rng.uniform() * E));
+    return gpu.fromArray('i32', [1, TOPK], Int32Array.from([...chosen].sort((a, b) => a - b)));
+  });
+  const topkW = gpu.fromArray('f32', [1, TOPK], Float32Array.from({ length: TOPK }, () => 0.1 + rng.uniform() * 0.3));
+  const xTok = gpu.fromArray('bf16', [1, H], randomBf16(H));
+  const gu = gpu.empty('bf16', [TOPK, 2 * w.inter]);
+  const act = gpu.empty('bf16', [TOPK, w.inter]);
+  const out = gpu.empty('bf16', [1, H]);
+  const step = (r: number) => {
+    const ids = idSets[r % idSets.length];
+    gpu.native.moeGemm({ x: xTok, qw: w.guQ, sc: w.guS, ids, y: gu, mode: 'gather' });
+    gpu.native.siluMul({ x: gu, out: act });
+    gpu.native.moeGemm({ x: act, qw: w.dnQ, sc: w.dnS, ids, weights: topkW, y: out, mode: 'sum' });
+  };
+  const ms = timeLaunches(gpu, step);
+  const gbs = w.bytes / (ms * 1e-3) / 1e9;
+  log(`MoE decode step (${label}: ${E} experts, top-${TOPK}, gate_up + SiLU + down, I ${w.inter}, bf16): ${(ms * 1e3).toFixed(1)} us, ${(w.bytes / 1e6).toFixed(1)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
+  gpu.free(...idSets, topkW, xTok, gu, act, out);
+  return { us: ms * 1e3, intermediate: w.inter, bytes: w.bytes, gbs, fractionOfCopy: gbs / copyGBs };
+};
+const full = moeWeights(I);
+const { guQ, guS, dnQ, dnS } = full;
+const moeBytes = full.bytes;
+report.moe = moeDecode(full, 'Kimi K2');
 
 // The same MoE layer at a DDTree verify: 65 tokens (a 64-node tree + root), top-8 each, so most
 // of the 384 experts get one or two rows. Bytes: the experts actually used, once.
@@ -231,7 +240,12 @@ gpu.free(...idSets, topkW, xTok, gu, act, out);
   report.moeVerify = { tokens: T, us: ms * 1e3, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
   gpu.free(...sets.map((s) => s.ids), weights, xs, guV, actV, outV);
 }
-gpu.free(guQ, guS, dnQ, dnS);
+full.free();
+{
+  const rank = moeWeights(I / 8);
+  report.moeRank = moeDecode(rank, 'one tensor-parallel rank of 8');
+  rank.free();
+}
 
 // 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
 // cache: decode (T = 1), a 65-node tree verify (T = 65, the ancestor mask of a binary tree) and a

@@ -32,6 +32,21 @@ inline Status FromCuda(cudaError_t e, const char* what) {
 // After a launch: a configuration error shows up immediately; faults surface at the next sync.
 inline Status LaunchStatus(const char* kernel) { return FromCuda(cudaGetLastError(), kernel); }
 
+// 16-byte asynchronous copies global -> shared (cp.async.cg: L2 only, so streamed data keeps out
+// of L1). `dst` is a shared-memory address (__cvta_generic_to_shared). The zero-fill form copies
+// src_bytes (0 or 16) and zeroes the rest.
+__device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CopyAsync16ZeroFill(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void CopyAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void CopyAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 __device__ __forceinline__ float LoadAsF32(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);

@@ -548,10 +548,10 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
     for (int pc = lane; pc < pieces; pc += 32) {
       const int d = 4 * pc;
       const float* src = !valid ? cache_c : d < R ? c_row + d : pe_row + d - R;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst + d))), "l"(src), "r"(valid ? 16 : 0) : "memory");
+      CopyAsync16ZeroFill(static_cast<uint32_t>(__cvta_generic_to_shared(dst + d)), src, valid ? 16 : 0);
     }
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  CopyAsyncWaitAll();
   __syncthreads();
 
   // Phase 1: scores. Work items are (row, half of the keys), one key per lane, spread over the

@@ -433,7 +433,7 @@ __device__ __forceinline__ void CopyXStep(const X* const (&xr)[NT], int step, ch
 #pragma unroll
     for (int q = 0; q < kXStepBytes / 16 / 32; ++q) {
       const int off = (lane + 32 * q) * 16;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + off), "l"(src + off) : "memory");
+      CopyAsync16(dst + off, src + off);
     }
   }
 }
@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   int x_slot = 0;
   if constexpr (kSharedX) {
     if (f_begin < f_end) CopyXStep(xr, static_cast<int>(f_begin % p.steps), x_smem, lane);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    CopyAsyncCommit();
   }
   float acc[NT][4], part[NT][4];  // part: the current group's exact sum (each group starts it afresh)
 #pragma unroll
@@ -532,8 +532,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
       if constexpr (kSharedX) {
         // the next step's x into the other slot, then wait for this step's
         if (base + s + 1 < f_end) CopyXStep(xr, step + 1 == p.steps ? 0 : step + 1, x_smem + (x_slot ^ 1) * NT * kXStepBytes, lane);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        CopyAsyncCommit();
+        CopyAsyncWait<1>();
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < NT; ++j) xs[j] = reinterpret_cast<const X*>(x_smem + (x_slot * NT + j) * kXStepBytes) + 4 * lane;
