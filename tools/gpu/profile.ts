@@ -27,9 +27,10 @@ for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
   gpu.free(qw, sc, x, y);
 }
 
-// Kimi K2 MoE decode step (384 experts, top-8, H 7168, I 2048): sort + gate_up, SiLU, sort + down + sum
-{
-  const [E, TOPK, H, I] = [384, 8, 7168, 2048];
+// Kimi K2 MoE decode step (384 experts, top-8, H 7168): sort + gate_up, SiLU, sort + down + sum;
+// the whole experts (I 2048), then one tensor-parallel rank's share (I 256)
+for (const I of [2048, 256]) {
+  const [E, TOPK, H] = [384, 8, 7168];
   const gu = packedW4A16Shapes(2 * I, H, 32, E);
   const dn = packedW4A16Shapes(H, I, 32, E);
   const w = [gpu.empty('i32', gu.qw), gpu.empty('bf16', gu.sc), gpu.empty('i32', dn.qw), gpu.empty('bf16', dn.sc)];

@@ -32,6 +32,28 @@ inline Status FromCuda(cudaError_t e, const char* what) {
 // After a launch: a configuration error shows up immediately; faults surface at the next sync.
 inline Status LaunchStatus(const char* kernel) { return FromCuda(cudaGetLastError(), kernel); }
 
+// Programmatic dependent launch (PDL): a kernel launched with LaunchPdl may start while the
+// previous kernel in the stream drains, which hides the launch gap between the short kernels of
+// a layer. It must call PdlWait() before it reads anything an earlier kernel wrote or writes
+// anything an earlier kernel reads; PdlLaunchDependents() lets the next kernel start early.
+// (Without a PDL launch both are no-ops.)
+__device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void PdlLaunchDependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+template <typename... Params, typename... Args>
+Status LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = s;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return FromCuda(cudaLaunchKernelEx(&config, kernel, args...), what);
+}
+
 // 16-byte asynchronous copies global -> shared (cp.async.cg: L2 only, so streamed data keeps out
 // of L1). `dst` is a shared-memory address (__cvta_generic_to_shared). The zero-fill form copies
 // src_bytes (0 or 16) and zeroes the rest.

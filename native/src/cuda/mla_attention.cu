@@ -29,6 +29,8 @@ constexpr int kCombineAloneRows = 128;  // from this many rows, one merge block 
 // blocks on the GPU, each walking 128 rows: 54 us for a decode token (Nsight, run 50).
 __global__ void __launch_bounds__(kQLatR * kQLatSplit) QLatentKernel(const float* q_nope, const void* kv_b, DType kvb_dtype, int T, int H, int dn, int dv, int R,
                                                                    float* q_lat) {
+  PdlWait();
+  PdlLaunchDependents();
   __shared__ float part[kQLatSplit][kQLatTokens][kQLatR];
   const int h = blockIdx.x, t0 = blockIdx.z * kQLatTokens, tokens = min(kQLatTokens, T - t0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -61,6 +63,8 @@ __global__ void __launch_bounds__(kQLatR * kQLatSplit) QLatentKernel(const float
 // Key counts: a token sees the `base` committed slots and the new tokens its mask row allows
 // (causal without a mask). One warp per token; every head of the token gets the count.
 __global__ void KeyCountKernel(const uint8_t* mask, int T, int H, int64_t base, int64_t* key_counts) {
+  PdlWait();
+  PdlLaunchDependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * (blockDim.x >> 5) + warp;
   if (t >= T) return;
@@ -226,6 +230,8 @@ template <int ROWS, bool SHARED>
 __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
                                                                  int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
                                                                  const int64_t* key_counts, float* partial) {
+  PdlWait();
+  PdlLaunchDependents();
   using L = TileLayout<ROWS>;
   constexpr int RPT = L::kRowsPerThread, KPT = L::kKeysPerThread, CPT = L::kColsPerThread;
   constexpr int kThreads = L::kThreads, kWarps = L::kWarps, kTileD = L::kTileD, kTileCols = L::kTileCols;
@@ -438,6 +444,8 @@ __device__ __forceinline__ int RowChunks(const int64_t* key_counts, int th) { re
 // Many rows (verify, prefill): one block per row merges its chunks once and projects every v.
 __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int H, int R, const void* kv_b,
                                                         DType kvb_dtype, bool vector_rows, int dn, int dv, float* out) {
+  PdlWait();
+  PdlLaunchDependents();
   extern __shared__ float shared[];
   float* ctx = shared;           // [R]
   float* weight = shared + R;    // [max_chunks]
@@ -459,7 +467,8 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
 // W_vb rows into L2 while the merge runs, and wait for it only before reading ctx.
 constexpr int kContextCols = 128;
 __global__ void __launch_bounds__(kContextCols) CombineContextKernel(const float* partial, const int64_t* key_counts, int max_chunks, int R, float* ctx_out) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  PdlWait();
+  PdlLaunchDependents();
   extern __shared__ float weight[];  // [max_chunks]
   const int th = blockIdx.x, r = blockIdx.y * kContextCols + threadIdx.x;
   const int chunks = RowChunks(key_counts, th);
@@ -481,7 +490,7 @@ __global__ void __launch_bounds__(256) ProjectOutKernel(const float* ctx_in, int
   for (int off = 128 * static_cast<int>(threadIdx.x); off < bytes; off += 128 * static_cast<int>(blockDim.x)) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rows + off) : "memory");
   }
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  PdlWait();
   for (int r = threadIdx.x; r < R; r += blockDim.x) ctx[r] = ctx_in[static_cast<int64_t>(th) * R + r];
   __syncthreads();
   ProjectOut(ctx, kv_b, kvb_dtype, vector_rows, h, R, dn, dv, v_begin, v_end, out + static_cast<int64_t>(th) * dv);
@@ -510,6 +519,8 @@ template <bool SHARED>
 __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
                                                                           int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
                                                                           const int64_t* key_counts, float* partial, int tile_rows, int row0) {
+  PdlWait();
+  PdlLaunchDependents();
   constexpr int ROWS = ChunkLayout::kRows, kPStride = ChunkLayout::kPStride;
   const int D = R + dr, stride = ChunkLayout::Stride(D);
   extern __shared__ float4 chunk_smem[];
@@ -632,9 +643,8 @@ Status LaunchAttendTile(const AttendArgs& a, dim3 grid, int chunk0, cudaStream_t
   const size_t smem = TileLayout<ROWS>::Bytes(a.T, SHARED);
   if (smem > 200 * 1024) return Unsupported("mla_attention: ", a.T, " new tokens with a mask need more shared memory than a block has; split the call");
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendTileKernel<ROWS, SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
-  AttendTileKernel<ROWS, SHARED><<<grid, TileLayout<ROWS>::kThreads, smem, s>>>(a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr, a.base, a.scale, a.max_chunks, chunk0,
-                                                                  a.key_counts, a.partial);
-  return LaunchStatus("mla attend");
+  return LaunchPdl("mla attend", AttendTileKernel<ROWS, SHARED>, grid, dim3(TileLayout<ROWS>::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr,
+                   a.base, a.scale, a.max_chunks, chunk0, a.key_counts, a.partial);
 }
 
 // Small tiles (<= 16 rows: one token's heads, or a decode's few tokens; SHARED: rows [row0, T H))
@@ -659,9 +669,8 @@ Status LaunchSmallTile(const AttendArgs& a, int chunks, int chunk0, int sms, cud
   const auto blocks = [&](int tr) { return static_cast<int64_t>(chunks) * tokens * ((rows + tr - 1) / tr); };
   while (tile_rows > 4 && blocks(tile_rows / 2) <= sms) tile_rows /= 2;
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendChunkKernel<SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
-  AttendChunkKernel<SHARED><<<grid(tile_rows), ChunkLayout::kThreads, smem, s>>>(a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr, a.base, a.scale, a.max_chunks,
-                                                                                chunk0, a.key_counts, a.partial, tile_rows, row0);
-  return LaunchStatus("mla attend (whole chunk)");
+  return LaunchPdl("mla attend (whole chunk)", AttendChunkKernel<SHARED>, grid(tile_rows), dim3(ChunkLayout::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T,
+                   a.H, a.R, a.dr, a.base, a.scale, a.max_chunks, chunk0, a.key_counts, a.partial, tile_rows, row0);
 }
 
 // Whether SHARED rows past the last whole 64-row tile go to the small-tile kernel: a 65-node tree
@@ -688,11 +697,9 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   float* partial = q_lat + q_lat_floats;
   float* ctx = partial + partial_floats;
   const uint8_t* mask = a.mask.present() ? a.mask.as<const uint8_t>() : nullptr;
-  QLatentKernel<<<dim3(H, (R + kQLatR - 1) / kQLatR, (T + kQLatTokens - 1) / kQLatTokens), kQLatR * kQLatSplit, 0, s>>>(a.q_nope.as<const float>(), a.kv_b.data, a.kv_b.dtype, T,
-                                                                                                                       H, dn, dv, R, q_lat);
-  KDTREE_RETURN_IF_ERROR(LaunchStatus("mla q_latent"));
-  KeyCountKernel<<<(T + 7) / 8, 256, 0, s>>>(mask, T, H, a.base, key_counts);
-  KDTREE_RETURN_IF_ERROR(LaunchStatus("mla key counts"));
+  KDTREE_RETURN_IF_ERROR(LaunchPdl("mla q_latent", QLatentKernel, dim3(H, (R + kQLatR - 1) / kQLatR, (T + kQLatTokens - 1) / kQLatTokens), dim3(kQLatR * kQLatSplit), 0, s,
+                                   a.q_nope.as<const float>(), static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, T, H, dn, dv, R, q_lat));
+  KDTREE_RETURN_IF_ERROR(LaunchPdl("mla key counts", KeyCountKernel, dim3((T + 7) / 8), dim3(256), 0, s, mask, T, H, a.base, key_counts));
   // Causal: every chunk is shared by all rows. With a mask: the chunks inside the committed prefix
   // are; the rest are looked up per token.
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
@@ -717,24 +724,13 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   float* out = a.out.as<float>();
   const size_t weight_bytes = static_cast<size_t>(max_chunks) * sizeof(float);
   if (T * H >= kCombineAloneRows) {
-    CombineOutKernel<<<T * H, 256, R * sizeof(float) + weight_bytes, s>>>(partial, key_counts, max_chunks, H, R, a.kv_b.data, a.kv_b.dtype, vector_rows, dn, dv, out);
-    return LaunchStatus("mla combine + out");
+    return LaunchPdl("mla combine + out", CombineOutKernel, dim3(T * H), dim3(256), R * sizeof(float) + weight_bytes, s, static_cast<const float*>(partial),
+                     static_cast<const int64_t*>(key_counts), max_chunks, H, R, static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, vector_rows, dn, dv, out);
   }
-  CombineContextKernel<<<dim3(T * H, (R + kContextCols - 1) / kContextCols), kContextCols, weight_bytes, s>>>(partial, key_counts, max_chunks, R, ctx);
-  KDTREE_RETURN_IF_ERROR(LaunchStatus("mla combine"));
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(T * H, (dv + kOutVPerBlock - 1) / kOutVPerBlock);
-  config.blockDim = dim3(256);
-  config.dynamicSmemBytes = R * sizeof(float);
-  config.stream = s;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see griddepcontrol in ProjectOutKernel
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaLaunchKernelEx(&config, ProjectOutKernel, static_cast<const float*>(ctx), H, R, a.kv_b.data, a.kv_b.dtype, vector_rows, dn, dv, kOutVPerBlock, out),
-                                  "mla out projection"));
-  return LaunchStatus("mla out projection");
+  KDTREE_RETURN_IF_ERROR(LaunchPdl("mla combine", CombineContextKernel, dim3(T * H, (R + kContextCols - 1) / kContextCols), dim3(kContextCols), weight_bytes, s,
+                                   static_cast<const float*>(partial), static_cast<const int64_t*>(key_counts), max_chunks, R, ctx));
+  return LaunchPdl("mla out projection", ProjectOutKernel, dim3(T * H, (dv + kOutVPerBlock - 1) / kOutVPerBlock), dim3(256), R * sizeof(float), s, static_cast<const float*>(ctx), H, R,
+                   static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, vector_rows, dn, dv, kOutVPerBlock, out);
 }
 
 }  // namespace cuda

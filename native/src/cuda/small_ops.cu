@@ -61,6 +61,8 @@ __global__ void RopeKernel(float* x, const int32_t* pos, const double* inv_freq,
 }
 
 __global__ void SiluMulKernel(const void* x, DType xt, int64_t T, int I, void* out, DType ot) {
+  PdlWait();
+  PdlLaunchDependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T * I) return;
   const int64_t r = i / I, j = i % I;
@@ -189,8 +191,8 @@ Status LaunchRope(const RopeArgs& a, cudaStream_t s) {
 Status LaunchSiluMul(const SiluMulArgs& a, cudaStream_t s) {
   const int64_t n = a.out.numel();
   if (n == 0) return Status::Ok();
-  SiluMulKernel<<<Blocks(n, 256), 256, 0, s>>>(a.x.data, a.x.dtype, a.out.dim(0), static_cast<int>(a.out.dim(1)), a.out.data, a.out.dtype);
-  return LaunchStatus("silu_mul");
+  return LaunchPdl("silu_mul", SiluMulKernel, dim3(Blocks(n, 256)), dim3(256), 0, s, static_cast<const void*>(a.x.data), a.x.dtype, a.out.dim(0), static_cast<int>(a.out.dim(1)),
+                   a.out.data, a.out.dtype);
 }
 Status LaunchAdd(const AddArgs& a, cudaStream_t s) {
   const int64_t n = a.out.numel();

@@ -444,9 +444,9 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   // and we may start before the previous kernel ends. Weights and scales never depend on earlier
   // kernels, so a dense launch fills its ring first and waits (griddepcontrol.wait) only before
   // reading x or writing anything; MoE waits at once (its tiles come from the sort kernel).
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  PdlLaunchDependents();
   const bool moe = p.moe_tiles != nullptr;
-  if (moe) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (moe) PdlWait();
   int expert, row_start, rows;
   if (!ResolveTile(p, p.tile_offset + static_cast<int>(blockIdx.y), &expert, &row_start, &rows)) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wib = threadIdx.x >> 5;
@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   }
 #pragma unroll
   for (int s = 0; s < kRing; ++s) KDTREE_ISSUE(s)
-  if (!moe) asm volatile("griddepcontrol.wait;\n" ::: "memory");  // x and the outputs are the previous kernels'
+  if (!moe) PdlWait();  // x and the outputs are the previous kernels'
 
   // B operand: staged x (this lane's 8 bytes of each slice), or x in place at tokens
   // 8 j + g (tokens past the tile repeat its last; their columns are dropped)
@@ -573,6 +573,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
 
 // MoE sum mode: y[t] = sum_j weights[t, j] * pair[t * topk + j], j in order.
 __global__ void MoeSumKernel(const float* pair, int T, int topk, int N, const float* weights, void* y, DType y_dtype) {
+  PdlWait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(T) * N) return;
   const int r = static_cast<int>(i / N), n = static_cast<int>(i % N);
@@ -587,6 +588,8 @@ __global__ void MoeSumKernel(const float* pair, int T, int topk, int N, const fl
 // Positions inside an expert are not deterministic, and need not be: rows are independent.
 __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int experts, bool gather, int tile_rows,
                               int* x_row, int* out_row, Tile* tiles, int* num_tiles, int* counts) {
+  PdlWait();  // ids and the scratch it rewrites belong to earlier kernels
+  PdlLaunchDependents();  // the GEMM's blocks may launch now; they wait for the tiles
   for (int e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -659,17 +662,7 @@ Status LaunchKernel(const GemmParams& p, dim3 grid, cudaStream_t s) {
   if constexpr (kShared > 48 * 1024) {
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16Kernel<X, S, NT, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 kernel: shared memory"));
   }
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kShared;
-  config.stream = s;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see griddepcontrol in the kernel
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return FromCuda(cudaLaunchKernelEx(&config, W4A16Kernel<X, S, NT, G>, p), "w4a16 kernel");
+  return LaunchPdl("w4a16 kernel", W4A16Kernel<X, S, NT, G>, grid, dim3(kThreads), kShared, s, p);  // see griddepcontrol in the kernel
 }
 template <typename X, typename S, int NT>
 Status LaunchG(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
@@ -813,8 +806,8 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   int* num_tiles = reinterpret_cast<int*>(base + off_num);
   Tile* tiles = reinterpret_cast<Tile*>(base + off_tiles);
   float* pair_out = reinterpret_cast<float*>(base + off_pair);
-  MoeSortKernel<<<1, 1024, 0, s>>>(a.ids.as<const int32_t>(), pairs, topk, experts, gather, tile_rows, x_row, out_row, tiles, num_tiles, counts);
-  KDTREE_RETURN_IF_ERROR(LaunchStatus("moe sort"));
+  KDTREE_RETURN_IF_ERROR(LaunchPdl("moe sort", MoeSortKernel, dim3(1), dim3(1024), 0, s, a.ids.as<const int32_t>(), pairs, topk, experts, gather, tile_rows, x_row, out_row, tiles,
+                                   num_tiles, counts));
   p.moe_tiles = tiles;
   p.num_tiles = num_tiles;
   p.x_row = x_row;
@@ -824,8 +817,8 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   KDTREE_RETURN_IF_ERROR(RunGemm(p, a.x.dtype, a.group, nt, max_tiles, topk, sms, scratch, used, s));
   if (!gather) {
     const int64_t count = static_cast<int64_t>(t) * n;
-    MoeSumKernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(pair_out, t, topk, n, a.weights.as<const float>(), a.y.data, a.y.dtype);
-    KDTREE_RETURN_IF_ERROR(LaunchStatus("moe sum"));
+    KDTREE_RETURN_IF_ERROR(LaunchPdl("moe sum", MoeSumKernel, dim3(static_cast<unsigned>((count + 255) / 256)), dim3(256), 0, s, static_cast<const float*>(pair_out), t, topk, n,
+                                     a.weights.as<const float>(), a.y.data, a.y.dtype));
   }
   return Status::Ok();
 }
