@@ -35,7 +35,10 @@ inline Status LaunchStatus(const char* kernel) { return FromCuda(cudaGetLastErro
 // Programmatic dependent launch (PDL): a kernel launched with LaunchPdl may start while the
 // previous kernel in the stream drains, which hides the launch gap between the short kernels of
 // a layer. It must call PdlWait() before it reads anything an earlier kernel wrote or writes
-// anything an earlier kernel reads; PdlLaunchDependents() lets the next kernel start early.
+// anything an earlier kernel reads; PdlLaunchDependents() lets the next kernel start early. A
+// wait returns when the previous kernel has completed, and that kernel completed only after its
+// own wait, so results are ordered as in a plain stream. The one read before waiting is the W4A16
+// GEMM's weight ring (weights are packed at load time, by kernels that never trigger early).
 // (Without a PDL launch both are no-ops.)
 __device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void PdlLaunchDependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }

@@ -39,6 +39,8 @@ __device__ __forceinline__ void LoadKeys(const float* row, int64_t i0, int64_t e
 // the 32 histograms are summed afterwards.
 __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, int64_t stride, int64_t seg_len, int segments, int64_t row_len, int k,
                                                               const int32_t* id_map, float* values, int32_t* ids) {
+  PdlWait();
+  PdlLaunchDependents();
   __shared__ int warp_hist[kTopkWarps][256];
   __shared__ int hist[256];
   __shared__ uint32_t prefix_s, mask_s;
@@ -205,6 +207,8 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
 // merges the slices in order (a row is 160k logits: one block per row would leave the GPU idle).
 constexpr int kLseSlices = 16;
 __global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int64_t cols, double2* partial) {
+  PdlWait();
+  PdlLaunchDependents();
   __shared__ double red[1024];
   const int64_t per = (cols + kLseSlices - 1) / kLseSlices;
   const int64_t lo = blockIdx.y * per, hi = min(cols, lo + per);
@@ -230,6 +234,8 @@ __global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int
   if (threadIdx.x == 0) partial[blockIdx.x * kLseSlices + blockIdx.y] = make_double2(m, red[0]);
 }
 __global__ void LogSumExpMergeKernel(const double2* partial, int rows, double* out) {
+  PdlWait();
+  PdlLaunchDependents();
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   double m = -INFINITY;
@@ -263,6 +269,8 @@ constexpr int kMaxNodes = static_cast<int>(kMaxDdtreeBudget) + 1;
 __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, const int32_t* tok, const double* logz, int depth, int k, int root, int budget,
                                                         int64_t start, bool lp_in_smem, int32_t* tokens, int32_t* parents, int32_t* depths,
                                                         int32_t* positions, uint8_t* mask, int32_t* size_out) {
+  PdlWait();
+  PdlLaunchDependents();
   extern __shared__ __align__(16) unsigned char dyn[];
   __shared__ int parents_s[kMaxNodes], depths_s[kMaxNodes], at_s[kMaxNodes];  // at: index into the [depth, k] top-k
   __shared__ int size_s;
@@ -343,6 +351,8 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
 // child c of p whose token is the target's argmax at p, then thread 0 follows first[] from the root.
 __global__ void __launch_bounds__(1024) AcceptKernel(const int32_t* tokens, const int32_t* parents, const int32_t* size_p, const int32_t* argmax, int32_t* path,
                                                      int32_t* path_len, int32_t* bonus, int capacity) {
+  PdlWait();
+  PdlLaunchDependents();
   __shared__ int first[kMaxNodes];
   const int size = max(1, min(*size_p, capacity));
   for (int c = threadIdx.x; c < size; c += blockDim.x) first[c] = INT_MAX;
@@ -373,6 +383,8 @@ struct CommitBatch {
 // One block per cache tensor; k ascending with a barrier between steps (a later step may read a
 // slot an earlier one would otherwise overwrite).
 __global__ void KvCommitKernel(const __grid_constant__ CommitBatch batch, const int32_t* path, const int32_t* path_len, int capacity, int64_t start) {
+  PdlWait();
+  PdlLaunchDependents();
   float* data = batch.data[blockIdx.x];
   const int64_t rows = batch.rows[blockIdx.x], width = batch.width[blockIdx.x];
   const int len = min(*path_len, capacity);
@@ -407,16 +419,15 @@ Status LaunchRowTopk(const float* x, int64_t rows, int64_t cols, int k, float* v
   if (rows == 0 || k == 0) return Status::Ok();
   const int segments = TopkSegments(cols, k);
   if (segments == 1) {
-    RowTopkKernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, s>>>(x, cols, cols, 1, cols, k, nullptr, values, ids);
-    return LaunchStatus("row top-k");
+    return LaunchPdl("row top-k", RowTopkKernel, dim3(static_cast<unsigned>(rows)), dim3(kTopkThreads), 0, s, x, cols, cols, 1, cols, k, static_cast<const int32_t*>(nullptr), values, ids);
   }
   const int64_t candidates = static_cast<int64_t>(segments) * k;
   float* cand_values = static_cast<float*>(scratch);
   int32_t* cand_ids = reinterpret_cast<int32_t*>(cand_values + rows * candidates);
-  RowTopkKernel<<<static_cast<unsigned>(rows * segments), kTopkThreads, 0, s>>>(x, cols, (cols + segments - 1) / segments, segments, cols, k, nullptr, cand_values, cand_ids);
-  KDTREE_RETURN_IF_ERROR(LaunchStatus("row top-k: segments"));
-  RowTopkKernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, s>>>(cand_values, candidates, candidates, 1, candidates, k, cand_ids, values, ids);
-  return LaunchStatus("row top-k: candidates");
+  KDTREE_RETURN_IF_ERROR(LaunchPdl("row top-k: segments", RowTopkKernel, dim3(static_cast<unsigned>(rows * segments)), dim3(kTopkThreads), 0, s, x, cols, (cols + segments - 1) / segments,
+                                   segments, cols, k, static_cast<const int32_t*>(nullptr), cand_values, cand_ids));
+  return LaunchPdl("row top-k: candidates", RowTopkKernel, dim3(static_cast<unsigned>(rows)), dim3(kTopkThreads), 0, s, static_cast<const float*>(cand_values), candidates, candidates, 1,
+                   candidates, k, static_cast<const int32_t*>(cand_ids), values, ids);
 }
 
 Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch) {
@@ -437,10 +448,8 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   double2* lse_partial = reinterpret_cast<double2*>(base + off_lse);
   if (k > 0) {
     KDTREE_RETURN_IF_ERROR(LaunchRowTopk(a.draft_logits.as<const float>(), depth, vocab, k, values, tok, base + off_topk, s));
-    LogSumExpSliceKernel<<<dim3(depth, kLseSlices), 1024, 0, s>>>(a.draft_logits.as<const float>(), vocab, lse_partial);
-    KDTREE_RETURN_IF_ERROR(LaunchStatus("ddtree log-sum-exp"));
-    LogSumExpMergeKernel<<<(depth + 127) / 128, 128, 0, s>>>(lse_partial, depth, logz);
-    KDTREE_RETURN_IF_ERROR(LaunchStatus("ddtree log-sum-exp merge"));
+    KDTREE_RETURN_IF_ERROR(LaunchPdl("ddtree log-sum-exp", LogSumExpSliceKernel, dim3(depth, kLseSlices), dim3(1024), 0, s, a.draft_logits.as<const float>(), vocab, lse_partial));
+    KDTREE_RETURN_IF_ERROR(LaunchPdl("ddtree log-sum-exp merge", LogSumExpMergeKernel, dim3((depth + 127) / 128), dim3(128), 0, s, static_cast<const double2*>(lse_partial), depth, logz));
   }
   // shared memory: the frontier pool always, the [depth, k] log-prob table when it fits beside it
   constexpr size_t kMaxDynamicSmem = 160 * 1024;
@@ -452,16 +461,15 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   if (smem + kStaticSmem > 48 * 1024) {  // static + dynamic past 48 KiB needs the opt-in
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(BuildTreeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "ddtree build: shared memory"));
   }
-  BuildTreeKernel<<<1, 1024, smem, s>>>(values, tok, logz, depth, k, a.root, a.budget, a.start, lp_in_smem, a.tokens.as<int32_t>(), a.parents.as<int32_t>(),
-                                        a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(), a.size.as<int32_t>());
-  return LaunchStatus("ddtree build");
+  return LaunchPdl("ddtree build", BuildTreeKernel, dim3(1), dim3(1024), smem, s, static_cast<const float*>(values), static_cast<const int32_t*>(tok), static_cast<const double*>(logz), depth,
+                   k, a.root, a.budget, a.start, lp_in_smem, a.tokens.as<int32_t>(), a.parents.as<int32_t>(), a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(),
+                   a.size.as<int32_t>());
 }
 
 Status LaunchDdtreeAccept(const DdtreeAcceptArgs& a, cudaStream_t s) {
   const int capacity = static_cast<int>(std::min(a.tokens.dim(0), a.target_argmax.dim(0)));
-  AcceptKernel<<<1, 1, 0, s>>>(a.tokens.as<const int32_t>(), a.parents.as<const int32_t>(), a.size.as<const int32_t>(), a.target_argmax.as<const int32_t>(),
-                               a.path.as<int32_t>(), a.path_len.as<int32_t>(), a.bonus.as<int32_t>(), capacity);
-  return LaunchStatus("ddtree accept");
+  return LaunchPdl("ddtree accept", AcceptKernel, dim3(1), dim3(1), 0, s, a.tokens.as<const int32_t>(), a.parents.as<const int32_t>(), a.size.as<const int32_t>(),
+                   a.target_argmax.as<const int32_t>(), a.path.as<int32_t>(), a.path_len.as<int32_t>(), a.bonus.as<int32_t>(), capacity);
 }
 
 Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s) {
@@ -474,8 +482,8 @@ Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s) {
       batch.rows[i] = c.dim(0);
       batch.width[i] = c.dim(1);
     }
-    KvCommitKernel<<<count, 256, 0, s>>>(batch, a.path.as<const int32_t>(), a.path_len.as<const int32_t>(), static_cast<int>(a.path.dim(0)), a.start);
-    KDTREE_RETURN_IF_ERROR(LaunchStatus("kv_commit"));
+    KDTREE_RETURN_IF_ERROR(LaunchPdl("kv_commit", KvCommitKernel, dim3(count), dim3(256), 0, s, batch, a.path.as<const int32_t>(), a.path_len.as<const int32_t>(),
+                                     static_cast<int>(a.path.dim(0)), a.start));
   }
   return Status::Ok();
 }

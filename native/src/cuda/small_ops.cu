@@ -25,6 +25,8 @@ __device__ float BlockSum(float v, float* shared32) {
 }
 
 __global__ void EmbeddingKernel(const void* table, DType dtype, int64_t rows, int H, const int32_t* ids, float* out) {
+  PdlWait();
+  PdlLaunchDependents();
   const int t = blockIdx.x;
   const int id = ids[t];
   for (int j = threadIdx.x; j < H; j += blockDim.x) {
@@ -33,6 +35,8 @@ __global__ void EmbeddingKernel(const void* table, DType dtype, int64_t rows, in
 }
 
 __global__ void RmsNormKernel(const float* x, const void* w, DType wt, int H, float eps, float* out) {
+  PdlWait();
+  PdlLaunchDependents();
   __shared__ float red[32];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * H;
   float ss = 0.f;
@@ -44,6 +48,8 @@ __global__ void RmsNormKernel(const float* x, const void* w, DType wt, int H, fl
 
 // Angles in f64: position x inv_freq reaches ~1e5 rad at long context, beyond f32's precision.
 __global__ void RopeKernel(float* x, const int32_t* pos, const double* inv_freq, int T, int heads, int hd, int half, int64_t offset, double factor, bool interleave) {
+  PdlWait();
+  PdlLaunchDependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(T) * heads * half) return;
   const int f = static_cast<int>(i % half);
@@ -71,6 +77,8 @@ __global__ void SiluMulKernel(const void* x, DType xt, int64_t T, int I, void* o
 }
 
 __global__ void AddKernel(const float* a, const float* b, float* out, int64_t n) {
+  PdlWait();
+  PdlLaunchDependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = a[i] + b[i];
 }
@@ -79,6 +87,8 @@ __global__ void AddKernel(const float* a, const float* b, float* out, int64_t n)
 // thread 0: simple, deterministic, and tiny next to the expert GEMMs it feeds.
 __global__ void RouterKernel(const float* logits, const float* bias, int E, int topk, int n_group, int topk_group, bool norm, float scaling,
                              int32_t* ids, float* weights) {
+  PdlWait();
+  PdlLaunchDependents();
   __shared__ float score[1024], choice[1024];
   __shared__ unsigned char allowed[1024];
   const int t = blockIdx.x;
@@ -131,6 +141,8 @@ __global__ void RouterKernel(const float* logits, const float* bias, int E, int 
 
 // argmax per row: the largest value, the lowest index among equal ones.
 __global__ void ArgmaxKernel(const float* x, int64_t V, int32_t* out) {
+  PdlWait();
+  PdlLaunchDependents();
   __shared__ float bv[1024];
   __shared__ int bi[1024];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * V;
@@ -160,6 +172,8 @@ __global__ void ArgmaxKernel(const float* x, int64_t V, int32_t* out) {
 }
 
 __global__ void KvWriteKernel(const float* c, const float* kpe, float* cache_c, float* cache_kpe, const int32_t* slots, int T, int R, int dr, int64_t S) {
+  PdlWait();
+  PdlLaunchDependents();
   const int t = blockIdx.x;
   const int slot = slots[t];
   if (slot < 0 || slot >= S) return;  // out-of-range slots are not written
@@ -173,20 +187,16 @@ unsigned Blocks(int64_t n, int per) { return static_cast<unsigned>((n + per - 1)
 
 Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s) {
   if (a.ids.dim(0) == 0) return Status::Ok();
-  EmbeddingKernel<<<static_cast<unsigned>(a.ids.dim(0)), 256, 0, s>>>(a.table.data, a.table.dtype, a.table.dim(0), static_cast<int>(a.table.dim(1)), a.ids.as<const int32_t>(), a.out.as<float>());
-  return LaunchStatus("embedding");
+  return LaunchPdl("embedding", EmbeddingKernel, dim3(static_cast<unsigned>(a.ids.dim(0))), dim3(256), 0, s, a.table.data, a.table.dtype, a.table.dim(0), static_cast<int>(a.table.dim(1)), a.ids.as<const int32_t>(), a.out.as<float>());
 }
 Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t s) {
   if (a.x.dim(0) == 0) return Status::Ok();
-  RmsNormKernel<<<static_cast<unsigned>(a.x.dim(0)), 256, 0, s>>>(a.x.as<const float>(), a.weight.data, a.weight.dtype, static_cast<int>(a.x.dim(1)), static_cast<float>(a.eps), a.out.as<float>());
-  return LaunchStatus("rms_norm");
+  return LaunchPdl("rms_norm", RmsNormKernel, dim3(static_cast<unsigned>(a.x.dim(0))), dim3(256), 0, s, a.x.as<const float>(), a.weight.data, a.weight.dtype, static_cast<int>(a.x.dim(1)), static_cast<float>(a.eps), a.out.as<float>());
 }
 Status LaunchRope(const RopeArgs& a, cudaStream_t s) {
   const int64_t n = a.x.dim(0) * a.x.dim(1) * a.inv_freq.dim(0);
   if (n == 0) return Status::Ok();
-  RopeKernel<<<Blocks(n, 256), 256, 0, s>>>(a.x.as<float>(), a.positions.as<const int32_t>(), a.inv_freq.as<const double>(), static_cast<int>(a.x.dim(0)),
-                                            static_cast<int>(a.x.dim(1)), static_cast<int>(a.x.dim(2)), static_cast<int>(a.inv_freq.dim(0)), a.offset, a.attention_factor, a.interleave);
-  return LaunchStatus("rope");
+  return LaunchPdl("rope", RopeKernel, dim3(Blocks(n, 256)), dim3(256), 0, s, a.x.as<float>(), a.positions.as<const int32_t>(), a.inv_freq.as<const double>(), static_cast<int>(a.x.dim(0)), static_cast<int>(a.x.dim(1)), static_cast<int>(a.x.dim(2)), static_cast<int>(a.inv_freq.dim(0)), a.offset, a.attention_factor, a.interleave);
 }
 Status LaunchSiluMul(const SiluMulArgs& a, cudaStream_t s) {
   const int64_t n = a.out.numel();
@@ -197,20 +207,16 @@ Status LaunchSiluMul(const SiluMulArgs& a, cudaStream_t s) {
 Status LaunchAdd(const AddArgs& a, cudaStream_t s) {
   const int64_t n = a.out.numel();
   if (n == 0) return Status::Ok();
-  AddKernel<<<Blocks(n, 256), 256, 0, s>>>(a.a.as<const float>(), a.b.as<const float>(), a.out.as<float>(), n);
-  return LaunchStatus("add");
+  return LaunchPdl("add", AddKernel, dim3(Blocks(n, 256)), dim3(256), 0, s, a.a.as<const float>(), a.b.as<const float>(), a.out.as<float>(), n);
 }
 Status LaunchRouter(const RouterArgs& a, cudaStream_t s) {
   if (a.logits.dim(0) == 0) return Status::Ok();
   if (a.n_group > 64) return Unsupported("router: up to 64 expert groups are supported, got ", a.n_group);
-  RouterKernel<<<static_cast<unsigned>(a.logits.dim(0)), 256, 0, s>>>(a.logits.as<const float>(), a.bias.as<const float>(), static_cast<int>(a.logits.dim(1)), a.topk, a.n_group, a.topk_group,
-                                                                      a.norm_topk_prob, static_cast<float>(a.scaling), a.ids.as<int32_t>(), a.weights.as<float>());
-  return LaunchStatus("router");
+  return LaunchPdl("router", RouterKernel, dim3(static_cast<unsigned>(a.logits.dim(0))), dim3(256), 0, s, a.logits.as<const float>(), a.bias.as<const float>(), static_cast<int>(a.logits.dim(1)), a.topk, a.n_group, a.topk_group, a.norm_topk_prob, static_cast<float>(a.scaling), a.ids.as<int32_t>(), a.weights.as<float>());
 }
 Status LaunchArgmax(const ArgmaxArgs& a, cudaStream_t s) {
   if (a.x.dim(0) == 0) return Status::Ok();
-  ArgmaxKernel<<<static_cast<unsigned>(a.x.dim(0)), 1024, 0, s>>>(a.x.as<const float>(), a.x.dim(1), a.out.as<int32_t>());
-  return LaunchStatus("argmax");
+  return LaunchPdl("argmax", ArgmaxKernel, dim3(static_cast<unsigned>(a.x.dim(0))), dim3(1024), 0, s, a.x.as<const float>(), a.x.dim(1), a.out.as<int32_t>());
 }
 Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch) {
   if (a.x.dim(0) == 0) return Status::Ok();
@@ -219,9 +225,7 @@ Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch) {
 }
 Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s) {
   if (a.c.dim(0) == 0) return Status::Ok();
-  KvWriteKernel<<<static_cast<unsigned>(a.c.dim(0)), 256, 0, s>>>(a.c.as<const float>(), a.kpe.as<const float>(), a.cache_c.as<float>(), a.cache_kpe.as<float>(), a.slots.as<const int32_t>(),
-                                                                  static_cast<int>(a.c.dim(0)), static_cast<int>(a.c.dim(1)), static_cast<int>(a.kpe.dim(1)), a.cache_c.dim(0));
-  return LaunchStatus("kv_write");
+  return LaunchPdl("kv_write", KvWriteKernel, dim3(static_cast<unsigned>(a.c.dim(0))), dim3(256), 0, s, a.c.as<const float>(), a.kpe.as<const float>(), a.cache_c.as<float>(), a.cache_kpe.as<float>(), a.slots.as<const int32_t>(), static_cast<int>(a.c.dim(0)), static_cast<int>(a.c.dim(1)), static_cast<int>(a.kpe.dim(1)), a.cache_c.dim(0));
 }
 
 }  // namespace cuda
