@@ -4,8 +4,9 @@
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
 #   bash .gpu/run.sh ab         same-run A/B: the self-test of this binary, then the benchmark of it and
 #                               of every other build in .gpu/v*/kdtree_cuda.node, interleaved, twice
-# Results go to $OUT (default /tmp). An A/B variant is another build of the addon, e.g. with a macro:
-#   (cd packages/cuda && node node_modules/cmake-js/bin/cmake-js compile --directory ../../native \
+# Results go to $OUT (default /tmp). An A/B variant is another build of the addon, e.g. with a macro,
+# in a fresh build directory (`cmake-js compile` keeps an existing directory's CMAKE_CUDA_FLAGS):
+#   rm -rf /tmp/vb-x && (cd packages/cuda && node node_modules/cmake-js/bin/cmake-js compile --directory ../../native \
 #     --out /tmp/vb-x --config Release --CDKDTREE_VERSION=0.1.0 --CDKDTREE_CUDA=ON "--CDCMAKE_CUDA_FLAGS=-DNAME") \
 #   && mkdir -p .gpu/vx && cp /tmp/vb-x/Release/kdtree_cuda.node .gpu/vx/
 set -u
