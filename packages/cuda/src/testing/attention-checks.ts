@@ -182,7 +182,7 @@ const treeEqualsDecode: KernelCheck = {
  * its committed ancestors, bit for bit.
  */
 const kimiRank: KernelCheck = {
-  name: "mla_attention at Kimi K2's per-rank dims (8 heads, rank 512 + rope 64, bf16 kv_b): decode and 9- and 17-node tree verifies vs reference, tree rows == decode",
+  name: "mla_attention at Kimi K2's per-rank dims (8 heads, rank 512 + rope 64, bf16 kv_b): decode, 9- and 17-node tree verifies and 2- and 9-token prefills vs reference, their rows == decode",
   run(b) {
     return withTensors(b, (track) => {
       const [h, nope, rope, v, rank, slots, scale] = [8, 128, 64, 128, 512, 320, 1 / Math.sqrt(192)];
@@ -232,6 +232,18 @@ const kimiRank: KernelCheck = {
           const { c, kpe, keys } = committedPath(cacheC, cacheKpe, rank, rope, base, mask, T, i);
           const decoded = call(1, base + keys - 1, t.nope.subarray(i * h * nope, (i + 1) * h * nope), t.pe.subarray(i * h * rope, (i + 1) * h * rope), c, kpe);
           if (!sameBits(decoded, verify.subarray(i * h * v, (i + 1) * h * v))) fail(`${T}-node tree, node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
+        }
+      });
+      // causal prefill: 2 tokens (16 rows, one small tile) and 9 (72 rows: a 64-row tile and 8 rows
+      // in a small tile); token i's row must be decoding it over the slots before it
+      [2, 9].forEach((T, n) => {
+        const base = 200;
+        const t = { nope: randomF32(T * h * nope, 60 + 2 * n), pe: randomF32(T * h * rope, 61 + 2 * n) };
+        const prefill = call(T, base, t.nope, t.pe, cacheC, cacheKpe);
+        details.push(expectClose(`${T}-token prefill base ${base}`, prefill, reference(T, base, t.nope, t.pe), 1e-5));
+        for (let i = 0; i < T; i++) {
+          const decoded = call(1, base + i, t.nope.subarray(i * h * nope, (i + 1) * h * nope), t.pe.subarray(i * h * rope, (i + 1) * h * rope), cacheC, cacheKpe);
+          if (!sameBits(decoded, prefill.subarray(i * h * v, (i + 1) * h * v))) fail(`${T}-token prefill, token ${i}: row differs from decoding it`);
         }
       });
       return { detail: details.join('; ') };
