@@ -647,18 +647,20 @@ Status LaunchAttendTile(const AttendArgs& a, dim3 grid, int chunk0, cudaStream_t
                    a.base, a.scale, a.max_chunks, chunk0, a.key_counts, a.partial);
 }
 
-// Small tiles (<= 16 rows: one token's heads, or a decode's few tokens; SHARED: rows [row0, T H))
-// take AttendChunkKernel when the whole chunk fits in shared memory and its rows can be copied in
-// 16-byte pieces; otherwise the staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys
-// on a 132-SM GPU, each bound by its shared-memory reads. Rows are independent, so while the
-// blocks would still fit one per SM the tile is cut in halves (down to 4 rows): twice the blocks,
-// each reading the chunk once for half the rows.
+// Whether the whole-chunk kernel can take a small tile: the chunk and the tile's q rows fit in
+// shared memory and every row can be copied in 16-byte pieces.
 bool WholeChunkFits(const AttendArgs& a, bool shared) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return ChunkLayout::Bytes(a.R + a.dr, a.T, shared) <= 227 * 1024 && a.R % 4 == 0 && a.dr % 4 == 0 && aligned(a.q_lat) && aligned(a.q_pe) && aligned(a.cache_c) &&
          aligned(a.cache_kpe);
 }
 
+// Small tiles (<= 16 rows: one token's heads, or a decode's few tokens; SHARED: rows [row0, T H))
+// take AttendChunkKernel when the whole chunk fits in shared memory and its rows can be copied in
+// 16-byte pieces; otherwise the staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys
+// on a 132-SM GPU, each bound by its shared-memory reads. Rows are independent, so while the
+// blocks would still fit one per SM the tile is cut in halves (down to 4 rows): twice the blocks,
+// each reading the chunk once for half the rows.
 template <bool SHARED>
 Status LaunchSmallTile(const AttendArgs& a, int chunks, int chunk0, int sms, cudaStream_t s, int row0 = 0) {
   const int rows = SHARED ? a.T * a.H - row0 : a.H, tokens = SHARED ? 1 : a.T;
