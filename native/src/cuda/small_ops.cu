@@ -187,16 +187,20 @@ unsigned Blocks(int64_t n, int per) { return static_cast<unsigned>((n + per - 1)
 
 Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s) {
   if (a.ids.dim(0) == 0) return Status::Ok();
-  return LaunchPdl("embedding", EmbeddingKernel, dim3(static_cast<unsigned>(a.ids.dim(0))), dim3(256), 0, s, a.table.data, a.table.dtype, a.table.dim(0), static_cast<int>(a.table.dim(1)), a.ids.as<const int32_t>(), a.out.as<float>());
+  return LaunchPdl("embedding", EmbeddingKernel, dim3(static_cast<unsigned>(a.ids.dim(0))), dim3(256), 0, s, a.table.data, a.table.dtype, a.table.dim(0),
+                   static_cast<int>(a.table.dim(1)), a.ids.as<const int32_t>(), a.out.as<float>());
 }
 Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t s) {
   if (a.x.dim(0) == 0) return Status::Ok();
-  return LaunchPdl("rms_norm", RmsNormKernel, dim3(static_cast<unsigned>(a.x.dim(0))), dim3(256), 0, s, a.x.as<const float>(), a.weight.data, a.weight.dtype, static_cast<int>(a.x.dim(1)), static_cast<float>(a.eps), a.out.as<float>());
+  return LaunchPdl("rms_norm", RmsNormKernel, dim3(static_cast<unsigned>(a.x.dim(0))), dim3(256), 0, s, a.x.as<const float>(), a.weight.data, a.weight.dtype,
+                   static_cast<int>(a.x.dim(1)), static_cast<float>(a.eps), a.out.as<float>());
 }
 Status LaunchRope(const RopeArgs& a, cudaStream_t s) {
   const int64_t n = a.x.dim(0) * a.x.dim(1) * a.inv_freq.dim(0);
   if (n == 0) return Status::Ok();
-  return LaunchPdl("rope", RopeKernel, dim3(Blocks(n, 256)), dim3(256), 0, s, a.x.as<float>(), a.positions.as<const int32_t>(), a.inv_freq.as<const double>(), static_cast<int>(a.x.dim(0)), static_cast<int>(a.x.dim(1)), static_cast<int>(a.x.dim(2)), static_cast<int>(a.inv_freq.dim(0)), a.offset, a.attention_factor, a.interleave);
+  return LaunchPdl("rope", RopeKernel, dim3(Blocks(n, 256)), dim3(256), 0, s, a.x.as<float>(), a.positions.as<const int32_t>(), a.inv_freq.as<const double>(),
+                   static_cast<int>(a.x.dim(0)), static_cast<int>(a.x.dim(1)), static_cast<int>(a.x.dim(2)), static_cast<int>(a.inv_freq.dim(0)), a.offset,
+                   a.attention_factor, a.interleave);
 }
 Status LaunchSiluMul(const SiluMulArgs& a, cudaStream_t s) {
   const int64_t n = a.out.numel();
@@ -212,7 +216,9 @@ Status LaunchAdd(const AddArgs& a, cudaStream_t s) {
 Status LaunchRouter(const RouterArgs& a, cudaStream_t s) {
   if (a.logits.dim(0) == 0) return Status::Ok();
   if (a.n_group > 64) return Unsupported("router: up to 64 expert groups are supported, got ", a.n_group);
-  return LaunchPdl("router", RouterKernel, dim3(static_cast<unsigned>(a.logits.dim(0))), dim3(256), 0, s, a.logits.as<const float>(), a.bias.as<const float>(), static_cast<int>(a.logits.dim(1)), a.topk, a.n_group, a.topk_group, a.norm_topk_prob, static_cast<float>(a.scaling), a.ids.as<int32_t>(), a.weights.as<float>());
+  return LaunchPdl("router", RouterKernel, dim3(static_cast<unsigned>(a.logits.dim(0))), dim3(256), 0, s, a.logits.as<const float>(), a.bias.as<const float>(),
+                   static_cast<int>(a.logits.dim(1)), a.topk, a.n_group, a.topk_group, a.norm_topk_prob, static_cast<float>(a.scaling), a.ids.as<int32_t>(),
+                   a.weights.as<float>());
 }
 Status LaunchArgmax(const ArgmaxArgs& a, cudaStream_t s) {
   if (a.x.dim(0) == 0) return Status::Ok();
@@ -225,7 +231,9 @@ Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch) {
 }
 Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s) {
   if (a.c.dim(0) == 0) return Status::Ok();
-  return LaunchPdl("kv_write", KvWriteKernel, dim3(static_cast<unsigned>(a.c.dim(0))), dim3(256), 0, s, a.c.as<const float>(), a.kpe.as<const float>(), a.cache_c.as<float>(), a.cache_kpe.as<float>(), a.slots.as<const int32_t>(), static_cast<int>(a.c.dim(0)), static_cast<int>(a.c.dim(1)), static_cast<int>(a.kpe.dim(1)), a.cache_c.dim(0));
+  return LaunchPdl("kv_write", KvWriteKernel, dim3(static_cast<unsigned>(a.c.dim(0))), dim3(256), 0, s, a.c.as<const float>(), a.kpe.as<const float>(), a.cache_c.as<float>(),
+                   a.cache_kpe.as<float>(), a.slots.as<const int32_t>(), static_cast<int>(a.c.dim(0)), static_cast<int>(a.c.dim(1)), static_cast<int>(a.kpe.dim(1)),
+                   a.cache_c.dim(0));
 }
 
 }  // namespace cuda
