@@ -3,7 +3,9 @@
 #   bash .gpu/run.sh            the kernel self-test, the torch peer, the pure-read floor, then the benchmark
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
 #   bash .gpu/run.sh ab         same-run A/B: the self-test of this binary, then the benchmark of it and
-#                               of every other build in .gpu/v*/kdtree_cuda.node, interleaved, twice
+#                               of every other build in .gpu/v*/kdtree_cuda.node, interleaved, twice;
+#                               with AB_NCU=<kernel regex> also each build's Nsight kernel times
+#                               (profile.mjs, cold caches) in $OUT/ncu-<build>.txt
 # Results go to $OUT (default /tmp). An A/B variant is another build of the addon, e.g. with a macro,
 # in a fresh build directory (`cmake-js compile` keeps an existing directory's CMAKE_CUDA_FLAGS):
 #   rm -rf /tmp/vb-x && (cd packages/cuda && node node_modules/cmake-js/bin/cmake-js compile --directory ../../native \
@@ -30,7 +32,7 @@ if [ "${1:-}" = ab ]; then
   variants=(.gpu)
   for d in .gpu/v*/; do
     [ -f "$d/kdtree_cuda.node" ] || continue
-    for f in bench.mjs kdtree_cpu.node kdtree_cpu.json kdtree_cuda.json; do [ -f "$d/$f" ] || cp ".gpu/$f" "$d/"; done
+    for f in bench.mjs profile.mjs kdtree_cpu.node kdtree_cpu.json kdtree_cuda.json; do [ -f "$d/$f" ] || cp ".gpu/$f" "$d/"; done
     variants+=("${d%/}")
   done
   for r in 1 2; do
@@ -41,6 +43,13 @@ if [ "${1:-}" = ab ]; then
       echo "bench $name (round $r): rc=$?"
     done
   done
+  if [ -n "${AB_NCU:-}" ]; then
+    for d in "${variants[@]}"; do
+      name=$(basename "$d"); [ "$d" = .gpu ] && name=new
+      KDTREE_PROFILE_SKIP_HOST=1 ncu --kernel-name "regex:$AB_NCU" --metrics gpu__time_duration.sum /tmp/node "$d/profile.mjs" > "$out/ncu-$name.txt" 2>&1
+      echo "ncu $name: rc=$?"
+    done
+  fi
   exit $st
 fi
 OUT=$out /tmp/node .gpu/selftest.mjs; st=$?
