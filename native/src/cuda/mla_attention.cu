@@ -707,14 +707,10 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
   const AttendArgs args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, key_counts, partial};
   if (shared_chunks > 0) {
-    if (T * H <= ChunkLayout::kRows) {
-      KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s));
-    } else if (SmallTileTail(args)) {
-      KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, T * H / 64), 0, s)));
-      KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s, T * H / 64 * 64));
-    } else {
-      KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, (T * H + 63) / 64), 0, s)));
-    }
+    // rows [0, tiled) in 64-row tiles, the rest (at most 16) in small tiles
+    const int rows = T * H, tiled = rows <= ChunkLayout::kRows ? 0 : SmallTileTail(args) ? rows / 64 * 64 : rows;
+    if (tiled > 0) KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, (tiled + 63) / 64), 0, s)));
+    if (tiled < rows) KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s, tiled));
   }
   if (shared_chunks < max_chunks) {
     const Status st = H <= ChunkLayout::kRows ? LaunchSmallTile<false>(args, max_chunks - shared_chunks, shared_chunks, sms, s)
