@@ -247,70 +247,74 @@ full.free();
   rank.free();
 }
 
-// 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
-// cache: decode (T = 1), a 65-node tree verify (T = 65, the ancestor mask of a binary tree) and a
-// 512-token causal prefill. The floor reads the cache and kv_b once at the copy bandwidth.
-const ATT = { H: 8, NOPE: 128, ROPE: 64, V: 128, R: 512, S: 4096 };
-const kvB = gpu.fromArray('bf16', [ATT.H * (ATT.NOPE + ATT.V), ATT.R], randomBf16(ATT.H * (ATT.NOPE + ATT.V) * ATT.R));
-const cacheC = gpu.fromArray('f32', [ATT.S + 512, ATT.R], Float32Array.from({ length: (ATT.S + 512) * ATT.R }, () => rng.normal()));
-const cacheKpe = gpu.fromArray('f32', [ATT.S + 512, ATT.ROPE], Float32Array.from({ length: (ATT.S + 512) * ATT.ROPE }, () => rng.normal()));
-const attRows: string[][] = [];
-const attReport: unknown[] = [];
-for (const [label, T] of [['decode', 1], ['tree verify', 65], ['prefill', 512]] as const) {
-  const base = label === 'prefill' ? 0 : ATT.S;
-  const qNope = gpu.fromArray('f32', [T, ATT.H, ATT.NOPE], Float32Array.from({ length: T * ATT.H * ATT.NOPE }, () => rng.normal()));
-  const qPe = gpu.fromArray('f32', [T, ATT.H, ATT.ROPE], Float32Array.from({ length: T * ATT.H * ATT.ROPE }, () => rng.normal()));
-  const out = gpu.empty('f32', [T, ATT.H, ATT.V]);
-  const mask = label === 'tree verify' ? gpu.fromArray('u8', [T, T], treeMask(T)) : undefined;
-  const ms = timeLaunches(gpu, () => gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, mask, out, base, scale: 1 / Math.sqrt(ATT.NOPE + ATT.ROPE) }), 10);
-  const keys = base + T;
-  const bytes = keys * (ATT.R + ATT.ROPE) * 4 + ATT.H * (ATT.NOPE + ATT.V) * ATT.R * 2;
-  const floorUs = (bytes / (copyGBs * 1e9)) * 1e6;
-  attRows.push([label, String(T), String(keys), (ms * 1e3).toFixed(1), floorUs.toFixed(1), `${((floorUs / (ms * 1e3)) * 100).toFixed(0)}%`]);
-  attReport.push({ label, T, keys, us: ms * 1e3, floorUs });
-  gpu.free(qNope, qPe, out, ...(mask ? [mask] : []));
-}
-gpu.free(kvB, cacheC, cacheKpe);
-report.attention = attReport;
-log('');
-log(table(['MLA attention (8 heads)', 'T', 'keys', 'us', 'floor us', 'of floor'], attRows));
-
-// 5. DDTree build + accept on a Kimi K2 vocabulary
-const V = 163840;
-const DEPTH = 8;
-const draft = gpu.fromArray('f32', [DEPTH, V], Float32Array.from({ length: DEPTH * V }, () => 3 * rng.normal()));
-const ddRows: string[][] = [];
-const ddReport: unknown[] = [];
-for (const budget of [64, 128, 256, 512]) {
-  const nodes = budget + 1;
-  const t = { tokens: gpu.empty('i32', [nodes]), parents: gpu.empty('i32', [nodes]), depths: gpu.empty('i32', [nodes]), positions: gpu.empty('i32', [nodes]), mask: gpu.empty('u8', [nodes, nodes]), size: gpu.empty('i32', [1]) };
-  const argmax = gpu.fromArray('i32', [nodes], Int32Array.from({ length: nodes }, () => Math.floor(rng.uniform() * V)));
-  const path = gpu.empty('i32', [nodes]);
-  const pathLen = gpu.empty('i32', [1]);
-  const bonus = gpu.empty('i32', [1]);
-  const build = () => gpu.native.ddtreeBuild({ draftLogits: draft, root: 1, budget, start: 1000, ...t });
-  const accept = () => gpu.native.ddtreeAccept({ tokens: t.tokens, parents: t.parents, size: t.size, targetArgmax: argmax, path, pathLen, bonus });
-  const buildMs = timeLaunches(gpu, build, 10);
-  const acceptMs = timeLaunches(gpu, accept, 10);
-  if (budget === 64) {
-    // what a launch costs the host (argument parsing, validation, the CUDA launch): the floor per
-    // kernel when the host launches one at a time instead of replaying a captured graph
-    gpu.synchronize();
-    const t0 = performance.now();
-    for (let i = 0; i < 1000; i++) accept();
-    const hostUs = (performance.now() - t0);
-    gpu.synchronize();
-    log(`host cost of one native call (ddtreeAccept, 7 tensors): ${hostUs.toFixed(1)} us`);
-    report.hostCallUs = hostUs;
+// KDTREE_BENCH_ONLY=gemm stops after the W4A16 and MoE figures (A/B runs of the GEMM)
+if (process.env.KDTREE_BENCH_ONLY !== 'gemm') {
+  // 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
+  // cache: decode (T = 1), a 65-node tree verify (T = 65, the ancestor mask of a binary tree) and a
+  // 512-token causal prefill. The floor reads the cache and kv_b once at the copy bandwidth.
+  const ATT = { H: 8, NOPE: 128, ROPE: 64, V: 128, R: 512, S: 4096 };
+  const kvB = gpu.fromArray('bf16', [ATT.H * (ATT.NOPE + ATT.V), ATT.R], randomBf16(ATT.H * (ATT.NOPE + ATT.V) * ATT.R));
+  const cacheC = gpu.fromArray('f32', [ATT.S + 512, ATT.R], Float32Array.from({ length: (ATT.S + 512) * ATT.R }, () => rng.normal()));
+  const cacheKpe = gpu.fromArray('f32', [ATT.S + 512, ATT.ROPE], Float32Array.from({ length: (ATT.S + 512) * ATT.ROPE }, () => rng.normal()));
+  const attRows: string[][] = [];
+  const attReport: unknown[] = [];
+  for (const [label, T] of [['decode', 1], ['tree verify', 65], ['prefill', 512]] as const) {
+    const base = label === 'prefill' ? 0 : ATT.S;
+    const qNope = gpu.fromArray('f32', [T, ATT.H, ATT.NOPE], Float32Array.from({ length: T * ATT.H * ATT.NOPE }, () => rng.normal()));
+    const qPe = gpu.fromArray('f32', [T, ATT.H, ATT.ROPE], Float32Array.from({ length: T * ATT.H * ATT.ROPE }, () => rng.normal()));
+    const out = gpu.empty('f32', [T, ATT.H, ATT.V]);
+    const mask = label === 'tree verify' ? gpu.fromArray('u8', [T, T], treeMask(T)) : undefined;
+    const ms = timeLaunches(gpu, () => gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, mask, out, base, scale: 1 / Math.sqrt(ATT.NOPE + ATT.ROPE) }), 10);
+    const keys = base + T;
+    const bytes = keys * (ATT.R + ATT.ROPE) * 4 + ATT.H * (ATT.NOPE + ATT.V) * ATT.R * 2;
+    const floorUs = (bytes / (copyGBs * 1e9)) * 1e6;
+    attRows.push([label, String(T), String(keys), (ms * 1e3).toFixed(1), floorUs.toFixed(1), `${((floorUs / (ms * 1e3)) * 100).toFixed(0)}%`]);
+    attReport.push({ label, T, keys, us: ms * 1e3, floorUs });
+    gpu.free(qNope, qPe, out, ...(mask ? [mask] : []));
   }
-  ddRows.push([String(budget), String(DEPTH), (buildMs * 1e3).toFixed(1), (acceptMs * 1e3).toFixed(1), ((buildMs + acceptMs) * 1e3).toFixed(1)]);
-  ddReport.push({ budget, depth: DEPTH, buildUs: buildMs * 1e3, acceptUs: acceptMs * 1e3 });
-  gpu.free(...Object.values(t), argmax, path, pathLen, bonus);
+  gpu.free(kvB, cacheC, cacheKpe);
+  report.attention = attReport;
+  log('');
+  log(table(['MLA attention (8 heads)', 'T', 'keys', 'us', 'floor us', 'of floor'], attRows));
+
+  // 5. DDTree build + accept on a Kimi K2 vocabulary
+  const V = 163840;
+  const DEPTH = 8;
+  const draft = gpu.fromArray('f32', [DEPTH, V], Float32Array.from({ length: DEPTH * V }, () => 3 * rng.normal()));
+  const ddRows: string[][] = [];
+  const ddReport: unknown[] = [];
+  for (const budget of [64, 128, 256, 512]) {
+    const nodes = budget + 1;
+    const t = { tokens: gpu.empty('i32', [nodes]), parents: gpu.empty('i32', [nodes]), depths: gpu.empty('i32', [nodes]), positions: gpu.empty('i32', [nodes]), mask: gpu.empty('u8', [nodes, nodes]), size: gpu.empty('i32', [1]) };
+    const argmax = gpu.fromArray('i32', [nodes], Int32Array.from({ length: nodes }, () => Math.floor(rng.uniform() * V)));
+    const path = gpu.empty('i32', [nodes]);
+    const pathLen = gpu.empty('i32', [1]);
+    const bonus = gpu.empty('i32', [1]);
+    const build = () => gpu.native.ddtreeBuild({ draftLogits: draft, root: 1, budget, start: 1000, ...t });
+    const accept = () => gpu.native.ddtreeAccept({ tokens: t.tokens, parents: t.parents, size: t.size, targetArgmax: argmax, path, pathLen, bonus });
+    const buildMs = timeLaunches(gpu, build, 10);
+    const acceptMs = timeLaunches(gpu, accept, 10);
+    if (budget === 64) {
+      // what a launch costs the host (argument parsing, validation, the CUDA launch): the floor per
+      // kernel when the host launches one at a time instead of replaying a captured graph
+      gpu.synchronize();
+      const t0 = performance.now();
+      for (let i = 0; i < 1000; i++) accept();
+      const hostUs = (performance.now() - t0);
+      gpu.synchronize();
+      log(`host cost of one native call (ddtreeAccept, 7 tensors): ${hostUs.toFixed(1)} us`);
+      report.hostCallUs = hostUs;
+    }
+    ddRows.push([String(budget), String(DEPTH), (buildMs * 1e3).toFixed(1), (acceptMs * 1e3).toFixed(1), ((buildMs + acceptMs) * 1e3).toFixed(1)]);
+    ddReport.push({ budget, depth: DEPTH, buildUs: buildMs * 1e3, acceptUs: acceptMs * 1e3 });
+    gpu.free(...Object.values(t), argmax, path, pathLen, bonus);
+  }
+  gpu.free(draft);
+  report.ddtree = ddReport;
+  log('');
+  log(table(['budget', 'depth', 'build us', 'accept us', 'total us'], ddRows));
+
 }
-gpu.free(draft);
-report.ddtree = ddReport;
-log('');
-log(table(['budget', 'depth', 'build us', 'accept us', 'total us'], ddRows));
 
 if (process.env.OUT) {
   writeFileSync(join(process.env.OUT, 'bench.json'), `${JSON.stringify(report, null, 1)}\n`);

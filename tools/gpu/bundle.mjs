@@ -32,7 +32,7 @@ for (const entry of ['selftest', 'bench', 'profile']) {
   await bundle.write({ file: join(out, `${entry}.mjs`), format: 'esm', codeSplitting: false });
   await bundle.close();
 }
-for (const file of ['dense_baseline.py', 'stream_floor.cu']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
+for (const file of ['dense_baseline.py', 'ab_table.py', 'stream_floor.cu']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
 const pack = spawnSync('bash', [join(root, '..', 'shared', 'gpu', 'pack-node.sh'), out], { stdio: 'inherit' });
 if (pack.status !== 0) process.exit(pack.status ?? 1);
 copyFileSync(join(root, 'tools', 'gpu', 'run.sh'), join(out, 'run.sh'));

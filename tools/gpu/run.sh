@@ -6,6 +6,8 @@
 #                               of every other build in .gpu/v*/kdtree_cuda.node, interleaved, twice;
 #                               with AB_NCU=<kernel regex> also each build's Nsight kernel times
 #                               (profile.mjs, cold caches) in $OUT/ncu-<build>.txt
+#                               KDTREE_BENCH_ONLY=gemm limits every benchmark to the W4A16 and MoE figures;
+#                               $OUT/ab-table.txt has them side by side (ab_table.py)
 # Results go to $OUT (default /tmp). An A/B variant is another build of the addon, e.g. with a macro,
 # in a fresh build directory (`cmake-js compile` keeps an existing directory's CMAKE_CUDA_FLAGS):
 #   rm -rf /tmp/vb-x && (cd packages/cuda && node node_modules/cmake-js/bin/cmake-js compile --directory ../../native \
@@ -43,6 +45,7 @@ if [ "${1:-}" = ab ]; then
       echo "bench $name (round $r): rc=$?"
     done
   done
+  python3 .gpu/ab_table.py "$out" > "$out/ab-table.txt"
   if [ -n "${AB_NCU:-}" ]; then
     for d in "${variants[@]}"; do
       name=$(basename "$d"); [ "$d" = .gpu ] && name=new

@@ -1,4 +1,4 @@
-// The packed W4A16 weight layout ("kdtree tiled int4", v1) that the GEMM kernels read. The
+// The packed W4A16 weight layout ("kdtree tiled int4", v2) that the GEMM kernels read. The
 // checkpoint layout (compressed-tensors pack-quantized: qw[N, K/8] int32, 8 codes per word along K,
 // sc[N, K/G]) is repacked once at load time (op w4a16_pack) so that at decode, where the GEMM is a
 // pure weight stream, each lane of a warp fetches exactly its tensor-core A fragments with two
@@ -15,7 +15,9 @@
 //     the 8 scales a lane needs (its two rows, 4 groups) are one 16-byte load (32 in f32).
 // Rows past N and k past K are padding: code 8 (q = 0) and scale 0, so they add exact zeros.
 // With that k order, a lane's B fragment (x) for k16 slice s of block b is x[k0 .. k0 + 3] with
-// k0 = 128 step + 32 b + 16 s + 4 (lane % 4): one 8-byte load of the activations as they are.
+// k0 = 128 step + 32 b + 8 (lane % 4) + 4 s: both slices of a block are one 16-byte load of the
+// activations as they are (v1 had k0 = ... + 16 s + 4 (lane % 4): an 8-byte load per slice, twice
+// the load instructions, and at 2-8 tokens read in place twice the L1 wavefronts).
 #pragma once
 #include <cstdint>
 
@@ -32,7 +34,7 @@ constexpr int kTileRows = 16;         // W rows per tile: the M side of one MMA
 constexpr int kStepK = 128;           // k per step: 4 blocks of 32
 constexpr int kWordsPerStep = 256;    // [2 row halves][32 lanes][4 blocks]
 constexpr int kScalesPerBlock = 64;   // [8 row pairs][2 row halves][4 groups]
-constexpr int kLayoutVersion = 1;
+constexpr int kLayoutVersion = 2;
 
 KDTREE_HOST_DEVICE inline int64_t Tiles(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
 KDTREE_HOST_DEVICE inline int64_t Steps(int64_t k) { return (k + kStepK - 1) / kStepK; }
@@ -41,7 +43,7 @@ KDTREE_HOST_DEVICE inline int64_t ScaleBlocks(int64_t k, int group) { return (St
 // k offset inside a 32-k block of nibble p of the word of the lane with lane % 4 == t.
 KDTREE_HOST_DEVICE inline int NibbleK(int t, int p) {
   const int i = p & 3;
-  return 16 * (i >> 1) + 4 * t + 2 * (i & 1) + (p >> 2);
+  return 8 * t + 4 * (i >> 1) + 2 * (i & 1) + (p >> 2);
 }
 
 // Word index inside a (tile, step) of (row half h, lane, block b), and the row/k it covers.

@@ -72,6 +72,12 @@ template <int N>
 __device__ __forceinline__ void CopyAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void CopyAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Asks the copy engine to bring `bytes` (a multiple of 16, from a 16-byte aligned address) into L2:
+// one instruction, no registers, no completion to wait for.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ float LoadAsF32(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);

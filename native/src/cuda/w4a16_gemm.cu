@@ -8,12 +8,14 @@
 //  * Each lane fetches its A fragments straight from HBM, two 16-byte loads per 128 k (a warp's
 //    load is 512 contiguous bytes), kRing steps ahead in a register ring (no shared memory).
 //    One LOP3 + one HSUB2 turn a nibble pair into an exact bf16x2 (or f16x2) code pair q = u - 8.
-//  * x: the layout's k order makes a lane's B fragment four consecutive k, an 8-byte load. Up to 8
+//  * x: the layout's k order makes a lane's B fragments for both k16 slices of a 32-k block eight
+//    consecutive k, one 16-byte load (layout v2; v1's 8-byte load per slice cost 18432x7168 at
+//    8 tokens 28.2 us against 23.0 now: each load of 8 token rows is 8 L1 wavefronts). Up to 8
 //    tokens with K a multiple of 128, x is read in place (L1-resident, no K-tail predicates);
 //    otherwise a staging kernel first rewrites it in fragment order, zero-padded, so a warp's load
-//    is 256 contiguous bytes; at 9-16 tokens each warp copies its next step of it into shared
-//    memory (cp.async) while it computes the current one. f32 x is split into three bf16 planes (hi + mid + lo = x to 24
-//    bits), three MMAs with the same exact codes.
+//    is 512 contiguous bytes; at 9-16 tokens each warp copies its next step of it into shared
+//    memory (cp.async) while it computes the current one. f32 x is split into three bf16 planes
+//    (hi + mid + lo = x to 24 bits), three MMAs with the same exact codes.
 //  * Codes are exact, so the MMA computes the f32 sum of x * q per group; a group's sum is then
 //    scaled into the accumulator: y = sum_g s_g * (sum_{k in g} x_k q_k). A lane's 8 scales (two
 //    rows, the step's 4 groups) arrive with the step's weights in one 16-byte load.
@@ -21,12 +23,13 @@
 //    and within it one per warp, so every warp streams the same bytes and the ring never drains at
 //    tile boundaries. A block sums the tiles its warps share in shared memory, in warp order; a
 //    tile crossing into the next block is finished by one exchange between the two (CombineSplitTiles).
-//  * Launches use programmatic dependent launch: a GEMM fills its weight ring while the previous
-//    kernel drains, and waits for it only before reading x.
+//  * Launches use programmatic dependent launch: a GEMM fills its weight ring (and, at decode,
+//    prefetches the next steps into L2) while the previous kernel drains, and waits for it only
+//    before reading x.
 //  * Every output element is computed in the same order whatever M is (MMA columns are
 //    independent; the ranges depend only on N, K and the device), so results are batch-invariant.
-// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams ~3/4
-// of the copy bandwidth on H200. Its loads alone (no step arithmetic, no end) run at the pure-read
+// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams ~78%
+// of the copy bandwidth on H200 (the figures below are from run 78, at ~75%). Its loads alone (no step arithmetic, no end) run at the pure-read
 // floor (96%, tools/gpu/stream_floor.cu); the step arithmetic (~160 instructions per KB of
 // weights, 88 of them dequantization; 8 HMMA.16816 per KB at M <= 8, 16 at M <= 16) costs
 // 3.4-3.8 us per large-shape launch and the end (barrier, split-tile combine, stores) 1.4-2.1 us
@@ -52,6 +55,11 @@ constexpr int kThreads = kWarps * 32;
 // same or slower; letting 16- and 32-token tiles use more registers at 12 warps per SM was 10-45%
 // slower (docs/gpu/notes.md, runs 38 and 40); 20 warps per SM spill (run 43).
 constexpr int kRing = 3;
+// Steps a decode launch (one token group, dense) prefetches into L2 before it waits for the
+// previous kernel. Measured (runs 109-112, M = 1): 2 steps 18432x7168 22.9 -> 21.9 us, 7168x2048
+// 6.7 -> 5.9; 3-4 steps a little less, 8-16 slower on the large shapes (the prefetches then compete
+// with the previous kernel's last warps); with more token groups (x staged) it was slower.
+constexpr int kPrefetchSteps = 2;
 constexpr int kWarpsPerSm = 16;          // stream-K ranges per SM and weight matrix (= resident warps up to 32 tokens)
 constexpr int kChunkTiles = 16;           // token tiles per launch (bounds the staged x and the exchange slots)
 constexpr int kUint4PerStep = w4::kWordsPerStep / 4;
@@ -147,7 +155,7 @@ __device__ __forceinline__ uint32_t Bf16Pair(float lo, float hi) {
 __device__ __forceinline__ float2 Bf16PairToF32(uint32_t v) { return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u)); }
 
 // B fragments (x[k .. k + 3] of one token) as the MMA takes them: one bf16x2/f16x2 register pair
-// for 16-bit x, three (lo, mid, hi bf16 planes: x to 24 bits) for f32 x. Out-of-range slices (a K
+// for 16-bit x, three (lo, mid, hi bf16 planes: x to 24 bits) for f32 x. Out-of-range blocks (a K
 // tail) load zeros: their codes are zero too, and the loads stay unconditional so that the
 // compiler can issue a whole step's loads before the first MMA.
 template <typename X>
@@ -155,31 +163,63 @@ struct BFrag {
   static constexpr int kPlanes = std::is_same<X, float>::value ? 3 : 1;
   uint32_t r[kPlanes][2];
 };
+__device__ __forceinline__ BFrag<float> SplitF32(const float4 v) {
+  BFrag<float> f;
+  const uint32_t h0 = Bf16Pair(v.x, v.y), h1 = Bf16Pair(v.z, v.w);
+  const float2 f0 = Bf16PairToF32(h0), f1 = Bf16PairToF32(h1);
+  const float r[4] = {v.x - f0.x, v.y - f0.y, v.z - f1.x, v.w - f1.y};  // exact
+  const uint32_t m0 = Bf16Pair(r[0], r[1]), m1 = Bf16Pair(r[2], r[3]);
+  const float2 g0 = Bf16PairToF32(m0), g1 = Bf16PairToF32(m1);
+  f.r[0][0] = Bf16Pair(r[0] - g0.x, r[1] - g0.y);
+  f.r[0][1] = Bf16Pair(r[2] - g1.x, r[3] - g1.y);
+  f.r[1][0] = m0;
+  f.r[1][1] = m1;
+  f.r[2][0] = h0;
+  f.r[2][1] = h1;
+  return f;
+}
+// Both k16 slices of a 32-k block: x[k0 .. k0 + 7] of one token, slice s from x[k0 + 4 s] (the
+// layout's k order, w4a16_layout.h): one 16-byte load for 16-bit x.
+template <typename X>
+struct BlockB {
+  BFrag<X> s[2];
+};
+// One slice alone (x[k0 + 4 s .. + 3]): with 4 or more token groups, loading both slices of every
+// group up front costs registers the 128-register budget does not have (spills double at 32 tokens).
 template <typename X, bool kSharedX = false>
-__device__ __forceinline__ BFrag<X> LoadB(const X* xk, bool valid) {
-  BFrag<X> f;
+__device__ __forceinline__ BFrag<X> LoadSliceB(const X* xk, bool valid) {
   if constexpr (std::is_same<X, float>::value) {
-    const float4 v = valid ? __ldg(reinterpret_cast<const float4*>(xk)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    const uint32_t h0 = Bf16Pair(v.x, v.y), h1 = Bf16Pair(v.z, v.w);
-    const float2 f0 = Bf16PairToF32(h0), f1 = Bf16PairToF32(h1);
-    const float r[4] = {v.x - f0.x, v.y - f0.y, v.z - f1.x, v.w - f1.y};  // exact
-    const uint32_t m0 = Bf16Pair(r[0], r[1]), m1 = Bf16Pair(r[2], r[3]);
-    const float2 g0 = Bf16PairToF32(m0), g1 = Bf16PairToF32(m1);
-    f.r[0][0] = Bf16Pair(r[0] - g0.x, r[1] - g0.y);
-    f.r[0][1] = Bf16Pair(r[2] - g1.x, r[3] - g1.y);
-    f.r[1][0] = m0;
-    f.r[1][1] = m1;
-    f.r[2][0] = h0;
-    f.r[2][1] = h1;
+    return SplitF32(valid ? __ldg(reinterpret_cast<const float4*>(xk)) : make_float4(0.f, 0.f, 0.f, 0.f));
   } else {
     uint2 v = make_uint2(0u, 0u);
     if constexpr (kSharedX) {
-      v = *reinterpret_cast<const uint2*>(xk);  // the warp's shared-memory copy (SharedX)
+      v = *reinterpret_cast<const uint2*>(xk);
     } else if (valid) {
       v = __ldg(reinterpret_cast<const uint2*>(xk));
     }
+    BFrag<X> f;
     f.r[0][0] = v.x;
     f.r[0][1] = v.y;
+    return f;
+  }
+}
+template <typename X, bool kSharedX = false>
+__device__ __forceinline__ BlockB<X> LoadBlockB(const X* xk, bool valid) {
+  BlockB<X> f;
+  if constexpr (std::is_same<X, float>::value) {
+    f.s[0] = LoadSliceB<X>(xk, valid);
+    f.s[1] = LoadSliceB<X>(xk + 4, valid);
+  } else {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kSharedX) {
+      v = *reinterpret_cast<const uint4*>(xk);  // the warp's shared-memory copy (SharedX)
+    } else if (valid) {
+      v = __ldg(reinterpret_cast<const uint4*>(xk));
+    }
+    f.s[0].r[0][0] = v.x;
+    f.s[0].r[0][1] = v.y;
+    f.s[1].r[0][0] = v.z;
+    f.s[1].r[0][1] = v.w;
   }
   return f;
 }
@@ -213,7 +253,7 @@ __device__ __forceinline__ void ScalesOf(const ScaleFrag<S>& f, int q, float* s_
 }
 
 // One step (128 k of the lane's two rows): 8 k16 slices per group of 8 tokens, each group's sum
-// scaled into acc as it ends. xs[j] points at this step's x of token 8 j + g (+ 4 t), so every x
+// scaled into acc as it ends. xs[j] points at this step's x of token 8 j + g (+ 8 t), so every x
 // load is a register + immediate. Only `blocks` 32-k blocks hold real k (a K tail).
 // Straight-line code (no branches): the compiler hoists the x loads and interleaves them with
 // dequantization and MMAs (loading a step's x into registers up front measured no faster and
@@ -222,23 +262,36 @@ template <typename X, typename S, int NT, int G, bool kSharedX>
 __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const ScaleFrag<S>& sf, int step, int blocks,
                                         const X* const (&xs)[NT], float (&acc)[NT][4], float (&part)[NT][4]) {
   using A = CodeT<X>;
-  // Staged x (StagesX): slice i of the step is 128 elements further, zero-padded past K;
-  // otherwise x is read in place, 16 k per slice. In place, 16-bit x always has whole steps
+  // Staged x (StagesX): block b of the step is 256 elements further, zero-padded past K;
+  // otherwise x is read in place, 32 k per block. In place, 16-bit x always has whole steps
   // (ChooseNt stages it otherwise), so only f32 x predicates its loads at a K tail.
   constexpr bool kStaged = StagesX<X, NT>();
   constexpr bool kPredicated = !kStaged && std::is_same<X, float>::value;
-  constexpr int kSliceStride = kStaged ? 32 * 4 : 16;
+  constexpr int kBlockStride = kStaged ? 32 * 8 : 32;
+  constexpr bool kWholeBlock = NT <= 2;  // x of both slices in one load (LoadSliceB says why not always)
   const uint32_t magic = kMagic<A>;
   const uint32_t lo[4] = {w0.x, w0.y, w0.z, w0.w}, hi[4] = {w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
   for (int b = 0; b < 4; ++b) {
+    const bool valid = kPredicated ? b == 0 || b < blocks : true;
+    BlockB<X> xb[kWholeBlock ? NT : 1];
+    if constexpr (kWholeBlock) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xb[j] = LoadBlockB<X, kSharedX>(xs[j] + kBlockStride * b, valid);
+    }
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const uint32_t a[4] = {Dequant2<A>(lo[b] >> (8 * s), magic), Dequant2<A>(hi[b] >> (8 * s), magic),
                              Dequant2<A>(lo[b] >> (8 * s + 4), magic), Dequant2<A>(hi[b] >> (8 * s + 4), magic)};
       const bool fresh = (32 * b) % G == 0 && s == 0;  // compile-time once unrolled
 #pragma unroll
-      for (int j = 0; j < NT; ++j) MmaB<X>(part[j], a, LoadB<X, kSharedX>(xs[j] + kSliceStride * (2 * b + s), kPredicated ? b == 0 || b < blocks : true), fresh);
+      for (int j = 0; j < NT; ++j) {
+        if constexpr (kWholeBlock) {
+          MmaB<X>(part[j], a, xb[j].s[s], fresh);
+        } else {
+          MmaB<X>(part[j], a, LoadSliceB<X, kSharedX>(xs[j] + kBlockStride * b + 4 * s, valid), fresh);
+        }
+      }
     }
     if ((32 * b + 32) % G == 0) {  // a group ends (compile-time): scale its exact sums into acc
       const int q = G == 32 ? b : G == 64 ? (2 * step + b / 2) & 3 : step & 3;  // its slot in the scale block
@@ -272,25 +325,28 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 }
 
 // 16-bit x of a chunk of token tiles, rewritten in B-fragment order so that the GEMM's x loads are
-// 256 contiguous bytes per warp (read in place, the 8 token rows of a warp load hit 8 L1 lines:
+// 512 contiguous bytes per warp (read in place, the 8 token rows of a warp load hit 8 L1 lines:
 // 7.6 wavefronts per request at 16 tokens, L1 56% busy). Layout, per chunk tile and group of 8
-// tokens j: [slice q of 16 k][lane (g, t)][4 elements] = x[token 8 j + g][16 q + 4 t .. + 3], zero
-// for missing tokens and for k past K. One thread per 8 bytes.
+// tokens j: [32-k block q][lane (g, t)][8 elements] = x[token 8 j + g][32 q + 8 t .. + 7], zero
+// for missing tokens and for k past K. One thread per 16 bytes.
 template <int NT, typename X>
 __global__ void StageXKernel(const GemmParams p, int chunk_tiles, X* xs) {
+  PdlWait();  // x is the previous kernel's, and the previous GEMM may still read xs
+  PdlLaunchDependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int lane = static_cast<int>(i & 31), g = lane >> 2, t = lane & 3;
-  const int64_t q = (i >> 5) % p.slices, jt = (i >> 5) / p.slices;  // jt = chunk tile * NT + j
+  const int blocks32 = p.slices / 2;
+  const int64_t q = (i >> 5) % blocks32, jt = (i >> 5) / blocks32;  // jt = chunk tile * NT + j
   if (jt >= static_cast<int64_t>(chunk_tiles) * NT) return;
   const int tile = p.tile_offset + static_cast<int>(jt / NT), tok = 8 * static_cast<int>(jt % NT) + g;
-  const int k = static_cast<int>(q) * 16 + 4 * t;
+  const int k = static_cast<int>(q) * 32 + 8 * t;
   int expert, row_start, rows;
-  uint2 v = make_uint2(0u, 0u);
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
   if (ResolveTile(p, tile, &expert, &row_start, &rows) && tok < rows && k < p.K) {
     const int lr = row_start + tok;
-    v = *reinterpret_cast<const uint2*>(static_cast<const X*>(p.x) + static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K + k);
+    v = *reinterpret_cast<const uint4*>(static_cast<const X*>(p.x) + static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K + k);
   }
-  reinterpret_cast<uint2*>(xs)[i] = v;
+  reinterpret_cast<uint4*>(xs)[i] = v;
 }
 
 // acc element i of n-tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
@@ -428,7 +484,7 @@ template <typename X, int NT>
 __device__ __forceinline__ void CopyXStep(const X* const (&xr)[NT], int step, char* slot, int lane) {
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    const char* src = reinterpret_cast<const char*>(xr[j] - 4 * lane) + static_cast<int64_t>(step) * kXStepBytes;
+    const char* src = reinterpret_cast<const char*>(xr[j] - 8 * lane) + static_cast<int64_t>(step) * kXStepBytes;
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot + j * kXStepBytes));
 #pragma unroll
     for (int q = 0; q < kXStepBytes / 16 / 32; ++q) {
@@ -486,6 +542,15 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   }
 #pragma unroll
   for (int s = 0; s < kRing; ++s) KDTREE_ISSUE(s)
+  // While it waits, a decode launch also asks L2 for the kPrefetchSteps steps after its ring
+  // (weights and scales): the copy engine fetches them during the previous kernel's tail.
+  if (kPrefetchSteps > 0 && NT == 1 && !moe && lane == 0 && ld_f < f_end) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kPrefetchSteps), f_end - ld_f));
+    PrefetchL2(ld_w, n * kUint4PerStep * 16);
+    const S* s_end = reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(expert + 1) * p.tiles * p.blocks * w4::kScalesPerBlock;
+    const int64_t s_n = min(static_cast<int64_t>(n / kStepsPerBlock + 2) * w4::kScalesPerBlock, static_cast<int64_t>(s_end - ld_s));
+    PrefetchL2(ld_s, static_cast<uint32_t>(s_n * sizeof(S)) & ~15u);
+  }
   if (!moe) PdlWait();  // x and the outputs are the previous kernels'
 
   // B operand: staged x (this lane's 8 bytes of each slice), or x in place at tokens
@@ -495,10 +560,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     if constexpr (kStaged) {
-      xr[j] = static_cast<const X*>(p.xs) + ((static_cast<int64_t>(blockIdx.y) * NT + j) * p.slices * 32 + lane) * 4;
+      xr[j] = static_cast<const X*>(p.xs) + (static_cast<int64_t>(blockIdx.y) * NT + j) * p.slices * 32 * 4 + lane * 8;
     } else {
       const int lr = row_start + min(8 * j + g, rows - 1);
-      xr[j] = static_cast<const X*>(p.x) + static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K + 4 * t;
+      xr[j] = static_cast<const X*>(p.x) + static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K + 8 * t;
     }
   }
 
@@ -536,7 +601,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
         CopyAsyncWait<1>();
         __syncwarp();
 #pragma unroll
-        for (int j = 0; j < NT; ++j) xs[j] = reinterpret_cast<const X*>(x_smem + (x_slot * NT + j) * kXStepBytes) + 4 * lane;
+        for (int j = 0; j < NT; ++j) xs[j] = reinterpret_cast<const X*>(x_smem + (x_slot * NT + j) * kXStepBytes) + 8 * lane;
       } else {
 #pragma unroll
         for (int j = 0; j < NT; ++j) xs[j] = NT == 1 ? x_step : xr[j] + step * kXPerStep;
@@ -678,15 +743,14 @@ Status LaunchS(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
 }
 template <typename X>
 Status LaunchStage(const GemmParams& p, int nt, int chunk_tiles, void* xs, cudaStream_t s) {
-  const int64_t threads = static_cast<int64_t>(chunk_tiles) * nt * p.slices * 32;
-  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+  const int64_t threads = static_cast<int64_t>(chunk_tiles) * nt * (p.slices / 2) * 32;  // one per 16 bytes
+  const dim3 grid(static_cast<unsigned>((threads + 255) / 256));
   X* out = static_cast<X*>(xs);
   switch (nt) {  // StagesX: nt > 1
-    case 2: StageXKernel<2, X><<<blocks, 256, 0, s>>>(p, chunk_tiles, out); break;
-    case 4: StageXKernel<4, X><<<blocks, 256, 0, s>>>(p, chunk_tiles, out); break;
-    default: StageXKernel<8, X><<<blocks, 256, 0, s>>>(p, chunk_tiles, out); break;
+    case 2: return LaunchPdl("w4a16 stage x", StageXKernel<2, X>, grid, dim3(256), 0, s, p, chunk_tiles, out);
+    case 4: return LaunchPdl("w4a16 stage x", StageXKernel<4, X>, grid, dim3(256), 0, s, p, chunk_tiles, out);
+    default: return LaunchPdl("w4a16 stage x", StageXKernel<8, X>, grid, dim3(256), 0, s, p, chunk_tiles, out);
   }
-  return LaunchStatus("w4a16 stage x");
 }
 
 template <typename X>

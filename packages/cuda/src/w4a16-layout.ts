@@ -3,7 +3,7 @@
  * has the element order). Checkpoint weights (qw [N, K/8] int32, sc [N, K/G]) are packed once at
  * load time with `KdtreeBackend.packW4A16`; rows and k are padded to 16 and 128.
  */
-export const W4A16_LAYOUT_VERSION = 1;
+export const W4A16_LAYOUT_VERSION = 2;
 
 export interface PackedW4A16Shapes {
   /** i32 [(E,) ceil(N/16), ceil(K/128), 256] */

@@ -49,7 +49,7 @@ export function uploadInt4(b: KdtreeBackend, m: Int4Matrix, experts = 1): { qw: 
 /**
  * The packed layout written out from its definition (w4a16_layout.h), independently of the native
  * code: word (h, lane, b) of (tile, step) holds row 16 tile + lane/4 + 8h, k = 128 step + 32 b +
- * off(p) in nibble p, off(p) = 16 (p&3 >> 1) + 4 (lane%4) + 2 (p&1) + (p >> 2); scale slot (r, h, q)
+ * off(p) in nibble p, off(p) = 8 (lane%4) + 4 (p&3 >> 1) + 2 (p&1) + (p >> 2); scale slot (r, h, q)
  * of (tile, block) holds row 16 tile + r + 8 h, group 4 block + q. Padding: code 8, scale 0.
  */
 export function packReference(m: Int4Matrix): { qw: Int32Array; sc: Uint16Array | Float32Array } {
@@ -66,7 +66,7 @@ export function packReference(m: Int4Matrix): { qw: Int32Array; sc: Uint16Array 
           for (let b = 0; b < 4; b++) {
             let v = 0;
             for (let p = 0; p < 8; p++) {
-              const off = 16 * ((p & 3) >> 1) + 4 * (lane % 4) + 2 * (p & 1) + (p >> 2);
+              const off = 8 * (lane % 4) + 4 * ((p & 3) >> 1) + 2 * (p & 1) + (p >> 2);
               v |= code(tile * 16 + (lane >> 2) + 8 * h, step * 128 + 32 * b + off) << (4 * p);
             }
             qw[(tile * steps + step) * 256 + (h * 32 + lane) * 4 + b] = v;
