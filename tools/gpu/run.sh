@@ -15,6 +15,7 @@
 #   && mkdir -p .gpu/vx && cp /tmp/vb-x/Release/kdtree_cuda.node .gpu/vx/
 set -u
 out=${OUT:-/tmp}
+mkdir -p "$out"
 xz -dc .gpu/node.xz > /tmp/node && chmod +x /tmp/node
 if [ "${1:-}" = profile ]; then
   /tmp/node .gpu/profile.mjs
