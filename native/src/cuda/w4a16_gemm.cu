@@ -37,6 +37,7 @@
 // instruction count: dropping the HSUB2s (biased codes, runs 76-77) and a deeper shared-memory
 // ring (run 80) were both slower.
 #include <algorithm>
+#include <climits>
 #include <type_traits>
 
 #include "common.cuh"
@@ -78,9 +79,12 @@ struct GemmParams {
   int tile_tokens;         // tokens per token tile: 8 x NT
   int tile_offset;         // first token tile of this launch
   const Tile* moe_tiles;   // MoE token tiles (device), or null for dense
+  const int32_t* route_ids;  // MoE routed inside the kernel (RouteTile): ids [pairs]; or null (moe_tiles)
+  int route_pairs, route_topk, route_experts;
+  bool route_gather;
   const int* num_tiles;    // MoE: device count of token tiles
-  const int* x_row;        // logical row -> x row, or null (identity)
-  const int* out_row;      // logical row -> y row, or null (identity)
+  int* x_row;              // logical row -> x row, or null (identity)
+  int* out_row;            // logical row -> y row, or null (identity)
   int steps_per_block;     // the stream-K range of a block (>= steps: a tile spans at most two blocks)
   int steps_per_warp;      // a warp's share of its block's range
   int range_blocks;        // blocks per matrix
@@ -324,6 +328,63 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
   return *rows > 0;
 }
 
+// MoE with few (token, expert) pairs (a decode step): every block orders the pairs by expert itself
+// instead of waiting for a MoeSortKernel launch (a separate sort cost each projection one more
+// kernel in the chain; run 119: MoE decode step 72.0 -> 69.8 us). Same convention as the sort: logical rows are the valid pairs in
+// expert order (pair order within an expert), cut into tiles of tile_tokens rows per expert; the
+// rows of this block's tile get x_row/out_row written (other blocks of the tile write the same
+// values). Block-wide: every thread calls it; returns false when the tile does not exist.
+// Its shared memory comes after the kernel's other dynamic shared memory, and only one-token-group
+// launches have it: a static array here would also sit in every 16-token block, whose 80 KB then no
+// longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
+constexpr int kRoutePairsMax = 32;
+constexpr int kRouteSharedBytes = (kRoutePairsMax + 4) * sizeof(int);
+__device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* expert, int* row_start, int* rows) {
+  int* expert_of = shared;                    // [kRoutePairsMax]
+  int* tile_info = shared + kRoutePairsMax;   // expert, first row, rows
+  const int q = threadIdx.x, pairs = p.route_pairs;
+  if (q < pairs) {
+    const int e = p.route_ids[q];
+    expert_of[q] = e >= 0 && e < p.route_experts ? e : INT_MAX;  // invalid ids route nowhere, as in the sort
+  }
+  if (q == 0) tile_info[2] = 0;
+  __syncthreads();
+  if (q < pairs && expert_of[q] != INT_MAX) {
+    const int e = expert_of[q];
+    int pos = 0, first = 0, count = 0, tiles_before = 0;  // tiles_before: tiles of the experts below e
+    for (int r = 0; r < pairs; ++r) {
+      const int er = expert_of[r];
+      pos += er < e || (er == e && r < q);
+      first += er < e;
+      count += er == e;
+      if (er < e && er != INT_MAX) {
+        bool lowest = true;  // r is its expert's first pair: count that expert's tiles once
+        int n = 0;
+        for (int u = 0; u < pairs; ++u) {
+          lowest = lowest && !(expert_of[u] == er && u < r);
+          n += expert_of[u] == er;
+        }
+        if (lowest) tiles_before += (n + p.tile_tokens - 1) / p.tile_tokens;
+      }
+    }
+    const int in_expert = pos - first, my_tile = tiles_before + in_expert / p.tile_tokens;
+    if (my_tile == tile) {
+      p.x_row[pos] = p.route_gather ? q / p.route_topk : q;
+      p.out_row[pos] = q;
+      if (in_expert % p.tile_tokens == 0) {
+        tile_info[0] = e;
+        tile_info[1] = pos;
+        tile_info[2] = min(p.tile_tokens, count - in_expert);
+      }
+    }
+  }
+  __syncthreads();  // the tile, and this block's x_row/out_row writes, are visible to the block
+  *expert = tile_info[0];
+  *row_start = tile_info[1];
+  *rows = tile_info[2];
+  return *rows > 0;
+}
+
 // 16-bit x of a chunk of token tiles, rewritten in B-fragment order so that the GEMM's x loads are
 // 512 contiguous bytes per warp (read in place, the 8 token rows of a warp load hit 8 L1 lines:
 // 7.6 wavefronts per request at 16 tokens, L1 56% busy). Layout, per chunk tile and group of 8
@@ -389,7 +450,9 @@ constexpr int kXStepBytes = 8 * 32 * 8;  // one token group's x of a step: 8 sli
 template <int NT>
 constexpr int SharedXBytes() { return SharedX<NT>() ? kWarps * 2 * NT * kXStepBytes : 0; }
 template <int NT>
-constexpr int SharedBytes() { return kWarps * 2 * kSlotFloats<NT> * sizeof(float) + SharedXBytes<NT>(); }
+constexpr int RouteBytes() { return NT == 1 ? kRouteSharedBytes : 0; }  // RouteTile: MoE decode only
+template <int NT>
+constexpr int SharedBytes() { return kWarps * 2 * kSlotFloats<NT> * sizeof(float) + SharedXBytes<NT>() + RouteBytes<NT>(); }
 
 // acc element i of n-tile j of a lane, in a partial slot: [token 8 j + 2 t + (i & 1)][row g + 8 (i >> 1)]
 __device__ __forceinline__ int SlotIndex(int j, int i, int g, int t) { return (8 * j + 2 * t + (i & 1)) * w4::kTileRows + g + 8 * (i >> 1); }
@@ -503,14 +566,17 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   PdlLaunchDependents();
   const bool moe = p.moe_tiles != nullptr;
   if (moe) PdlWait();
+  extern __shared__ float4 shared_partials[];
   int expert, row_start, rows;
-  if (!ResolveTile(p, p.tile_offset + static_cast<int>(blockIdx.y), &expert, &row_start, &rows)) return;
+  const int my_tile = p.tile_offset + static_cast<int>(blockIdx.y);
+  int* route_shared = reinterpret_cast<int*>(reinterpret_cast<char*>(shared_partials) + SharedBytes<NT>() - RouteBytes<NT>());
+  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile(p, my_tile, route_shared, &expert, &row_start, &rows)
+                                          : ResolveTile(p, my_tile, &expert, &row_start, &rows))) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wib = threadIdx.x >> 5;
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
   // This warp's steps (empty for the last warps of a short last block: they still meet the barrier)
   const BlockRange br = RangeOf(p);
   const int64_t f_begin = br.WarpBegin(p, wib), f_end = br.WarpEnd(p, wib);
-  extern __shared__ float4 shared_partials[];
   float* parked = reinterpret_cast<float*>(shared_partials);  // [kWarps][2 slots][kSlotFloats]
   const uint4* wq = p.qw + static_cast<int64_t>(expert) * total * kUint4PerStep + lane;
   const S* sq = reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(expert) * p.tiles * p.blocks * w4::kScalesPerBlock + 8 * g;
@@ -870,8 +936,16 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   int* num_tiles = reinterpret_cast<int*>(base + off_num);
   Tile* tiles = reinterpret_cast<Tile*>(base + off_tiles);
   float* pair_out = reinterpret_cast<float*>(base + off_pair);
-  KDTREE_RETURN_IF_ERROR(LaunchPdl("moe sort", MoeSortKernel, dim3(1), dim3(1024), 0, s, a.ids.as<const int32_t>(), pairs, topk, experts, gather, tile_rows, x_row, out_row, tiles,
-                                   num_tiles, counts));
+  if (nt == 1 && pairs <= kRoutePairsMax) {  // routed inside the GEMM (RouteTile)
+    p.route_ids = a.ids.as<const int32_t>();
+    p.route_pairs = pairs;
+    p.route_topk = topk;
+    p.route_experts = experts;
+    p.route_gather = gather;
+  } else {
+    KDTREE_RETURN_IF_ERROR(LaunchPdl("moe sort", MoeSortKernel, dim3(1), dim3(1024), 0, s, a.ids.as<const int32_t>(), pairs, topk, experts, gather, tile_rows, x_row, out_row,
+                                     tiles, num_tiles, counts));
+  }
   p.moe_tiles = tiles;
   p.num_tiles = num_tiles;
   p.x_row = x_row;

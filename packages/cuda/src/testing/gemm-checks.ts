@@ -169,7 +169,7 @@ function gemmInvarianceCheck(xDtype: Dtype): KernelCheck {
 /** k = 96: 16-bit x is staged (a K tail); k = 128: read in place, through row slots past one row per expert. */
 function moeCheck(xDtype: Dtype, k: number): KernelCheck {
   return {
-    name: `moe_gemm x ${xDtype}, K ${k}: gather and weighted-sum modes, 6 experts, top-2, T 1/5/21 (an expert with 21 rows: several token tiles) vs reference; a token's rows == the token alone`,
+    name: `moe_gemm x ${xDtype}, K ${k}: gather and weighted-sum modes, 6 experts, top-2, T 1/5/13/21 (an expert with 13 or 21 rows: several token tiles; up to 32 pairs routed inside the GEMM on cuda, more by the sort kernel) vs reference; a token's rows == the token alone`,
     run(b) {
       const E = 6;
       const n = 64;
@@ -181,9 +181,9 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
         track(qw);
         track(sc);
         let detail = '';
-        for (const T of [1, 5, 21]) {
-          // T = 21: every token routes to expert 0 first, so it has more rows than a token tile
-          const ids = Int32Array.from({ length: T * topk }, (_, i) => (T === 21 ? (i % topk === 0 ? 0 : 1 + (Math.floor(i / topk) % (E - 1))) : (i * 5 + Math.floor(i / topk)) % E));
+        for (const T of [1, 5, 13, 21]) {
+          // T = 13, 21: every token routes to expert 0 first, so it has more rows than a token tile
+          const ids = Int32Array.from({ length: T * topk }, (_, i) => (T >= 13 ? (i % topk === 0 ? 0 : 1 + (Math.floor(i / topk) % (E - 1))) : (i * 5 + Math.floor(i / topk)) % E));
           for (let t = 0; t < T; t++) if (ids[t * topk] === ids[t * topk + 1]) ids[t * topk + 1] = (ids[t * topk + 1] + 1) % E;
           const weights = Float32Array.from({ length: T * topk }, (_, i) => 0.3 + 0.1 * i);
           const x = randomF32(T * k, 900 + T);
@@ -197,11 +197,12 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
           for (let p = 0; p < T * topk; p++) refG.set(expert(ids[p], xr.subarray(Math.floor(p / topk) * k, (Math.floor(p / topk) + 1) * k)), p * n);
           const gathered = b.toArray(yg) as Float32Array;
           detail = expectClose(`gather T=${T}`, gathered, refG, TOLERANCE[xDtype]);
-          if (T === 21) {
-            // token 13 alone: its two rows, bit for bit (rows do not depend on the tiles around them)
+          if (T >= 13) {
+            // token 11 alone: its two rows, bit for bit (rows do not depend on the tiles around them,
+            // nor on whether the kernel or the sort routed them)
             const one = track(b.empty('f32', [topk, n]));
-            b.native.moeGemm({ x: track(upload(b, xDtype, [1, k], x.subarray(13 * k, 14 * k))), qw, sc, ids: track(b.fromArray('i32', [1, topk], ids.subarray(13 * topk, 14 * topk))), y: one, mode: 'gather' });
-            if (!sameBits(b.toArray(one), gathered.subarray(13 * topk * n, 14 * topk * n))) fail('token 13 alone differs from its rows in the 21-token call');
+            b.native.moeGemm({ x: track(upload(b, xDtype, [1, k], x.subarray(11 * k, 12 * k))), qw, sc, ids: track(b.fromArray('i32', [1, topk], ids.subarray(11 * topk, 12 * topk))), y: one, mode: 'gather' });
+            if (!sameBits(b.toArray(one), gathered.subarray(11 * topk * n, 12 * topk * n))) fail(`token 11 alone differs from its rows in the ${T}-token call`);
           }
           // sum: y[t] = sum_j w[t, j] * (x[t * topk + j] . W[ids[t, j]]^T)
           const xp = randomF32(T * topk * k, 950 + T);
