@@ -28,10 +28,11 @@
 //    before reading x.
 //  * Every output element is computed in the same order whatever M is (MMA columns are
 //    independent; the ranges depend only on N, K and the device), so results are batch-invariant.
-// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams ~78%
-// of the copy bandwidth on H200 (the figures below are from run 78, at ~75%). Its loads alone (no step arithmetic, no end) run at the pure-read
-// floor (96%, tools/gpu/stream_floor.cu); the step arithmetic (~160 instructions per KB of
-// weights, 88 of them dequantization; 8 HMMA.16816 per KB at M <= 8, 16 at M <= 16) costs
+// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams 77-81%
+// of the copy bandwidth on H200 (the figures below are from run 78, at ~75%). Its loads alone (no
+// step arithmetic, no end) run at the pure-read floor (96%, tools/gpu/stream_floor.cu); the step
+// arithmetic (~160 instructions per KB of weights, 88 of them dequantization; 8 HMMA.16816 per KB
+// at M <= 8, 16 at M <= 16) costs
 // 3.4-3.8 us per large-shape launch and the end (barrier, split-tile combine, stores) 1.4-2.1 us
 // (run 78). The arithmetic is bound by its dependency chains at 4 warps per scheduler, not by its
 // instruction count: dropping the HSUB2s (biased codes, runs 76-77) and a deeper shared-memory
@@ -330,10 +331,11 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 
 // MoE with few (token, expert) pairs (a decode step): every block orders the pairs by expert itself
 // instead of waiting for a MoeSortKernel launch (a separate sort cost each projection one more
-// kernel in the chain; run 119: MoE decode step 72.0 -> 69.8 us). Same convention as the sort: logical rows are the valid pairs in
-// expert order (pair order within an expert), cut into tiles of tile_tokens rows per expert; the
-// rows of this block's tile get x_row/out_row written (other blocks of the tile write the same
-// values). Block-wide: every thread calls it; returns false when the tile does not exist.
+// kernel in the chain; run 119: MoE decode step 72.0 -> 69.8 us). Same convention as the sort:
+// logical rows are the valid pairs in expert order (pair order within an expert), cut into tiles of
+// tile_tokens rows per expert; the rows of this block's tile get x_row/out_row written (other
+// blocks of the tile write the same values). Block-wide: every thread calls it; returns false when
+// the tile does not exist.
 // Its shared memory comes after the kernel's other dynamic shared memory, and only one-token-group
 // launches have it: a static array here would also sit in every 16-token block, whose 80 KB then no
 // longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
