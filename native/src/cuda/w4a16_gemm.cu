@@ -62,6 +62,9 @@ constexpr int kRing = 3;
 // 6.7 -> 5.9; 3-4 steps a little less, 8-16 slower on the large shapes (the prefetches then compete
 // with the previous kernel's last warps); with more token groups (x staged) it was slower.
 constexpr int kPrefetchSteps = 2;
+// Steps (16 rows x 128 k) per weight matrix, so that step indices and a range's end fit in 32 bits:
+// 2^30 steps is 2^41 weights.
+constexpr int64_t kMaxSteps = int64_t{1} << 30;
 constexpr int kWarpsPerSm = 16;          // stream-K ranges per SM and weight matrix (= resident warps up to 32 tokens)
 constexpr int kChunkTiles = 16;           // token tiles per launch (bounds the staged x and the exchange slots)
 constexpr int kUint4PerStep = w4::kWordsPerStep / 4;
@@ -460,15 +463,17 @@ constexpr int SharedBytes() { return kWarps * 2 * kSlotFloats<NT> * sizeof(float
 __device__ __forceinline__ int SlotIndex(int j, int i, int g, int t) { return (8 * j + 2 * t + (i & 1)) * w4::kTileRows + g + 8 * (i >> 1); }
 
 // This block's stream-K range, [begin, end) in steps of the matrix, and its warps' shares. Never
-// empty: the grid has no more blocks than ranges.
+// empty: the grid has no more blocks than ranges. Step indices are 32-bit (RunGemm checks that a
+// matrix has fewer than kMaxSteps): 64-bit divisions are subroutine calls, and the ones at the start
+// and the end of a launch sit on its critical path.
 struct BlockRange {
-  int64_t begin, end;
-  __device__ int64_t WarpBegin(const GemmParams& p, int w) const { return min(end, begin + static_cast<int64_t>(w) * p.steps_per_warp); }
-  __device__ int64_t WarpEnd(const GemmParams& p, int w) const { return min(end, WarpBegin(p, w) + p.steps_per_warp); }
+  int begin, end;
+  __device__ int WarpBegin(const GemmParams& p, int w) const { return min(end, begin + w * p.steps_per_warp); }
+  __device__ int WarpEnd(const GemmParams& p, int w) const { return min(end, WarpBegin(p, w) + p.steps_per_warp); }
 };
 __device__ __forceinline__ BlockRange RangeOf(const GemmParams& p) {
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * p.steps_per_block;
-  return {begin, min(static_cast<int64_t>(p.tiles) * p.steps, begin + p.steps_per_block)};
+  const int begin = static_cast<int>(blockIdx.x) * p.steps_per_block;
+  return {begin, min(p.tiles * p.steps, begin + p.steps_per_block)};
 }
 
 template <int NT>
@@ -483,7 +488,7 @@ __device__ __forceinline__ void ParkPartial(float* slot, const float (&acc)[NT][
 template <int NT>
 __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRange& br, const float* parked, int tile, int wa, int wb, bool inside, int row_start,
                                             int rows, int g, int t) {
-  const int64_t t0 = static_cast<int64_t>(tile) * p.steps;
+  const int t0 = tile * p.steps;
   float sum[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j)
@@ -532,11 +537,11 @@ __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) 
   const BlockRange br = RangeOf(p);
   extern __shared__ float4 shared_partials[];
   const float* parked = reinterpret_cast<const float*>(shared_partials);
-  const int t_lo = static_cast<int>(br.begin / p.steps), t_hi = static_cast<int>((br.end - 1) / p.steps);
+  const int t_lo = br.begin / p.steps, t_hi = (br.end - 1) / p.steps;
   for (int tile = t_lo + wib; tile <= t_hi; tile += kWarps) {
-    const int64_t t0 = static_cast<int64_t>(tile) * p.steps, t1 = t0 + p.steps;
-    const int64_t c0 = max(t0, br.begin), c1 = min(t1, br.end);  // the block's part of the tile
-    const int wa = static_cast<int>((c0 - br.begin) / p.steps_per_warp), wb = static_cast<int>((c1 - 1 - br.begin) / p.steps_per_warp);
+    const int t0 = tile * p.steps, t1 = t0 + p.steps;
+    const int c0 = max(t0, br.begin), c1 = min(t1, br.end);  // the block's part of the tile
+    const int wa = (c0 - br.begin) / p.steps_per_warp, wb = (c1 - 1 - br.begin) / p.steps_per_warp;
     const bool inside = t0 >= br.begin && t1 <= br.end;
     if (wa == wb && inside) continue;  // one warp had it whole and stored it
     CombineTile<NT>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
@@ -578,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
   // This warp's steps (empty for the last warps of a short last block: they still meet the barrier)
   const BlockRange br = RangeOf(p);
-  const int64_t f_begin = br.WarpBegin(p, wib), f_end = br.WarpEnd(p, wib);
+  const int f_begin = br.WarpBegin(p, wib), f_end = br.WarpEnd(p, wib);
   float* parked = reinterpret_cast<float*>(shared_partials);  // [kWarps][2 slots][kSlotFloats]
   const uint4* wq = p.qw + static_cast<int64_t>(expert) * total * kUint4PerStep + lane;
   const S* sq = reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(expert) * p.tiles * p.blocks * w4::kScalesPerBlock + 8 * g;
@@ -587,10 +592,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   // scale blocks follow the previous tile's, so the scale pointer advances one block every
   // 4G/128 steps and at every tile end (a partly used last block).
   constexpr int kStepsPerBlock = 4 * G / w4::kStepK;
-  int ld_step = static_cast<int>(f_begin % p.steps);
-  int64_t ld_f = f_begin;
-  const uint4* ld_w = wq + f_begin * kUint4PerStep;
-  const S* ld_s = sq + (f_begin / p.steps * p.blocks + ld_step / kStepsPerBlock) * w4::kScalesPerBlock;
+  int ld_step = f_begin % p.steps;
+  int ld_f = f_begin;
+  const uint4* ld_w = wq + static_cast<int64_t>(f_begin) * kUint4PerStep;
+  const S* ld_s = sq + (static_cast<int64_t>(f_begin / p.steps) * p.blocks + ld_step / kStepsPerBlock) * w4::kScalesPerBlock;
   // kRing + 1 register slots, the loop unrolled over them: step i reads slot i % kSlots while step
   // i + kRing loads into another, so no slot is copied aside before its reload (with kRing slots
   // the compiler moved each step's 12 registers: ~28 of ~210 instructions per step; run 42).
@@ -613,7 +618,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   // While it waits, a decode launch also asks L2 for the kPrefetchSteps steps after its ring
   // (weights and scales): the copy engine fetches them during the previous kernel's tail.
   if (kPrefetchSteps > 0 && NT == 1 && !moe && lane == 0 && ld_f < f_end) {
-    const int n = static_cast<int>(min(static_cast<int64_t>(kPrefetchSteps), f_end - ld_f));
+    const int n = min(kPrefetchSteps, f_end - ld_f);
     PrefetchL2(ld_w, n * kUint4PerStep * 16);
     const S* s_end = reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(expert + 1) * p.tiles * p.blocks * w4::kScalesPerBlock;
     const int64_t s_n = min(static_cast<int64_t>(n / kStepsPerBlock + 2) * w4::kScalesPerBlock, static_cast<int64_t>(s_end - ld_s));
@@ -648,13 +653,13 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = part[j][i] = 0.f;
-  int tile = static_cast<int>(f_begin / p.steps), step = static_cast<int>(f_begin % p.steps);
+  int tile = f_begin / p.steps, step = f_begin % p.steps;
   const int range_first_tile = tile;
   // x of this step: in place (one token group) a pointer advanced step by step (no per-step
   // address arithmetic, run 43); staged, an offset from the step index (cheaper for several groups)
   constexpr int kXPerStep = kStaged ? 8 * 32 * 4 : w4::kStepK;  // elements per step (staged: 8 slices x 32 lanes x 4)
   const X* x_step = xr[0] + step * kXPerStep;
-  for (int64_t base = f_begin; base < f_end; base += kSlots) {
+  for (int base = f_begin; base < f_end; base += kSlots) {
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       if (base + s >= f_end) break;
@@ -681,7 +686,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
       }
       x_step += kXPerStep;
       if (++step == p.steps || base + s + 1 == f_end) {
-        const int64_t t0 = static_cast<int64_t>(tile) * p.steps;
+        const int t0 = tile * p.steps;
         if (t0 >= f_begin && t0 + p.steps <= f_end) {
           StoreTile<NT>(p, acc, tile, row_start, rows, g, t);  // whole in this warp's range
         } else {
@@ -840,6 +845,9 @@ size_t ScratchAfter(size_t used, int chunk, int nt, int slices, DType x) { retur
 // exchange slots are sized for one chunk; chunks run in stream order).
 Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, int matrices, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
+  if (total > kMaxSteps) {
+    return Invalid("w4a16: a weight matrix of N = ", p.N, ", K = ", p.K, " has ", total, " steps of 16 rows x 128 k; at most ", kMaxSteps, " are supported");
+  }
   const Ranges r = ChooseRanges(total, p.steps, matrices, sms);
   p.steps_per_block = r.steps_per_block;
   p.steps_per_warp = r.steps_per_warp;
