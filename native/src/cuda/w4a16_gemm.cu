@@ -343,10 +343,11 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 // launches have it: a static array here would also sit in every 16-token block, whose 80 KB then no
 // longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
 constexpr int kRoutePairsMax = 32;
-constexpr int kRouteSharedBytes = (kRoutePairsMax + 4) * sizeof(int);
+constexpr int kRouteSharedBytes = (2 * kRoutePairsMax + 4) * sizeof(int);
 __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* expert, int* row_start, int* rows) {
-  int* expert_of = shared;                    // [kRoutePairsMax]
-  int* tile_info = shared + kRoutePairsMax;   // expert, first row, rows
+  int* expert_of = shared;                       // [kRoutePairsMax]
+  int* tile_start = shared + kRoutePairsMax;     // [kRoutePairsMax]: the pair's row if it starts a tile
+  int* tile_info = shared + 2 * kRoutePairsMax;  // expert, first row, rows
   const int q = threadIdx.x, pairs = p.route_pairs;
   if (q < pairs) {
     const int e = p.route_ids[q];
@@ -354,25 +355,23 @@ __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* exper
   }
   if (q == 0) tile_info[2] = 0;
   __syncthreads();
-  if (q < pairs && expert_of[q] != INT_MAX) {
-    const int e = expert_of[q];
-    int pos = 0, first = 0, count = 0, tiles_before = 0;  // tiles_before: tiles of the experts below e
+  // the pair's row (its rank by (expert, pair)), its expert's first row and row count
+  const int e = q < pairs ? expert_of[q] : INT_MAX;
+  int pos = 0, first = 0, count = 0;
+  if (e != INT_MAX) {
     for (int r = 0; r < pairs; ++r) {
       const int er = expert_of[r];
       pos += er < e || (er == e && r < q);
       first += er < e;
       count += er == e;
-      if (er < e && er != INT_MAX) {
-        bool lowest = true;  // r is its expert's first pair: count that expert's tiles once
-        int n = 0;
-        for (int u = 0; u < pairs; ++u) {
-          lowest = lowest && !(expert_of[u] == er && u < r);
-          n += expert_of[u] == er;
-        }
-        if (lowest) tiles_before += (n + p.tile_tokens - 1) / p.tile_tokens;
-      }
     }
-    const int in_expert = pos - first, my_tile = tiles_before + in_expert / p.tile_tokens;
+  }
+  const int in_expert = pos - first;
+  if (q < pairs) tile_start[q] = e != INT_MAX && in_expert % p.tile_tokens == 0 ? pos : INT_MAX;
+  __syncthreads();
+  if (e != INT_MAX) {
+    int my_tile = -1;  // tiles are numbered by their first rows
+    for (int r = 0; r < pairs; ++r) my_tile += tile_start[r] <= pos;
     if (my_tile == tile) {
       p.x_row[pos] = p.route_gather ? q / p.route_topk : q;
       p.out_row[pos] = q;
