@@ -73,6 +73,38 @@ struct Tile {
   int expert, row_start, rows, pad;
 };
 
+// n / d for 0 <= n < 2^31 by a launch-constant d, without a division: floor(n * mul / 2^(32 + shift))
+// with mul = ceil(2^(31 + l) / d), l = ceil(log2 d) (the error n * (mul - 2^(31+l) / d) / 2^(31+l) stays
+// below 1/d). A division by a runtime value is a ~20-instruction dependent chain, and the ones that
+// place a warp in the matrix come before its first weight load and in the combine at its end
+// (runs 124-125: M = 1-8 0.2-0.4 us faster on every shape, MoE decode step 64.75 -> 63.6 us).
+struct Divisor {
+  int d;
+  uint32_t mul;
+  int shift;
+  __device__ __forceinline__ int Div(int n) const { return d == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), mul) >> shift); }
+};
+inline Divisor MakeDivisor(int d) {
+  Divisor v{d, 0u, 0};
+  if (d > 1) {
+    int l = 0;
+    while ((int64_t{1} << l) < d) ++l;
+    v.mul = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
+    v.shift = l - 1;
+  }
+  return v;
+}
+// Where the NT-token-group kernel divides: with the multiply the 16-token kernel's loop came out
+// slower (run 124: 18432x7168 M = 16 34.45 -> 35.1 us, same-run A/B), so that one keeps the division.
+template <int NT>
+__device__ __forceinline__ int Quotient(const Divisor& v, int n) {
+  if constexpr (NT == 2) {
+    return n / v.d;
+  } else {
+    return v.Div(n);
+  }
+}
+
 struct GemmParams {
   const void* x;
   const uint4* qw;         // packed [E][tiles][steps][2][32] x 16 B
@@ -91,6 +123,7 @@ struct GemmParams {
   int* out_row;            // logical row -> y row, or null (identity)
   int steps_per_block;     // the stream-K range of a block (>= steps: a tile spans at most two blocks)
   int steps_per_warp;      // a warp's share of its block's range
+  Divisor by_steps, by_steps_per_warp, by_route_topk;  // division by `steps`, `steps_per_warp`, `route_topk`
   int range_blocks;        // blocks per matrix
   const void* xs;          // x staged in fragment order for this chunk (StageXKernel), or null (StagesX)
   int slices;              // k16 slices per staged token group: Steps(K) * 8 (zero past K)
@@ -343,6 +376,7 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 // launches have it: a static array here would also sit in every 16-token block, whose 80 KB then no
 // longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
 constexpr int kRoutePairsMax = 32;
+constexpr int kRouteTileRows = 8;  // one token group (tile_tokens), the only launches that route
 constexpr int kRouteSharedBytes = (2 * kRoutePairsMax + 4) * sizeof(int);
 __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* expert, int* row_start, int* rows) {
   int* expert_of = shared;                       // [kRoutePairsMax]
@@ -367,18 +401,18 @@ __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* exper
     }
   }
   const int in_expert = pos - first;
-  if (q < pairs) tile_start[q] = e != INT_MAX && in_expert % p.tile_tokens == 0 ? pos : INT_MAX;
+  if (q < pairs) tile_start[q] = e != INT_MAX && in_expert % kRouteTileRows == 0 ? pos : INT_MAX;
   __syncthreads();
   if (e != INT_MAX) {
     int my_tile = -1;  // tiles are numbered by their first rows
     for (int r = 0; r < pairs; ++r) my_tile += tile_start[r] <= pos;
     if (my_tile == tile) {
-      p.x_row[pos] = p.route_gather ? q / p.route_topk : q;
+      p.x_row[pos] = p.route_gather ? p.by_route_topk.Div(q) : q;
       p.out_row[pos] = q;
-      if (in_expert % p.tile_tokens == 0) {
+      if (in_expert % kRouteTileRows == 0) {
         tile_info[0] = e;
         tile_info[1] = pos;
-        tile_info[2] = min(p.tile_tokens, count - in_expert);
+        tile_info[2] = min(kRouteTileRows, count - in_expert);
       }
     }
   }
@@ -494,7 +528,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
 #pragma unroll
     for (int i = 0; i < 4; ++i) sum[j][i] = 0.f;
   for (int w = wa; w <= wb; ++w) {
-    const bool first = tile == static_cast<int>(br.WarpBegin(p, w) / p.steps);
+    const bool first = tile == Quotient<NT>(p.by_steps, br.WarpBegin(p, w));
     const float* slot = parked + (2 * w + (first ? 0 : 1)) * kSlotFloats<NT>;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -536,11 +570,11 @@ __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) 
   const BlockRange br = RangeOf(p);
   extern __shared__ float4 shared_partials[];
   const float* parked = reinterpret_cast<const float*>(shared_partials);
-  const int t_lo = br.begin / p.steps, t_hi = (br.end - 1) / p.steps;
+  const int t_lo = Quotient<NT>(p.by_steps, br.begin), t_hi = Quotient<NT>(p.by_steps, br.end - 1);
   for (int tile = t_lo + wib; tile <= t_hi; tile += kWarps) {
     const int t0 = tile * p.steps, t1 = t0 + p.steps;
     const int c0 = max(t0, br.begin), c1 = min(t1, br.end);  // the block's part of the tile
-    const int wa = (c0 - br.begin) / p.steps_per_warp, wb = (c1 - 1 - br.begin) / p.steps_per_warp;
+    const int wa = Quotient<NT>(p.by_steps_per_warp, c0 - br.begin), wb = Quotient<NT>(p.by_steps_per_warp, c1 - 1 - br.begin);
     const bool inside = t0 >= br.begin && t1 <= br.end;
     if (wa == wb && inside) continue;  // one warp had it whole and stored it
     CombineTile<NT>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
@@ -591,10 +625,11 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   // scale blocks follow the previous tile's, so the scale pointer advances one block every
   // 4G/128 steps and at every tile end (a partly used last block).
   constexpr int kStepsPerBlock = 4 * G / w4::kStepK;
-  int ld_step = f_begin % p.steps;
+  const int first_tile = Quotient<NT>(p.by_steps, f_begin), first_step = f_begin - first_tile * p.steps;
+  int ld_step = first_step;
   int ld_f = f_begin;
   const uint4* ld_w = wq + static_cast<int64_t>(f_begin) * kUint4PerStep;
-  const S* ld_s = sq + (static_cast<int64_t>(f_begin / p.steps) * p.blocks + ld_step / kStepsPerBlock) * w4::kScalesPerBlock;
+  const S* ld_s = sq + (static_cast<int64_t>(first_tile) * p.blocks + ld_step / kStepsPerBlock) * w4::kScalesPerBlock;
   // kRing + 1 register slots, the loop unrolled over them: step i reads slot i % kSlots while step
   // i + kRing loads into another, so no slot is copied aside before its reload (with kRing slots
   // the compiler moved each step's 12 registers: ~28 of ~210 instructions per step; run 42).
@@ -644,7 +679,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   char* x_smem = reinterpret_cast<char*>(shared_partials) + kWarps * 2 * kSlotFloats<NT> * sizeof(float) + wib * 2 * NT * kXStepBytes;
   int x_slot = 0;
   if constexpr (kSharedX) {
-    if (f_begin < f_end) CopyXStep(xr, static_cast<int>(f_begin % p.steps), x_smem, lane);
+    if (f_begin < f_end) CopyXStep(xr, first_step, x_smem, lane);
     CopyAsyncCommit();
   }
   float acc[NT][4], part[NT][4];  // part: the current group's exact sum (each group starts it afresh)
@@ -652,7 +687,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = part[j][i] = 0.f;
-  int tile = f_begin / p.steps, step = f_begin % p.steps;
+  int tile = first_tile, step = first_step;
   const int range_first_tile = tile;
   // x of this step: in place (one token group) a pointer advanced step by step (no per-step
   // address arithmetic, run 43); staged, an offset from the step index (cheaper for several groups)
@@ -850,6 +885,8 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   const Ranges r = ChooseRanges(total, p.steps, matrices, sms);
   p.steps_per_block = r.steps_per_block;
   p.steps_per_warp = r.steps_per_warp;
+  p.by_steps = MakeDivisor(p.steps);
+  p.by_steps_per_warp = MakeDivisor(r.steps_per_warp);
   p.range_blocks = r.blocks;
   const int chunk = std::min(token_tiles, kChunkTiles);
   p.slices = p.steps * 8;
@@ -951,6 +988,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
     p.route_topk = topk;
     p.route_experts = experts;
     p.route_gather = gather;
+    p.by_route_topk = MakeDivisor(topk);
   } else {
     KDTREE_RETURN_IF_ERROR(LaunchPdl("moe sort", MoeSortKernel, dim3(1), dim3(1024), 0, s, a.ids.as<const int32_t>(), pairs, topk, experts, gather, tile_rows, x_row, out_row,
                                      tiles, num_tiles, counts));
