@@ -10,6 +10,9 @@
 //   sweep    warp w reads steps w, w + W, w + 2W, ...: all warps advance through one window
 //   tiles    a step-major layout [step][tile] with K cut into segments: warp (tile, segment)
 //            reads step s of its tile at (s * tiles + tile) KB
+//   groups   a layout of rows of 8 steps (8 adjacent tiles at one k: [tile group][step][8] KB);
+//            8 consecutive warps read one range of rows, warp w its column w, so at each step
+//            they read 8 adjacent KB (2112 warps = 264 fronts of 8 KB)
 //   and, on the ranges pattern, what W4A16 adds beyond reading: 4 blocks per SM of either launch
 //   (its 128 registers per thread leave no room for the next launch's blocks), and the split-tile
 //   fixup at the end of each range (park a partial, fence, count in, the last sums).
@@ -35,7 +38,7 @@
 constexpr int kRing = 3;
 constexpr int kWarpsPerBlock = 4;
 
-enum Pattern { kRanges, kSweep, kTiles };
+enum Pattern { kRanges, kSweep, kTiles, kGroups };
 
 struct Args {
   const uint4* w;
@@ -75,6 +78,13 @@ struct Cursor {
       next = w;
       end = a.steps;
       stride = a.warps;
+    } else if (P == kGroups) {
+      const long long rows = (a.steps + 7) / 8, groups = (a.warps + 7) / 8;
+      const long long len = (rows + groups - 1) / groups;
+      const long long r0 = (w / 8) * len, r1 = min(rows, r0 + len);
+      next = r0 * 8 + w % 8;
+      end = min(a.steps, r1 * 8);
+      stride = 8;
     } else {
       k_steps = static_cast<int>(a.steps / a.tiles);
       segs = (a.warps + a.tiles - 1) / a.tiles;
@@ -219,7 +229,8 @@ void LaunchPattern(int p, const Args& a, cudaStream_t s, bool pdl, int smem) {
   switch (p) {
     case kRanges: return Launch<kRanges>(a, s, pdl, smem);
     case kSweep: return Launch<kSweep>(a, s, pdl, smem);
-    default: return Launch<kTiles>(a, s, pdl, smem);
+    case kTiles: return Launch<kTiles>(a, s, pdl, smem);
+    default: return Launch<kGroups>(a, s, pdl, smem);
   }
 }
 
@@ -281,8 +292,10 @@ int main() {
       {kRanges, 16, true, kOccupancySmem, 2, "+ split-tile fixup with acq_rel ordering"},
       {kSweep, 16, true, 0, 0, "all warps sweep one window"},
       {kTiles, 24, true, 0, 0, "step-major layout, warp = (tile, K segment), 24 warps/SM"},
+      {kGroups, 16, true, kOccupancySmem, 0, "tile groups: 8 warps read 8 adjacent KB per step, 4 blocks/SM"},
+      {kGroups, 16, true, 0, 0, "tile groups, 16 warps/SM, PDL"},
   };
-  for (const void* fn : {(const void*)ReadKernel<kRanges>, (const void*)ReadKernel<kSweep>, (const void*)ReadKernel<kTiles>}) {
+  for (const void* fn : {(const void*)ReadKernel<kRanges>, (const void*)ReadKernel<kSweep>, (const void*)ReadKernel<kTiles>, (const void*)ReadKernel<kGroups>}) {
     CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kOccupancySmem));
   }
   const int max_warps = sms * 24 * 2;
