@@ -60,8 +60,10 @@ constexpr int kRing = 3;
 // Steps a decode launch (one token group, dense) prefetches into L2 before it waits for the
 // previous kernel. Measured (runs 109-112, M = 1): 2 steps 18432x7168 22.9 -> 21.9 us, 7168x2048
 // 6.7 -> 5.9; 3-4 steps a little less, 8-16 slower on the large shapes (the prefetches then compete
-// with the previous kernel's last warps); with more token groups (x staged) it was slower.
-constexpr int kPrefetchSteps = 2;
+// with the previous kernel's last warps); with more token groups (x staged) it was slower. Since
+// the launch start got shorter (run 125), 1 step is 0.1-0.2 us faster than 2 on every shape but
+// 7168x2048 (+0.1) (run 129).
+constexpr int kPrefetchSteps = 1;
 // Steps (16 rows x 128 k) per weight matrix, so that step indices and a range's end fit in 32 bits:
 // 2^30 steps is 2^41 weights.
 constexpr int64_t kMaxSteps = int64_t{1} << 30;
