@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU host, from the repository root (the payload of `node tools/gpu/bundle.mjs` in .gpu/):
-#   bash .gpu/run.sh            the kernel self-test, the torch peer, the pure-read floor, then the benchmark
+#   bash .gpu/run.sh            the kernel self-test, the torch peer, the pure-read floor, wgmma vs
+#                               mma.sync rounding (wgmma_equiv.cu), then the benchmark
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
 #   bash .gpu/run.sh ab         same-run A/B: the self-test of this binary, then the benchmark of it and
 #                               of every other build in .gpu/v*/kdtree_cuda.node, interleaved, twice;
@@ -59,5 +60,7 @@ fi
 OUT=$out /tmp/node .gpu/selftest.mjs; st=$?
 python3 .gpu/dense_baseline.py "$out/dense.json"
 nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 .gpu/stream_floor.cu -o /tmp/stream_floor && /tmp/stream_floor > "$out/floor.md"
+# a property of the hardware the next W4A16 kernel relies on (not a check of this build)
+nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a .gpu/wgmma_equiv.cu -o /tmp/wgmma_equiv && /tmp/wgmma_equiv 1024 > "$out/wgmma-equiv.md"
 OUT=$out /tmp/node .gpu/bench.mjs "$out/dense.json"; bt=$?
 exit $(( st || bt ))
