@@ -6,6 +6,7 @@
 //   dense_baseline.py         the torch/cuBLAS peer of the benchmark
 //   stream_floor.cu           the pure-read floor under the W4A16 GEMM (built there with nvcc)
 //   wgmma_equiv.cu            whether wgmma rounds as mma.sync on the GEMM's operands (nvcc there)
+//   cuda_check.h              the CHECK macro of those two
 //   node.xz                   this machine's Node, compressed (../shared/gpu/pack-node.sh)
 //   run.sh                    what to run there (tools/gpu/run.sh)
 import { spawnSync } from 'node:child_process';
@@ -33,7 +34,7 @@ for (const entry of ['selftest', 'bench', 'profile']) {
   await bundle.write({ file: join(out, `${entry}.mjs`), format: 'esm', codeSplitting: false });
   await bundle.close();
 }
-for (const file of ['dense_baseline.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
+for (const file of ['dense_baseline.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
 const pack = spawnSync('bash', [join(root, '..', 'shared', 'gpu', 'pack-node.sh'), out], { stdio: 'inherit' });
 if (pack.status !== 0) process.exit(pack.status ?? 1);
 copyFileSync(join(root, 'tools', 'gpu', 'run.sh'), join(out, 'run.sh'));

@@ -21,19 +21,12 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 tools/gpu/stream_floor.cu -o /tmp/stream_floor && /tmp/stream_floor
 #include <cuda_runtime.h>
 
+#include "cuda_check.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e = (x);                                                                \
-    if (e != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
 
 constexpr int kRing = 3;
 constexpr int kWarpsPerBlock = 4;

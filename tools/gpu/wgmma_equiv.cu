@@ -14,18 +14,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "cuda_check.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e = (x);                                                                \
-    if (e != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
 
 struct Counts {
   unsigned long long elements;       // compared f32 outputs (n8 columns)
@@ -93,7 +86,8 @@ __global__ void __launch_bounds__(128) EquivKernel(int trials, int steps, int co
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(dm[0]), "+f"(dm[1]), "+f"(dm[2]), "+f"(dm[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
       }
-      const unsigned long long desc8 = Descriptor(&b_smem[0][0][0][0], 2 * 2 * 8 * 8 * 2 / 2, 8 * 8 * 2);   // LBO: next k block (256 B), SBO: next column block (128 B)
+      // LBO: the next 8-k core matrix (one k block), SBO: the next 8 columns (one column block)
+      const unsigned long long desc8 = Descriptor(&b_smem[0][0][0][0], sizeof(b_smem[0]), sizeof(b_smem[0][0]));
       const int accumulate = s > 0;
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
       asm volatile(
