@@ -3,12 +3,14 @@
 // the `mma.sync` decode kernel only if, for the same operands, both give the same f32 bits. This
 // checks that on the operands the kernel feeds them: A = exact int4 codes (-8..7) as bf16, B = bf16
 // activations over a wide exponent range, f32 accumulation chained over 1-8 k16 slices (a group of
-// 32-128 k starts fresh, then accumulates), B 8 and 16 columns wide.
+// 32-128 k starts fresh, then accumulates), B 8, 16 and 32 columns wide (the W4A16 warpgroup kernel,
+// native/src/cuda/w4a16_wgmma.cu, runs m64n32k16).
 //
 // Per trial a warpgroup computes D[64 x N] = sum_s A_s[64 x 16] . B_s[16 x N] three ways:
-// mma.sync.m16n8k16 (each warp its 16 rows, as the GEMM), wgmma.m64n8k16 and wgmma.m64n16k16 (A
-// from registers in the same fragments, B from shared memory through a no-swizzle descriptor), and
-// compares the bits; a double-precision sum of the same products checks that the layouts are right.
+// mma.sync.m16n8k16 (each warp its 16 rows, as the GEMM), wgmma.m64n8k16, m64n16k16 and m64n32k16
+// (A from registers in the same fragments, B from shared memory through a no-swizzle descriptor),
+// and compares the bits; a double-precision sum of the same products checks that the layouts are
+// right (and the wider wgmmas' other columns, which mma.sync does not compute).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/wgmma_equiv.cu -o /tmp/wgmma_equiv && /tmp/wgmma_equiv [trials per block, 64]
 #include <cuda_bf16.h>
@@ -24,7 +26,9 @@ struct Counts {
   unsigned long long elements;       // compared f32 outputs (n8 columns)
   unsigned long long mma_vs_wg8;     // bit differences mma.sync vs wgmma n8
   unsigned long long mma_vs_wg16;    // ... vs wgmma n16 (its first 8 columns)
+  unsigned long long mma_vs_wg32;     // ... vs wgmma n32 (its first 8 columns)
   unsigned long long wg16_hi_bad;    // wgmma n16 columns 8-15 off the double reference by > 1e-5 rel
+  unsigned long long wg32_hi_bad;    // wgmma n32 columns 8-31 off it
   unsigned long long ref_bad;        // mma.sync off the double reference by > 1e-5 relative
 };
 
@@ -58,20 +62,20 @@ __device__ __forceinline__ unsigned long long Descriptor(const void* smem, unsig
 
 __global__ void __launch_bounds__(128) EquivKernel(int trials, int steps, int control, Counts* out) {
   // B of one slice, no-swizzle core matrices (8 columns x 8 k, 16 bytes per column):
-  // [k block 0..1][column block 0..1][8 columns][8 k]; n8 uses column block 0 only
-  __shared__ __align__(256) __nv_bfloat16 b_smem[2][2][8][8];
+  // [k block 0..1][column block 0..3][8 columns][8 k]; n8 and n16 use the first column blocks
+  __shared__ __align__(256) __nv_bfloat16 b_smem[2][4][8][8];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   Counts c{};
   for (int it = 0; it < trials; ++it) {
     const unsigned trial = blockIdx.x * trials + it;
-    float dm[4] = {0, 0, 0, 0}, d8[4] = {0, 0, 0, 0}, d16[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float dm[4] = {0, 0, 0, 0}, d8[4] = {0, 0, 0, 0}, d16[8] = {0, 0, 0, 0, 0, 0, 0, 0}, d32[16] = {};
     for (int s = 0; s < steps; ++s) {
       const int r0 = 16 * warp + g, r1 = r0 + 8;
       const unsigned a[4] = {Pack(CodeAt(trial, s, r0, 2 * t), CodeAt(trial, s, r0, 2 * t + 1)), Pack(CodeAt(trial, s, r1, 2 * t), CodeAt(trial, s, r1, 2 * t + 1)),
                              Pack(CodeAt(trial, s, r0, 2 * t + 8), CodeAt(trial, s, r0, 2 * t + 9)), Pack(CodeAt(trial, s, r1, 2 * t + 8), CodeAt(trial, s, r1, 2 * t + 9))};
       const unsigned b0 = Pack(XAt(trial, s, 2 * t, g), XAt(trial, s, 2 * t + 1, g)), b1 = Pack(XAt(trial, s, 2 * t + 8, g), XAt(trial, s, 2 * t + 9, g));
-      // 256 elements of B (16 k x 16 columns), two per thread
-      for (int e = tid; e < 256; e += 128) {
+      // 512 elements of B (16 k x 32 columns), four per thread
+      for (int e = tid; e < 512; e += 128) {
         const int k = e & 15, n = e >> 4;
         // control run: the tensor cores get B with its lowest bf16 bit flipped in one column
         const float v = XAt(trial, s, k, n);
@@ -102,6 +106,13 @@ __global__ void __launch_bounds__(128) EquivKernel(int trials, int steps, int co
           : "+f"(d16[0]), "+f"(d16[1]), "+f"(d16[2]), "+f"(d16[3]), "+f"(d16[4]), "+f"(d16[5]), "+f"(d16[6]), "+f"(d16[7])
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc8), "r"(accumulate)
           : "memory");
+      asm volatile(
+          "{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
+          " wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+          : "+f"(d32[0]), "+f"(d32[1]), "+f"(d32[2]), "+f"(d32[3]), "+f"(d32[4]), "+f"(d32[5]), "+f"(d32[6]), "+f"(d32[7]), "+f"(d32[8]), "+f"(d32[9]), "+f"(d32[10]),
+            "+f"(d32[11]), "+f"(d32[12]), "+f"(d32[13]), "+f"(d32[14]), "+f"(d32[15])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc8), "r"(accumulate)
+          : "memory");
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       __syncthreads();  // every warpgroup read of b_smem is done before the next slice's writes
@@ -121,12 +132,25 @@ __global__ void __launch_bounds__(128) EquivKernel(int trials, int steps, int co
       c.mma_vs_wg16 += __float_as_uint(dm[i]) != __float_as_uint(d16[i]);
       c.ref_bad += fabs(dm[i] - ref) > 1e-5 * mag + 1e-30;
       c.wg16_hi_bad += fabs(d16[4 + i] - ref_hi) > 1e-5 * mag_hi + 1e-30;
+      // n32: element 4 j + i is column 8 j + 2 t + (i & 1)
+      c.mma_vs_wg32 += __float_as_uint(dm[i]) != __float_as_uint(d32[i]);
+      for (int j = 1; j < 4; ++j) {
+        double r = 0, m = 0;
+        for (int s = 0; s < steps; ++s)
+          for (int k = 0; k < 16; ++k) {
+            const double q = static_cast<double>(CodeAt(trial, s, row, k)) * XAt(trial, s, k, col + 8 * j);
+            r += q, m += fabs(q);
+          }
+        c.wg32_hi_bad += fabs(d32[4 * j + i] - r) > 1e-5 * m + 1e-30;
+      }
     }
   }
   atomicAdd(&out->elements, c.elements);
   atomicAdd(&out->mma_vs_wg8, c.mma_vs_wg8);
   atomicAdd(&out->mma_vs_wg16, c.mma_vs_wg16);
   atomicAdd(&out->wg16_hi_bad, c.wg16_hi_bad);
+  atomicAdd(&out->mma_vs_wg32, c.mma_vs_wg32);
+  atomicAdd(&out->wg32_hi_bad, c.wg32_hi_bad);
   atomicAdd(&out->ref_bad, c.ref_bad);
 }
 
@@ -138,7 +162,7 @@ int main(int argc, char** argv) {
   CHECK(cudaEventCreate(&e1));
   Counts* d;
   CHECK(cudaMalloc(&d, sizeof(Counts)));
-  std::printf("| k16 slices chained | outputs compared | mma.sync vs wgmma n8 (bits differ) | vs wgmma n16 | mma.sync off the double sum | wgmma n16 cols 8-15 off it | ms |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| k16 slices chained | outputs compared | mma.sync vs wgmma n8 (bits differ) | vs wgmma n16 | vs wgmma n32 | mma.sync off the double sum | wgmma n16 cols 8-15 off it | wgmma n32 cols 8-31 off it | ms |\n|---|---|---|---|---|---|---|---|---|\n");
   int status = 0;
   for (int steps : {1, 2, 4, 8}) {
     CHECK(cudaMemset(d, 0, sizeof(Counts)));
@@ -151,8 +175,8 @@ int main(int argc, char** argv) {
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
     Counts h;
     CHECK(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
-    std::printf("| %d | %llu | %llu | %llu | %llu | %llu | %.1f |\n", steps, h.elements, h.mma_vs_wg8, h.mma_vs_wg16, h.ref_bad, h.wg16_hi_bad, ms);
-    status |= h.mma_vs_wg8 || h.mma_vs_wg16 || h.ref_bad || h.wg16_hi_bad;
+    std::printf("| %d | %llu | %llu | %llu | %llu | %llu | %llu | %llu | %.1f |\n", steps, h.elements, h.mma_vs_wg8, h.mma_vs_wg16, h.mma_vs_wg32, h.ref_bad, h.wg16_hi_bad, h.wg32_hi_bad, ms);
+    status |= h.mma_vs_wg8 || h.mma_vs_wg16 || h.mma_vs_wg32 || h.ref_bad || h.wg16_hi_bad || h.wg32_hi_bad;
   }
   return control ? !status : status;
 }

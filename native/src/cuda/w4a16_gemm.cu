@@ -28,6 +28,8 @@
 //    before reading x.
 //  * Every output element is computed in the same order whatever M is (MMA columns are
 //    independent; the ranges depend only on N, K and the device), so results are batch-invariant.
+//  * At 17+ tokens on large N, w4a16_wgmma.cu's warpgroup kernel (sm_90a) takes over: whole tiles
+//    per warp and x shared by four warps through the tensor cores, replaying these ranges' rounding.
 // Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams 77-81%
 // of the copy bandwidth on H200 (the figures below are from run 78, at ~75%). Its loads alone (no
 // step arithmetic, no end) run at the pure-read floor (96%, tools/gpu/stream_floor.cu); the step
@@ -41,12 +43,13 @@
 #include <climits>
 #include <type_traits>
 
-#include "common.cuh"
-#include "kdtree/w4a16_layout.h"
+#include "w4a16_kernel.cuh"
 
 namespace kdtree {
 namespace cuda {
 namespace {
+
+using namespace w4a16;
 
 // A block's warps split its step range and combine the tiles they share in shared memory; only a
 // tile that crosses a block boundary is combined across blocks, by one exchange (run 45).
@@ -64,38 +67,9 @@ constexpr int kRing = 3;
 // the launch start got shorter (run 125), 1 step is 0.1-0.2 us faster than 2 on every shape but
 // 7168x2048 (+0.1) (run 129).
 constexpr int kPrefetchSteps = 1;
-// Steps (16 rows x 128 k) per weight matrix, so that step indices and a range's end fit in 32 bits:
-// 2^30 steps is 2^41 weights.
-constexpr int64_t kMaxSteps = int64_t{1} << 30;
 constexpr int kWarpsPerSm = 16;          // stream-K ranges per SM and weight matrix (= resident warps up to 32 tokens)
 constexpr int kChunkTiles = 16;           // token tiles per launch (bounds the staged x and the exchange slots)
-constexpr int kUint4PerStep = w4::kWordsPerStep / 4;
 
-struct Tile {
-  int expert, row_start, rows, pad;
-};
-
-// n / d for 0 <= n < 2^31 by a launch-constant d, without a division: floor(n * mul / 2^(32 + shift))
-// with mul = ceil(2^(31 + l) / d), l = ceil(log2 d) (the error n * (mul - 2^(31+l) / d) / 2^(31+l) stays
-// below 1/d). A division by a runtime value is a ~20-instruction dependent chain, and the ones that
-// place a warp in the matrix come before its first weight load and in the combine at its end
-// (runs 124-125: M = 1-8 0.2-0.4 us faster on every shape, MoE decode step 64.75 -> 63.6 us).
-struct Divisor {
-  int d;
-  uint32_t mul;
-  int shift;
-  __device__ __forceinline__ int Div(int n) const { return d == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), mul) >> shift); }
-};
-inline Divisor MakeDivisor(int d) {
-  Divisor v{d, 0u, 0};
-  if (d > 1) {
-    int l = 0;
-    while ((int64_t{1} << l) < d) ++l;
-    v.mul = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
-    v.shift = l - 1;
-  }
-  return v;
-}
 // Where the NT-token-group kernel divides: with the multiply the 16-token kernel's loop came out
 // slower (run 124: 18432x7168 M = 16 34.45 -> 35.1 us, same-run A/B), so that one keeps the division.
 template <int NT>
@@ -106,58 +80,6 @@ __device__ __forceinline__ int Quotient(const Divisor& v, int n) {
     return v.Div(n);
   }
 }
-
-struct GemmParams {
-  const void* x;
-  const uint4* qw;         // packed [E][tiles][steps][2][32] x 16 B
-  const char* sc;          // packed [E][tiles][blocks][8 row pairs][2][4 groups] (bf16 or f32)
-  bool sc_f32;
-  int N, K, tiles, steps, blocks;
-  int M;                   // dense rows; MoE (token, expert) pairs
-  int tile_tokens;         // tokens per token tile: 8 x NT
-  int tile_offset;         // first token tile of this launch
-  const Tile* moe_tiles;   // MoE token tiles (device), or null for dense
-  const int32_t* route_ids;  // MoE routed inside the kernel (RouteTile): ids [pairs]; or null (moe_tiles)
-  int route_pairs, route_topk, route_experts;
-  bool route_gather;
-  const int* num_tiles;    // MoE: device count of token tiles
-  int* x_row;              // logical row -> x row, or null (identity)
-  int* out_row;            // logical row -> y row, or null (identity)
-  int steps_per_block;     // the stream-K range of a block (>= steps: a tile spans at most two blocks)
-  int steps_per_warp;      // a warp's share of its block's range
-  Divisor by_steps, by_steps_per_warp, by_route_topk;  // division by `steps`, `steps_per_warp`, `route_topk`
-  int range_blocks;        // blocks per matrix
-  const void* xs;          // x staged in fragment order for this chunk (StageXKernel), or null (StagesX)
-  int slices;              // k16 slices per staged token group: Steps(K) * 8 (zero past K)
-  uint64_t* exchange;      // [chunk tiles][range_blocks][8 NT tokens][16 rows]: a boundary tile's
-                           // first block sum (flag << 32 | f32 bits), zero between launches
-  void* y;
-  DType y_dtype;
-};
-
-// Streaming 16-byte load: read once, so keep it out of L1 (x lives there).
-__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-// Two codes (nibbles in bits 0-3 and 16-19 of `w`) -> two exact 16-bit floats q = u - 8: one
-// LOP3 ((w & 0x000F000F) | magic: 128 + u in bf16, 1024 + u in f16; the magic passed in a register,
-// as SASS LOP3 takes one immediate) and one HSUB2.
-template <typename A>
-__device__ __forceinline__ uint32_t Dequant2(uint32_t w, uint32_t magic) {
-  uint32_t v, r;
-  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;\n" : "=r"(v) : "r"(w), "r"(magic));  // (a & b) | c
-  if constexpr (std::is_same<A, __half>::value) {
-    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(v), "r"(0x64086408u));  // - 1032
-  } else {
-    asm("sub.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(v), "r"(0x43084308u));  // - 136
-  }
-  return r;
-}
-template <typename A>
-constexpr uint32_t kMagic = std::is_same<A, __half>::value ? 0x64006400u : 0x43004300u;
 
 // d = a . b + d, or with `fresh` d = a . b (a group's first MMA: no zeroing moves).
 #define KDTREE_MMA(TYPE)                                                                                                  \
@@ -179,10 +101,6 @@ __device__ __forceinline__ void Mma(float* d, const uint32_t* a, uint32_t b0, ui
   }
 }
 #undef KDTREE_MMA
-
-// The code type the MMA runs in for activations X: f16 for f16, bf16 otherwise.
-template <typename X>
-using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
 
 // Whether x is read from the staged copy (StageXKernel): 16-bit x with more than one group of 8
 // tokens. With one group the in-place rows are few (one at decode, where staging would only add a
@@ -273,26 +191,6 @@ __device__ __forceinline__ void MmaB(float* part, const uint32_t* a, const BFrag
   using A = CodeT<X>;
 #pragma unroll
   for (int pl = 0; pl < BFrag<X>::kPlanes; ++pl) Mma<A>(part, a, b.r[pl][0], b.r[pl][1], fresh && pl == 0);
-}
-
-// The scales a lane needs for one scale block: rows g and g + 8, its 4 groups (16 B in bf16,
-// 32 B in f32), loaded with the step's weights.
-template <typename S>
-struct ScaleFrag {
-  uint4 v[sizeof(S) / 2];
-};
-template <typename S>
-__device__ __forceinline__ void ScalesOf(const ScaleFrag<S>& f, int q, float* s_lo, float* s_hi) {
-  if constexpr (std::is_same<S, float>::value) {
-    const uint32_t lo[4] = {f.v[0].x, f.v[0].y, f.v[0].z, f.v[0].w}, hi[4] = {f.v[1].x, f.v[1].y, f.v[1].z, f.v[1].w};
-    *s_lo = __uint_as_float(lo[q]);
-    *s_hi = __uint_as_float(hi[q]);
-  } else {
-    const uint32_t w[4] = {f.v[0].x, f.v[0].y, f.v[0].z, f.v[0].w};  // [row g: q0 q1, q2 q3][row g+8: q0 q1, q2 q3]
-    const uint32_t lo = w[q / 2], hi = w[2 + q / 2];
-    *s_lo = __uint_as_float(q % 2 ? lo & 0xFFFF0000u : lo << 16);
-    *s_hi = __uint_as_float(q % 2 ? hi & 0xFFFF0000u : hi << 16);
-  }
 }
 
 // One step (128 k of the lane's two rows): 8 k16 slices per group of 8 tokens, each group's sum
@@ -450,15 +348,6 @@ __global__ void StageXKernel(const GemmParams p, int chunk_tiles, X* xs) {
   reinterpret_cast<uint4*>(xs)[i] = v;
 }
 
-// acc element i of n-tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
-__device__ __forceinline__ void StoreElement(const GemmParams& p, float v, int j, int i, int tile, int row_start, int rows, int g, int t) {
-  const int tok = 8 * j + 2 * t + (i & 1), n = tile * w4::kTileRows + g + 8 * (i >> 1);
-  if (tok < rows && n < p.N) {
-    const int lr = row_start + tok;
-    const int out = p.out_row ? p.out_row[lr] : lr;
-    StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * p.N + n, v);
-  }
-}
 template <int NT>
 __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[NT][4], int tile, int row_start, int rows, int g, int t) {
 #pragma unroll
@@ -877,6 +766,20 @@ size_t StagedXBytes(int chunk, int nt, int slices, DType x) {
 }
 size_t ScratchAfter(size_t used, int chunk, int nt, int slices, DType x) { return (used + 255) / 256 * 256 + StagedXBytes(chunk, nt, slices, x); }
 
+// Dense bf16 x of 17 or more tokens runs on the warpgroup kernel (w4a16_wgmma.cu) where the binary
+// and the device have it: the same bits as the stream-K kernels (it replays their ranges), and the
+// weights streamed once per 32 tokens with x read by the tensor cores from shared memory, instead of
+// 8-16 KB of x per warp and KB of weights (18432x7168: M = 32 76 -> 50 us, 64 149 -> 81, 128 293
+// -> 162; run 142). At 9-16 tokens its 16-token form was slower than the stream-K kernel (38 vs
+// 34.5 us), so those stay there. It gives a warpgroup 4 whole tiles, so it needs N large enough for
+// kWgmmaMinGroupsPerSm warpgroups per SM (7168x18432, 112 warpgroups, ran at M = 16
+// 2.3x slower than the stream-K kernel).
+constexpr int kWgmmaMinGroupsPerSm = 2;
+constexpr int kWgmmaChunkTiles = 2;  // token tiles per launch: bounds the staged x (8 copies)
+bool UseWgmma(const GemmParams& p, DType x, int nt, int sms) {
+  return nt >= 4 && x == DType::kBF16 && p.moe_tiles == nullptr && (p.tiles + 3) / 4 >= kWgmmaMinGroupsPerSm * sms && WgmmaAvailable();
+}
+
 // Launches the token tiles [0, token_tiles) in chunks of kChunkTiles (the staged x and the
 // exchange slots are sized for one chunk; chunks run in stream order).
 Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, int matrices, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
@@ -891,6 +794,16 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   p.by_steps_per_warp = MakeDivisor(r.steps_per_warp);
   p.range_blocks = r.blocks;
   const int chunk = std::min(token_tiles, kChunkTiles);
+  if (UseWgmma(p, x_dtype, nt, sms)) {
+    const int wg_tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, wg_chunk = std::min(wg_tiles, kWgmmaChunkTiles);
+    const size_t offset = (scratch_used + 255) / 256 * 256;
+    KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + wg_chunk * WgmmaStagedBytes(p.steps), s));
+    for (int first = 0; first < wg_tiles; first += wg_chunk) {
+      p.tile_offset = first;
+      KDTREE_RETURN_IF_ERROR(LaunchW4A16Wgmma(p, group, std::min(wg_chunk, wg_tiles - first), static_cast<char*>(scratch.ptr) + offset, s));
+    }
+    return Status::Ok();
+  }
   p.slices = p.steps * 8;
   KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(scratch_used, chunk, nt, p.slices, x_dtype), s));
   void* staged = static_cast<char*>(scratch.ptr) + (scratch_used + 255) / 256 * 256;

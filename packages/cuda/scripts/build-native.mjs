@@ -74,7 +74,7 @@ for (const variant of ['cpu', 'cuda']) {
     arch: process.arch,
     napiVersion: 8,
     cudaVersion,
-    cudaArchitectures: variant === 'cuda' ? ['90-real', '90-virtual'] : [],
+    cudaArchitectures: variant === 'cuda' ? ['90-real', '90-virtual', '90a-real'] : [],
     sourceHash: hash,
     built: new Date().toISOString(),
   };

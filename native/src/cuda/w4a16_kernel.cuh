@@ -1,0 +1,143 @@
+// The pieces the W4A16 kernels share: the launch parameters, the weight-stream loads, the code
+// and scale decoding, the output store. w4a16_gemm.cu holds the stream-K decode kernel (sm_90) and
+// the launchers; w4a16_wgmma.cu the warpgroup kernel for 17+ tokens on large N (sm_90a only).
+#pragma once
+#include <type_traits>
+
+#include "common.cuh"
+#include "kdtree/w4a16_layout.h"
+
+namespace kdtree {
+namespace cuda {
+namespace w4a16 {
+
+// Steps (16 rows x 128 k) per weight matrix, so that step indices and a range's end fit in 32 bits:
+// 2^30 steps is 2^41 weights.
+constexpr int64_t kMaxSteps = int64_t{1} << 30;
+constexpr int kUint4PerStep = w4::kWordsPerStep / 4;
+
+struct Tile {
+  int expert, row_start, rows, pad;
+};
+
+// n / d for 0 <= n < 2^31 by a launch-constant d, without a division: floor(n * mul / 2^(32 + shift))
+// with mul = ceil(2^(31 + l) / d), l = ceil(log2 d) (the error n * (mul - 2^(31+l) / d) / 2^(31+l) stays
+// below 1/d). A division by a runtime value is a ~20-instruction dependent chain, and the ones that
+// place a warp in the matrix come before its first weight load and in the combine at its end
+// (runs 124-125: M = 1-8 0.2-0.4 us faster on every shape, MoE decode step 64.75 -> 63.6 us).
+struct Divisor {
+  int d;
+  uint32_t mul;
+  int shift;
+  __device__ __forceinline__ int Div(int n) const { return d == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), mul) >> shift); }
+};
+inline Divisor MakeDivisor(int d) {
+  Divisor v{d, 0u, 0};
+  if (d > 1) {
+    int l = 0;
+    while ((int64_t{1} << l) < d) ++l;
+    v.mul = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
+    v.shift = l - 1;
+  }
+  return v;
+}
+
+struct GemmParams {
+  const void* x;
+  const uint4* qw;         // packed [E][tiles][steps][2][32] x 16 B
+  const char* sc;          // packed [E][tiles][blocks][8 row pairs][2][4 groups] (bf16 or f32)
+  bool sc_f32;
+  int N, K, tiles, steps, blocks;
+  int M;                   // dense rows; MoE (token, expert) pairs
+  int tile_tokens;         // tokens per token tile: 8 x NT
+  int tile_offset;         // first token tile of this launch
+  const Tile* moe_tiles;   // MoE token tiles (device), or null for dense
+  const int32_t* route_ids;  // MoE routed inside the kernel (RouteTile): ids [pairs]; or null (moe_tiles)
+  int route_pairs, route_topk, route_experts;
+  bool route_gather;
+  const int* num_tiles;    // MoE: device count of token tiles
+  int* x_row;              // logical row -> x row, or null (identity)
+  int* out_row;            // logical row -> y row, or null (identity)
+  int steps_per_block;     // the stream-K range of a block (>= steps: a tile spans at most two blocks)
+  int steps_per_warp;      // a warp's share of its block's range
+  Divisor by_steps, by_steps_per_warp, by_route_topk;  // division by `steps`, `steps_per_warp`, `route_topk`
+  int range_blocks;        // blocks per matrix
+  const void* xs;          // x staged in fragment order for this chunk (StageXKernel), or null (StagesX)
+  int slices;              // k16 slices per staged token group: Steps(K) * 8 (zero past K)
+  uint64_t* exchange;      // [chunk tiles][range_blocks][8 NT tokens][16 rows]: a boundary tile's
+                           // first block sum (flag << 32 | f32 bits), zero between launches
+  void* y;
+  DType y_dtype;
+};
+
+// Streaming 16-byte load: read once, so keep it out of L1 (x lives there).
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Two codes (nibbles in bits 0-3 and 16-19 of `w`) -> two exact 16-bit floats q = u - 8: one
+// LOP3 ((w & 0x000F000F) | magic: 128 + u in bf16, 1024 + u in f16; the magic passed in a register,
+// as SASS LOP3 takes one immediate) and one HSUB2.
+template <typename A>
+__device__ __forceinline__ uint32_t Dequant2(uint32_t w, uint32_t magic) {
+  uint32_t v, r;
+  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;\n" : "=r"(v) : "r"(w), "r"(magic));  // (a & b) | c
+  if constexpr (std::is_same<A, __half>::value) {
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(v), "r"(0x64086408u));  // - 1032
+  } else {
+    asm("sub.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(v), "r"(0x43084308u));  // - 136
+  }
+  return r;
+}
+template <typename A>
+constexpr uint32_t kMagic = std::is_same<A, __half>::value ? 0x64006400u : 0x43004300u;
+
+// The code type the MMA runs in for activations X: f16 for f16, bf16 otherwise.
+template <typename X>
+using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
+
+// The scales a lane needs for one scale block: rows g and g + 8, its 4 groups (16 B in bf16,
+// 32 B in f32), loaded with the step's weights.
+template <typename S>
+struct ScaleFrag {
+  uint4 v[sizeof(S) / 2];
+};
+template <typename S>
+__device__ __forceinline__ void ScalesOf(const ScaleFrag<S>& f, int q, float* s_lo, float* s_hi) {
+  if constexpr (std::is_same<S, float>::value) {
+    const uint32_t lo[4] = {f.v[0].x, f.v[0].y, f.v[0].z, f.v[0].w}, hi[4] = {f.v[1].x, f.v[1].y, f.v[1].z, f.v[1].w};
+    *s_lo = __uint_as_float(lo[q]);
+    *s_hi = __uint_as_float(hi[q]);
+  } else {
+    const uint32_t w[4] = {f.v[0].x, f.v[0].y, f.v[0].z, f.v[0].w};  // [row g: q0 q1, q2 q3][row g+8: q0 q1, q2 q3]
+    const uint32_t lo = w[q / 2], hi = w[2 + q / 2];
+    *s_lo = __uint_as_float(q % 2 ? lo & 0xFFFF0000u : lo << 16);
+    *s_hi = __uint_as_float(q % 2 ? hi & 0xFFFF0000u : hi << 16);
+  }
+}
+
+// acc element i of n-tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
+__device__ __forceinline__ void StoreElement(const GemmParams& p, float v, int j, int i, int tile, int row_start, int rows, int g, int t) {
+  const int tok = 8 * j + 2 * t + (i & 1), n = tile * w4::kTileRows + g + 8 * (i >> 1);
+  if (tok < rows && n < p.N) {
+    const int lr = row_start + tok;
+    const int out = p.out_row ? p.out_row[lr] : lr;
+    StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * p.N + n, v);
+  }
+}
+
+// The warpgroup kernel (w4a16_wgmma.cu): bf16 x, 17 or more tokens, in token tiles of 32.
+// Available when the binary holds sm_90a code and the device runs it.
+constexpr int kWgmmaTileTokens = 32;
+bool WgmmaAvailable();
+// Scratch for the staged x of one token tile (its B-operand order, in copies).
+size_t WgmmaStagedBytes(int steps);
+// Stages x and runs the GEMM for token tiles [p.tile_offset, + token_tiles) with p's stream-K
+// ranges (whose rounding it replays); `xs` holds WgmmaStagedBytes per token tile.
+Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, void* xs, cudaStream_t s);
+
+}  // namespace w4a16
+}  // namespace cuda
+}  // namespace kdtree
