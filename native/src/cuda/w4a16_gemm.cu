@@ -770,14 +770,16 @@ size_t ScratchAfter(size_t used, int chunk, int nt, int slices, DType x) { retur
 // and the device have it: the same bits as the stream-K kernels (it replays their ranges), and the
 // weights streamed once per 32 tokens with x read by the tensor cores from shared memory, instead of
 // 8-16 KB of x per warp and KB of weights (18432x7168: M = 32 76 -> 50 us, 64 149 -> 81, 128 293
-// -> 162; run 142). At 9-16 tokens its 16-token form was slower than the stream-K kernel (38 vs
-// 34.5 us), so those stay there. It gives a warpgroup 4 whole tiles, so it needs N large enough for
-// kWgmmaMinGroupsPerSm warpgroups per SM (7168x18432, 112 warpgroups, ran at M = 16
-// 2.3x slower than the stream-K kernel).
-constexpr int kWgmmaMinGroupsPerSm = 2;
-constexpr int kWgmmaChunkTiles = 2;  // token tiles per launch: bounds the staged x (8 copies)
+// -> 141; runs 142, 145). At 9-16 tokens its 16-token form was slower than the stream-K kernel (38 vs
+// 34.5 us), so those stay there. A warpgroup takes 4 whole tiles and one token tile, and a launch
+// needs >= 1.5 warpgroups per SM from N and its token tiles together (runs 145-146: 1.5 took
+// 4096x7168 M = 128 78 -> 51 us, 7168x2048 M = 64 26 -> 18, 7168x18432 M = 64 154 -> 115 and made
+// nothing slower; 0.8 made 7168x18432 M = 32 84 -> 113; at 112 warpgroups, one per SM, M = 16 was
+// 2.3x slower in run 136).
+constexpr int kWgmmaChunkTiles = 4;  // token tiles per launch (128 tokens): bounds the staged x
 bool UseWgmma(const GemmParams& p, DType x, int nt, int sms) {
-  return nt >= 4 && x == DType::kBF16 && p.moe_tiles == nullptr && (p.tiles + 3) / 4 >= kWgmmaMinGroupsPerSm * sms && WgmmaAvailable();
+  const int token_tiles = std::min((p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, kWgmmaChunkTiles);
+  return nt >= 4 && x == DType::kBF16 && p.moe_tiles == nullptr && 2 * WgmmaTileGroups(p.tiles) * token_tiles >= 3 * sms && WgmmaAvailable();
 }
 
 // Launches the token tiles [0, token_tiles) in chunks of kChunkTiles (the staged x and the
@@ -797,7 +799,7 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   if (UseWgmma(p, x_dtype, nt, sms)) {
     const int wg_tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, wg_chunk = std::min(wg_tiles, kWgmmaChunkTiles);
     const size_t offset = (scratch_used + 255) / 256 * 256;
-    KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + wg_chunk * WgmmaStagedBytes(p.steps), s));
+    KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + wg_chunk * WgmmaStagedBytes(p.steps, p.tiles), s));
     for (int first = 0; first < wg_tiles; first += wg_chunk) {
       p.tile_offset = first;
       KDTREE_RETURN_IF_ERROR(LaunchW4A16Wgmma(p, group, std::min(wg_chunk, wg_tiles - first), static_cast<char*>(scratch.ptr) + offset, s));

@@ -132,8 +132,10 @@ __device__ __forceinline__ void StoreElement(const GemmParams& p, float v, int j
 // Available when the binary holds sm_90a code and the device runs it.
 constexpr int kWgmmaTileTokens = 32;
 bool WgmmaAvailable();
+// Warpgroups per token tile: one per 4 tiles of 16 rows.
+int WgmmaTileGroups(int tiles);
 // Scratch for the staged x of one token tile (its B-operand order, in copies).
-size_t WgmmaStagedBytes(int steps);
+size_t WgmmaStagedBytes(int steps, int tiles);
 // Stages x and runs the GEMM for token tiles [p.tile_offset, + token_tiles) with p's stream-K
 // ranges (whose rounding it replays); `xs` holds WgmmaStagedBytes per token tile.
 Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, void* xs, cudaStream_t s);

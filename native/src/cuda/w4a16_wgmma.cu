@@ -18,12 +18,13 @@
 // is the stream-K kernel's at any M, while a warp here walks its whole tile (no combine, no
 // exchange) and a warpgroup has the K extent of four tiles.
 //
-// Work: one warpgroup (a block) per 4 tiles and token tile, all of K. That is tiles / 4 warpgroups,
-// so it only fills the GPU for large N (w4a16_gemm.cu: UseWgmma). Weights, scales and x go through
+// Work: one warpgroup (a block) per 4 tiles and token tile, all of K: tiles / 4 warpgroups per
+// token tile, so it fills the GPU only for large N or many tokens (w4a16_gemm.cu: UseWgmma). Weights, scales and x go through
 // a ring of kStages shared-memory stages (cp.async), and a warp dequantizes step s + 1 while step
 // s's wgmmas run. Its limit is issue: ~2 warps per scheduler at ~2.4 instructions per cycle per SM
 // (Nsight, run 138), so every instruction per step counts (run 140: descriptors and stage
 // indices as offsets, the piece bookkeeping a branch: 42.7 -> 38.3 us at 16 tokens).
+#include <algorithm>
 #include <cstddef>
 
 #include "w4a16_kernel.cuh"
@@ -44,10 +45,11 @@ constexpr int kXStepBytes = 8 * kSliceBytes;      // one step's x (128 k x 32 to
 // kernel keeps with 16 warps; 5 stages of 13 KB are what fits 3 times per SM.
 constexpr int kStages = 5;
 constexpr int kBlocksPerSm = 3;                // 12 warps per SM: <= 168 registers per thread
-// Copies of the staged x, warpgroup i reading copy i % kXCopies. All warpgroups walk K in step
-// together, so with one copy every x line of a step is read by all of them at once (run 138, 16
-// tokens: 1 copy 46.5 us, 8 copies 43.5).
-constexpr int kXCopies = 8;
+// Copies of the staged x, warpgroup i reading copy i % copies. All warpgroups of a token tile walk K
+// in step together, so with one copy every x line of a step is read by all of them at once (run
+// 138, 288 warpgroups: 1 copy 46.5 us, 8 copies 43.5): about one copy per 32 of them.
+constexpr int kMaxXCopies = 8;
+int XCopies(int tile_groups) { return std::max(1, std::min(kMaxXCopies, tile_groups / 32)); }
 
 // One step of a warpgroup in shared memory: the x of its token tile (B operand) and each warp's
 // weights and scale block, copied straight from the packed layout (cp.async).
@@ -62,7 +64,7 @@ struct Stage {
 // element kk = 8 kb + e of slice (b, s) is the k that the packed codes give MMA k index kk
 // (w4a16_layout.h: lane t's nibbles are k = 32 b + 8 t + 4 s + {0, 1} and + {2, 3}):
 // k = 128 step + 32 b + 8 (e >> 1) + 4 s + 2 kb + (e & 1). Zero past K and past the tile's rows.
-__global__ void StageWgmmaXKernel(const GemmParams p, int chunk_tiles, uint4* xs) {
+__global__ void StageWgmmaXKernel(const GemmParams p, int chunk_tiles, int copies, uint4* xs) {
   PdlWait();  // x is the previous kernel's, and the previous GEMM may still read xs
   PdlLaunchDependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -83,7 +85,8 @@ __global__ void StageWgmmaXKernel(const GemmParams p, int chunk_tiles, uint4* xs
   }
   const uint4 value = make_uint4(v[0], v[1], v[2], v[3]);
 #pragma unroll
-  for (int c = 0; c < kXCopies; ++c) xs[c * units * chunk_tiles + i] = value;
+  for (int c = 0; c < kMaxXCopies; ++c)
+    if (c < copies) xs[c * units * chunk_tiles + i] = value;
 }
 
 // wgmma shared-memory descriptor of a no-swizzle operand: start, leading byte offset (the next
@@ -130,7 +133,7 @@ __device__ __forceinline__ TileSplit SplitOf(const GemmParams& p, int tile) {
 }
 
 template <typename S, int G>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const GemmParams p) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const GemmParams p, int copies) {
   PdlLaunchDependents();
   extern __shared__ __align__(1024) char smem[];
   Stage* stages = reinterpret_cast<Stage*>(smem);
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
   // Copy cursors: the next step's weights, scale block and x, and the stage they go to
   const uint4* w_next = p.qw + static_cast<int64_t>(src_tile) * steps * kUint4PerStep + lane;
   const uint4* s_next = reinterpret_cast<const uint4*>(reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(src_tile) * p.blocks * w4::kScalesPerBlock) + lane;
-  const char* x_next = static_cast<const char*>(p.xs) + (static_cast<int64_t>(blockIdx.x % kXCopies) * gridDim.y + blockIdx.y) * steps * kXStepBytes + 16 * threadIdx.x;
+  const char* x_next = static_cast<const char*>(p.xs) + (static_cast<int64_t>(blockIdx.x % copies) * gridDim.y + blockIdx.y) * steps * kXStepBytes + 16 * threadIdx.x;
   const uint32_t stage0 = static_cast<uint32_t>(__cvta_generic_to_shared(stages));
   // A step's weights and scale block into this warp's part of stage `stage`: 2 + (<= 1) 16-byte
   // copies per lane; then the cursor moves on (a scale block every kStepsPerBlock steps).
@@ -312,10 +315,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
 }
 
 template <typename S, int G>
-Status Launch(const GemmParams& p, dim3 grid, cudaStream_t s) {
+Status Launch(const GemmParams& p, int copies, dim3 grid, cudaStream_t s) {
   constexpr int kShared = kStages * sizeof(Stage);
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16WgmmaKernel<S, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 wgmma kernel: shared memory"));
-  return LaunchPdl("w4a16 wgmma kernel", W4A16WgmmaKernel<S, G>, grid, dim3(kThreads), kShared, s, p);
+  return LaunchPdl("w4a16 wgmma kernel", W4A16WgmmaKernel<S, G>, grid, dim3(kThreads), kShared, s, p, copies);
 }
 
 }  // namespace
@@ -331,25 +334,28 @@ bool WgmmaAvailable() {
   return available;
 }
 
-size_t WgmmaStagedBytes(int steps) { return static_cast<size_t>(steps) * kXStepBytes * kXCopies; }
+int WgmmaTileGroups(int tiles) { return (tiles + kTileGroup - 1) / kTileGroup; }
+
+size_t WgmmaStagedBytes(int steps, int tiles) { return static_cast<size_t>(steps) * kXStepBytes * XCopies(WgmmaTileGroups(tiles)); }
 
 Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, void* xs, cudaStream_t s) {
   p.xs = xs;
   const int64_t units = static_cast<int64_t>(token_tiles) * p.steps * (kXStepBytes / 16);
-  KDTREE_RETURN_IF_ERROR(LaunchPdl("w4a16 wgmma stage x", StageWgmmaXKernel, dim3(static_cast<unsigned>((units + 255) / 256)), dim3(256), 0, s, p, token_tiles,
+  const int copies = XCopies(WgmmaTileGroups(p.tiles));
+  KDTREE_RETURN_IF_ERROR(LaunchPdl("w4a16 wgmma stage x", StageWgmmaXKernel, dim3(static_cast<unsigned>((units + 255) / 256)), dim3(256), 0, s, p, token_tiles, copies,
                                    static_cast<uint4*>(xs)));
-  const dim3 grid(static_cast<unsigned>((p.tiles + kTileGroup - 1) / kTileGroup), static_cast<unsigned>(token_tiles));
+  const dim3 grid(static_cast<unsigned>(WgmmaTileGroups(p.tiles)), static_cast<unsigned>(token_tiles));
   if (p.sc_f32) {
     switch (group) {
-      case 32: return Launch<float, 32>(p, grid, s);
-      case 64: return Launch<float, 64>(p, grid, s);
-      default: return Launch<float, 128>(p, grid, s);
+      case 32: return Launch<float, 32>(p, copies, grid, s);
+      case 64: return Launch<float, 64>(p, copies, grid, s);
+      default: return Launch<float, 128>(p, copies, grid, s);
     }
   }
   switch (group) {
-    case 32: return Launch<uint16_t, 32>(p, grid, s);
-    case 64: return Launch<uint16_t, 64>(p, grid, s);
-    default: return Launch<uint16_t, 128>(p, grid, s);
+    case 32: return Launch<uint16_t, 32>(p, copies, grid, s);
+    case 64: return Launch<uint16_t, 64>(p, copies, grid, s);
+    default: return Launch<uint16_t, 128>(p, copies, grid, s);
   }
 }
 

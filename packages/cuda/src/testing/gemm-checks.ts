@@ -300,35 +300,41 @@ const streamKCheck: KernelCheck = {
 };
 
 /**
- * bf16 x on a matrix wide enough for the warpgroup kernel (w4a16_wgmma.cu: on an sm_90a device with
- * up to 132 SMs, >= 2 warpgroups of 4 tiles per SM). N = 17000 is 1063 tiles, so the last warpgroup
- * has 3; K = 640 is 5 steps, so the stream-K ranges it replays cut tiles inside and across blocks.
- * M = 17 and 40 take its 32-token tiles (40: two, the second partial), M = 9 and 16 the stream-K
- * kernel's 16-token ones. Each group size takes its own kernel instance: 32 with bf16 scales, 128
- * with f32. Rows 0, 5 and M - 1 must equal the row alone (the 1-token kernel) bit for bit.
+ * bf16 x on shapes that take the warpgroup kernel (w4a16_wgmma.cu) on an sm_90a device with up to
+ * 132 SMs: >= 1.5 warpgroups (4 tiles x one 32-token tile each) per SM in a launch. N = 17000 is 1063
+ * tiles, so the last warpgroup has 3; K = 640 is 5 steps, so the stream-K ranges it replays cut
+ * tiles inside and across blocks; M = 17 and 40 take it (40: two token tiles, the second partial),
+ * M = 9 and 16 the stream-K kernel's 16-token tiles. N = 4608 at M = 100 (72 warpgroups x 4 token
+ * tiles, the last partial) takes it only because of its tokens. Each group size is its own kernel
+ * instance: 32 (bf16 scales), 64 (bf16) and 128 (f32). Rows 0, 5 and M - 1 must equal the row
+ * alone (the 1-token kernel) bit for bit.
  */
-const wideCheck: KernelCheck = {
-  name: 'w4a16_gemm bf16: N 17000 x K 640 at M 9/16/17/40, groups 32 (bf16 scales) and 128 (f32 scales), vs reference and batch-invariant (on sm_90a, M 17/40: the warpgroup kernel)',
+const wgmmaCheck: KernelCheck = {
+  name: 'w4a16_gemm bf16: N 17000 x K 640 at M 9/16/17/40 (groups 32, bf16 scales, and 128, f32) and N 4608 x K 384 at M 100 (group 64), vs reference and batch-invariant (on sm_90a: the warpgroup kernel from 17 tokens)',
   run(b) {
-    const { n, k } = { n: 17000, k: 640 };
+    const cases = [
+      { n: 17000, k: 640, group: 32, scales: 'BF16', ms: [9, 16, 17, 40] },
+      { n: 17000, k: 640, group: 128, scales: 'F32', ms: [9, 16, 17, 40] },
+      { n: 4608, k: 384, group: 64, scales: 'BF16', ms: [100] },
+    ] as const;
     let detail = '';
-    for (const [group, scales] of [[32, 'BF16'], [128, 'F32']] as const) {
+    for (const { n, k, group, scales, ms } of cases) {
       const w = int4(n, k, group, scales, 71 + group);
       const wf = dequantizeInt4(w);
       withTensors(b, (track) => {
         const { qw, sc } = uploadInt4(b, w);
         track(qw);
         track(sc);
-        for (const m of [9, 16, 17, 40]) {
+        for (const m of ms) {
           const x = randomF32(m * k, 700 + m + group);
           const y = track(b.empty('f32', [m, n]));
           b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
           const all = b.toArray(y) as Float32Array;
-          detail += `${detail ? '; ' : ''}G=${group} ${expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16)}`;
+          detail += `${detail ? '; ' : ''}N=${n} G=${group} ${expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16)}`;
           for (const r of [0, 5, m - 1]) {
             const y1 = track(b.empty('f32', [1, n]));
             b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [1, k], x.subarray(r * k, (r + 1) * k))), qw, sc, y: y1, group });
-            if (!sameBits(b.toArray(y1), all.subarray(r * n, (r + 1) * n))) fail(`G=${group}: row ${r} of M=${m} differs from the row computed alone`);
+            if (!sameBits(b.toArray(y1), all.subarray(r * n, (r + 1) * n))) fail(`N=${n} G=${group}: row ${r} of M=${m} differs from the row computed alone`);
           }
         }
       });
@@ -386,7 +392,7 @@ export const GEMM_CHECKS: KernelCheck[] = [
   packCheck('BF16'),
   packCheck('F32'),
   streamKCheck,
-  wideCheck,
+  wgmmaCheck,
   gemmInvarianceCheck('f32'),
   gemmInvarianceCheck('bf16'),
   moeCheck('f32', 96),
