@@ -769,8 +769,8 @@ size_t ScratchAfter(size_t used, int chunk, int nt, int slices, DType x) { retur
 // Dense bf16 x of 17 or more tokens runs on the warpgroup kernel (w4a16_wgmma.cu) where the binary
 // and the device have it: the same bits as the stream-K kernels (it replays their ranges), and the
 // weights streamed once per 32 tokens with x read by the tensor cores from shared memory, instead of
-// 8-16 KB of x per warp and KB of weights (18432x7168: M = 32 76 -> 50 us, 64 149 -> 81, 128 293
-// -> 141; runs 142, 145). At 9-16 tokens its 16-token form was slower than the stream-K kernel (38 vs
+// 8-16 KB of x per warp and KB of weights (18432x7168: M = 32 76 -> 48 us, 64 149 -> 77, 128 293
+// -> 135; runs 142-148). At 9-16 tokens its 16-token form was slower than the stream-K kernel (38 vs
 // 34.5 us), so those stay there. A warpgroup takes 4 whole tiles and one token tile, and a launch
 // needs >= 1.5 warpgroups per SM from N and its token tiles together (runs 145-146: 1.5 took
 // 4096x7168 M = 128 78 -> 51 us, 7168x2048 M = 64 26 -> 18, 7168x18432 M = 64 154 -> 115 and made

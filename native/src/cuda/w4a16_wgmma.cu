@@ -20,10 +20,12 @@
 //
 // Work: one warpgroup (a block) per 4 tiles and token tile, all of K: tiles / 4 warpgroups per
 // token tile, so it fills the GPU only for large N or many tokens (w4a16_gemm.cu: UseWgmma). Weights, scales and x go through
-// a ring of kStages shared-memory stages (cp.async), and a warp dequantizes step s + 1 while step
-// s's wgmmas run. Its limit is issue: ~2 warps per scheduler at ~2.4 instructions per cycle per SM
-// (Nsight, run 138), so every instruction per step counts (run 140: descriptors and stage
-// indices as offsets, the piece bookkeeping a branch: 42.7 -> 38.3 us at 16 tokens).
+// a ring of kStages shared-memory stages (cp.async); a warp dequantizes step s + 1 while step s's
+// first wgmmas run, and issues each scale group's wgmmas while it scales the previous group (two
+// buffers: 4-8% faster than one at a time, run 148). Its limit is issue: ~2 warps per scheduler
+// at ~2.4 instructions per cycle per SM (Nsight, run 138), so every instruction per step counts
+// (run 140: descriptors and stage indices as offsets, the piece bookkeeping a branch: 42.7 ->
+// 38.3 us at 16 tokens).
 #include <algorithm>
 #include <cstddef>
 
@@ -97,6 +99,7 @@ __device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo,
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void WgmmaWait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaWait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // d (+)= a . B: the warp's 16 rows (A fragments as mma.m16n8k16 takes them) times 32 tokens of x;
 // d[4 j + i] is what mma.m16n8k16's d[i] is for tokens 8 j .. 8 j + 7.
 __device__ __forceinline__ void Wgmma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
@@ -213,11 +216,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
   };
 
   TileSplit split = SplitOf(p, src_tile);
-  // acc[4 j + i]: tokens 8 j + 2 t + (i & 1), row g + 8 (i >> 1); part: the group in flight (one
-  // group at a time: the registers of a buffer per group are not there, 168 per thread at 3 blocks)
-  float acc[kN], block_sum[kN], first_block[kN], part[kN];
+  // acc[4 j + i]: tokens 8 j + 2 t + (i & 1), row g + 8 (i >> 1); part: two groups' exact sums, the
+  // next one's wgmmas in flight while the last one is scaled. A tile's first block sum (set at most
+  // once) waits in shared memory, [kN][kThreads], for the registers of the second buffer.
+  float acc[kN], block_sum[kN], part[2][kN];
+  float* first_block = reinterpret_cast<float*>(smem + kStages * sizeof(Stage)) + threadIdx.x;
 #pragma unroll
-  for (int i = 0; i < kN; ++i) acc[i] = block_sum[i] = first_block[i] = part[i] = 0.f;
+  for (int i = 0; i < kN; ++i) acc[i] = block_sum[i] = part[0][i] = part[1][i] = 0.f;
   int f = src_tile * steps;  // this step's index in the matrix's step space
   // Software-pipelined by one step: while step s's wgmmas run, the warp dequantizes step s + 1
   // (two A register sets, the loop unrolled by 2 so that they never move).
@@ -240,11 +245,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
       const ScaleFrag<S>& sf = half == 0 ? s_even : s_odd;
       ScaleFrag<S>& sf_next = half == 0 ? s_odd : s_even;
       const uint64_t desc = desc_x + stage * (sizeof(Stage) >> 4);
-      // group q's exact sums: its slices chained, the first one fresh; one commit group
+      // group q's exact sums into part[q & 1]: its slices chained, the first one fresh; one commit group
       auto issue_group = [&](int q) {
 #pragma unroll
         for (int slice = q * G / 16; slice < (q + 1) * G / 16; ++slice)
-          Wgmma(part, a[slice], desc + slice * (kSliceBytes >> 4), (slice * 16) % G != 0);
+          Wgmma(part[q & 1], a[slice], desc + slice * (kSliceBytes >> 4), (slice * 16) % G != 0);
         WgmmaCommit();
       };
       // group q scaled into acc (its commit group landed), in order, as the decode kernel does
@@ -254,10 +259,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
         ScalesOf<S>(sf, slot, &s_lo, &s_hi);
 #pragma unroll
         for (int j = 0; j < kTokens / 8; ++j) {
-          acc[4 * j + 0] = fmaf(part[4 * j + 0], s_lo, acc[4 * j + 0]);
-          acc[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, acc[4 * j + 1]);
-          acc[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, acc[4 * j + 2]);
-          acc[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, acc[4 * j + 3]);
+          acc[4 * j + 0] = fmaf(part[q & 1][4 * j + 0], s_lo, acc[4 * j + 0]);
+          acc[4 * j + 1] = fmaf(part[q & 1][4 * j + 1], s_lo, acc[4 * j + 1]);
+          acc[4 * j + 2] = fmaf(part[q & 1][4 * j + 2], s_hi, acc[4 * j + 2]);
+          acc[4 * j + 3] = fmaf(part[q & 1][4 * j + 3], s_hi, acc[4 * j + 3]);
         }
       };
       // group 0 in flight while the warp moves on to the next step's stage
@@ -277,11 +282,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
       }
 #pragma unroll
       for (int q = 0; q < kGroups; ++q) {
-        if (q > 0) {
-          WgmmaFence();  // part was read by the last scaling
-          issue_group(q);
+        if (q + 1 < kGroups) {
+          WgmmaFence();  // part[(q + 1) & 1] was read by the scaling of group q - 1
+          issue_group(q + 1);
+          WgmmaWait1();
+        } else {
+          WgmmaWait0();
         }
-        WgmmaWait0();
         scale_group(q);
       }
       // the stream-K kernel's piece and block ends (warp-uniform branches, outside the wgmmas)
@@ -294,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
         if (f == split.block_end && f < split.f_end) {
 #pragma unroll
           for (int i = 0; i < kN; ++i) {
-            first_block[i] = block_sum[i];
+            first_block[i * kThreads] = block_sum[i];
             block_sum[i] = 0.f;
           }
         }
@@ -309,14 +316,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int e = 4 * j + i;
-      const float v = split.whole ? acc[e] : split.two_blocks ? first_block[e] + block_sum[e] : block_sum[e];
+      const float v = split.whole ? acc[e] : split.two_blocks ? first_block[e * kThreads] + block_sum[e] : block_sum[e];
       StoreElement(p, v, j, i, tile, row_start, rows, g, t);
     }
 }
 
 template <typename S, int G>
 Status Launch(const GemmParams& p, int copies, dim3 grid, cudaStream_t s) {
-  constexpr int kShared = kStages * sizeof(Stage);
+  constexpr int kShared = kStages * sizeof(Stage) + kN * kThreads * sizeof(float);  // + the first block sums
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16WgmmaKernel<S, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 wgmma kernel: shared memory"));
   return LaunchPdl("w4a16 wgmma kernel", W4A16WgmmaKernel<S, G>, grid, dim3(kThreads), kShared, s, p, copies);
 }
