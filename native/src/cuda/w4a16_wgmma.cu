@@ -27,6 +27,7 @@
 // (run 140: descriptors and stage indices as offsets, the piece bookkeeping a branch: 42.7 ->
 // 38.3 us at 16 tokens).
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 
 #include "w4a16_kernel.cuh"
@@ -332,13 +333,22 @@ Status Launch(const GemmParams& p, int copies, dim3 grid, cudaStream_t s) {
 
 bool WgmmaAvailable() {
   // The kernel exists only as sm_90a machine code: on any other device there is no image to run.
-  static const bool available = [] {
+  // Asked once per device (the current one: a host may mix GPUs); 0 unknown, 1 yes, 2 no.
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) {
+    cudaGetLastError();
+    return false;
+  }
+  int state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
     cudaFuncAttributes attributes;
-    const bool ok = cudaFuncGetAttributes(&attributes, W4A16WgmmaKernel<uint16_t, 32>) == cudaSuccess;
+    state = cudaFuncGetAttributes(&attributes, W4A16WgmmaKernel<uint16_t, 32>) == cudaSuccess ? 1 : 2;
     cudaGetLastError();  // clear the lookup's error
-    return ok;
-  }();
-  return available;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 1;
 }
 
 int WgmmaTileGroups(int tiles) { return (tiles + kTileGroup - 1) / kTileGroup; }

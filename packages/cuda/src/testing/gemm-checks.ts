@@ -305,17 +305,18 @@ const streamKCheck: KernelCheck = {
  * tiles, so the last warpgroup has 3; K = 640 is 5 steps, so the stream-K ranges it replays cut
  * tiles inside and across blocks; M = 17 and 40 take it (40: two token tiles, the second partial),
  * M = 9 and 16 the stream-K kernel's 16-token tiles. N = 4608 at M = 100 (72 warpgroups x 4 token
- * tiles, the last partial) takes it only because of its tokens. Each group size is its own kernel
+ * tiles, the last partial) takes it only because of its tokens; its K = 448 ends inside a step
+ * (staged x zero past K). Each group size is its own kernel
  * instance: 32 (bf16 scales), 64 (bf16) and 128 (f32). Rows 0, 5 and M - 1 must equal the row
  * alone (the 1-token kernel) bit for bit.
  */
 const wgmmaCheck: KernelCheck = {
-  name: 'w4a16_gemm bf16: N 17000 x K 640 at M 9/16/17/40 (groups 32, bf16 scales, and 128, f32) and N 4608 x K 384 at M 100 (group 64), vs reference and batch-invariant (on sm_90a: the warpgroup kernel from 17 tokens)',
+  name: 'w4a16_gemm bf16: N 17000 x K 640 at M 9/16/17/40 (groups 32, bf16 scales, and 128, f32) and N 4608 x K 448 at M 100 (group 64, a K tail), vs reference and batch-invariant (on sm_90a: the warpgroup kernel from 17 tokens)',
   run(b) {
     const cases = [
       { n: 17000, k: 640, group: 32, scales: 'BF16', ms: [9, 16, 17, 40] },
       { n: 17000, k: 640, group: 128, scales: 'F32', ms: [9, 16, 17, 40] },
-      { n: 4608, k: 384, group: 64, scales: 'BF16', ms: [100] },
+      { n: 4608, k: 448, group: 64, scales: 'BF16', ms: [100] },
     ] as const;
     let detail = '';
     for (const { n, k, group, scales, ms } of cases) {
