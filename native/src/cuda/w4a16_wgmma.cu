@@ -2,7 +2,7 @@
 // it runs and falls back to its stream-K kernels elsewhere).
 //
 // Why: the stream-K kernels give each warp its own range of k, so at 17-64 tokens every warp reads
-// its own 8-16 KB of staged x per KB of weights (from L2) and its B fragments out of it: 0.5-0.9x
+// its own 8-16 KB of staged x per KB of weights (from L2) and its B fragments out of it: 0.2-1.0x
 // the speed of a dense bf16 GEMM. Here the four warps of a warpgroup hold four 16-row tiles at the
 // same k, so one wgmma.m64n32k16 per k16 slice multiplies all of them with one copy of x that the
 // tensor cores read from shared memory: per weight byte the loop is the decode kernel's
@@ -10,7 +10,8 @@
 // thread and step.
 //
 // Batch invariance: a row must come out with the bits the decode kernel gives it alone. wgmma
-// rounds a column's chained k16 sums exactly as mma.sync does (tools/gpu/wgmma_equiv.cu, run 132),
+// rounds a column's chained k16 sums exactly as mma.sync does (tools/gpu/wgmma_equiv.cu, runs 132
+// and 144),
 // the group scaling is the same fmaf chain, and a warp replays the stream-K kernel's split of its
 // tile: it restarts its accumulator where that kernel's warp ranges (multiples of steps_per_warp)
 // cut the tile, sums the pieces of each block in order from 0.f as the block combine does, and adds
@@ -19,13 +20,13 @@
 // exchange) and a warpgroup has the K extent of four tiles.
 //
 // Work: one warpgroup (a block) per 4 tiles and token tile, all of K: tiles / 4 warpgroups per
-// token tile, so it fills the GPU only for large N or many tokens (w4a16_gemm.cu: UseWgmma). Weights, scales and x go through
-// a ring of kStages shared-memory stages (cp.async); a warp dequantizes step s + 1 while step s's
-// first wgmmas run, and issues each scale group's wgmmas while it scales the previous group (two
-// buffers: 4-8% faster than one at a time, run 148). Its limit is issue: ~2 warps per scheduler
-// at ~2.4 instructions per cycle per SM (Nsight, run 138), so every instruction per step counts
-// (run 140: descriptors and stage indices as offsets, the piece bookkeeping a branch: 42.7 ->
-// 38.3 us at 16 tokens).
+// token tile, so it fills the GPU only for large N or many tokens (w4a16_gemm.cu: UseWgmma).
+// Weights, scales and x go through a ring of kStages shared-memory stages (cp.async); a warp
+// dequantizes step s + 1 while step s's first wgmmas run, and issues each scale group's wgmmas
+// while it scales the previous group (two buffers: 4-8% faster than one at a time, run 148). Its
+// limit is issue: ~2 warps per scheduler at ~2.4 instructions per cycle per SM (Nsight, run 138),
+// so every instruction per step counts (run 140: descriptors and stage indices as offsets, the
+// piece bookkeeping a branch: 42.7 -> 38.3 us at 16 tokens).
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -45,7 +46,7 @@ constexpr int kSliceBytes = 16 * kTokens * 2;     // B of one k16 slice, bf16: 1
 constexpr int kXStepBytes = 8 * kSliceBytes;      // one step's x (128 k x 32 tokens): 8 KB
 // Steps in shared memory per warpgroup (up to kStages - 1 ahead of the one in use): at 2-3
 // warpgroups per SM and 4 KB of weights per step, the 30-50 KB in flight per SM that the stream-K
-// kernel keeps with 16 warps; 5 stages of 13 KB are what fits 3 times per SM.
+// kernel keeps with 16 warps; 5 stages of 13 KB (+ 8 KB of first block sums) fit 3 times per SM.
 constexpr int kStages = 5;
 constexpr int kBlocksPerSm = 3;                // 12 warps per SM: <= 168 registers per thread
 // Copies of the staged x, warpgroup i reading copy i % copies. All warpgroups of a token tile walk K
