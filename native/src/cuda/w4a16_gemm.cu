@@ -51,6 +51,17 @@ namespace {
 
 using namespace w4a16;
 
+// Streaming 16-byte load: read once, so keep it out of L1 (x lives there).
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// The code type the MMA runs in for activations X: f16 for f16, bf16 otherwise.
+template <typename X>
+using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
+
 // A block's warps split its step range and combine the tiles they share in shared memory; only a
 // tile that crosses a block boundary is combined across blocks, by one exchange (run 45).
 constexpr int kWarps = 8;

@@ -70,13 +70,6 @@ struct GemmParams {
   DType y_dtype;
 };
 
-// Streaming 16-byte load: read once, so keep it out of L1 (x lives there).
-__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // Two codes (nibbles in bits 0-3 and 16-19 of `w`) -> two exact 16-bit floats q = u - 8: one
 // LOP3 ((w & 0x000F000F) | magic: 128 + u in bf16, 1024 + u in f16; the magic passed in a register,
 // as SASS LOP3 takes one immediate) and one HSUB2.
@@ -93,10 +86,6 @@ __device__ __forceinline__ uint32_t Dequant2(uint32_t w, uint32_t magic) {
 }
 template <typename A>
 constexpr uint32_t kMagic = std::is_same<A, __half>::value ? 0x64006400u : 0x43004300u;
-
-// The code type the MMA runs in for activations X: f16 for f16, bf16 otherwise.
-template <typename X>
-using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
 
 // The scales a lane needs for one scale block: rows g and g + 8, its 4 groups (16 B in bf16,
 // 32 B in f32), loaded with the step's weights.
