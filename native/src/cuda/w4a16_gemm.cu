@@ -788,9 +788,21 @@ size_t ScratchAfter(size_t used, int chunk, int nt, int slices, DType x) { retur
 // nothing slower; 0.8 made 7168x18432 M = 32 84 -> 113; at 112 warpgroups, one per SM, M = 16 was
 // 2.3x slower in run 136).
 constexpr int kWgmmaChunkTiles = 4;  // token tiles per launch (128 tokens): bounds the staged x
-bool UseWgmma(const GemmParams& p, DType x, int nt, int sms) {
-  const int token_tiles = std::min((p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, kWgmmaChunkTiles);
-  return nt >= 4 && x == DType::kBF16 && p.moe_tiles == nullptr && 2 * WgmmaTileGroups(p.tiles) * token_tiles >= 3 * sms && WgmmaAvailable();
+bool UseWgmma(const GemmParams& p, DType x, int sms) {
+  const int chunk = std::min((p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, kWgmmaChunkTiles);
+  return p.M > 16 && x == DType::kBF16 && p.moe_tiles == nullptr && 2 * WgmmaTileGroups(p.tiles) * chunk >= 3 * sms && WgmmaAvailable();
+}
+// The warpgroup kernel's token tiles of p.M rows, in chunks of kWgmmaChunkTiles (p's stream-K
+// ranges set: the kernel replays them).
+Status RunWgmma(GemmParams p, int group, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
+  const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, chunk = std::min(tiles, kWgmmaChunkTiles);
+  const size_t offset = (scratch_used + 255) / 256 * 256;
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + chunk * WgmmaStagedBytes(p.steps, p.tiles), s));
+  for (int first = 0; first < tiles; first += chunk) {
+    p.tile_offset = first;
+    KDTREE_RETURN_IF_ERROR(LaunchW4A16Wgmma(p, group, std::min(chunk, tiles - first), static_cast<char*>(scratch.ptr) + offset, s));
+  }
+  return Status::Ok();
 }
 
 // Launches the token tiles [0, token_tiles) in chunks of kChunkTiles (the staged x and the
@@ -806,17 +818,8 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   p.by_steps = MakeDivisor(p.steps);
   p.by_steps_per_warp = MakeDivisor(r.steps_per_warp);
   p.range_blocks = r.blocks;
+  if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, group, scratch, scratch_used, s);
   const int chunk = std::min(token_tiles, kChunkTiles);
-  if (UseWgmma(p, x_dtype, nt, sms)) {
-    const int wg_tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, wg_chunk = std::min(wg_tiles, kWgmmaChunkTiles);
-    const size_t offset = (scratch_used + 255) / 256 * 256;
-    KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + wg_chunk * WgmmaStagedBytes(p.steps, p.tiles), s));
-    for (int first = 0; first < wg_tiles; first += wg_chunk) {
-      p.tile_offset = first;
-      KDTREE_RETURN_IF_ERROR(LaunchW4A16Wgmma(p, group, std::min(wg_chunk, wg_tiles - first), static_cast<char*>(scratch.ptr) + offset, s));
-    }
-    return Status::Ok();
-  }
   p.slices = p.steps * 8;
   KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(scratch_used, chunk, nt, p.slices, x_dtype), s));
   void* staged = static_cast<char*>(scratch.ptr) + (scratch_used + 255) / 256 * 256;

@@ -1,5 +1,5 @@
-// The pieces the W4A16 kernels share: the launch parameters, the weight-stream loads, the code
-// and scale decoding, the output store. w4a16_gemm.cu holds the stream-K decode kernel (sm_90) and
+// The pieces the W4A16 kernels share: the launch parameters, the code and scale decoding, the
+// output store. w4a16_gemm.cu holds the stream-K decode kernel (sm_90) and
 // the launchers; w4a16_wgmma.cu the warpgroup kernel for 17+ tokens on large N (sm_90a only).
 #pragma once
 #include <type_traits>

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
   const int steps = p.steps;
   constexpr int kStepsPerBlock = 4 * G / w4::kStepK;                       // steps per scale block
   constexpr int kScaleUint4 = w4::kScalesPerBlock * static_cast<int>(sizeof(S)) / 16;  // a scale block: 8 or 16
-  // Copy cursors: the next step's weights, scale block and x, and the stage they go to
+  // Copy cursors: where the next step's weights, scale block and x come from
   const uint4* w_next = p.qw + static_cast<int64_t>(src_tile) * steps * kUint4PerStep + lane;
   const uint4* s_next = reinterpret_cast<const uint4*>(reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(src_tile) * p.blocks * w4::kScalesPerBlock) + lane;
   const char* x_next = static_cast<const char*>(p.xs) + (static_cast<int64_t>(blockIdx.x % copies) * gridDim.y + blockIdx.y) * steps * kXStepBytes + 16 * threadIdx.x;

@@ -137,6 +137,26 @@ function gemmCheck(xDtype: Dtype, scaleDtype: 'BF16' | 'F32', yDtype: Dtype): Ke
   };
 }
 
+/**
+ * Batch invariance: each of `rows` of an M-row W4A16 result `all` ([M, n] f32, from x [M, k]) must
+ * equal, bit for bit, that row computed alone (the 1-token kernel).
+ */
+function expectRowsAlone(
+  b: KdtreeBackend,
+  track: <U extends { buffer: { freed: boolean } }>(t: U) => U,
+  op: { x: Float32Array; xDtype: Dtype; k: number; n: number; qw: DeviceTensor; sc: DeviceTensor; group: number },
+  all: Float32Array,
+  rows: number[],
+  what: string,
+): void {
+  const { x, xDtype, k, n, qw, sc, group } = op;
+  for (const r of rows) {
+    const y1 = track(b.empty('f32', [1, n]));
+    b.native.w4a16Gemm({ x: track(upload(b, xDtype, [1, k], x.subarray(r * k, (r + 1) * k))), qw, sc, y: y1, group });
+    if (!sameBits(b.toArray(y1), all.subarray(r * n, (r + 1) * n))) fail(`${what}: row ${r} differs from the row computed alone`);
+  }
+}
+
 /** Row m of an M-row call must equal, bit for bit, the same row computed alone. */
 function gemmInvarianceCheck(xDtype: Dtype): KernelCheck {
   return {
@@ -153,13 +173,7 @@ function gemmInvarianceCheck(xDtype: Dtype): KernelCheck {
           const xd = track(upload(b, xDtype, [m, k], x));
           const y = track(b.empty('f32', [m, n]));
           b.native.w4a16Gemm({ x: xd, qw, sc, y, group });
-          const all = b.toArray(y) as Float32Array;
-          for (const r of [0, 5, m - 1]) {
-            const x1 = track(upload(b, xDtype, [1, k], x.subarray(r * k, (r + 1) * k)));
-            const y1 = track(b.empty('f32', [1, n]));
-            b.native.w4a16Gemm({ x: x1, qw, sc, y: y1, group });
-            if (!sameBits(b.toArray(y1), all.subarray(r * n, (r + 1) * n))) fail(`row ${r} of M=${m} differs from the row computed alone`);
-          }
+          expectRowsAlone(b, track, { x, xDtype, k, n, qw, sc, group }, b.toArray(y) as Float32Array, [0, 5, m - 1], `M=${m}`);
         }
       });
     },
@@ -288,11 +302,7 @@ const streamKCheck: KernelCheck = {
         b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
         const all = b.toArray(y) as Float32Array;
         detail = expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16);
-        if (m === 17) {
-          const y1 = track(b.empty('f32', [1, n]));
-          b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [1, k], x.subarray(5 * k, 6 * k))), qw, sc, y: y1, group });
-          if (!sameBits(b.toArray(y1), all.subarray(5 * n, 6 * n))) fail('row 5 of M=17 differs from the row computed alone');
-        }
+        if (m === 17) expectRowsAlone(b, track, { x, xDtype: 'bf16', k, n, qw, sc, group }, all, [5], 'M=17');
       }
     });
     return { detail };
@@ -332,11 +342,7 @@ const wgmmaCheck: KernelCheck = {
           b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
           const all = b.toArray(y) as Float32Array;
           detail += `${detail ? '; ' : ''}N=${n} G=${group} ${expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16)}`;
-          for (const r of [0, 5, m - 1]) {
-            const y1 = track(b.empty('f32', [1, n]));
-            b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [1, k], x.subarray(r * k, (r + 1) * k))), qw, sc, y: y1, group });
-            if (!sameBits(b.toArray(y1), all.subarray(r * n, (r + 1) * n))) fail(`N=${n} G=${group}: row ${r} of M=${m} differs from the row computed alone`);
-          }
+          expectRowsAlone(b, track, { x, xDtype: 'bf16', k, n, qw, sc, group }, all, [0, 5, m - 1], `N=${n} G=${group} M=${m}`);
         }
       });
     }
