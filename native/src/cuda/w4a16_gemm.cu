@@ -30,15 +30,15 @@
 //    independent; the ranges depend only on N, K and the device), so results are batch-invariant.
 //  * At 17+ tokens on large N, w4a16_wgmma.cu's warpgroup kernel (sm_90a) takes over: whole tiles
 //    per warp and x shared by four warps through the tensor cores, replaying these ranges' rounding.
-// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams 77-81%
-// of the copy bandwidth on H200 (the figures below are from run 78, at ~75%). Its loads alone (no
-// step arithmetic, no end) run at the pure-read floor (96%, tools/gpu/stream_floor.cu); the step
-// arithmetic (~160 instructions per KB of weights, 88 of them dequantization; 8 HMMA.16816 per KB
-// at M <= 8, 16 at M <= 16) costs
-// 3.4-3.8 us per large-shape launch and the end (barrier, split-tile combine, stores) 1.4-2.1 us
-// (run 78). The arithmetic is bound by its dependency chains at 4 warps per scheduler, not by its
-// instruction count: dropping the HSUB2s (biased codes, runs 76-77) and a deeper shared-memory
-// ring (run 80) were both slower.
+// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams 86-88%
+// of the copy bandwidth on H200 on the large shapes (run 157); a pure read at its occupancy reaches
+// 87%, at 4 blocks per SM 94% (tools/gpu/stream_floor.cu). In run 78 (then at ~75%) its loads alone
+// ran at the floor, the step arithmetic (~150-160 instructions per KB of weights, 88 of them
+// dequantization; 8 HMMA.16816 per KB at M <= 8, 16 at M <= 16) cost 3.4-3.8 us per large-shape
+// launch and the end (barrier, split-tile combine, stores) 1.4-2.1 us. The arithmetic is bound by
+// its dependency chains and control code at 4 warps per scheduler, not by its dequantization count:
+// dropping the HSUB2s (biased codes, runs 76-77) and a deeper shared-memory ring (run 80) were both
+// slower, a flatter loop with the same instruction count faster (runs 155-157).
 #include <algorithm>
 #include <climits>
 #include <type_traits>
@@ -204,13 +204,18 @@ __device__ __forceinline__ void MmaB(float* part, const uint32_t* a, const BFrag
   for (int pl = 0; pl < BFrag<X>::kPlanes; ++pl) Mma<A>(part, a, b.r[pl][0], b.r[pl][1], fresh && pl == 0);
 }
 
+// Whether acc element i holds a token of the launch: at one token (kOneToken) only the MMA columns
+// 2 t, elements 0 and 2, do; the others are neither scaled, parked nor exchanged.
+template <bool kOneToken>
+constexpr bool LiveElement(int i) { return !kOneToken || (i & 1) == 0; }
+
 // One step (128 k of the lane's two rows): 8 k16 slices per group of 8 tokens, each group's sum
 // scaled into acc as it ends. xs[j] points at this step's x of token 8 j + g (+ 8 t), so every x
 // load is a register + immediate. Only `blocks` 32-k blocks hold real k (a K tail).
 // Straight-line code (no branches): the compiler hoists the x loads and interleaves them with
 // dequantization and MMAs (loading a step's x into registers up front measured no faster and
 // cost 1 block per SM at 16 tokens).
-template <typename X, typename S, int NT, int G, bool kSharedX>
+template <typename X, typename S, int NT, int G, bool kSharedX, bool kOneToken>
 __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const ScaleFrag<S>& sf, int step, int blocks,
                                         const X* const (&xs)[NT], float (&acc)[NT][4], float (&part)[NT][4]) {
   using A = CodeT<X>;
@@ -252,9 +257,11 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         acc[j][0] = fmaf(part[j][0], s_lo, acc[j][0]);
-        acc[j][1] = fmaf(part[j][1], s_lo, acc[j][1]);
         acc[j][2] = fmaf(part[j][2], s_hi, acc[j][2]);
-        acc[j][3] = fmaf(part[j][3], s_hi, acc[j][3]);
+        if constexpr (LiveElement<kOneToken>(1)) {
+          acc[j][1] = fmaf(part[j][1], s_lo, acc[j][1]);
+          acc[j][3] = fmaf(part[j][3], s_hi, acc[j][3]);
+        }
       }
     }
   }
@@ -286,9 +293,10 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 // Its shared memory comes after the kernel's other dynamic shared memory, and only one-token-group
 // launches have it: a static array here would also sit in every 16-token block, whose 80 KB then no
 // longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
+// kTileRows is tile_tokens: 8 (one token group), or 1 at one token (a tile per pair).
 constexpr int kRoutePairsMax = 32;
-constexpr int kRouteTileRows = 8;  // one token group (tile_tokens), the only launches that route
 constexpr int kRouteSharedBytes = (2 * kRoutePairsMax + 4) * sizeof(int);
+template <int kTileRows>
 __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* expert, int* row_start, int* rows) {
   int* expert_of = shared;                       // [kRoutePairsMax]
   int* tile_start = shared + kRoutePairsMax;     // [kRoutePairsMax]: the pair's row if it starts a tile
@@ -312,7 +320,7 @@ __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* exper
     }
   }
   const int in_expert = pos - first;
-  if (q < pairs) tile_start[q] = e != INT_MAX && in_expert % kRouteTileRows == 0 ? pos : INT_MAX;
+  if (q < pairs) tile_start[q] = e != INT_MAX && in_expert % kTileRows == 0 ? pos : INT_MAX;
   __syncthreads();
   if (e != INT_MAX) {
     int my_tile = -1;  // tiles are numbered by their first rows
@@ -320,10 +328,10 @@ __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* exper
     if (my_tile == tile) {
       p.x_row[pos] = p.route_gather ? p.by_route_topk.Div(q) : q;
       p.out_row[pos] = q;
-      if (in_expert % kRouteTileRows == 0) {
+      if (in_expert % kTileRows == 0) {
         tile_info[0] = e;
         tile_info[1] = pos;
-        tile_info[2] = min(kRouteTileRows, count - in_expert);
+        tile_info[2] = min(kTileRows, count - in_expert);
       }
     }
   }
@@ -411,16 +419,17 @@ __device__ __forceinline__ BlockRange RangeOf(const GemmParams& p) {
   return {begin, min(p.tiles * p.steps, begin + p.steps_per_block)};
 }
 
-template <int NT>
+template <int NT, bool kOneToken>
 __device__ __forceinline__ void ParkPartial(float* slot, const float (&acc)[NT][4], int g, int t) {
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) slot[SlotIndex(j, i, g, t)] = acc[j][i];
+    for (int i = 0; i < 4; ++i)
+      if (LiveElement<kOneToken>(i)) slot[SlotIndex(j, i, g, t)] = acc[j][i];
 }
 
 // The block's sum of split tile `tile` (warps wa..wb in order), stored, or finished by exchange.
-template <int NT>
+template <int NT, bool kOneToken>
 __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRange& br, const float* parked, int tile, int wa, int wb, bool inside, int row_start,
                                             int rows, int g, int t) {
   const int t0 = tile * p.steps;
@@ -435,7 +444,8 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) sum[j][i] += slot[SlotIndex(j, i, g, t)];
+      for (int i = 0; i < 4; ++i)
+        if (LiveElement<kOneToken>(i)) sum[j][i] += slot[SlotIndex(j, i, g, t)];
   }
   if (inside) {
     StoreTile<NT>(p, sum, tile, row_start, rows, g, t);
@@ -451,7 +461,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      other[j][i] = atomicExch(reinterpret_cast<unsigned long long*>(slots + SlotIndex(j, i, g, t)), (1ull << 32) | __float_as_uint(sum[j][i]));
+      other[j][i] = LiveElement<kOneToken>(i) ? atomicExch(reinterpret_cast<unsigned long long*>(slots + SlotIndex(j, i, g, t)), (1ull << 32) | __float_as_uint(sum[j][i])) : 0;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -466,7 +476,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
 // After the block barrier: sum the parked partials of the block's split tiles, store the tiles that
 // lie inside the block, and exchange the two boundary tiles' block sums.
 // The range and the parked partials are recomputed here, not kept live across the streaming loop.
-template <int NT>
+template <int NT, bool kOneToken>
 __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) {
   const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const BlockRange br = RangeOf(p);
@@ -479,7 +489,7 @@ __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) 
     const int wa = Quotient<NT>(p.by_steps_per_warp, c0 - br.begin), wb = Quotient<NT>(p.by_steps_per_warp, c1 - 1 - br.begin);
     const bool inside = t0 >= br.begin && t1 <= br.end;
     if (wa == wb && inside) continue;  // one warp had it whole and stored it
-    CombineTile<NT>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
+    CombineTile<NT, kOneToken>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
   }
 }
 
@@ -499,7 +509,7 @@ __device__ __forceinline__ void CopyXStep(const X* const (&xr)[NT], int step, ch
   }
 }
 
-template <typename X, typename S, int NT, int G>
+template <typename X, typename S, int NT, int G, bool kOneToken>
 __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) W4A16Kernel(const GemmParams p) {
   // Programmatic dependent launch: the next kernel in the stream may start as our blocks retire,
   // and we may start before the previous kernel ends. Weights and scales never depend on earlier
@@ -512,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   int expert, row_start, rows;
   const int my_tile = p.tile_offset + static_cast<int>(blockIdx.y);
   int* route_shared = reinterpret_cast<int*>(reinterpret_cast<char*>(shared_partials) + SharedBytes<NT>() - RouteBytes<NT>());
-  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile(p, my_tile, route_shared, &expert, &row_start, &rows)
+  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile<kOneToken ? 1 : 8>(p, my_tile, route_shared, &expert, &row_start, &rows)
                                           : ResolveTile(p, my_tile, &expert, &row_start, &rows))) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wib = threadIdx.x >> 5;
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
@@ -538,17 +548,39 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   constexpr int kSlots = kRing + 1;
   uint4 ring_w[kSlots][2];
   ScaleFrag<S> ring_s[kSlots];
-#define KDTREE_ISSUE(SLOT)                                                                             \
-  if (ld_f < f_end) {                                                                                  \
-    ring_w[SLOT][0] = LoadStream(ld_w);                                                                \
-    ring_w[SLOT][1] = LoadStream(ld_w + 32);                                                           \
-    for (int v = 0; v < static_cast<int>(sizeof(S)) / 2; ++v) ring_s[SLOT].v[v] = __ldg(reinterpret_cast<const uint4*>(ld_s) + v); \
-    ++ld_f;                                                                                            \
-    ld_w += kUint4PerStep;                                                                             \
-    const bool tile_end = ++ld_step == p.steps;                                                        \
-    if (tile_end || ld_step % kStepsPerBlock == 0) ld_s += w4::kScalesPerBlock;                        \
-    if (tile_end) ld_step = 0;                                                                         \
-  }
+// The flat loop: the cursor advances whether or not the range has a step left to load, so that the
+// unrolled slots address their loads as immediate offsets from one pointer per iteration (at G = 32
+// a step is one scale block and tiles' blocks follow each other, so the scale cursor is linear too),
+// and a step ends a tile's segment when it reaches a precomputed step index. Measured (runs 155-156,
+// same-run A/B): at one token group M = 1-8 0.4-1.1 us faster on the large shapes (18432x7168 M = 1
+// 20.8 -> 20.15 us, 7168x18432 21.45 -> 20.4), MoE decode step 63.9 -> 62.2; at four groups (M =
+// 17-32 where the warpgroup kernel does not run) 4096x7168 M = 32 20.9 -> 20.4, 7168x18432 83 ->
+// 80.6; but at two and eight groups slower (M = 16 0.3-0.6 us, 4096x7168 M = 64 40.4 -> 42.4): the
+// compiler's schedule and spills of those loops change for the worse, so they keep the per-step
+// cursor.
+constexpr bool kFlatLoop = NT == 1 || NT == 4;
+#define KDTREE_ISSUE(SLOT)                                                                                                           \
+  do {                                                                                                                               \
+    if (ld_f < f_end) {                                                                                                              \
+      ring_w[SLOT][0] = LoadStream(ld_w);                                                                                            \
+      ring_w[SLOT][1] = LoadStream(ld_w + 32);                                                                                       \
+      for (int v = 0; v < static_cast<int>(sizeof(S)) / 2; ++v) ring_s[SLOT].v[v] = __ldg(reinterpret_cast<const uint4*>(ld_s) + v); \
+      if constexpr (!kFlatLoop) {                                                                                                  \
+        ++ld_f;                                                                                                                      \
+        ld_w += kUint4PerStep;                                                                                                       \
+      }                                                                                                                              \
+      if constexpr (!kFlatLoop || kStepsPerBlock > 1) {                                                                            \
+        const bool tile_end = ++ld_step == p.steps;                                                                                  \
+        if (tile_end || ld_step % kStepsPerBlock == 0) ld_s += w4::kScalesPerBlock;                                                  \
+        if (tile_end) ld_step = 0;                                                                                                   \
+      }                                                                                                                              \
+    }                                                                                                                                \
+    if constexpr (kFlatLoop) {                                                                                                     \
+      ++ld_f;                                                                                                                        \
+      ld_w += kUint4PerStep;                                                                                                         \
+      if constexpr (kStepsPerBlock == 1) ld_s += w4::kScalesPerBlock;                                                                \
+    }                                                                                                                                \
+  } while (0);
 #pragma unroll
   for (int s = 0; s < kRing; ++s) KDTREE_ISSUE(s)
   // While it waits, a decode launch also asks L2 for the kPrefetchSteps steps after its ring
@@ -591,6 +623,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
     for (int i = 0; i < 4; ++i) acc[j][i] = part[j][i] = 0.f;
   int tile = first_tile, step = first_step;
   const int range_first_tile = tile;
+  int seg_end = min(f_end, (tile + 1) * p.steps);  // where this warp's part of `tile` ends (a step index)
   // x of this step: in place (one token group) a pointer advanced step by step (no per-step
   // address arithmetic, run 43); staged, an offset from the step index (cheaper for several groups)
   constexpr int kXPerStep = kStaged ? 8 * 32 * 4 : w4::kStepK;  // elements per step (staged: 8 slices x 32 lanes x 4)
@@ -615,34 +648,36 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
 #pragma unroll
         for (int j = 0; j < NT; ++j) xs[j] = NT == 1 ? x_step : xr[j] + step * kXPerStep;
       }
-      RunStep<X, S, NT, G, kSharedX>(w0, w1, sw, step, (p.K - step * w4::kStepK) / 32, xs, acc, part);
+      RunStep<X, S, NT, G, kSharedX, kOneToken>(w0, w1, sw, step, (p.K - step * w4::kStepK) / 32, xs, acc, part);
       if constexpr (kSharedX) {
         __syncwarp();  // every lane has read the slot before the next copy into it
         x_slot ^= 1;
       }
       x_step += kXPerStep;
-      if (++step == p.steps || base + s + 1 == f_end) {
+      ++step;
+      if (kFlatLoop ? base + s + 1 == seg_end : step == p.steps || base + s + 1 == f_end) {
         const int t0 = tile * p.steps;
         if (t0 >= f_begin && t0 + p.steps <= f_end) {
           StoreTile<NT>(p, acc, tile, row_start, rows, g, t);  // whole in this warp's range
         } else {
-          ParkPartial<NT>(parked + (2 * wib + (tile == range_first_tile ? 0 : 1)) * kSlotFloats<NT>, acc, g, t);
+          ParkPartial<NT, kOneToken>(parked + (2 * wib + (tile == range_first_tile ? 0 : 1)) * kSlotFloats<NT>, acc, g, t);
         }
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
-        if (step == p.steps) {
+        if (kFlatLoop ? seg_end < f_end : step == p.steps) {  // the tile ended inside the range: the next one starts
           step = 0;
           ++tile;
           x_step = xr[0];
+          seg_end = min(f_end, seg_end + p.steps);
         }
       }
     }
   }
 #undef KDTREE_ISSUE
   __syncthreads();  // every warp's split tiles are parked
-  CombineSplitTiles<NT>(p, row_start, rows);
+  CombineSplitTiles<NT, kOneToken>(p, row_start, rows);
 }
 
 // MoE sum mode: y[t] = sum_j weights[t, j] * pair[t * topk + j], j in order.
@@ -730,25 +765,25 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
   return Status::Ok();
 }
 
-template <typename X, typename S, int NT, int G>
+template <typename X, typename S, int NT, int G, bool kOneToken>
 Status LaunchKernel(const GemmParams& p, dim3 grid, cudaStream_t s) {
   constexpr int kShared = SharedBytes<NT>();  // the block's parked partials: 8-64 KB
   if constexpr (kShared > 48 * 1024) {
-    KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16Kernel<X, S, NT, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 kernel: shared memory"));
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16Kernel<X, S, NT, G, kOneToken>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 kernel: shared memory"));
   }
-  return LaunchPdl("w4a16 kernel", W4A16Kernel<X, S, NT, G>, grid, dim3(kThreads), kShared, s, p);  // see griddepcontrol in the kernel
+  return LaunchPdl("w4a16 kernel", W4A16Kernel<X, S, NT, G, kOneToken>, grid, dim3(kThreads), kShared, s, p);  // see griddepcontrol in the kernel
 }
-template <typename X, typename S, int NT>
+template <typename X, typename S, int NT, bool kOneToken>
 Status LaunchG(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
   switch (group) {
-    case 32: return LaunchKernel<X, S, NT, 32>(p, grid, s);
-    case 64: return LaunchKernel<X, S, NT, 64>(p, grid, s);
-    default: return LaunchKernel<X, S, NT, 128>(p, grid, s);  // validated: 32, 64 or 128
+    case 32: return LaunchKernel<X, S, NT, 32, kOneToken>(p, grid, s);
+    case 64: return LaunchKernel<X, S, NT, 64, kOneToken>(p, grid, s);
+    default: return LaunchKernel<X, S, NT, 128, kOneToken>(p, grid, s);  // validated: 32, 64 or 128
   }
 }
-template <typename X, int NT>
+template <typename X, int NT, bool kOneToken = false>
 Status LaunchS(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
-  return p.sc_f32 ? LaunchG<X, float, NT>(p, group, grid, s) : LaunchG<X, uint16_t, NT>(p, group, grid, s);
+  return p.sc_f32 ? LaunchG<X, float, NT, kOneToken>(p, group, grid, s) : LaunchG<X, uint16_t, NT, kOneToken>(p, group, grid, s);
 }
 template <typename X>
 Status LaunchStage(const GemmParams& p, int nt, int chunk_tiles, void* xs, cudaStream_t s) {
@@ -768,6 +803,9 @@ Status LaunchNt(const GemmParams& p, int nt, int group, dim3 grid, cudaStream_t 
     if (nt == 2) return LaunchS<X, 2>(p, group, grid, s);
     if (nt == 4) return LaunchS<X, 4>(p, group, grid, s);
   }
+  // Tiles of one token (a decode step) drop the scale FMAs of the MMA columns of token 2 t + 1, half
+  // of the 16 per step; the other columns are computed as at every M, so rows keep their bits.
+  if (nt == 1 && p.tile_tokens == 1) return LaunchS<X, 1, true>(p, group, grid, s);
   return nt == 1 ? LaunchS<X, 1>(p, group, grid, s) : LaunchS<X, 8>(p, group, grid, s);
 }
 
@@ -874,7 +912,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "w4a16_gemm"));
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, m);
   const int nt = ChooseNt(m, a.x.dtype, p.K);
-  p.tile_tokens = 8 * nt;
+  p.tile_tokens = m == 1 && nt == 1 ? 1 : 8 * nt;  // one token: the one-token kernel (LaunchNt)
   p.y = a.y.data;
   p.y_dtype = a.y.dtype;
   return RunGemm(p, a.x.dtype, a.group, nt, (m + p.tile_tokens - 1) / p.tile_tokens, 1, sms, scratch, 0, s);
@@ -892,8 +930,10 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   // expert with more rows than a tile gets several tiles.
   const int expected_rows = std::min(64, (pairs + experts - 1) / experts);
   const int nt = ChooseNt(expected_rows, a.x.dtype, static_cast<int>(a.x.dim(1)));
-  const int tile_rows = 8 * nt;
-  const int max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
+  const bool route = nt == 1 && pairs <= kRoutePairsMax;  // routed inside the GEMM (RouteTile)
+  // one token (a decode step): a tile per pair, run by the one-token kernel (LaunchNt)
+  const int tile_rows = route && t == 1 ? 1 : 8 * nt;
+  const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
   p.tile_tokens = tile_rows;
   // scratch: x_row[pairs] out_row[pairs] counts[experts] num_tiles tiles[max_tiles] (sum mode: pair rows [pairs, N] f32), partials
@@ -913,7 +953,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   int* num_tiles = reinterpret_cast<int*>(base + off_num);
   Tile* tiles = reinterpret_cast<Tile*>(base + off_tiles);
   float* pair_out = reinterpret_cast<float*>(base + off_pair);
-  if (nt == 1 && pairs <= kRoutePairsMax) {  // routed inside the GEMM (RouteTile)
+  if (route) {
     p.route_ids = a.ids.as<const int32_t>();
     p.route_pairs = pairs;
     p.route_topk = topk;

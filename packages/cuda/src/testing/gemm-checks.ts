@@ -233,6 +233,16 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
           }
           detail += `; ${expectClose(`sum T=${T}`, b.toArray(ys) as Float32Array, refS, TOLERANCE[xDtype])}`;
         }
+        {
+          // one token routed twice to one expert: on cuda each pair is a one-row tile of its own
+          const x = randomF32(k, 990);
+          const yd = track(b.empty('f32', [topk, n]));
+          b.native.moeGemm({ x: track(upload(b, xDtype, [1, k], x)), qw, sc, ids: track(b.fromArray('i32', [1, topk], new Int32Array(topk).fill(3))), y: yd, mode: 'gather' });
+          const rows = b.toArray(yd) as Float32Array;
+          const ref = matmulT(roundX(x, xDtype), 1, k, wf.subarray(3 * n * k, 4 * n * k), n);
+          detail += `; ${expectClose('gather T=1, one expert twice (row 0)', rows.subarray(0, n), ref, TOLERANCE[xDtype])}`;
+          if (!sameBits(rows.subarray(0, n), rows.subarray(n, 2 * n))) fail('the two rows of one token and one expert differ');
+        }
         return { detail };
       });
     },
