@@ -14,7 +14,8 @@
 //    tokens with K a multiple of 128, x is read in place (L1-resident, no K-tail predicates);
 //    otherwise a staging kernel first rewrites it in fragment order, zero-padded, so a warp's load
 //    is 512 contiguous bytes; at 9-16 tokens each warp copies its next step of it into shared
-//    memory (cp.async) while it computes the current one. f32 x is split into three bf16 planes
+//    memory (cp.async) while it computes the current one, except on matrices of up to 8192 x 8192,
+//    which read 9-16 token rows in place too (ChooseForm). f32 x is split into three bf16 planes
 //    (hi + mid + lo = x to 24 bits), three MMAs with the same exact codes.
 //  * Codes are exact, so the MMA computes the f32 sum of x * q per group; a group's sum is then
 //    scaled into the accumulator: y = sum_g s_g * (sum_{k in g} x_k q_k). A lane's 8 scales (two
@@ -113,12 +114,22 @@ __device__ __forceinline__ void Mma(float* d, const uint32_t* a, uint32_t b0, ui
 }
 #undef KDTREE_MMA
 
+// The forms of the stream-K kernel besides its token groups (NT); all compute every output in the
+// same order, so a row's bits do not depend on the form.
+//  kStandard  x staged (StageXKernel) above one token group; at two groups each warp copies its
+//             next step of it into shared memory
+//  kOneToken  one token per tile (NT = 1): the MMA columns of token 2 t + 1 are not scaled, parked
+//             or exchanged
+//  kXInPlace  two groups reading the x rows in place, as one group does (XInPlace16 says where)
+enum class Form { kStandard, kOneToken, kXInPlace };
+
 // Whether x is read from the staged copy (StageXKernel): 16-bit x with more than one group of 8
-// tokens. With one group the in-place rows are few (one at decode, where staging would only add a
-// launch); with more, in-place loads hit 8 L1 lines each. f32 x is never staged.
-template <typename X, int NT>
-constexpr bool StagesX() { return NT > 1 && !std::is_same<X, float>::value; }
-inline bool StagesX(DType x, int nt) { return nt > 1 && x != DType::kF32; }
+// tokens in the standard form. With one group the in-place rows are few (one at decode, where
+// staging would only add a launch); with more, in-place loads hit 8 L1 lines each. f32 x is never
+// staged.
+template <typename X, int NT, Form F>
+constexpr bool StagesX() { return NT > 1 && !std::is_same<X, float>::value && F != Form::kXInPlace; }
+inline bool StagesX(DType x, int nt, Form f) { return nt > 1 && x != DType::kF32 && f != Form::kXInPlace; }
 
 __device__ __forceinline__ uint32_t Bf16Pair(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -204,10 +215,10 @@ __device__ __forceinline__ void MmaB(float* part, const uint32_t* a, const BFrag
   for (int pl = 0; pl < BFrag<X>::kPlanes; ++pl) Mma<A>(part, a, b.r[pl][0], b.r[pl][1], fresh && pl == 0);
 }
 
-// Whether acc element i holds a token of the launch: at one token (kOneToken) only the MMA columns
+// Whether acc element i holds a token of the launch: in the one-token form only the MMA columns
 // 2 t, elements 0 and 2, do; the others are neither scaled, parked nor exchanged.
-template <bool kOneToken>
-constexpr bool LiveElement(int i) { return !kOneToken || (i & 1) == 0; }
+template <Form F>
+constexpr bool LiveElement(int i) { return F != Form::kOneToken || (i & 1) == 0; }
 
 // One step (128 k of the lane's two rows): 8 k16 slices per group of 8 tokens, each group's sum
 // scaled into acc as it ends. xs[j] points at this step's x of token 8 j + g (+ 8 t), so every x
@@ -215,14 +226,14 @@ constexpr bool LiveElement(int i) { return !kOneToken || (i & 1) == 0; }
 // Straight-line code (no branches): the compiler hoists the x loads and interleaves them with
 // dequantization and MMAs (loading a step's x into registers up front measured no faster and
 // cost 1 block per SM at 16 tokens).
-template <typename X, typename S, int NT, int G, bool kSharedX, bool kOneToken>
+template <typename X, typename S, int NT, int G, Form F, bool kSharedX>
 __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const ScaleFrag<S>& sf, int step, int blocks,
                                         const X* const (&xs)[NT], float (&acc)[NT][4], float (&part)[NT][4]) {
   using A = CodeT<X>;
   // Staged x (StagesX): block b of the step is 256 elements further, zero-padded past K;
   // otherwise x is read in place, 32 k per block. In place, 16-bit x always has whole steps
   // (ChooseNt stages it otherwise), so only f32 x predicates its loads at a K tail.
-  constexpr bool kStaged = StagesX<X, NT>();
+  constexpr bool kStaged = StagesX<X, NT, F>();
   constexpr bool kPredicated = !kStaged && std::is_same<X, float>::value;
   constexpr int kBlockStride = kStaged ? 32 * 8 : 32;
   constexpr bool kWholeBlock = NT <= 2;  // x of both slices in one load (LoadSliceB says why not always)
@@ -258,7 +269,7 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
       for (int j = 0; j < NT; ++j) {
         acc[j][0] = fmaf(part[j][0], s_lo, acc[j][0]);
         acc[j][2] = fmaf(part[j][2], s_hi, acc[j][2]);
-        if constexpr (LiveElement<kOneToken>(1)) {
+        if constexpr (LiveElement<F>(1)) {
           acc[j][1] = fmaf(part[j][1], s_lo, acc[j][1]);
           acc[j][3] = fmaf(part[j][3], s_hi, acc[j][3]);
         }
@@ -392,15 +403,15 @@ constexpr int kSlotFloats = NT * 8 * w4::kTileRows;
 // (long scoreboard, run 57); 2 KB per token group and step, two slots per warp. Only at NT = 2:
 // at NT = 4 the slots leave one block per SM, faster on the dense shapes and slower on the expert
 // ones (run 65).
-template <int NT>
-constexpr bool SharedX() { return NT == 2; }
+template <int NT, Form F>
+constexpr bool SharedX() { return NT == 2 && F != Form::kXInPlace; }
 constexpr int kXStepBytes = 8 * 32 * 8;  // one token group's x of a step: 8 slices x 32 lanes x 8 B
-template <int NT>
-constexpr int SharedXBytes() { return SharedX<NT>() ? kWarps * 2 * NT * kXStepBytes : 0; }
+template <int NT, Form F>
+constexpr int SharedXBytes() { return SharedX<NT, F>() ? kWarps * 2 * NT * kXStepBytes : 0; }
 template <int NT>
 constexpr int RouteBytes() { return NT == 1 ? kRouteSharedBytes : 0; }  // RouteTile: MoE decode only
-template <int NT>
-constexpr int SharedBytes() { return kWarps * 2 * kSlotFloats<NT> * sizeof(float) + SharedXBytes<NT>() + RouteBytes<NT>(); }
+template <int NT, Form F>
+constexpr int SharedBytes() { return kWarps * 2 * kSlotFloats<NT> * sizeof(float) + SharedXBytes<NT, F>() + RouteBytes<NT>(); }
 
 // acc element i of n-tile j of a lane, in a partial slot: [token 8 j + 2 t + (i & 1)][row g + 8 (i >> 1)]
 __device__ __forceinline__ int SlotIndex(int j, int i, int g, int t) { return (8 * j + 2 * t + (i & 1)) * w4::kTileRows + g + 8 * (i >> 1); }
@@ -419,17 +430,17 @@ __device__ __forceinline__ BlockRange RangeOf(const GemmParams& p) {
   return {begin, min(p.tiles * p.steps, begin + p.steps_per_block)};
 }
 
-template <int NT, bool kOneToken>
+template <int NT, Form F>
 __device__ __forceinline__ void ParkPartial(float* slot, const float (&acc)[NT][4], int g, int t) {
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      if (LiveElement<kOneToken>(i)) slot[SlotIndex(j, i, g, t)] = acc[j][i];
+      if (LiveElement<F>(i)) slot[SlotIndex(j, i, g, t)] = acc[j][i];
 }
 
 // The block's sum of split tile `tile` (warps wa..wb in order), stored, or finished by exchange.
-template <int NT, bool kOneToken>
+template <int NT, Form F>
 __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRange& br, const float* parked, int tile, int wa, int wb, bool inside, int row_start,
                                             int rows, int g, int t) {
   const int t0 = tile * p.steps;
@@ -445,7 +456,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (LiveElement<kOneToken>(i)) sum[j][i] += slot[SlotIndex(j, i, g, t)];
+        if (LiveElement<F>(i)) sum[j][i] += slot[SlotIndex(j, i, g, t)];
   }
   if (inside) {
     StoreTile<NT>(p, sum, tile, row_start, rows, g, t);
@@ -461,7 +472,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      other[j][i] = LiveElement<kOneToken>(i) ? atomicExch(reinterpret_cast<unsigned long long*>(slots + SlotIndex(j, i, g, t)), (1ull << 32) | __float_as_uint(sum[j][i])) : 0;
+      other[j][i] = LiveElement<F>(i) ? atomicExch(reinterpret_cast<unsigned long long*>(slots + SlotIndex(j, i, g, t)), (1ull << 32) | __float_as_uint(sum[j][i])) : 0;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -476,7 +487,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
 // After the block barrier: sum the parked partials of the block's split tiles, store the tiles that
 // lie inside the block, and exchange the two boundary tiles' block sums.
 // The range and the parked partials are recomputed here, not kept live across the streaming loop.
-template <int NT, bool kOneToken>
+template <int NT, Form F>
 __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) {
   const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const BlockRange br = RangeOf(p);
@@ -489,7 +500,7 @@ __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) 
     const int wa = Quotient<NT>(p.by_steps_per_warp, c0 - br.begin), wb = Quotient<NT>(p.by_steps_per_warp, c1 - 1 - br.begin);
     const bool inside = t0 >= br.begin && t1 <= br.end;
     if (wa == wb && inside) continue;  // one warp had it whole and stored it
-    CombineTile<NT, kOneToken>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
+    CombineTile<NT, F>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
   }
 }
 
@@ -509,7 +520,7 @@ __device__ __forceinline__ void CopyXStep(const X* const (&xr)[NT], int step, ch
   }
 }
 
-template <typename X, typename S, int NT, int G, bool kOneToken>
+template <typename X, typename S, int NT, int G, Form F>
 __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) W4A16Kernel(const GemmParams p) {
   // Programmatic dependent launch: the next kernel in the stream may start as our blocks retire,
   // and we may start before the previous kernel ends. Weights and scales never depend on earlier
@@ -521,8 +532,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   extern __shared__ float4 shared_partials[];
   int expert, row_start, rows;
   const int my_tile = p.tile_offset + static_cast<int>(blockIdx.y);
-  int* route_shared = reinterpret_cast<int*>(reinterpret_cast<char*>(shared_partials) + SharedBytes<NT>() - RouteBytes<NT>());
-  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile<kOneToken ? 1 : 8>(p, my_tile, route_shared, &expert, &row_start, &rows)
+  int* route_shared = reinterpret_cast<int*>(reinterpret_cast<char*>(shared_partials) + SharedBytes<NT, F>() - RouteBytes<NT>());
+  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile<F == Form::kOneToken ? 1 : 8>(p, my_tile, route_shared, &expert, &row_start, &rows)
                                           : ResolveTile(p, my_tile, &expert, &row_start, &rows))) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wib = threadIdx.x >> 5;
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
@@ -557,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
 // 17-32 where the warpgroup kernel does not run) 4096x7168 M = 32 20.9 -> 20.4, 7168x18432 83 ->
 // 80.6; but at two and eight groups slower (M = 16 0.3-0.6 us, 4096x7168 M = 64 40.4 -> 42.4): the
 // compiler's schedule and spills of those loops change for the worse, so they keep the per-step
-// cursor.
+// cursor (so does the in-place form at two groups: 4096x7168 M = 16 11.45 -> 12.4, run 158).
 constexpr bool kFlatLoop = NT == 1 || NT == 4;
 #define KDTREE_ISSUE(SLOT)                                                                                                           \
   do {                                                                                                                               \
@@ -596,7 +607,7 @@ constexpr bool kFlatLoop = NT == 1 || NT == 4;
 
   // B operand: staged x (this lane's 8 bytes of each slice), or x in place at tokens
   // 8 j + g (tokens past the tile repeat its last; their columns are dropped)
-  constexpr bool kStaged = StagesX<X, NT>();
+  constexpr bool kStaged = StagesX<X, NT, F>();
   const X* xr[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -609,7 +620,7 @@ constexpr bool kFlatLoop = NT == 1 || NT == 4;
   }
 
   // Shared x (SharedX): two slots of this warp's staged x, [slot][group j][slices][lanes][4]
-  constexpr bool kSharedX = SharedX<NT>();
+  constexpr bool kSharedX = SharedX<NT, F>();
   char* x_smem = reinterpret_cast<char*>(shared_partials) + kWarps * 2 * kSlotFloats<NT> * sizeof(float) + wib * 2 * NT * kXStepBytes;
   int x_slot = 0;
   if constexpr (kSharedX) {
@@ -648,7 +659,7 @@ constexpr bool kFlatLoop = NT == 1 || NT == 4;
 #pragma unroll
         for (int j = 0; j < NT; ++j) xs[j] = NT == 1 ? x_step : xr[j] + step * kXPerStep;
       }
-      RunStep<X, S, NT, G, kSharedX, kOneToken>(w0, w1, sw, step, (p.K - step * w4::kStepK) / 32, xs, acc, part);
+      RunStep<X, S, NT, G, F, kSharedX>(w0, w1, sw, step, (p.K - step * w4::kStepK) / 32, xs, acc, part);
       if constexpr (kSharedX) {
         __syncwarp();  // every lane has read the slot before the next copy into it
         x_slot ^= 1;
@@ -660,7 +671,7 @@ constexpr bool kFlatLoop = NT == 1 || NT == 4;
         if (t0 >= f_begin && t0 + p.steps <= f_end) {
           StoreTile<NT>(p, acc, tile, row_start, rows, g, t);  // whole in this warp's range
         } else {
-          ParkPartial<NT, kOneToken>(parked + (2 * wib + (tile == range_first_tile ? 0 : 1)) * kSlotFloats<NT>, acc, g, t);
+          ParkPartial<NT, F>(parked + (2 * wib + (tile == range_first_tile ? 0 : 1)) * kSlotFloats<NT>, acc, g, t);
         }
 #pragma unroll
         for (int j = 0; j < NT; ++j)
@@ -677,7 +688,7 @@ constexpr bool kFlatLoop = NT == 1 || NT == 4;
   }
 #undef KDTREE_ISSUE
   __syncthreads();  // every warp's split tiles are parked
-  CombineSplitTiles<NT, kOneToken>(p, row_start, rows);
+  CombineSplitTiles<NT, F>(p, row_start, rows);
 }
 
 // MoE sum mode: y[t] = sum_j weights[t, j] * pair[t * topk + j], j in order.
@@ -765,25 +776,25 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
   return Status::Ok();
 }
 
-template <typename X, typename S, int NT, int G, bool kOneToken>
+template <typename X, typename S, int NT, int G, Form F>
 Status LaunchKernel(const GemmParams& p, dim3 grid, cudaStream_t s) {
-  constexpr int kShared = SharedBytes<NT>();  // the block's parked partials: 8-64 KB
+  constexpr int kShared = SharedBytes<NT, F>();  // the block's parked partials: 8-64 KB
   if constexpr (kShared > 48 * 1024) {
-    KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16Kernel<X, S, NT, G, kOneToken>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 kernel: shared memory"));
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16Kernel<X, S, NT, G, F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 kernel: shared memory"));
   }
-  return LaunchPdl("w4a16 kernel", W4A16Kernel<X, S, NT, G, kOneToken>, grid, dim3(kThreads), kShared, s, p);  // see griddepcontrol in the kernel
+  return LaunchPdl("w4a16 kernel", W4A16Kernel<X, S, NT, G, F>, grid, dim3(kThreads), kShared, s, p);  // see griddepcontrol in the kernel
 }
-template <typename X, typename S, int NT, bool kOneToken>
+template <typename X, typename S, int NT, Form F>
 Status LaunchG(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
   switch (group) {
-    case 32: return LaunchKernel<X, S, NT, 32, kOneToken>(p, grid, s);
-    case 64: return LaunchKernel<X, S, NT, 64, kOneToken>(p, grid, s);
-    default: return LaunchKernel<X, S, NT, 128, kOneToken>(p, grid, s);  // validated: 32, 64 or 128
+    case 32: return LaunchKernel<X, S, NT, 32, F>(p, grid, s);
+    case 64: return LaunchKernel<X, S, NT, 64, F>(p, grid, s);
+    default: return LaunchKernel<X, S, NT, 128, F>(p, grid, s);  // validated: 32, 64 or 128
   }
 }
-template <typename X, int NT, bool kOneToken = false>
+template <typename X, int NT, Form F = Form::kStandard>
 Status LaunchS(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
-  return p.sc_f32 ? LaunchG<X, float, NT, kOneToken>(p, group, grid, s) : LaunchG<X, uint16_t, NT, kOneToken>(p, group, grid, s);
+  return p.sc_f32 ? LaunchG<X, float, NT, F>(p, group, grid, s) : LaunchG<X, uint16_t, NT, F>(p, group, grid, s);
 }
 template <typename X>
 Status LaunchStage(const GemmParams& p, int nt, int chunk_tiles, void* xs, cudaStream_t s) {
@@ -798,22 +809,33 @@ Status LaunchStage(const GemmParams& p, int nt, int chunk_tiles, void* xs, cudaS
 }
 
 template <typename X>
-Status LaunchNt(const GemmParams& p, int nt, int group, dim3 grid, cudaStream_t s) {
+Status LaunchNt(const GemmParams& p, int nt, Form form, int group, dim3 grid, cudaStream_t s) {
   if constexpr (std::is_same<X, __nv_bfloat16>::value) {
-    if (nt == 2) return LaunchS<X, 2>(p, group, grid, s);
+    if (nt == 2) return form == Form::kXInPlace ? LaunchS<X, 2, Form::kXInPlace>(p, group, grid, s) : LaunchS<X, 2>(p, group, grid, s);
     if (nt == 4) return LaunchS<X, 4>(p, group, grid, s);
   }
-  // Tiles of one token (a decode step) drop the scale FMAs of the MMA columns of token 2 t + 1, half
-  // of the 16 per step; the other columns are computed as at every M, so rows keep their bits.
-  if (nt == 1 && p.tile_tokens == 1) return LaunchS<X, 1, true>(p, group, grid, s);
-  return nt == 1 ? LaunchS<X, 1>(p, group, grid, s) : LaunchS<X, 8>(p, group, grid, s);
+  if (nt == 1) return form == Form::kOneToken ? LaunchS<X, 1, Form::kOneToken>(p, group, grid, s) : LaunchS<X, 1>(p, group, grid, s);
+  return LaunchS<X, 8>(p, group, grid, s);
+}
+
+// The kernel's form for a launch (see Form). One token per tile (a decode step): the one-token form
+// drops half of the 16 scale FMAs per step (run 153: 18432x7168 M = 1 20.85 -> 20.6 us, MoE decode
+// step 63.75 -> 63.5). Two token groups of bf16 x read in place on matrices of up to 8192 x 8192
+// (the expert shapes): no staging launch and no per-warp copy, 4096x7168 M = 16 12.55 -> 11.45 us,
+// 7168x2048 8.7 -> 7.5 (run 158); on the dense shapes in place was slower (18432x7168 34.45 ->
+// 34.7, 7168x18432 36.25 -> 39.25, whose 16 rows of x are 590 KB), so they stay staged. In place
+// needs whole steps of K (no K-tail predicates on the x loads).
+Form ChooseForm(const GemmParams& p, DType x, int nt) {
+  if (nt == 1 && p.tile_tokens == 1) return Form::kOneToken;
+  if (nt == 2 && x == DType::kBF16 && p.K % w4::kStepK == 0 && p.N <= 8192 && p.K <= 8192) return Form::kXInPlace;
+  return Form::kStandard;
 }
 
 // Scratch of one chunk: the staged x (when StagesX).
-size_t StagedXBytes(int chunk, int nt, int slices, DType x) {
-  return StagesX(x, nt) ? static_cast<size_t>(chunk) * nt * slices * 32 * 4 * 2 : 0;
+size_t StagedXBytes(int chunk, int nt, Form form, int slices, DType x) {
+  return StagesX(x, nt, form) ? static_cast<size_t>(chunk) * nt * slices * 32 * 4 * 2 : 0;
 }
-size_t ScratchAfter(size_t used, int chunk, int nt, int slices, DType x) { return (used + 255) / 256 * 256 + StagedXBytes(chunk, nt, slices, x); }
+size_t ScratchAfter(size_t used, int chunk, int nt, Form form, int slices, DType x) { return (used + 255) / 256 * 256 + StagedXBytes(chunk, nt, form, slices, x); }
 
 // Dense bf16 x of 17 or more tokens runs on the warpgroup kernel (w4a16_wgmma.cu) where the binary
 // and the device have it: the same bits as the stream-K kernels (it replays their ranges), and the
@@ -859,9 +881,10 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, group, scratch, scratch_used, s);
   const int chunk = std::min(token_tiles, kChunkTiles);
   p.slices = p.steps * 8;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(scratch_used, chunk, nt, p.slices, x_dtype), s));
+  const Form form = ChooseForm(p, x_dtype, nt);
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(scratch_used, chunk, nt, form, p.slices, x_dtype), s));
   void* staged = static_cast<char*>(scratch.ptr) + (scratch_used + 255) / 256 * 256;
-  const bool stage = StagesX(x_dtype, nt);
+  const bool stage = StagesX(x_dtype, nt, form);
   p.xs = stage ? staged : nullptr;
   void* exchange = nullptr;
   KDTREE_RETURN_IF_ERROR(scratch.Zeroed(static_cast<size_t>(chunk) * r.blocks * nt * 8 * w4::kTileRows * sizeof(uint64_t), s, &exchange));
@@ -874,9 +897,9 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
               : x_dtype == DType::kBF16 ? LaunchStage<__nv_bfloat16>(p, nt, tiles_now, staged, s)
                                         : LaunchStage<__half>(p, nt, tiles_now, staged, s);
     KDTREE_RETURN_IF_ERROR(st);
-    st = x_dtype == DType::kBF16 ? LaunchNt<__nv_bfloat16>(p, nt, group, grid, s)
-       : x_dtype == DType::kF16  ? LaunchNt<__half>(p, nt, group, grid, s)
-                                 : LaunchNt<float>(p, nt, group, grid, s);
+    st = x_dtype == DType::kBF16 ? LaunchNt<__nv_bfloat16>(p, nt, form, group, grid, s)
+       : x_dtype == DType::kF16  ? LaunchNt<__half>(p, nt, form, group, grid, s)
+                                 : LaunchNt<float>(p, nt, form, group, grid, s);
     KDTREE_RETURN_IF_ERROR(st);
   }
   return Status::Ok();
@@ -945,7 +968,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const size_t off_pair = off_tiles + align(max_tiles * sizeof(Tile));
   const size_t used = off_pair + (gather ? 0 : static_cast<size_t>(pairs) * n * sizeof(float));
   // RunGemm may grow (and move) the scratch block: reserve the whole need first
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(used, std::min(max_tiles, kChunkTiles), nt, p.steps * 8, a.x.dtype), s));
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(used, std::min(max_tiles, kChunkTiles), nt, ChooseForm(p, a.x.dtype, nt), p.steps * 8, a.x.dtype), s));
   char* base = static_cast<char*>(scratch.ptr);
   int* x_row = reinterpret_cast<int*>(base);
   int* out_row = reinterpret_cast<int*>(base + off_out);

@@ -183,7 +183,7 @@ function gemmInvarianceCheck(xDtype: Dtype): KernelCheck {
 /** k = 96: 16-bit x is staged (a K tail); k = 128: read in place, through row slots past one row per expert. */
 function moeCheck(xDtype: Dtype, k: number): KernelCheck {
   return {
-    name: `moe_gemm x ${xDtype}, K ${k}: gather and weighted-sum modes, 6 experts, top-2, T 1/5/13/21 (an expert with 13 or 21 rows: several token tiles; up to 32 pairs routed inside the GEMM on cuda, more by the sort kernel) vs reference; a token's rows == the token alone`,
+    name: `moe_gemm x ${xDtype}, K ${k}: gather and weighted-sum modes, 6 experts, top-2, T 1/5/13/21/30 (an expert with 13-30 rows: several token tiles; up to 32 pairs routed inside the GEMM on cuda, more by the sort kernel; at T 30 tiles of 16 rows, x read in place for bf16 with K 128) vs reference; a token's rows == the token alone`,
     run(b) {
       const E = 6;
       const n = 64;
@@ -195,7 +195,7 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
         track(qw);
         track(sc);
         let detail = '';
-        for (const T of [1, 5, 13, 21]) {
+        for (const T of [1, 5, 13, 21, 30]) {
           // T = 13, 21: every token routes to expert 0 first, so it has more rows than a token tile
           const ids = Int32Array.from({ length: T * topk }, (_, i) => (T >= 13 ? (i % topk === 0 ? 0 : 1 + (Math.floor(i / topk) % (E - 1))) : (i * 5 + Math.floor(i / topk)) % E));
           for (let t = 0; t < T; t++) if (ids[t * topk] === ids[t * topk + 1]) ids[t * topk + 1] = (ids[t * topk + 1] + 1) % E;
@@ -319,6 +319,56 @@ const streamKCheck: KernelCheck = {
   },
 };
 
+interface Bf16Case {
+  n: number;
+  k: number;
+  group: number;
+  scales: 'BF16' | 'F32';
+  ms: readonly number[];
+}
+
+/** bf16 GEMMs of each case at each M vs the reference; rows 0, 5 and M - 1 must equal the row alone bit for bit. */
+function bf16CasesAgainstReference(b: KdtreeBackend, cases: readonly Bf16Case[], seed: number): string {
+  let detail = '';
+  for (const { n, k, group, scales, ms } of cases) {
+    const w = int4(n, k, group, scales, seed + group);
+    const wf = dequantizeInt4(w);
+    withTensors(b, (track) => {
+      const { qw, sc } = uploadInt4(b, w);
+      track(qw);
+      track(sc);
+      for (const m of ms) {
+        const x = randomF32(m * k, 10 * seed + m + group);
+        const y = track(b.empty('f32', [m, n]));
+        b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
+        const all = b.toArray(y) as Float32Array;
+        detail += `${detail ? '; ' : ''}N=${n} G=${group} ${expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16)}`;
+        expectRowsAlone(b, track, { x, xDtype: 'bf16', k, n, qw, sc, group }, all, [0, 5, m - 1], `N=${n} G=${group} M=${m}`);
+      }
+    });
+  }
+  return detail;
+}
+
+/**
+ * Two token groups (9-16 rows) of bf16 x on matrices of up to 8192 x 8192 with K whole steps: on
+ * cuda the stream-K kernel reads the x rows in place (no staging launch). N = 4000 (250 tiles),
+ * K = 1024 (8 steps) with group 32 and bf16 scales, N = 2000 x K 768 with group 128 and f32 scales.
+ */
+const inPlace16Check: KernelCheck = {
+  name: 'w4a16_gemm bf16: N 4000 x K 1024 at M 9/16 (group 32, bf16 scales) and N 2000 x K 768 at M 12 (group 128, f32) vs reference and batch-invariant (on cuda: 16-token tiles with x read in place)',
+  run: (b) => ({
+    detail: bf16CasesAgainstReference(
+      b,
+      [
+        { n: 4000, k: 1024, group: 32, scales: 'BF16', ms: [9, 16] },
+        { n: 2000, k: 768, group: 128, scales: 'F32', ms: [12] },
+      ],
+      81,
+    ),
+  }),
+};
+
 /**
  * bf16 x on shapes that take the warpgroup kernel (w4a16_wgmma.cu) on an sm_90a device with up to
  * 132 SMs: >= 1.5 warpgroups (4 tiles x one 32-token tile each) per SM in a launch. N = 17000 is 1063
@@ -327,37 +377,21 @@ const streamKCheck: KernelCheck = {
  * M = 9 and 16 the stream-K kernel's 16-token tiles. N = 4608 at M = 100 (72 warpgroups x 4 token
  * tiles, the last partial) takes it only because of its tokens; its K = 448 ends inside a step
  * (staged x zero past K). Each group size is its own kernel
- * instance: 32 (bf16 scales), 64 (bf16) and 128 (f32). Rows 0, 5 and M - 1 must equal the row
- * alone (the 1-token kernel) bit for bit.
+ * instance: 32 (bf16 scales), 64 (bf16) and 128 (f32).
  */
 const wgmmaCheck: KernelCheck = {
   name: 'w4a16_gemm bf16: N 17000 x K 640 at M 9/16/17/40 (groups 32, bf16 scales, and 128, f32) and N 4608 x K 448 at M 100 (group 64, a K tail), vs reference and batch-invariant (on sm_90a: the warpgroup kernel from 17 tokens)',
-  run(b) {
-    const cases = [
-      { n: 17000, k: 640, group: 32, scales: 'BF16', ms: [9, 16, 17, 40] },
-      { n: 17000, k: 640, group: 128, scales: 'F32', ms: [9, 16, 17, 40] },
-      { n: 4608, k: 448, group: 64, scales: 'BF16', ms: [100] },
-    ] as const;
-    let detail = '';
-    for (const { n, k, group, scales, ms } of cases) {
-      const w = int4(n, k, group, scales, 71 + group);
-      const wf = dequantizeInt4(w);
-      withTensors(b, (track) => {
-        const { qw, sc } = uploadInt4(b, w);
-        track(qw);
-        track(sc);
-        for (const m of ms) {
-          const x = randomF32(m * k, 700 + m + group);
-          const y = track(b.empty('f32', [m, n]));
-          b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
-          const all = b.toArray(y) as Float32Array;
-          detail += `${detail ? '; ' : ''}N=${n} G=${group} ${expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16)}`;
-          expectRowsAlone(b, track, { x, xDtype: 'bf16', k, n, qw, sc, group }, all, [0, 5, m - 1], `N=${n} G=${group} M=${m}`);
-        }
-      });
-    }
-    return { detail };
-  },
+  run: (b) => ({
+    detail: bf16CasesAgainstReference(
+      b,
+      [
+        { n: 17000, k: 640, group: 32, scales: 'BF16', ms: [9, 16, 17, 40] },
+        { n: 17000, k: 640, group: 128, scales: 'F32', ms: [9, 16, 17, 40] },
+        { n: 4608, k: 448, group: 64, scales: 'BF16', ms: [100] },
+      ],
+      71,
+    ),
+  }),
 };
 
 const shapeErrors: KernelCheck = {
@@ -409,6 +443,7 @@ export const GEMM_CHECKS: KernelCheck[] = [
   packCheck('BF16'),
   packCheck('F32'),
   streamKCheck,
+  inPlace16Check,
   wgmmaCheck,
   gemmInvarianceCheck('f32'),
   gemmInvarianceCheck('bf16'),
