@@ -67,11 +67,16 @@ using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, 
 // tile that crosses a block boundary is combined across blocks, by one exchange (run 45).
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-// Steps in flight per warp: 3 KB of weights in registers; with 16 warps per SM (<= 128 registers,
-// up to 32 tokens per tile) that is 48 KB per SM. Rings of 2 (20 warps/SM) and 4 (12) measured the
-// same or slower; letting 16- and 32-token tiles use more registers at 12 warps per SM was 10-45%
-// slower (docs/gpu/notes.md, runs 38 and 40); 20 warps per SM spill (run 43).
-constexpr int kRing = 3;
+// Steps in flight per warp: at one token group 3 KB of weights in registers, with 16 warps per SM
+// (<= 128 registers) 48 KB per SM; with more groups 2 KB, which leaves their x and accumulators
+// the registers (run 161, same-run A/B of a ring of 2 everywhere: M = 16 0.2-0.8 us faster on
+// every shape, 4096x7168 M = 32 20.5 -> 19.35 and M = 64 40.45 -> 38.3, 7168x18432 M = 32 81 ->
+// 78.7; but M = 1 0.5-0.6 us slower on the large shapes and the MoE verify step 2077 -> 2113 us).
+// Rings of 2 (20 warps/SM) and 4 (12) at every M measured the same or slower in run 42; letting
+// 16- and 32-token tiles use more registers at 12 warps per SM was 10-45% slower (runs 38 and 40);
+// 20 warps per SM spill (run 43).
+template <int NT>
+constexpr int kRing = NT == 1 ? 3 : 2;
 // Steps a decode launch (one token group, dense) prefetches into L2 before it waits for the
 // previous kernel. Measured (runs 109-112, M = 1): 2 steps 18432x7168 22.9 -> 21.9 us, 7168x2048
 // 6.7 -> 5.9; 3-4 steps a little less, 8-16 slower on the large shapes (the prefetches then compete
@@ -544,7 +549,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   const uint4* wq = p.qw + static_cast<int64_t>(expert) * total * kUint4PerStep + lane;
   const S* sq = reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(expert) * p.tiles * p.blocks * w4::kScalesPerBlock + 8 * g;
 
-  // Load cursor: the ring holds steps [f, f + kRing). Weights advance 1 KB per step; a tile's
+  // Load cursor: the ring holds steps [f, f + kRing<NT>). Weights advance 1 KB per step; a tile's
   // scale blocks follow the previous tile's, so the scale pointer advances one block every
   // 4G/128 steps and at every tile end (a partly used last block).
   constexpr int kStepsPerBlock = 4 * G / w4::kStepK;
@@ -556,7 +561,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   // kRing + 1 register slots, the loop unrolled over them: step i reads slot i % kSlots while step
   // i + kRing loads into another, so no slot is copied aside before its reload (with kRing slots
   // the compiler moved each step's 12 registers: ~28 of ~210 instructions per step; run 42).
-  constexpr int kSlots = kRing + 1;
+  constexpr int kSlots = kRing<NT> + 1;
   uint4 ring_w[kSlots][2];
   ScaleFrag<S> ring_s[kSlots];
 // The flat loop: the cursor advances whether or not the range has a step left to load, so that the
@@ -593,7 +598,7 @@ constexpr bool kFlatLoop = NT == 1 || NT == 4;
     }                                                                                                                                \
   } while (0);
 #pragma unroll
-  for (int s = 0; s < kRing; ++s) KDTREE_ISSUE(s)
+  for (int s = 0; s < kRing<NT>; ++s) KDTREE_ISSUE(s)
   // While it waits, a decode launch also asks L2 for the kPrefetchSteps steps after its ring
   // (weights and scales): the copy engine fetches them during the previous kernel's tail.
   if (kPrefetchSteps > 0 && NT == 1 && !moe && lane == 0 && ld_f < f_end) {
@@ -643,7 +648,7 @@ constexpr bool kFlatLoop = NT == 1 || NT == 4;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       if (base + s >= f_end) break;
-      KDTREE_ISSUE((s + kRing) % kSlots)
+      KDTREE_ISSUE((s + kRing<NT>) % kSlots)
       const uint4 w0 = ring_w[s][0], w1 = ring_w[s][1];
       const ScaleFrag<S> sw = ring_s[s];
       const X* xs[NT];
