@@ -68,15 +68,16 @@ using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 // Steps in flight per warp: at one token group 3 KB of weights in registers, with 16 warps per SM
-// (<= 128 registers) 48 KB per SM; with more groups 2 KB, which leaves their x and accumulators
-// the registers (run 161, same-run A/B of a ring of 2 everywhere: M = 16 0.2-0.8 us faster on
+// (<= 128 registers) 48 KB per SM; with more groups fewer, which leaves their x and accumulators
+// the registers. Same-run A/Bs: a ring of 2 everywhere (run 161) made M = 16 0.2-0.8 us faster on
 // every shape, 4096x7168 M = 32 20.5 -> 19.35 and M = 64 40.45 -> 38.3, 7168x18432 M = 32 81 ->
-// 78.7; but M = 1 0.5-0.6 us slower on the large shapes and the MoE verify step 2077 -> 2113 us).
-// Rings of 2 (20 warps/SM) and 4 (12) at every M measured the same or slower in run 42; letting
-// 16- and 32-token tiles use more registers at 12 warps per SM was 10-45% slower (runs 38 and 40);
-// 20 warps per SM spill (run 43).
+// 78.7, but M = 1 0.5-0.6 us slower on the large shapes and the MoE verify step 2077 -> 2113 us;
+// a ring of 1 above one group (run 163) made M = 32 faster still (7168x18432 78.9 -> 73.65,
+// 4096x7168 19.35 -> 18.6) but M = 64 on 4096x7168 38.25 -> 39.45 and M = 16 on the large shapes
+// 0.3-0.7 us slower. Letting 16- and 32-token tiles use more registers at 12 warps per SM was
+// 10-45% slower (runs 38 and 40); 20 warps per SM spill (run 43).
 template <int NT>
-constexpr int kRing = NT == 1 ? 3 : 2;
+constexpr int kRing = NT == 1 ? 3 : NT == 4 ? 1 : 2;
 // Steps a decode launch (one token group, dense) prefetches into L2 before it waits for the
 // previous kernel. Measured (runs 109-112, M = 1): 2 steps 18432x7168 22.9 -> 21.9 us, 7168x2048
 // 6.7 -> 5.9; 3-4 steps a little less, 8-16 slower on the large shapes (the prefetches then compete
