@@ -31,15 +31,16 @@
 //    independent; the ranges depend only on N, K and the device), so results are batch-invariant.
 //  * At 17+ tokens on large N, w4a16_wgmma.cu's warpgroup kernel (sm_90a) takes over: whole tiles
 //    per warp and x shared by four warps through the tensor cores, replaying these ranges' rounding.
-// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams 86-88%
-// of the copy bandwidth on H200 on the large shapes (run 157); a pure read at its occupancy reaches
-// 87%, at 4 blocks per SM 94% (tools/gpu/stream_floor.cu). In run 78 (then at ~75%) its loads alone
-// ran at the floor, the step arithmetic (~150-160 instructions per KB of weights, 88 of them
-// dequantization; 8 HMMA.16816 per KB at M <= 8, 16 at M <= 16) cost 3.4-3.8 us per large-shape
-// launch and the end (barrier, split-tile combine, stores) 1.4-2.1 us. The arithmetic is bound by
-// its dependency chains and control code at 4 warps per scheduler, not by its dequantization count:
-// dropping the HSUB2s (biased codes, runs 76-77) and a deeper shared-memory ring (run 80) were both
-// slower, a flatter loop with the same instruction count faster (runs 155-157).
+// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams 85-88%
+// of the copy bandwidth on H200 on the large shapes (runs 157-164); a pure read at its occupancy
+// reaches 85-87%, at 4 blocks per SM 92-94% (tools/gpu/stream_floor.cu). In run 78 (then at ~75%)
+// its loads alone ran at the floor, the step arithmetic (~150-160 instructions per KB of weights,
+// 88 of them dequantization; 8 HMMA.16816 per KB at M <= 8, 16 at M <= 16) cost 3.4-3.8 us per
+// large-shape launch and the end (barrier, split-tile combine, stores) 1.4-2.1 us. The arithmetic
+// is bound by its dependency chains and control code at 4 warps per scheduler, not by its
+// dequantization count: dropping the HSUB2s (biased codes, runs 76-77) and a deeper shared-memory
+// ring (run 80) were both slower, a flatter loop with the same instruction count faster (runs
+// 155-157).
 #include <algorithm>
 #include <climits>
 #include <type_traits>
@@ -126,7 +127,7 @@ __device__ __forceinline__ void Mma(float* d, const uint32_t* a, uint32_t b0, ui
 //             next step of it into shared memory
 //  kOneToken  one token per tile (NT = 1): the MMA columns of token 2 t + 1 are not scaled, parked
 //             or exchanged
-//  kXInPlace  two groups reading the x rows in place, as one group does (XInPlace16 says where)
+//  kXInPlace  two groups reading the x rows in place, as one group does (ChooseForm says where)
 enum class Form { kStandard, kOneToken, kXInPlace };
 
 // Whether x is read from the staged copy (StageXKernel): 16-bit x with more than one group of 8
@@ -310,9 +311,9 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 // Its shared memory comes after the kernel's other dynamic shared memory, and only one-token-group
 // launches have it: a static array here would also sit in every 16-token block, whose 80 KB then no
 // longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
-// kTileRows is tile_tokens: 8 (one token group), or 1 at one token (a tile per pair).
 constexpr int kRoutePairsMax = 32;
 constexpr int kRouteSharedBytes = (2 * kRoutePairsMax + 4) * sizeof(int);
+// kTileRows is tile_tokens: 8 (one token group), or 1 in the one-token form (a tile per pair).
 template <int kTileRows>
 __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* expert, int* row_start, int* rows) {
   int* expert_of = shared;                       // [kRoutePairsMax]
@@ -565,17 +566,18 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   constexpr int kSlots = kRing<NT> + 1;
   uint4 ring_w[kSlots][2];
   ScaleFrag<S> ring_s[kSlots];
-// The flat loop: the cursor advances whether or not the range has a step left to load, so that the
-// unrolled slots address their loads as immediate offsets from one pointer per iteration (at G = 32
-// a step is one scale block and tiles' blocks follow each other, so the scale cursor is linear too),
-// and a step ends a tile's segment when it reaches a precomputed step index. Measured (runs 155-156,
-// same-run A/B): at one token group M = 1-8 0.4-1.1 us faster on the large shapes (18432x7168 M = 1
-// 20.8 -> 20.15 us, 7168x18432 21.45 -> 20.4), MoE decode step 63.9 -> 62.2; at four groups (M =
-// 17-32 where the warpgroup kernel does not run) 4096x7168 M = 32 20.9 -> 20.4, 7168x18432 83 ->
-// 80.6; but at two and eight groups slower (M = 16 0.3-0.6 us, 4096x7168 M = 64 40.4 -> 42.4): the
-// compiler's schedule and spills of those loops change for the worse, so they keep the per-step
-// cursor (so does the in-place form at two groups: 4096x7168 M = 16 11.45 -> 12.4, run 158).
-constexpr bool kFlatLoop = NT == 1 || NT == 4;
+  // The flat loop: the cursor advances whether or not the range has a step left to load, so that
+  // the unrolled slots address their loads as immediate offsets from one pointer per iteration (at
+  // G = 32 a step is one scale block and tiles' blocks follow each other, so the scale cursor is
+  // linear too), and a step ends a tile's segment when it reaches a precomputed step index.
+  // Measured (runs 155-156, same-run A/B): at one token group M = 1-8 0.4-1.1 us faster on the
+  // large shapes (18432x7168 M = 1 20.8 -> 20.15 us, 7168x18432 21.45 -> 20.4), MoE decode step
+  // 63.9 -> 62.2; at four groups (M = 17-32 where the warpgroup kernel does not run) 4096x7168 M =
+  // 32 20.9 -> 20.4, 7168x18432 83 -> 80.6; but at two and eight groups slower (M = 16 0.3-0.6 us,
+  // 4096x7168 M = 64 40.4 -> 42.4): the compiler's schedule and spills of those loops change for
+  // the worse, so they keep the per-step cursor (so does the in-place form at two groups: 4096x7168
+  // M = 16 11.45 -> 12.4, run 158).
+  constexpr bool kFlatLoop = NT == 1 || NT == 4;
 #define KDTREE_ISSUE(SLOT)                                                                                                           \
   do {                                                                                                                               \
     if (ld_f < f_end) {                                                                                                              \
@@ -769,8 +771,9 @@ Ranges ChooseRanges(int64_t total_steps, int tile_steps, int matrices, int sms) 
 }
 
 // Token tiles of 8 x NT tokens: NT 1, 2 and 4 cover decode and tree verify, 8 the rest (f16 and
-// f32 x, test and reference paths: 1 or 8). 16-bit x is read in place (NT 1) only when K is whole
-// steps: its loads then need no K-tail predicate (~15 instructions per step); other K stage it.
+// f32 x, test and reference paths: 1 or 8). 16-bit x is read in place (NT 1, and NT 2 in the
+// in-place form) only when K is whole steps: its loads then need no K-tail predicate (~15
+// instructions per step); other K stage it.
 int ChooseNt(int rows, DType x, int k) {
   if (rows <= 8 && (k % w4::kStepK == 0 || x == DType::kF32)) return 1;
   if (x != DType::kBF16) return 8;
