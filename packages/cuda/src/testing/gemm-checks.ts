@@ -196,7 +196,7 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
         track(sc);
         let detail = '';
         for (const T of [1, 5, 13, 21, 30]) {
-          // T = 13, 21: every token routes to expert 0 first, so it has more rows than a token tile
+          // T >= 13: every token routes to expert 0 first, so it has more rows than a token tile
           const ids = Int32Array.from({ length: T * topk }, (_, i) => (T >= 13 ? (i % topk === 0 ? 0 : 1 + (Math.floor(i / topk) % (E - 1))) : (i * 5 + Math.floor(i / topk)) % E));
           for (let t = 0; t < T; t++) if (ids[t * topk] === ids[t * topk + 1]) ids[t * topk + 1] = (ids[t * topk + 1] + 1) % E;
           const weights = Float32Array.from({ length: T * topk }, (_, i) => 0.3 + 0.1 * i);
