@@ -944,7 +944,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "w4a16_gemm"));
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, m);
   const int nt = ChooseNt(m, a.x.dtype, p.K);
-  p.tile_tokens = m == 1 && nt == 1 ? 1 : 8 * nt;  // one token: the one-token kernel (LaunchNt)
+  p.tile_tokens = m == 1 && nt == 1 ? 1 : 8 * nt;  // one token: the one-token form (ChooseForm)
   p.y = a.y.data;
   p.y_dtype = a.y.dtype;
   return RunGemm(p, a.x.dtype, a.group, nt, (m + p.tile_tokens - 1) / p.tile_tokens, 1, sms, scratch, 0, s);
@@ -963,7 +963,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const int expected_rows = std::min(64, (pairs + experts - 1) / experts);
   const int nt = ChooseNt(expected_rows, a.x.dtype, static_cast<int>(a.x.dim(1)));
   const bool route = nt == 1 && pairs <= kRoutePairsMax;  // routed inside the GEMM (RouteTile)
-  // one token (a decode step): a tile per pair, run by the one-token kernel (LaunchNt)
+  // one token (a decode step): a tile per pair, run in the one-token form (ChooseForm)
   const int tile_rows = route && t == 1 ? 1 : 8 * nt;
   const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
