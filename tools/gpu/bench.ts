@@ -203,14 +203,9 @@ const moeDecode = (w: ReturnType<typeof moeWeights>, label: string) => {
   gpu.free(...idSets, topkW, xTok, gu, act, out);
   return { us: ms * 1e3, intermediate: w.inter, bytes: w.bytes, gbs, fractionOfCopy: gbs / copyGBs };
 };
-const full = moeWeights(I);
-const { guQ, guS, dnQ, dnS } = full;
-const moeBytes = full.bytes;
-report.moe = moeDecode(full, 'Kimi K2');
-
 // The same MoE layer at a DDTree verify: 65 tokens (a 64-node tree + root), top-8 each, so most
 // of the 384 experts get one or two rows. Bytes: the experts actually used, once.
-{
+const moeVerify = (w: ReturnType<typeof moeWeights>, label: string) => {
   const T = 65;
   const sets = Array.from({ length: 4 }, () => {
     const ids = new Int32Array(T * TOPK);
@@ -223,27 +218,31 @@ report.moe = moeDecode(full, 'Kimi K2');
   });
   const weights = gpu.fromArray('f32', [T, TOPK], Float32Array.from({ length: T * TOPK }, () => 0.1 + rng.uniform() * 0.3));
   const xs = gpu.fromArray('bf16', [T, H], randomBf16(T * H));
-  const guV = gpu.empty('bf16', [T * TOPK, 2 * I]);
-  const actV = gpu.empty('bf16', [T * TOPK, I]);
+  const guV = gpu.empty('bf16', [T * TOPK, 2 * w.inter]);
+  const actV = gpu.empty('bf16', [T * TOPK, w.inter]);
   const outV = gpu.empty('bf16', [T, H]);
   const verifyStep = (r: number) => {
     const { ids } = sets[r % sets.length];
-    gpu.native.moeGemm({ x: xs, qw: guQ, sc: guS, ids, y: guV, mode: 'gather' });
+    gpu.native.moeGemm({ x: xs, qw: w.guQ, sc: w.guS, ids, y: guV, mode: 'gather' });
     gpu.native.siluMul({ x: guV, out: actV });
-    gpu.native.moeGemm({ x: actV, qw: dnQ, sc: dnS, ids, weights, y: outV, mode: 'sum' });
+    gpu.native.moeGemm({ x: actV, qw: w.dnQ, sc: w.dnS, ids, weights, y: outV, mode: 'sum' });
   };
   const ms = timeLaunches(gpu, verifyStep, 4);
   const used = sets.reduce((n, s) => n + s.used, 0) / sets.length;
-  const bytes = (used * moeBytes) / TOPK;
+  const bytes = (used * w.bytes) / TOPK;
   const gbs = bytes / (ms * 1e-3) / 1e9;
-  log(`MoE verify step (65 tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
-  report.moeVerify = { tokens: T, us: ms * 1e3, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
+  log(`MoE verify step (${label}65 tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used, I ${w.inter}): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
   gpu.free(...sets.map((s) => s.ids), weights, xs, guV, actV, outV);
-}
+  return { tokens: T, us: ms * 1e3, intermediate: w.inter, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
+};
+const full = moeWeights(I);
+report.moe = moeDecode(full, 'Kimi K2');
+report.moeVerify = moeVerify(full, '');
 full.free();
 {
   const rank = moeWeights(I / 8);
   report.moeRank = moeDecode(rank, 'one tensor-parallel rank of 8');
+  report.moeVerifyRank = moeVerify(rank, 'one tensor-parallel rank of 8: ');
   rank.free();
 }
 

@@ -87,7 +87,16 @@ constexpr int kRing = NT == 1 ? 3 : NT == 4 ? 1 : 2;
 // 7168x2048 (+0.1) (run 129).
 constexpr int kPrefetchSteps = 1;
 constexpr int kWarpsPerSm = 16;          // stream-K ranges per SM and weight matrix (= resident warps up to 32 tokens)
-constexpr int kChunkTiles = 16;           // token tiles per launch (bounds the staged x and the exchange slots)
+// Token tiles per launch. Staged x (16 tiles of 64 tokens: 15 MB at K = 7168) bounds a chunk at
+// kChunkTiles; read in place, only the exchange slots do, up to kChunkExchangeBytes of them. Fewer
+// launches are faster where a launch has many tiles: every launch ends on a tail, and a MoE launch
+// runs all of its tile slots while the routing (on the device) fills only some: the 65-token MoE
+// verify step (449 slots per projection, ~290 used) took 2074 us in launches of 16 tiles, 1910 in
+// 128, 1873 in 256 and 1848 in one launch of 512 (run 168, same-run A/B); on one rank's experts
+// (I = 256) 539 -> 388 us (run 169). A block that loops over several tiles instead (run 172) was
+// no faster there and slowed the kernel's other uses by up to 0.5 us.
+constexpr int kChunkTiles = 16;
+constexpr size_t kChunkExchangeBytes = size_t{32} << 20;
 
 // Where the NT-token-group kernel divides: with the multiply the 16-token kernel's loop came out
 // slower (run 124: 18432x7168 M = 16 34.45 -> 35.1 us, same-run A/B), so that one keeps the division.
@@ -874,8 +883,8 @@ Status RunWgmma(GemmParams p, int group, Scratch& scratch, size_t scratch_used, 
   return Status::Ok();
 }
 
-// Launches the token tiles [0, token_tiles) in chunks of kChunkTiles (the staged x and the
-// exchange slots are sized for one chunk; chunks run in stream order).
+// Launches the token tiles [0, token_tiles) in chunks (kChunkTiles, kChunkExchangeBytes: the staged
+// x and the exchange slots are sized for one chunk; chunks run in stream order).
 Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, int matrices, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
   if (total > kMaxSteps) {
@@ -888,15 +897,17 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   p.by_steps_per_warp = MakeDivisor(r.steps_per_warp);
   p.range_blocks = r.blocks;
   if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, group, scratch, scratch_used, s);
-  const int chunk = std::min(token_tiles, kChunkTiles);
   p.slices = p.steps * 8;
   const Form form = ChooseForm(p, x_dtype, nt);
+  const size_t exchange_per_tile = static_cast<size_t>(r.blocks) * nt * 8 * w4::kTileRows * sizeof(uint64_t);
+  const int in_place_chunk = static_cast<int>(std::max<size_t>(kChunkTiles, kChunkExchangeBytes / exchange_per_tile));
+  const int chunk = std::min(token_tiles, StagesX(x_dtype, nt, form) ? kChunkTiles : in_place_chunk);
   KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(scratch_used, chunk, nt, form, p.slices, x_dtype), s));
   void* staged = static_cast<char*>(scratch.ptr) + (scratch_used + 255) / 256 * 256;
   const bool stage = StagesX(x_dtype, nt, form);
   p.xs = stage ? staged : nullptr;
   void* exchange = nullptr;
-  KDTREE_RETURN_IF_ERROR(scratch.Zeroed(static_cast<size_t>(chunk) * r.blocks * nt * 8 * w4::kTileRows * sizeof(uint64_t), s, &exchange));
+  KDTREE_RETURN_IF_ERROR(scratch.Zeroed(chunk * exchange_per_tile, s, &exchange));
   p.exchange = static_cast<uint64_t*>(exchange);
   for (int first = 0; first < token_tiles; first += chunk) {
     p.tile_offset = first;

@@ -249,6 +249,48 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
   };
 }
 
+/**
+ * Enough token tiles for several launches: 400 (token, expert) pairs over 40 experts, 10 rows
+ * each, in 16-row tiles with x staged (K = 96): 65 tile slots (40 used), launched 16 at a time on
+ * cuda.
+ */
+function moeManyTilesCheck(): KernelCheck {
+  return {
+    name: 'moe_gemm x bf16, K 96: 200 tokens, top-2 over 40 experts (65 token tile slots, launched in chunks) vs reference; the rows of a token in the third chunk == the token alone',
+    run(b) {
+      const E = 40;
+      const n = 32;
+      const k = 96;
+      const T = 200;
+      const topk = 2;
+      const w = int4(E * n, k, 32, 'BF16', 57);
+      const wf = dequantizeInt4(w);
+      return withTensors(b, (track) => {
+        const { qw, sc } = uploadInt4(b, w, E);
+        track(qw);
+        track(sc);
+        const ids = Int32Array.from({ length: T * topk }, (_, i) => (Math.floor(i / topk) * 7 + (i % topk) * 5) % E);  // 10 rows per expert
+        const x = randomF32(T * k, 1200);
+        const xr = roundX(x, 'bf16');
+        const y = track(b.empty('f32', [T * topk, n]));
+        b.native.moeGemm({ x: track(upload(b, 'bf16', [T, k], x)), qw, sc, ids: track(b.fromArray('i32', [T, topk], ids)), y, mode: 'gather' });
+        const ref = new Float32Array(T * topk * n);
+        for (let p = 0; p < T * topk; p++) {
+          const t = Math.floor(p / topk);
+          ref.set(matmulT(xr.subarray(t * k, (t + 1) * k), 1, k, wf.subarray(ids[p] * n * k, (ids[p] + 1) * n * k), n), p * n);
+        }
+        const rows = b.toArray(y) as Float32Array;
+        const detail = expectClose('gather T=200', rows, ref, TOLERANCE.bf16);
+        const last = T - 1;  // experts 33 and 38: tiles 33 and 38 (tiles are in expert order), the third chunk
+        const one = track(b.empty('f32', [topk, n]));
+        b.native.moeGemm({ x: track(upload(b, 'bf16', [1, k], x.subarray(last * k, T * k))), qw, sc, ids: track(b.fromArray('i32', [1, topk], ids.subarray(last * topk))), y: one, mode: 'gather' });
+        if (!sameBits(b.toArray(one), rows.subarray(last * topk * n))) fail(`token ${last} alone differs from its rows in the ${T}-token call`);
+        return { detail };
+      });
+    },
+  };
+}
+
 function packCheck(scaleDtype: 'BF16' | 'F32'): KernelCheck {
   return {
     name: `w4a16_pack, scales ${scaleDtype.toLowerCase()}: bit-exact with the layout written out in JS (odd N, K tails, groups 32/64/128, experts)`,
@@ -450,5 +492,6 @@ export const GEMM_CHECKS: KernelCheck[] = [
   moeCheck('f32', 96),
   moeCheck('bf16', 96),
   moeCheck('bf16', 128),
+  moeManyTilesCheck(),
   shapeErrors,
 ];
