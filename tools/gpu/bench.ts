@@ -180,7 +180,7 @@ const moeWeights = (inter: number) => {
   const bytes = TOPK * ((2 * inter * H) / 2 + 2 * inter * (H / 32) * 2 + (H * inter) / 2 + H * (inter / 32) * 2);
   return { ...w, inter, bytes, free: () => gpu.free(w.guQ, w.guS, w.dnQ, w.dnS) };
 };
-const moeDecode = (w: ReturnType<typeof moeWeights>, label: string) => {
+const moeDecode = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0) => {
   const idSets = Array.from({ length: 16 }, () => {
     const chosen = new Set<number>();
     while (chosen.size < TOPK) chosen.add(Math.floor(rng.uniform() * E));
@@ -193,19 +193,19 @@ const moeDecode = (w: ReturnType<typeof moeWeights>, label: string) => {
   const out = gpu.empty('bf16', [1, H]);
   const step = (r: number) => {
     const ids = idSets[r % idSets.length];
-    gpu.native.moeGemm({ x: xTok, qw: w.guQ, sc: w.guS, ids, y: gu, mode: 'gather' });
+    gpu.native.moeGemm({ x: xTok, qw: w.guQ, sc: w.guS, ids, y: gu, mode: 'gather', minWarpSteps });
     gpu.native.siluMul({ x: gu, out: act });
-    gpu.native.moeGemm({ x: act, qw: w.dnQ, sc: w.dnS, ids, weights: topkW, y: out, mode: 'sum' });
+    gpu.native.moeGemm({ x: act, qw: w.dnQ, sc: w.dnS, ids, weights: topkW, y: out, mode: 'sum', minWarpSteps });
   };
   const ms = timeLaunches(gpu, step);
   const gbs = w.bytes / (ms * 1e-3) / 1e9;
   log(`MoE decode step (${label}: ${E} experts, top-${TOPK}, gate_up + SiLU + down, I ${w.inter}, bf16): ${(ms * 1e3).toFixed(1)} us, ${(w.bytes / 1e6).toFixed(1)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
   gpu.free(...idSets, topkW, xTok, gu, act, out);
-  return { us: ms * 1e3, intermediate: w.inter, bytes: w.bytes, gbs, fractionOfCopy: gbs / copyGBs };
+  return { us: ms * 1e3, intermediate: w.inter, minWarpSteps, bytes: w.bytes, gbs, fractionOfCopy: gbs / copyGBs };
 };
 // The same MoE layer at a DDTree verify: 65 tokens (a 64-node tree + root), top-8 each, so most
 // of the 384 experts get one or two rows. Bytes: the experts actually used, once.
-const moeVerify = (w: ReturnType<typeof moeWeights>, label: string) => {
+const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0) => {
   const T = 65;
   const sets = Array.from({ length: 4 }, () => {
     const ids = new Int32Array(T * TOPK);
@@ -223,9 +223,9 @@ const moeVerify = (w: ReturnType<typeof moeWeights>, label: string) => {
   const outV = gpu.empty('bf16', [T, H]);
   const verifyStep = (r: number) => {
     const { ids } = sets[r % sets.length];
-    gpu.native.moeGemm({ x: xs, qw: w.guQ, sc: w.guS, ids, y: guV, mode: 'gather' });
+    gpu.native.moeGemm({ x: xs, qw: w.guQ, sc: w.guS, ids, y: guV, mode: 'gather', minWarpSteps });
     gpu.native.siluMul({ x: guV, out: actV });
-    gpu.native.moeGemm({ x: actV, qw: w.dnQ, sc: w.dnS, ids, weights, y: outV, mode: 'sum' });
+    gpu.native.moeGemm({ x: actV, qw: w.dnQ, sc: w.dnS, ids, weights, y: outV, mode: 'sum', minWarpSteps });
   };
   const ms = timeLaunches(gpu, verifyStep, 4);
   const used = sets.reduce((n, s) => n + s.used, 0) / sets.length;
@@ -233,7 +233,7 @@ const moeVerify = (w: ReturnType<typeof moeWeights>, label: string) => {
   const gbs = bytes / (ms * 1e-3) / 1e9;
   log(`MoE verify step (${label}65 tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used, I ${w.inter}): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
   gpu.free(...sets.map((s) => s.ids), weights, xs, guV, actV, outV);
-  return { tokens: T, us: ms * 1e3, intermediate: w.inter, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
+  return { tokens: T, us: ms * 1e3, intermediate: w.inter, minWarpSteps, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
 };
 const full = moeWeights(I);
 report.moe = moeDecode(full, 'Kimi K2');
@@ -243,6 +243,9 @@ full.free();
   const rank = moeWeights(I / 8);
   report.moeRank = moeDecode(rank, 'one tensor-parallel rank of 8');
   report.moeVerifyRank = moeVerify(rank, 'one tensor-parallel rank of 8: ');
+  // the same with longer warp ranges (16 steps): what an engine that mostly verifies would choose
+  report.moeRankLongRanges = moeDecode(rank, 'one rank, minWarpSteps 16', 16);
+  report.moeVerifyRankLongRanges = moeVerify(rank, 'one rank, minWarpSteps 16: ', 16);
   rank.free();
 }
 

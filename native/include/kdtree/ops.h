@@ -39,6 +39,10 @@ struct MoeGemmArgs {
   Tensor x, qw, sc, ids, weights, y;  // qw, sc packed with a leading E; weights unused in gather mode
   int group = 32;
   MoeMode mode = MoeMode::kGather;
+  // The least weight steps (16 rows x 128 k) each warp streams, 0 = decode-sized ranges. Longer
+  // ranges mean fewer blocks: faster when a call uses many experts (a tree verify), slower for a
+  // decode step. A row's bits depend on it: keep one value for every call on the same weights.
+  int64_t min_warp_steps = 0;
 };
 
 struct MlaAttentionArgs {

@@ -110,6 +110,7 @@ Status ValidateW4A16Gemm(const W4A16GemmArgs& a) {
 }
 
 Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
+  constexpr int64_t kMaxMinWarpSteps = 1 << 20;
   const std::string ctx = Context("moe_gemm", a.x, a.qw, a.sc, a.ids, a.y);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16, DType::kF16}, 2));
   KDTREE_RETURN_IF_ERROR(NotCheckpoint(ctx, a.qw, 3));
@@ -119,6 +120,7 @@ Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
   const int64_t e = a.qw.dim(0), n = a.y.dim(1), k = a.x.dim(1), t = a.ids.dim(0), kk = a.ids.dim(1);
   KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
+  if (a.min_warp_steps < 0 || a.min_warp_steps > kMaxMinWarpSteps) return Invalid(ctx, "minWarpSteps must be in [0, ", kMaxMinWarpSteps, "], got ", a.min_warp_steps);
   if (a.mode == MoeMode::kGather) {
     if (a.x.dim(0) != t) return Invalid(ctx, "gather mode: x must have one row per token (", t, ")");
     if (a.y.dim(0) != t * kk) return Invalid(ctx, "gather mode: y must be [T*topk, N] = [", t * kk, ", N]");

@@ -45,7 +45,24 @@ export interface NativeBackend {
   elapsedMs(start: number, end: number): number;
   w4a16Pack(args: { qw: TensorArg; sc: TensorArg; qwPacked: TensorArg; scPacked: TensorArg; group?: number; stream?: number }): void;
   w4a16Gemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; y: TensorArg; group?: number; stream?: number }): void;
-  moeGemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; ids: TensorArg; weights?: TensorArg; y: TensorArg; group?: number; mode?: 'gather' | 'sum'; stream?: number }): void;
+  /**
+   * minWarpSteps (cuda; default 0): the least weight steps (16 rows x 128 k) each warp streams.
+   * Longer ranges mean fewer blocks per expert: faster for a call that uses many experts (a tree
+   * verify), slower for a decode step. A row's bits depend on it, so use one value for every call
+   * on the same weights (decode and verify then agree bit for bit).
+   */
+  moeGemm(args: {
+    x: TensorArg;
+    qw: TensorArg;
+    sc: TensorArg;
+    ids: TensorArg;
+    weights?: TensorArg;
+    y: TensorArg;
+    group?: number;
+    mode?: 'gather' | 'sum';
+    minWarpSteps?: number;
+    stream?: number;
+  }): void;
   mlaAttention(args: { qNope: TensorArg; qPe: TensorArg; kvB: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; mask?: TensorArg; out: TensorArg; base: number; scale: number; stream?: number }): void;
   embedding(args: { table: TensorArg; ids: TensorArg; out: TensorArg; stream?: number }): void;
   rmsNorm(args: { x: TensorArg; weight: TensorArg; out: TensorArg; eps: number; stream?: number }): void;

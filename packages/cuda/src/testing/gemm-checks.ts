@@ -291,6 +291,48 @@ function moeManyTilesCheck(): KernelCheck {
   };
 }
 
+/**
+ * Longer warp ranges (minWarpSteps 16: 2 blocks per expert instead of 64 on cuda): a 13-token
+ * call and its token 11 alone agree bit for bit when both ask for them, and match the reference.
+ */
+function moeLongRangesCheck(): KernelCheck {
+  return {
+    name: 'moe_gemm x bf16, N 1024 x K 512, 6 experts, top-2, minWarpSteps 16: T 1 and 13 vs reference; a token\'s rows == the token alone',
+    run(b) {
+      const E = 6;
+      const n = 1024;
+      const k = 512;
+      const topk = 2;
+      const T = 13;
+      const w = int4(E * n, k, 32, 'BF16', 58);
+      const wf = dequantizeInt4(w);
+      return withTensors(b, (track) => {
+        const { qw, sc } = uploadInt4(b, w, E);
+        track(qw);
+        track(sc);
+        const ids = Int32Array.from({ length: T * topk }, (_, i) => (Math.floor(i / topk) + 3 * (i % topk)) % E);
+        const x = randomF32(T * k, 1300);
+        const xr = roundX(x, 'bf16');
+        const gather = (tokens: number, first: number) => {
+          const y = track(b.empty('f32', [tokens * topk, n]));
+          const xs = track(upload(b, 'bf16', [tokens, k], x.subarray(first * k, (first + tokens) * k)));
+          b.native.moeGemm({ x: xs, qw, sc, ids: track(b.fromArray('i32', [tokens, topk], ids.subarray(first * topk, (first + tokens) * topk))), y, mode: 'gather', minWarpSteps: 16 });
+          return b.toArray(y) as Float32Array;
+        };
+        const rows = gather(T, 0);
+        const ref = new Float32Array(T * topk * n);
+        for (let p = 0; p < T * topk; p++) {
+          const t = Math.floor(p / topk);
+          ref.set(matmulT(xr.subarray(t * k, (t + 1) * k), 1, k, wf.subarray(ids[p] * n * k, (ids[p] + 1) * n * k), n), p * n);
+        }
+        const detail = expectClose('gather T=13', rows, ref, TOLERANCE.bf16);
+        if (!sameBits(gather(1, 11), rows.subarray(11 * topk * n, 12 * topk * n))) fail('token 11 alone differs from its rows in the 13-token call (both minWarpSteps 16)');
+        return { detail };
+      });
+    },
+  };
+}
+
 function packCheck(scaleDtype: 'BF16' | 'F32'): KernelCheck {
   return {
     name: `w4a16_pack, scales ${scaleDtype.toLowerCase()}: bit-exact with the layout written out in JS (odd N, K tails, groups 32/64/128, experts)`,
@@ -470,6 +512,7 @@ const shapeErrors: KernelCheck = {
       const esc = track(b.zeros('bf16', [4, 1, 1, 64]));
       expectThrows('moe gather y', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y, mode: 'gather' }), /gather mode: y must be \[T\*topk, N\] = \[6, N\]/);
       expectThrows('moe experts', () => b.native.moeGemm({ x, qw: eqw, sc: track(b.zeros('bf16', [3, 1, 1, 64])), ids, y: track(b.zeros('f32', [6, 16])), mode: 'gather' }), /sc must be the packed layout \[E, N\/16, K\/\(4G\), 64\] = \[4, 1, 1, 64\]/);
+      expectThrows('moe minWarpSteps', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y: track(b.zeros('f32', [6, 16])), mode: 'gather', minWarpSteps: -1 }), /minWarpSteps must be in \[0, 1048576\], got -1/);
       expectThrows('moe mode', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y, mode: 'scatter' as never }), /mode must be 'gather' or 'sum'/);
       expectThrows('moe weights', () => b.native.moeGemm({ x: track(b.zeros('bf16', [6, 64])), qw: eqw, sc: esc, ids, y, mode: 'sum' }), /weights/);
     });
@@ -493,5 +536,6 @@ export const GEMM_CHECKS: KernelCheck[] = [
   moeCheck('bf16', 96),
   moeCheck('bf16', 128),
   moeManyTilesCheck(),
+  moeLongRangesCheck(),
   shapeErrors,
 ];
