@@ -2,6 +2,7 @@
  * Launches each hot kernel a few times at the Kimi K2 decode shapes, for Nsight Compute
  * (`ncu` on the GPU host; .gpu/run.sh profile), which times every kernel on its own with cold
  * caches; and measures the host cost of a native call (wall clock per call, queue not drained).
+ * KDTREE_PROFILE_ONLY=gemm|moe|moe-verify|mla|ddtree runs one section.
  */
 import { createBackend, type DeviceTensor } from '../../packages/cuda/src/backend.js';
 import { packedW4A16Shapes } from '../../packages/cuda/src/w4a16-layout.js';
@@ -12,9 +13,11 @@ import { fileURLToPath } from 'node:url';
 const here = dirname(fileURLToPath(import.meta.url));
 const gpu = createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPaths: true });
 const fillPattern = (t: DeviceTensor, byte: number) => gpu.native.fill(t.buffer, byte);
+const only = process.env.KDTREE_PROFILE_ONLY;
+const want = (section: string) => !only || only === section;
 
 // W4A16 at M = 1 and 16 on an expert and a dense shape
-for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
+for (const [n, k] of want('gemm') ? [[4096, 7168], [18432, 7168], [7168, 2048]] : []) {
   const shapes = packedW4A16Shapes(n, k, 32);
   const qw = gpu.empty('i32', shapes.qw);
   const sc = gpu.empty('bf16', shapes.sc);
@@ -29,7 +32,7 @@ for (const [n, k] of [[4096, 7168], [18432, 7168], [7168, 2048]]) {
 
 // Kimi K2 MoE decode step (384 experts, top-8, H 7168): sort + gate_up, SiLU, sort + down + sum;
 // the whole experts (I 2048), then one tensor-parallel rank's share (I 256)
-for (const I of [2048, 256]) {
+for (const I of want('moe') ? [2048, 256] : []) {
   const [E, TOPK, H] = [384, 8, 7168];
   const gu = packedW4A16Shapes(2 * I, H, 32, E);
   const dn = packedW4A16Shapes(H, I, 32, E);
@@ -48,9 +51,30 @@ for (const I of [2048, 256]) {
   gpu.free(...w, ids, weights, x, guOut, act, out);
 }
 
+// One tensor-parallel rank's MoE layer at a 65-token DDTree verify (top-8 of 384, I 256): sort +
+// gate_up, SiLU, sort + down + sum
+if (want('moe-verify')) {
+  const [E, TOPK, H, I, T] = [384, 8, 7168, 256, 65];
+  const gu = packedW4A16Shapes(2 * I, H, 32, E);
+  const dn = packedW4A16Shapes(H, I, 32, E);
+  const w = [gpu.empty('i32', gu.qw), gpu.empty('bf16', gu.sc), gpu.empty('i32', dn.qw), gpu.empty('bf16', dn.sc)];
+  for (const t of w) fillPattern(t, 0x3c);
+  const ids = gpu.fromArray('i32', [T, TOPK], Int32Array.from({ length: T * TOPK }, (_, i) => (Math.floor(i / TOPK) * 53 + (i % TOPK) * 47) % E));
+  const weights = gpu.fromArray('f32', [T, TOPK], new Float32Array(T * TOPK).fill(0.125));
+  const x = gpu.empty('bf16', [T, H]);
+  fillPattern(x, 0x3c);
+  const guOut = gpu.empty('bf16', [T * TOPK, 2 * I]);
+  const act = gpu.empty('bf16', [T * TOPK, I]);
+  const out = gpu.empty('bf16', [T, H]);
+  gpu.native.moeGemm({ x, qw: w[0], sc: w[1], ids, y: guOut, mode: 'gather' });
+  gpu.native.siluMul({ x: guOut, out: act });
+  gpu.native.moeGemm({ x: act, qw: w[2], sc: w[3], ids, weights, y: out, mode: 'sum' });
+  gpu.free(...w, ids, weights, x, guOut, act, out);
+}
+
 // MLA attention, 8 heads, 4096 committed keys: decode, and a 65-node tree verify (binary-ish tree);
 // then a 512-token causal prefill from an empty cache
-{
+if (want('mla')) {
   const S = 4096 + 65;
   const kvB = gpu.empty('bf16', [8 * 256, 512]);
   const cacheC = gpu.empty('f32', [S, 512]);
@@ -69,7 +93,7 @@ for (const I of [2048, 256]) {
 }
 
 // DDTree build (B = 64, depth 8, V 163840) and accept
-{
+if (want('ddtree')) {
   const V = 163840;
   const nodes = 65;
   const draft = gpu.fromArray('f32', [8, V], Float32Array.from({ length: 8 * V }, (_, i) => Math.sin(i * 12.9898) * 3));
