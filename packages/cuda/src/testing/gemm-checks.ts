@@ -250,73 +250,28 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
 }
 
 /**
- * Enough token tiles for several launches: 400 (token, expert) pairs over 40 experts, 10 rows
- * each, in 16-row tiles with x staged (K = 96): 65 tile slots (40 used), launched 16 at a time on
- * cuda.
+ * moe_gemm in gather mode, bf16 x, over E experts of N x K with the given routing: every row vs the
+ * reference, and the rows of token `alone` == that token in a call of its own, bit for bit.
  */
-function moeManyTilesCheck(): KernelCheck {
+function moeGatherCheck(name: string, o: { E: number; n: number; k: number; T: number; topk: number; seed: number; expertOf: (t: number, j: number) => number; alone: number; minWarpSteps?: number }): KernelCheck {
   return {
-    name: 'moe_gemm x bf16, K 96: 200 tokens, top-2 over 40 experts (65 token tile slots, launched in chunks) vs reference; the rows of a token in the third chunk == the token alone',
+    name,
     run(b) {
-      const E = 40;
-      const n = 32;
-      const k = 96;
-      const T = 200;
-      const topk = 2;
-      const w = int4(E * n, k, 32, 'BF16', 57);
+      const { E, n, k, T, topk, alone } = o;
+      const w = int4(E * n, k, 32, 'BF16', o.seed);
       const wf = dequantizeInt4(w);
       return withTensors(b, (track) => {
         const { qw, sc } = uploadInt4(b, w, E);
         track(qw);
         track(sc);
-        const ids = Int32Array.from({ length: T * topk }, (_, i) => (Math.floor(i / topk) * 7 + (i % topk) * 5) % E);  // 10 rows per expert
-        const x = randomF32(T * k, 1200);
-        const xr = roundX(x, 'bf16');
-        const y = track(b.empty('f32', [T * topk, n]));
-        b.native.moeGemm({ x: track(upload(b, 'bf16', [T, k], x)), qw, sc, ids: track(b.fromArray('i32', [T, topk], ids)), y, mode: 'gather' });
-        const ref = new Float32Array(T * topk * n);
-        for (let p = 0; p < T * topk; p++) {
-          const t = Math.floor(p / topk);
-          ref.set(matmulT(xr.subarray(t * k, (t + 1) * k), 1, k, wf.subarray(ids[p] * n * k, (ids[p] + 1) * n * k), n), p * n);
-        }
-        const rows = b.toArray(y) as Float32Array;
-        const detail = expectClose('gather T=200', rows, ref, TOLERANCE.bf16);
-        const last = T - 1;  // experts 33 and 38: tiles 33 and 38 (tiles are in expert order), the third chunk
-        const one = track(b.empty('f32', [topk, n]));
-        b.native.moeGemm({ x: track(upload(b, 'bf16', [1, k], x.subarray(last * k, T * k))), qw, sc, ids: track(b.fromArray('i32', [1, topk], ids.subarray(last * topk))), y: one, mode: 'gather' });
-        if (!sameBits(b.toArray(one), rows.subarray(last * topk * n))) fail(`token ${last} alone differs from its rows in the ${T}-token call`);
-        return { detail };
-      });
-    },
-  };
-}
-
-/**
- * Longer warp ranges (minWarpSteps 16: 2 blocks per expert instead of 64 on cuda): a 13-token
- * call and its token 11 alone agree bit for bit when both ask for them, and match the reference.
- */
-function moeLongRangesCheck(): KernelCheck {
-  return {
-    name: 'moe_gemm x bf16, N 1024 x K 512, 6 experts, top-2, minWarpSteps 16: T 1 and 13 vs reference; a token\'s rows == the token alone',
-    run(b) {
-      const E = 6;
-      const n = 1024;
-      const k = 512;
-      const topk = 2;
-      const T = 13;
-      const w = int4(E * n, k, 32, 'BF16', 58);
-      const wf = dequantizeInt4(w);
-      return withTensors(b, (track) => {
-        const { qw, sc } = uploadInt4(b, w, E);
-        track(qw);
-        track(sc);
-        const ids = Int32Array.from({ length: T * topk }, (_, i) => (Math.floor(i / topk) + 3 * (i % topk)) % E);
-        const x = randomF32(T * k, 1300);
+        const ids = Int32Array.from({ length: T * topk }, (_, i) => o.expertOf(Math.floor(i / topk), i % topk));
+        const x = randomF32(T * k, o.seed * 10);
         const xr = roundX(x, 'bf16');
         const gather = (tokens: number, first: number) => {
           const y = track(b.empty('f32', [tokens * topk, n]));
           const xs = track(upload(b, 'bf16', [tokens, k], x.subarray(first * k, (first + tokens) * k)));
-          b.native.moeGemm({ x: xs, qw, sc, ids: track(b.fromArray('i32', [tokens, topk], ids.subarray(first * topk, (first + tokens) * topk))), y, mode: 'gather', minWarpSteps: 16 });
+          const idsD = track(b.fromArray('i32', [tokens, topk], ids.subarray(first * topk, (first + tokens) * topk)));
+          b.native.moeGemm({ x: xs, qw, sc, ids: idsD, y, mode: 'gather', minWarpSteps: o.minWarpSteps });
           return b.toArray(y) as Float32Array;
         };
         const rows = gather(T, 0);
@@ -325,13 +280,48 @@ function moeLongRangesCheck(): KernelCheck {
           const t = Math.floor(p / topk);
           ref.set(matmulT(xr.subarray(t * k, (t + 1) * k), 1, k, wf.subarray(ids[p] * n * k, (ids[p] + 1) * n * k), n), p * n);
         }
-        const detail = expectClose('gather T=13', rows, ref, TOLERANCE.bf16);
-        if (!sameBits(gather(1, 11), rows.subarray(11 * topk * n, 12 * topk * n))) fail('token 11 alone differs from its rows in the 13-token call (both minWarpSteps 16)');
+        const detail = expectClose(`gather T=${T}`, rows, ref, TOLERANCE.bf16);
+        if (!sameBits(gather(1, alone), rows.subarray(alone * topk * n, (alone + 1) * topk * n))) fail(`token ${alone} alone differs from its rows in the ${T}-token call`);
         return { detail };
       });
     },
   };
 }
+
+/**
+ * Enough token tiles for several launches: 400 (token, expert) pairs over 40 experts, 10 rows
+ * each, in 16-row tiles with x staged (K = 96): 65 tile slots (40 used), launched 16 at a time on
+ * cuda. Token 199's experts, 33 and 38, have tiles 33 and 38 (tiles are in expert order): the
+ * third launch.
+ */
+const moeManyTilesCheck = () =>
+  moeGatherCheck('moe_gemm x bf16, K 96: 200 tokens, top-2 over 40 experts (65 token tile slots, launched in chunks) vs reference; the rows of a token in the third chunk == the token alone', {
+    E: 40,
+    n: 32,
+    k: 96,
+    T: 200,
+    topk: 2,
+    seed: 57,
+    expertOf: (t, j) => (7 * t + 5 * j) % 40,
+    alone: 199,
+  });
+
+/**
+ * Longer warp ranges (minWarpSteps 16: 2 blocks per expert instead of 64 on cuda): a 13-token
+ * call and its token 11 alone agree bit for bit when both ask for them, and match the reference.
+ */
+const moeLongRangesCheck = () =>
+  moeGatherCheck("moe_gemm x bf16, N 1024 x K 512, 6 experts, top-2, minWarpSteps 16: T 1 and 13 vs reference; a token's rows == the token alone", {
+    E: 6,
+    n: 1024,
+    k: 512,
+    T: 13,
+    topk: 2,
+    seed: 58,
+    expertOf: (t, j) => (t + 3 * j) % 6,
+    alone: 11,
+    minWarpSteps: 16,
+  });
 
 function packCheck(scaleDtype: 'BF16' | 'F32'): KernelCheck {
   return {
