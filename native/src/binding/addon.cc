@@ -371,7 +371,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     const std::string mode = o.Has("mode") ? o.Get("mode").ToString().Utf8Value() : "gather";
     if (mode != "gather" && mode != "sum") Throw(env, Code::kInvalidArgument, "moe_gemm: mode must be 'gather' or 'sum', got '" + mode + "'");
     a.mode = mode == "sum" ? MoeMode::kSum : MoeMode::kGather;
-    a.min_warp_steps = Int(env, o, "minWarpSteps", 0);
+    a.min_warp_steps = Int(env, o, "minWarpSteps", 0, 0);
     int64_t e = 0, k = 0;
     Check(env, ValidateMoeGemm(a, &e, &k));
     Check(env, be().MoeGemm(a, Stream(env, o)));

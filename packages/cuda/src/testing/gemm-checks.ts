@@ -502,7 +502,8 @@ const shapeErrors: KernelCheck = {
       const esc = track(b.zeros('bf16', [4, 1, 1, 64]));
       expectThrows('moe gather y', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y, mode: 'gather' }), /gather mode: y must be \[T\*topk, N\] = \[6, N\]/);
       expectThrows('moe experts', () => b.native.moeGemm({ x, qw: eqw, sc: track(b.zeros('bf16', [3, 1, 1, 64])), ids, y: track(b.zeros('f32', [6, 16])), mode: 'gather' }), /sc must be the packed layout \[E, N\/16, K\/\(4G\), 64\] = \[4, 1, 1, 64\]/);
-      expectThrows('moe minWarpSteps', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y: track(b.zeros('f32', [6, 16])), mode: 'gather', minWarpSteps: -1 }), /minWarpSteps must be in \[0, 1048576\], got -1/);
+      expectThrows('moe minWarpSteps < 0', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y: track(b.zeros('f32', [6, 16])), mode: 'gather', minWarpSteps: -1 }), /minWarpSteps must be an integer >= 0, got -1/);
+      expectThrows('moe minWarpSteps too large', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y: track(b.zeros('f32', [6, 16])), mode: 'gather', minWarpSteps: 2 ** 21 }), /minWarpSteps must be in \[0, 1048576\], got 2097152/);
       expectThrows('moe mode', () => b.native.moeGemm({ x, qw: eqw, sc: esc, ids, y, mode: 'scatter' as never }), /mode must be 'gather' or 'sum'/);
       expectThrows('moe weights', () => b.native.moeGemm({ x: track(b.zeros('bf16', [6, 64])), qw: eqw, sc: esc, ids, y, mode: 'sum' }), /weights/);
     });
