@@ -1,7 +1,7 @@
 /**
  * The GPU benchmark of @kdtree/cuda (bundled into .gpu/bench.mjs; see docs/benchmarks/cuda.md):
  *   - device-to-device copy bandwidth, measured here (the physical ceiling for W4A16 at small M)
- *   - W4A16 GEMM, bf16 activations, on the Kimi K2 shapes at M = 1..128: time, effective
+ *   - W4A16 GEMM, bf16 activations, on the Kimi K2 shapes at M = 1..128 and at prefill sizes 512 and 2048: time, effective
  *     bandwidth (weights + scales + x + y), fraction of the copy bandwidth, and speedup over the
  *     dense bf16 GEMM of torch/cuBLAS measured in the same run (dense_baseline.py -> argv[2])
  *   - the grouped MoE decode step of Kimi K2 (384 experts, 8 per token, gate_up + SiLU + down)
@@ -104,7 +104,7 @@ report.copyGBs = copyGBs;
 
 // 2. W4A16 GEMM on Kimi K2 shapes
 const SHAPES = [[4096, 7168, 'expert gate+up'], [7168, 2048, 'expert down'], [18432, 7168, 'dense gate/up'], [7168, 18432, 'dense down']] as const;
-const MS = [1, 2, 4, 8, 16, 32, 64, 128];
+const MS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048];  // 512 and 2048: prefill
 const gemmRows: string[][] = [];
 const gemmReport: unknown[] = [];
 for (const [n, k, what] of SHAPES) {
@@ -130,9 +130,10 @@ for (const [n, k, what] of SHAPES) {
       gpu.native.fill(scs[c].buffer, 0x3c);
     }
   }
-  const xHost = randomBf16(128 * k);
-  const x = gpu.fromArray('bf16', [128, k], xHost);
-  const y = gpu.empty('bf16', [128, n]);
+  const mMax = MS[MS.length - 1];
+  const xHost = randomBf16(mMax * k);
+  const x = gpu.fromArray('bf16', [mMax, k], xHost);
+  const y = gpu.empty('bf16', [mMax, n]);
   // validation: cuda vs the C++ twin at M = 4 (bf16 out; tolerance of bf16 activations)
   {
     const xc = cpu.fromArray('bf16', [4, k], xHost.subarray(0, 4 * k));
