@@ -868,7 +868,12 @@ size_t ScratchAfter(size_t used, int chunk, int nt, Form form, int slices, DType
 // 4096x7168 M = 128 78 -> 51 us, 7168x2048 M = 64 26 -> 18, 7168x18432 M = 64 154 -> 115 and made
 // nothing slower; 0.8 made 7168x18432 M = 32 84 -> 113; at 112 warpgroups, one per SM, M = 16 was
 // 2.3x slower in run 136).
-constexpr int kWgmmaChunkTiles = 4;  // token tiles per launch (128 tokens): bounds the staged x
+// Token tiles per launch (512 tokens), which bounds the staged x (up to ~60 MB of scratch on the
+// dense shapes). Prefill runs many chunks, and a launch of few warpgroups leaves SMs idle (4096x7168
+// at 4 token tiles: 256 warpgroups for 396 slots) and ends on a tail: 16 instead of 4 took
+// 4096x7168 M = 512 196.6 -> 124.4 us, M = 2048 786 -> 492; 7168x18432 M = 2048 2610 -> 2034;
+// 18432x7168 M = 2048 2171 -> 2032 (run 177); M <= 128 has at most 4 token tiles.
+constexpr int kWgmmaChunkTiles = 16;
 bool UseWgmma(const GemmParams& p, DType x, int sms) {
   const int chunk = std::min((p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, kWgmmaChunkTiles);
   return p.M > 16 && x == DType::kBF16 && p.moe_tiles == nullptr && 2 * WgmmaTileGroups(p.tiles) * chunk >= 3 * sms && WgmmaAvailable();
