@@ -872,16 +872,22 @@ size_t ScratchAfter(size_t used, int chunk, int nt, Form form, int slices, DType
 // dense shapes). Prefill runs many chunks, and a launch of few warpgroups leaves SMs idle (4096x7168
 // at 4 token tiles: 256 warpgroups for 396 slots) and ends on a tail: 16 instead of 4 took
 // 4096x7168 M = 512 196.6 -> 124.4 us, M = 2048 786 -> 492; 7168x18432 M = 2048 2610 -> 2034;
-// 18432x7168 M = 2048 2171 -> 2032 (run 177); M <= 128 has at most 4 token tiles.
+// 18432x7168 M = 2048 2171 -> 2032 (run 177); M <= 128 has at most 4 token tiles. Fewer where K
+// is so long that 16 token tiles of staged x would pass kWgmmaStagedBytesMax.
 constexpr int kWgmmaChunkTiles = 16;
-bool UseWgmma(const GemmParams& p, DType x, int sms) {
-  const int chunk = std::min((p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, kWgmmaChunkTiles);
-  return p.M > 16 && x == DType::kBF16 && p.moe_tiles == nullptr && 2 * WgmmaTileGroups(p.tiles) * chunk >= 3 * sms && WgmmaAvailable();
+constexpr size_t kWgmmaStagedBytesMax = size_t{256} << 20;
+int WgmmaChunk(const GemmParams& p) {
+  const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens;
+  const int by_bytes = static_cast<int>(std::max<size_t>(1, kWgmmaStagedBytesMax / WgmmaStagedBytes(p.steps, p.tiles)));
+  return std::min({tiles, kWgmmaChunkTiles, by_bytes});
 }
-// The warpgroup kernel's token tiles of p.M rows, in chunks of kWgmmaChunkTiles (p's stream-K
-// ranges set: the kernel replays them).
+bool UseWgmma(const GemmParams& p, DType x, int sms) {
+  return p.M > 16 && x == DType::kBF16 && p.moe_tiles == nullptr && 2 * WgmmaTileGroups(p.tiles) * WgmmaChunk(p) >= 3 * sms && WgmmaAvailable();
+}
+// The warpgroup kernel's token tiles of p.M rows, in chunks of WgmmaChunk (p's stream-K ranges set:
+// the kernel replays them).
 Status RunWgmma(GemmParams p, int group, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
-  const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, chunk = std::min(tiles, kWgmmaChunkTiles);
+  const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, chunk = WgmmaChunk(p);
   const size_t offset = (scratch_used + 255) / 256 * 256;
   KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + chunk * WgmmaStagedBytes(p.steps, p.tiles), s));
   for (int first = 0; first < tiles; first += chunk) {
