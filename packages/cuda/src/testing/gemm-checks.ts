@@ -46,6 +46,12 @@ export function uploadInt4(b: KdtreeBackend, m: Int4Matrix, experts = 1): { qw: 
   }
 }
 
+/** uploadInt4 inside withTensors: both packed tensors freed with the others. */
+function trackedInt4(b: KdtreeBackend, track: <U extends DeviceTensor>(t: U) => U, m: Int4Matrix, experts = 1): { qw: DeviceTensor; sc: DeviceTensor } {
+  const { qw, sc } = uploadInt4(b, m, experts);
+  return { qw: track(qw), sc: track(sc) };
+}
+
 /**
  * The packed layout written out from its definition (w4a16_layout.h), independently of the native
  * code: word (h, lane, b) of (tile, step) holds row 16 tile + lane/4 + 8h, k = 128 step + 32 b +
@@ -110,9 +116,7 @@ function gemmCheck(xDtype: Dtype, scaleDtype: 'BF16' | 'F32', yDtype: Dtype): Ke
         const w = int4(n, k, group, scaleDtype, 10 + si);
         const wf = dequantizeInt4(w);
         withTensors(b, (track) => {
-          const { qw, sc } = uploadInt4(b, w);
-          track(qw);
-          track(sc);
+          const { qw, sc } = trackedInt4(b, track, w);
           for (const m of MS) {
             const x = randomF32(m * k, 100 + m + si);
             const xd = track(upload(b, xDtype, [m, k], x));
@@ -165,9 +169,7 @@ function gemmInvarianceCheck(xDtype: Dtype): KernelCheck {
       const { n, k, group } = { n: 136, k: 256, group: 32 };
       const w = int4(n, k, group, 'BF16', 77);
       withTensors(b, (track) => {
-        const { qw, sc } = uploadInt4(b, w);
-        track(qw);
-        track(sc);
+        const { qw, sc } = trackedInt4(b, track, w);
         for (const m of [17, 118]) {
           const x = randomF32(m * k, 300 + m);
           const xd = track(upload(b, xDtype, [m, k], x));
@@ -191,9 +193,7 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
       const w = int4(E * n, k, 32, 'BF16', 55);
       const wf = dequantizeInt4(w);
       return withTensors(b, (track) => {
-        const { qw, sc } = uploadInt4(b, w, E);
-        track(qw);
-        track(sc);
+        const { qw, sc } = trackedInt4(b, track, w, E);
         let detail = '';
         for (const T of [1, 5, 13, 21, 30]) {
           // T >= 13: every token routes to expert 0 first, so it has more rows than a token tile
@@ -261,9 +261,7 @@ function moeGatherCheck(name: string, o: { E: number; n: number; k: number; T: n
       const w = int4(E * n, k, 32, 'BF16', o.seed);
       const wf = dequantizeInt4(w);
       return withTensors(b, (track) => {
-        const { qw, sc } = uploadInt4(b, w, E);
-        track(qw);
-        track(sc);
+        const { qw, sc } = trackedInt4(b, track, w, E);
         const ids = Int32Array.from({ length: T * topk }, (_, i) => o.expertOf(Math.floor(i / topk), i % topk));
         const x = randomF32(T * k, o.seed * 10);
         const xr = roundX(x, 'bf16');
@@ -377,9 +375,7 @@ const streamKCheck: KernelCheck = {
     const wf = dequantizeInt4(w);
     let detail = '';
     withTensors(b, (track) => {
-      const { qw, sc } = uploadInt4(b, w);
-      track(qw);
-      track(sc);
+      const { qw, sc } = trackedInt4(b, track, w);
       for (const m of [1, 3, 17]) {
         const x = randomF32(m * k, 500 + m);
         const y = track(b.empty('f32', [m, n]));
@@ -408,9 +404,7 @@ function bf16CasesAgainstReference(b: KdtreeBackend, cases: readonly Bf16Case[],
     const w = int4(n, k, group, scales, seed + group);
     const wf = dequantizeInt4(w);
     withTensors(b, (track) => {
-      const { qw, sc } = uploadInt4(b, w);
-      track(qw);
-      track(sc);
+      const { qw, sc } = trackedInt4(b, track, w);
       for (const m of ms) {
         const x = randomF32(m * k, 10 * seed + m + group);
         const y = track(b.empty('f32', [m, n]));
