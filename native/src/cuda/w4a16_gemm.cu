@@ -916,10 +916,10 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   const Form form = ChooseForm(p, x_dtype, nt);
   const size_t exchange_per_tile = static_cast<size_t>(r.blocks) * nt * 8 * w4::kTileRows * sizeof(uint64_t);
   const int in_place_chunk = static_cast<int>(std::max<size_t>(kChunkTiles, kChunkExchangeBytes / exchange_per_tile));
-  const int chunk = std::min(token_tiles, StagesX(x_dtype, nt, form) ? kChunkTiles : in_place_chunk);
+  const bool stage = StagesX(x_dtype, nt, form);
+  const int chunk = std::min(token_tiles, stage ? kChunkTiles : in_place_chunk);
   KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(scratch_used, chunk, nt, form, p.slices, x_dtype), s));
   void* staged = static_cast<char*>(scratch.ptr) + (scratch_used + 255) / 256 * 256;
-  const bool stage = StagesX(x_dtype, nt, form);
   p.xs = stage ? staged : nullptr;
   void* exchange = nullptr;
   KDTREE_RETURN_IF_ERROR(scratch.Zeroed(chunk * exchange_per_tile, s, &exchange));
