@@ -867,32 +867,43 @@ size_t ScratchAfter(size_t used, int chunk, int nt, Form form, int slices, DType
 // needs >= 1.5 warpgroups per SM from N and its token tiles together (runs 145-146: 1.5 took
 // 4096x7168 M = 128 78 -> 51 us, 7168x2048 M = 64 26 -> 18, 7168x18432 M = 64 154 -> 115 and made
 // nothing slower; 0.8 made 7168x18432 M = 32 84 -> 113; at 112 warpgroups, one per SM, M = 16 was
-// 2.3x slower in run 136).
-// Token tiles per launch (512 tokens), which bounds the staged x (up to ~60 MB of scratch on the
-// dense shapes). Prefill runs many chunks, and a launch of few warpgroups leaves SMs idle (4096x7168
-// at 4 token tiles: 256 warpgroups for 396 slots) and ends on a tail: 16 instead of 4 took
-// 4096x7168 M = 512 196.6 -> 124.4 us, M = 2048 786 -> 492; 7168x18432 M = 2048 2610 -> 2034;
-// 18432x7168 M = 2048 2171 -> 2032 (run 177); M <= 128 has at most 4 token tiles. Fewer where K
-// is so long that 16 token tiles of staged x would pass kWgmmaStagedBytesMax.
-constexpr int kWgmmaChunkTiles = 16;
-constexpr size_t kWgmmaStagedBytesMax = size_t{256} << 20;
+// 2.3x slower in run 136). Since its dequant-ahead form (run 182), 0.75 per SM pays from 2 token
+// tiles on, where the stream-K kernel's 64-token tiles read 16 KB of x per warp and KB of weights
+// (4096x7168 M = 64 38.4 -> 34.05 us), but not at one (7168x18432 M = 32 73.7 -> 77.35,
+// 7168x2048 12.4 -> 12.9; run 185).
+// Token tiles per launch: enough for kWgmmaLaunchGroups warpgroups (at least 16 token tiles, at
+// most 64), and no more than kWgmmaStagedBytesMax of staged x. Prefill runs many chunks, and a
+// launch of few warpgroups leaves SMs idle (4096x7168 at 4 token tiles: 256 warpgroups for 396
+// slots) and ends on a tail: 16 instead of 4 took 4096x7168 M = 512 196.6 -> 124.4 us, M = 2048
+// 786 -> 492; 7168x18432 M = 2048 2610 -> 2034; 18432x7168 M = 2048 2171 -> 2032 (run 177). On
+// the expert shapes (64-112 warpgroups per token tile) 32 and 64 were faster still at M = 2048
+// (run 183: 4096x7168 471 -> 457.5 / 443 us, 7168x2048 273 -> 256 / 247); on the dense ones
+// (112-288) within noise. M <= 512 has at most 16 token tiles.
+constexpr int kWgmmaLaunchGroups = 8192;
+constexpr int kWgmmaChunkTilesMin = 16, kWgmmaChunkTilesMax = 64;
+constexpr size_t kWgmmaStagedBytesMax = size_t{128} << 20;
 int WgmmaChunk(const GemmParams& p) {
   const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens;
+  const int groups = WgmmaTileGroups(p.tiles);
+  const int by_groups = std::clamp((kWgmmaLaunchGroups + groups - 1) / groups, kWgmmaChunkTilesMin, kWgmmaChunkTilesMax);
   const int by_bytes = static_cast<int>(std::max<size_t>(1, kWgmmaStagedBytesMax / WgmmaStagedBytes(p.steps, p.tiles)));
-  return std::min({tiles, kWgmmaChunkTiles, by_bytes});
+  return std::min({tiles, by_groups, by_bytes});
 }
 bool UseWgmma(const GemmParams& p, DType x, int sms) {
-  return p.M > 16 && x == DType::kBF16 && p.moe_tiles == nullptr && 2 * WgmmaTileGroups(p.tiles) * WgmmaChunk(p) >= 3 * sms && WgmmaAvailable();
+  // warpgroups of the first launch, in quarters per SM: >= 1.5 per SM, or >= 0.75 from 2 token tiles on
+  const int64_t quarters = 4 * static_cast<int64_t>(WgmmaTileGroups(p.tiles)) * WgmmaChunk(p);
+  const bool enough = quarters >= 6 * sms || (p.M > kWgmmaTileTokens && quarters >= 3 * sms);
+  return p.M > 16 && x == DType::kBF16 && p.moe_tiles == nullptr && enough && WgmmaAvailable();
 }
 // The warpgroup kernel's token tiles of p.M rows, in chunks of WgmmaChunk (p's stream-K ranges set:
 // the kernel replays them).
-Status RunWgmma(GemmParams p, int group, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
+Status RunWgmma(GemmParams p, int group, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
   const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, chunk = WgmmaChunk(p);
   const size_t offset = (scratch_used + 255) / 256 * 256;
   KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + chunk * WgmmaStagedBytes(p.steps, p.tiles), s));
   for (int first = 0; first < tiles; first += chunk) {
     p.tile_offset = first;
-    KDTREE_RETURN_IF_ERROR(LaunchW4A16Wgmma(p, group, std::min(chunk, tiles - first), static_cast<char*>(scratch.ptr) + offset, s));
+    KDTREE_RETURN_IF_ERROR(LaunchW4A16Wgmma(p, group, std::min(chunk, tiles - first), sms, static_cast<char*>(scratch.ptr) + offset, s));
   }
   return Status::Ok();
 }
@@ -911,7 +922,7 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   p.by_steps = MakeDivisor(p.steps);
   p.by_steps_per_warp = MakeDivisor(r.steps_per_warp);
   p.range_blocks = r.blocks;
-  if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, group, scratch, scratch_used, s);
+  if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, group, sms, scratch, scratch_used, s);
   p.slices = p.steps * 8;
   const Form form = ChooseForm(p, x_dtype, nt);
   const size_t exchange_per_tile = static_cast<size_t>(r.blocks) * nt * 8 * w4::kTileRows * sizeof(uint64_t);

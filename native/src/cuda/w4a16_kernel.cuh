@@ -126,8 +126,9 @@ int WgmmaTileGroups(int tiles);
 // Scratch for the staged x of one token tile (its B-operand order, in copies).
 size_t WgmmaStagedBytes(int steps, int tiles);
 // Stages x and runs the GEMM for token tiles [p.tile_offset, + token_tiles) with p's stream-K
-// ranges (whose rounding it replays); `xs` holds WgmmaStagedBytes per token tile.
-Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, void* xs, cudaStream_t s);
+// ranges (whose rounding it replays) on a device of `sms` SMs; `xs` holds WgmmaStagedBytes per
+// token tile.
+Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, int sms, void* xs, cudaStream_t s);
 
 }  // namespace w4a16
 }  // namespace cuda

@@ -22,11 +22,13 @@
 // Work: one warpgroup (a block) per 4 tiles and token tile, all of K: tiles / 4 warpgroups per
 // token tile, so it fills the GPU only for large N or many tokens (w4a16_gemm.cu: UseWgmma).
 // Weights, scales and x go through a ring of kStages shared-memory stages (cp.async); a warp
-// dequantizes step s + 1 while step s's first wgmmas run, and issues each scale group's wgmmas
-// while it scales the previous group (two buffers: 4-8% faster than one at a time, run 148). Its
-// limit is issue: ~2 warps per scheduler at ~2.4 instructions per cycle per SM (Nsight, run 138),
-// so every instruction per step counts (run 140: descriptors and stage indices as offsets, the
-// piece bookkeeping a branch: 42.7 -> 38.3 us at 16 tokens).
+// issues all of a step's wgmmas at once, one commit group and part buffer per scale group, and
+// scales each group as it lands. A launch of up to 2 warpgroups per SM dequantizes step s + 1
+// while step s's wgmmas run (two A register sets); a larger one keeps one set and 3 warpgroups per
+// SM (kStages, BlocksPerSm). Its limit is issue and latency: ~2 warps per scheduler at ~2.4
+// instructions per cycle per SM (Nsight, run 138), so every instruction per step counts (run 140:
+// descriptors and stage indices as offsets, the piece bookkeeping a branch: 42.7 -> 38.3 us at 16
+// tokens).
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -47,8 +49,21 @@ constexpr int kXStepBytes = 8 * kSliceBytes;      // one step's x (128 k x 32 to
 // Steps in shared memory per warpgroup (up to kStages - 1 ahead of the one in use): at 2-3
 // warpgroups per SM and 4 KB of weights per step, the 30-50 KB in flight per SM that the stream-K
 // kernel keeps with 16 warps; 5 stages of 13 KB (+ 8 KB of first block sums) fit 3 times per SM.
+// (7 stages at 2 warpgroups per SM: 1-2% slower, run 182.)
 constexpr int kStages = 5;
-constexpr int kBlocksPerSm = 3;                // 12 warps per SM: <= 168 registers per thread
+// The kernel's two forms (run 182, same-run A/B against the one before them, which issued one
+// scale group ahead of the one it scaled and held two A register sets at 3 warpgroups per SM):
+//  * dequant-ahead: two A register sets, the next step dequantized while this step's wgmmas run;
+//    ~200 registers, so 2 warpgroups per SM. For launches of up to 2 warpgroups per SM, where
+//    each warpgroup's own latency is the time: 4096x7168 M = 128 48.8 -> 36.7 us, 7168x2048 M = 64
+//    17.2 -> 14.5, 7168x18432 M = 64 109.7 -> 80.8.
+//  * one A set, dequantized once the step's wgmmas are done; 168 registers, 3 warpgroups per SM,
+//    which hide each other's dequantization. For larger launches: 3-5% faster than before at
+//    M = 32 - 2048 (18432x7168 M = 512 496 -> 477 us, 4096x7168 M = 2048 491.6 -> 471), where the
+//    dequant-ahead form at 2 per SM was 5-15% slower.
+// Both put every scale group of a step in flight at once (one part buffer per group) and scale
+// them as they land, instead of one group ahead.
+constexpr int BlocksPerSm(bool dequant_ahead) { return dequant_ahead ? 2 : 3; }
 // Copies of the staged x, warpgroup i reading copy i % copies. All warpgroups of a token tile walk K
 // in step together, so with one copy every x line of a step is read by all of them at once (run
 // 138, 288 warpgroups: 1 copy 46.5 us, 8 copies 43.5): about one copy per 32 of them.
@@ -100,8 +115,20 @@ __device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo,
 }
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaWait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaWait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+// Waits until at most N of the warpgroup's committed wgmma groups are still in flight.
+template <int N>
+__device__ __forceinline__ void WgmmaWait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Of `groups` (<= 4) commit groups issued in order, waits for group q (q compile-time once unrolled).
+template <int kGroups>
+__device__ __forceinline__ void WaitForGroup(int q) {
+  static_assert(kGroups >= 1 && kGroups <= 4, "a step has 1, 2 or 4 scale groups");
+  switch (kGroups - 1 - q) {
+    case 3: WgmmaWait<3>(); break;
+    case 2: WgmmaWait<2>(); break;
+    case 1: WgmmaWait<1>(); break;
+    default: WgmmaWait<0>(); break;
+  }
+}
 // d (+)= a . B: the warp's 16 rows (A fragments as mma.m16n8k16 takes them) times 32 tokens of x;
 // d[4 j + i] is what mma.m16n8k16's d[i] is for tokens 8 j .. 8 j + 7.
 __device__ __forceinline__ void Wgmma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
@@ -137,8 +164,8 @@ __device__ __forceinline__ TileSplit SplitOf(const GemmParams& p, int tile) {
   return t;
 }
 
-template <typename S, int G>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const GemmParams p, int copies) {
+template <typename S, int G, bool kDequantAhead>
+__global__ void __launch_bounds__(kThreads, BlocksPerSm(kDequantAhead)) W4A16WgmmaKernel(const GemmParams p, int copies) {
   PdlLaunchDependents();
   extern __shared__ __align__(1024) char smem[];
   Stage* stages = reinterpret_cast<Stage*>(smem);
@@ -218,16 +245,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
   };
 
   TileSplit split = SplitOf(p, src_tile);
-  // acc[4 j + i]: tokens 8 j + 2 t + (i & 1), row g + 8 (i >> 1); part: two groups' exact sums, the
-  // next one's wgmmas in flight while the last one is scaled. A tile's first block sum (set at most
-  // once) waits in shared memory, [kN][kThreads], for the registers of the second buffer.
-  float acc[kN], block_sum[kN], part[2][kN];
+  // acc[4 j + i]: tokens 8 j + 2 t + (i & 1), row g + 8 (i >> 1); part[q]: scale group q's exact
+  // sums. A tile's first block sum (set at most once) waits in shared memory, [kN][kThreads].
+  float acc[kN], block_sum[kN], part[kGroups][kN];
   float* first_block = reinterpret_cast<float*>(smem + kStages * sizeof(Stage)) + threadIdx.x;
 #pragma unroll
-  for (int i = 0; i < kN; ++i) acc[i] = block_sum[i] = part[0][i] = part[1][i] = 0.f;
+  for (int i = 0; i < kN; ++i) {
+    acc[i] = block_sum[i] = 0.f;
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) part[q][i] = 0.f;
+  }
   int f = src_tile * steps;  // this step's index in the matrix's step space
-  // Software-pipelined by one step: while step s's wgmmas run, the warp dequantizes step s + 1
-  // (two A register sets, the loop unrolled by 2 so that they never move).
+  // Dequant-ahead: software-pipelined by one step, while step s's wgmmas run the warp dequantizes
+  // step s + 1 (two A register sets, the loop unrolled by 2 so that they never move); otherwise
+  // a_odd is unused. Scale fragments alternate in both forms.
   uint32_t a_even[8][4], a_odd[8][4];
   ScaleFrag<S> s_even, s_odd;
   // The wgmma B descriptor of stage 0's x; a stage and a slice are fixed offsets from it (the
@@ -242,16 +273,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
     for (int half = 0; half < 2; ++half) {
       const int step = base + half;
       if (step >= steps) break;
-      uint32_t (&a)[8][4] = half == 0 ? a_even : a_odd;
-      uint32_t (&a_next)[8][4] = half == 0 ? a_odd : a_even;
+      uint32_t (&a)[8][4] = half == 0 || !kDequantAhead ? a_even : a_odd;
+      uint32_t (&a_next)[8][4] = half == 0 && kDequantAhead ? a_odd : a_even;
       const ScaleFrag<S>& sf = half == 0 ? s_even : s_odd;
       ScaleFrag<S>& sf_next = half == 0 ? s_odd : s_even;
       const uint64_t desc = desc_x + stage * (sizeof(Stage) >> 4);
-      // group q's exact sums into part[q & 1]: its slices chained, the first one fresh; one commit group
+      // group q's exact sums into part[q]: its slices chained, the first one fresh; one commit group
       auto issue_group = [&](int q) {
 #pragma unroll
         for (int slice = q * G / 16; slice < (q + 1) * G / 16; ++slice)
-          Wgmma(part[q & 1], a[slice], desc + slice * (kSliceBytes >> 4), (slice * 16) % G != 0);
+          Wgmma(part[q], a[slice], desc + slice * (kSliceBytes >> 4), (slice * 16) % G != 0);
         WgmmaCommit();
       };
       // group q scaled into acc (its commit group landed), in order, as the decode kernel does
@@ -261,15 +292,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
         ScalesOf<S>(sf, slot, &s_lo, &s_hi);
 #pragma unroll
         for (int j = 0; j < kTokens / 8; ++j) {
-          acc[4 * j + 0] = fmaf(part[q & 1][4 * j + 0], s_lo, acc[4 * j + 0]);
-          acc[4 * j + 1] = fmaf(part[q & 1][4 * j + 1], s_lo, acc[4 * j + 1]);
-          acc[4 * j + 2] = fmaf(part[q & 1][4 * j + 2], s_hi, acc[4 * j + 2]);
-          acc[4 * j + 3] = fmaf(part[q & 1][4 * j + 3], s_hi, acc[4 * j + 3]);
+          acc[4 * j + 0] = fmaf(part[q][4 * j + 0], s_lo, acc[4 * j + 0]);
+          acc[4 * j + 1] = fmaf(part[q][4 * j + 1], s_lo, acc[4 * j + 1]);
+          acc[4 * j + 2] = fmaf(part[q][4 * j + 2], s_hi, acc[4 * j + 2]);
+          acc[4 * j + 3] = fmaf(part[q][4 * j + 3], s_hi, acc[4 * j + 3]);
         }
       };
-      // group 0 in flight while the warp moves on to the next step's stage
+      // every group in flight while the warp moves on to the next step's stage (part[q] was last
+      // read by the previous step's scaling, before the fence)
       WgmmaFence();
-      issue_group(0);
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q) issue_group(q);
       if (step + 1 < steps) {
         // the next step's stage (kStages - 3 younger copy groups may still be in flight); then
         // refill the previous step's stage, whose wgmmas every warp waited for before the barrier
@@ -280,19 +313,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
         CopyAsyncCommit();  // empty past the end: the group count stays uniform
         fill_stage = stage;
         stage = stage + 1 == kStages ? 0 : stage + 1;
-        load_step(stage, a_next, sf_next);
+        if (kDequantAhead) load_step(stage, a_next, sf_next);
       }
+      // each group scaled as it lands (groups q + 1 .. kGroups - 1 may still run)
 #pragma unroll
       for (int q = 0; q < kGroups; ++q) {
-        if (q + 1 < kGroups) {
-          WgmmaFence();  // part[(q + 1) & 1] was read by the scaling of group q - 1
-          issue_group(q + 1);
-          WgmmaWait1();
-        } else {
-          WgmmaWait0();
-        }
+        WaitForGroup<kGroups>(q);
         scale_group(q);
       }
+      if (!kDequantAhead && step + 1 < steps) load_step(stage, a_next, sf_next);  // every wgmma of the step is done
       // the stream-K kernel's piece and block ends (warp-uniform branches, outside the wgmmas)
       if (__builtin_expect(++f == split.piece_end && !split.whole, 0)) {  // a branch, not selects: rare
 #pragma unroll
@@ -323,11 +352,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) W4A16WgmmaKernel(const
     }
 }
 
-template <typename S, int G>
+template <typename S, int G, bool kDequantAhead>
 Status Launch(const GemmParams& p, int copies, dim3 grid, cudaStream_t s) {
   constexpr int kShared = kStages * sizeof(Stage) + kN * kThreads * sizeof(float);  // + the first block sums
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16WgmmaKernel<S, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 wgmma kernel: shared memory"));
-  return LaunchPdl("w4a16 wgmma kernel", W4A16WgmmaKernel<S, G>, grid, dim3(kThreads), kShared, s, p, copies);
+  auto* kernel = W4A16WgmmaKernel<S, G, kDequantAhead>;
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 wgmma kernel: shared memory"));
+  return LaunchPdl("w4a16 wgmma kernel", kernel, grid, dim3(kThreads), kShared, s, p, copies);
+}
+template <typename S, int G>
+Status LaunchForm(const GemmParams& p, int copies, dim3 grid, int sms, cudaStream_t s) {
+  const bool dequant_ahead = static_cast<int64_t>(grid.x) * grid.y <= static_cast<int64_t>(BlocksPerSm(true)) * sms;
+  return dequant_ahead ? Launch<S, G, true>(p, copies, grid, s) : Launch<S, G, false>(p, copies, grid, s);
 }
 
 }  // namespace
@@ -345,7 +380,7 @@ bool WgmmaAvailable() {
   int state = known[device].load(std::memory_order_relaxed);
   if (state == 0) {
     cudaFuncAttributes attributes;
-    state = cudaFuncGetAttributes(&attributes, W4A16WgmmaKernel<uint16_t, 32>) == cudaSuccess ? 1 : 2;
+    state = cudaFuncGetAttributes(&attributes, W4A16WgmmaKernel<uint16_t, 32, false>) == cudaSuccess ? 1 : 2;
     cudaGetLastError();  // clear the lookup's error
     known[device].store(state, std::memory_order_relaxed);
   }
@@ -356,7 +391,7 @@ int WgmmaTileGroups(int tiles) { return (tiles + kTileGroup - 1) / kTileGroup; }
 
 size_t WgmmaStagedBytes(int steps, int tiles) { return static_cast<size_t>(steps) * kXStepBytes * XCopies(WgmmaTileGroups(tiles)); }
 
-Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, void* xs, cudaStream_t s) {
+Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, int sms, void* xs, cudaStream_t s) {
   p.xs = xs;
   const int64_t units = static_cast<int64_t>(token_tiles) * p.steps * (kXStepBytes / 16);
   const int copies = XCopies(WgmmaTileGroups(p.tiles));
@@ -365,15 +400,15 @@ Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, void* xs, cuda
   const dim3 grid(static_cast<unsigned>(WgmmaTileGroups(p.tiles)), static_cast<unsigned>(token_tiles));
   if (p.sc_f32) {
     switch (group) {
-      case 32: return Launch<float, 32>(p, copies, grid, s);
-      case 64: return Launch<float, 64>(p, copies, grid, s);
-      default: return Launch<float, 128>(p, copies, grid, s);
+      case 32: return LaunchForm<float, 32>(p, copies, grid, sms, s);
+      case 64: return LaunchForm<float, 64>(p, copies, grid, sms, s);
+      default: return LaunchForm<float, 128>(p, copies, grid, sms, s);
     }
   }
   switch (group) {
-    case 32: return Launch<uint16_t, 32>(p, copies, grid, s);
-    case 64: return Launch<uint16_t, 64>(p, copies, grid, s);
-    default: return Launch<uint16_t, 128>(p, copies, grid, s);
+    case 32: return LaunchForm<uint16_t, 32>(p, copies, grid, sms, s);
+    case 64: return LaunchForm<uint16_t, 64>(p, copies, grid, sms, s);
+    default: return LaunchForm<uint16_t, 128>(p, copies, grid, sms, s);
   }
 }
 
