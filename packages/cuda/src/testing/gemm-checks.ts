@@ -445,12 +445,12 @@ const inPlace16Check: KernelCheck = {
  * M = 9 and 16 the stream-K kernel's 16-token tiles. N = 4608 at M = 100 (72 warpgroups x 4 token
  * tiles, the last partial) takes it only because of its tokens; its K = 448 ends inside a step
  * (staged x zero past K). These launches have more than 2 warpgroups per SM (the kernel's form with
- * one A register set); N = 3200 at M = 140 (50 x 5 token tiles, the last partial) has fewer (the
- * form that dequantizes a step ahead). Each group size is its own kernel
+ * one A register set); N = 3200 at M = 140 (50 x 5 token tiles, the last partial; groups 32 and
+ * 128) has fewer (the form that dequantizes a step ahead). Each group size is its own kernel
  * instance: 32 (bf16 scales), 64 (bf16) and 128 (f32).
  */
 const wgmmaCheck: KernelCheck = {
-  name: 'w4a16_gemm bf16: N 17000 x K 640 at M 9/16/17/40 (groups 32, bf16 scales, and 128, f32), N 4608 x K 448 at M 100 (group 64, a K tail) and N 3200 x K 640 at M 140 (group 32), vs reference and batch-invariant (on sm_90a: the warpgroup kernel from 17 tokens, both of its forms)',
+  name: 'w4a16_gemm bf16: N 17000 x K 640 at M 9/16/17/40 (groups 32, bf16 scales, and 128, f32), N 4608 x K 448 at M 100 (group 64, a K tail) and N 3200 x K 640 at M 140 (groups 32 and 128), vs reference and batch-invariant (on sm_90a: the warpgroup kernel from 17 tokens, both of its forms)',
   run: (b) => ({
     detail: bf16CasesAgainstReference(
       b,
@@ -459,6 +459,7 @@ const wgmmaCheck: KernelCheck = {
         { n: 17000, k: 640, group: 128, scales: 'F32', ms: [9, 16, 17, 40] },
         { n: 4608, k: 448, group: 64, scales: 'BF16', ms: [100] },
         { n: 3200, k: 640, group: 32, scales: 'BF16', ms: [140] },
+        { n: 3200, k: 640, group: 128, scales: 'F32', ms: [140] },
       ],
       71,
     ),
