@@ -68,6 +68,10 @@ using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, 
 // tile that crosses a block boundary is combined across blocks, by one exchange (run 45).
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+// Pieces per warp of a MoE verify launch whose split gives a warp fewer than kPiecesMinSteps steps
+// (PiecesPerWarp).
+constexpr int kPiecesMax = 4;
+constexpr int kPiecesMinSteps = 16;
 // Steps in flight per warp: at one token group 3 KB of weights in registers, with 16 warps per SM
 // (<= 128 registers) 48 KB per SM; with more groups fewer, which leaves their x and accumulators
 // the registers. Same-run A/Bs: a ring of 2 everywhere (run 161) made M = 16 0.2-0.8 us faster on
@@ -503,14 +507,14 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
 // After the block barrier: sum the parked partials of the block's split tiles, store the tiles that
 // lie inside the block, and exchange the two boundary tiles' block sums.
 // The range and the parked partials are recomputed here, not kept live across the streaming loop.
-template <int NT, Form F>
+template <int NT, Form F, int kPhysWarps = kWarps>
 __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) {
   const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const BlockRange br = RangeOf(p);
   extern __shared__ float4 shared_partials[];
   const float* parked = reinterpret_cast<const float*>(shared_partials);
   const int t_lo = Quotient<NT>(p.by_steps, br.begin), t_hi = Quotient<NT>(p.by_steps, br.end - 1);
-  for (int tile = t_lo + wib; tile <= t_hi; tile += kWarps) {
+  for (int tile = t_lo + wib; tile <= t_hi; tile += kPhysWarps) {
     const int t0 = tile * p.steps, t1 = t0 + p.steps;
     const int c0 = max(t0, br.begin), c1 = min(t1, br.end);  // the block's part of the tile
     const int wa = Quotient<NT>(p.by_steps_per_warp, c0 - br.begin), wb = Quotient<NT>(p.by_steps_per_warp, c1 - 1 - br.begin);
@@ -519,6 +523,10 @@ __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) 
     CombineTile<NT, F>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
   }
 }
+
+// Whether the NT-group kernel walks its range as one flat loop with precomputed segment ends (see
+// kFlatLoop in W4A16Kernel).
+constexpr bool kFlatLoopFor(int nt) { return nt == 1 || nt == 4; }
 
 // Copies the staged x of step `step` for the NT token groups (2 KB each, from xr[j], which points
 // at this lane's 8 bytes) into a warp's shared-memory slot: 16-byte cp.async, 4 per lane per group.
@@ -536,8 +544,8 @@ __device__ __forceinline__ void CopyXStep(const X* const (&xr)[NT], int step, ch
   }
 }
 
-template <typename X, typename S, int NT, int G, Form F>
-__global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) W4A16Kernel(const GemmParams p) {
+template <typename X, typename S, int NT, int G, Form F, int kPieces = 1>
+__global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / kWarps : 1) * kPieces) W4A16Kernel(const GemmParams p) {
   // Programmatic dependent launch: the next kernel in the stream may start as our blocks retire,
   // and we may start before the previous kernel ends. Weights and scales never depend on earlier
   // kernels, so a dense launch fills its ring first and waits (griddepcontrol.wait) only before
@@ -555,7 +563,11 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
   // This warp's steps (empty for the last warps of a short last block: they still meet the barrier)
   const BlockRange br = RangeOf(p);
-  const int f_begin = br.WarpBegin(p, wib), f_end = br.WarpEnd(p, wib);
+  // kPieces > 1: this warp streams the ranges of kPieces consecutive warps of the block's split
+  // (pieces), one after the other with its ring running on, and parks or stores each piece as
+  // that warp would: the same operations in the same order, so the same bits (PiecesPerWarp).
+  static_assert(kPieces == 1 || (kFlatLoopFor(NT) && !SharedX<NT, F>()), "pieces ride the flat loop's segment ends");
+  const int f_begin = br.WarpBegin(p, wib * kPieces), f_end = br.WarpEnd(p, wib * kPieces + kPieces - 1);
   float* parked = reinterpret_cast<float*>(shared_partials);  // [kWarps][2 slots][kSlotFloats]
   const uint4* wq = p.qw + static_cast<int64_t>(expert) * total * kUint4PerStep + lane;
   const S* sq = reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(expert) * p.tiles * p.blocks * w4::kScalesPerBlock + 8 * g;
@@ -586,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
   // 4096x7168 M = 64 40.4 -> 42.4): the compiler's schedule and spills of those loops change for
   // the worse, so they keep the per-step cursor (so does the in-place form at two groups: 4096x7168
   // M = 16 11.45 -> 12.4, run 158).
-  constexpr bool kFlatLoop = NT == 1 || NT == 4;
+  constexpr bool kFlatLoop = kFlatLoopFor(NT);
 #define KDTREE_ISSUE(SLOT)                                                                                                           \
   do {                                                                                                                               \
     if (ld_f < f_end) {                                                                                                              \
@@ -650,8 +662,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = part[j][i] = 0.f;
   int tile = first_tile, step = first_step;
-  const int range_first_tile = tile;
-  int seg_end = min(f_end, (tile + 1) * p.steps);  // where this warp's part of `tile` ends (a step index)
+  int piece = wib * kPieces;  // the piece (a warp's range of the split) being streamed
+  int piece_begin = f_begin, piece_end = kPieces == 1 ? f_end : br.WarpEnd(p, piece);
+  int piece_first_tile = tile;
+  int seg_end = min(piece_end, (tile + 1) * p.steps);  // where this piece's part of `tile` ends (a step index)
   // x of this step: in place (one token group) a pointer advanced step by step (no per-step
   // address arithmetic, run 43); staged, an offset from the step index (cheaper for several groups)
   constexpr int kXPerStep = kStaged ? 8 * 32 * 4 : w4::kStepK;  // elements per step (staged: 8 slices x 32 lanes x 4)
@@ -685,27 +699,42 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? kWarpsPerSm / kWarps : 1) 
       ++step;
       if (kFlatLoop ? base + s + 1 == seg_end : step == p.steps || base + s + 1 == f_end) {
         const int t0 = tile * p.steps;
-        if (t0 >= f_begin && t0 + p.steps <= f_end) {
-          StoreTile<NT>(p, acc, tile, row_start, rows, g, t);  // whole in this warp's range
+        if (t0 >= piece_begin && t0 + p.steps <= piece_end) {
+          StoreTile<NT>(p, acc, tile, row_start, rows, g, t);  // whole in this piece
         } else {
-          ParkPartial<NT, F>(parked + (2 * wib + (tile == range_first_tile ? 0 : 1)) * kSlotFloats<NT>, acc, g, t);
+          ParkPartial<NT, F>(parked + (2 * piece + (tile == piece_first_tile ? 0 : 1)) * kSlotFloats<NT>, acc, g, t);
         }
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
-        if (kFlatLoop ? seg_end < f_end : step == p.steps) {  // the tile ended inside the range: the next one starts
-          step = 0;
-          ++tile;
-          x_step = xr[0];
-          seg_end = min(f_end, seg_end + p.steps);
+        if constexpr (kPieces == 1) {
+          if (kFlatLoop ? seg_end < f_end : step == p.steps) {  // the tile ended inside the range: the next one starts
+            step = 0;
+            ++tile;
+            x_step = xr[0];
+            seg_end = min(f_end, seg_end + p.steps);
+          }
+        } else {
+          if (seg_end == t0 + p.steps) {  // the tile ended: the next one starts
+            step = 0;
+            ++tile;
+            x_step = xr[0];
+          }
+          if (seg_end == piece_end && piece_end < f_end) {  // the piece ended: the next one starts
+            ++piece;
+            piece_begin = piece_end;
+            piece_end = br.WarpEnd(p, piece);
+            piece_first_tile = tile;
+          }
+          seg_end = min(piece_end, (tile + 1) * p.steps);
         }
       }
     }
   }
 #undef KDTREE_ISSUE
   __syncthreads();  // every warp's split tiles are parked
-  CombineSplitTiles<NT, F>(p, row_start, rows);
+  CombineSplitTiles<NT, F, kWarps / kPieces>(p, row_start, rows);
 }
 
 // MoE sum mode: y[t] = sum_j weights[t, j] * pair[t * topk + j], j in order.
@@ -797,25 +826,26 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
   return Status::Ok();
 }
 
-template <typename X, typename S, int NT, int G, Form F>
+template <typename X, typename S, int NT, int G, Form F, int kPieces>
 Status LaunchKernel(const GemmParams& p, dim3 grid, cudaStream_t s) {
   constexpr int kShared = SharedBytes<NT, F>();  // the block's parked partials: 8-64 KB
+  auto* kernel = W4A16Kernel<X, S, NT, G, F, kPieces>;
   if constexpr (kShared > 48 * 1024) {
-    KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(W4A16Kernel<X, S, NT, G, F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 kernel: shared memory"));
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 kernel: shared memory"));
   }
-  return LaunchPdl("w4a16 kernel", W4A16Kernel<X, S, NT, G, F>, grid, dim3(kThreads), kShared, s, p);  // see griddepcontrol in the kernel
+  return LaunchPdl("w4a16 kernel", kernel, grid, dim3(kThreads / kPieces), kShared, s, p);  // see griddepcontrol in the kernel
 }
-template <typename X, typename S, int NT, Form F>
+template <typename X, typename S, int NT, Form F, int kPieces>
 Status LaunchG(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
   switch (group) {
-    case 32: return LaunchKernel<X, S, NT, 32, F>(p, grid, s);
-    case 64: return LaunchKernel<X, S, NT, 64, F>(p, grid, s);
-    default: return LaunchKernel<X, S, NT, 128, F>(p, grid, s);  // validated: 32, 64 or 128
+    case 32: return LaunchKernel<X, S, NT, 32, F, kPieces>(p, grid, s);
+    case 64: return LaunchKernel<X, S, NT, 64, F, kPieces>(p, grid, s);
+    default: return LaunchKernel<X, S, NT, 128, F, kPieces>(p, grid, s);  // validated: 32, 64 or 128
   }
 }
-template <typename X, int NT, Form F = Form::kStandard>
+template <typename X, int NT, Form F = Form::kStandard, int kPieces = 1>
 Status LaunchS(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
-  return p.sc_f32 ? LaunchG<X, float, NT, F>(p, group, grid, s) : LaunchG<X, uint16_t, NT, F>(p, group, grid, s);
+  return p.sc_f32 ? LaunchG<X, float, NT, F, kPieces>(p, group, grid, s) : LaunchG<X, uint16_t, NT, F, kPieces>(p, group, grid, s);
 }
 template <typename X>
 Status LaunchStage(const GemmParams& p, int nt, int chunk_tiles, void* xs, cudaStream_t s) {
@@ -830,10 +860,11 @@ Status LaunchStage(const GemmParams& p, int nt, int chunk_tiles, void* xs, cudaS
 }
 
 template <typename X>
-Status LaunchNt(const GemmParams& p, int nt, Form form, int group, dim3 grid, cudaStream_t s) {
+Status LaunchNt(const GemmParams& p, int nt, Form form, int pieces, int group, dim3 grid, cudaStream_t s) {
   if constexpr (std::is_same<X, __nv_bfloat16>::value) {
     if (nt == 2) return form == Form::kXInPlace ? LaunchS<X, 2, Form::kXInPlace>(p, group, grid, s) : LaunchS<X, 2>(p, group, grid, s);
     if (nt == 4) return LaunchS<X, 4>(p, group, grid, s);
+    if (pieces == kPiecesMax) return LaunchS<X, 1, Form::kStandard, kPiecesMax>(p, group, grid, s);  // PiecesPerWarp
   }
   if (nt == 1) return form == Form::kOneToken ? LaunchS<X, 1, Form::kOneToken>(p, group, grid, s) : LaunchS<X, 1>(p, group, grid, s);
   return LaunchS<X, 8>(p, group, grid, s);
@@ -850,6 +881,19 @@ Form ChooseForm(const GemmParams& p, DType x, int nt) {
   if (nt == 1 && p.tile_tokens == 1) return Form::kOneToken;
   if (nt == 2 && x == DType::kBF16 && p.K % w4::kStepK == 0 && p.N <= 8192 && p.K <= 8192) return Form::kXInPlace;
   return Form::kStandard;
+}
+
+// Pieces per warp (W4A16Kernel's kPieces): a MoE launch of the sorted path (a verify step) whose
+// split gives each warp fewer than kPiecesMinSteps steps lets each warp stream kPiecesMax
+// consecutive warps' ranges instead, in blocks of kWarps / kPiecesMax warps. The split and its
+// rounding stay those of the decode step, which needs the short ranges to fill the GPU with 8
+// experts, while a warp's weight stream gets 4 times longer, so its ring fills and drains once per
+// 4 ranges instead of once per range of 4-7 KB. One tensor-parallel rank's 65-token verify step (7
+// and 4 steps per range): 389.6 -> 318.9 us with 2 pieces, 301.5 with 4, decode unchanged (run 189);
+// `minWarpSteps: 16`, which lengthens the ranges themselves, took 318 and the decode step 24 us.
+int PiecesPerWarp(const GemmParams& p, DType x, int nt, Form form, const Ranges& r) {
+  const bool eligible = x == DType::kBF16 && nt == 1 && form == Form::kStandard && p.moe_tiles != nullptr && p.route_ids == nullptr;
+  return eligible && r.steps_per_warp < kPiecesMinSteps ? kPiecesMax : 1;
 }
 
 // Scratch of one chunk: the staged x (when StagesX).
@@ -925,6 +969,7 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, group, sms, scratch, scratch_used, s);
   p.slices = p.steps * 8;
   const Form form = ChooseForm(p, x_dtype, nt);
+  const int pieces = PiecesPerWarp(p, x_dtype, nt, form, r);
   const size_t exchange_per_tile = static_cast<size_t>(r.blocks) * nt * 8 * w4::kTileRows * sizeof(uint64_t);
   const int in_place_chunk = static_cast<int>(std::max<size_t>(kChunkTiles, kChunkExchangeBytes / exchange_per_tile));
   const bool stage = StagesX(x_dtype, nt, form);
@@ -943,9 +988,9 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
               : x_dtype == DType::kBF16 ? LaunchStage<__nv_bfloat16>(p, nt, tiles_now, staged, s)
                                         : LaunchStage<__half>(p, nt, tiles_now, staged, s);
     KDTREE_RETURN_IF_ERROR(st);
-    st = x_dtype == DType::kBF16 ? LaunchNt<__nv_bfloat16>(p, nt, form, group, grid, s)
-       : x_dtype == DType::kF16  ? LaunchNt<__half>(p, nt, form, group, grid, s)
-                                 : LaunchNt<float>(p, nt, form, group, grid, s);
+    st = x_dtype == DType::kBF16 ? LaunchNt<__nv_bfloat16>(p, nt, form, pieces, group, grid, s)
+       : x_dtype == DType::kF16  ? LaunchNt<__half>(p, nt, form, 1, group, grid, s)
+                                 : LaunchNt<float>(p, nt, form, 1, group, grid, s);
     KDTREE_RETURN_IF_ERROR(st);
   }
   return Status::Ok();

@@ -321,6 +321,25 @@ const moeLongRangesCheck = () =>
     minWarpSteps: 16,
   });
 
+/**
+ * A verify-like step with short warp ranges: 60 (token, expert) pairs over 12 experts of 272 x 1280
+ * (17 tiles of 10 steps) in 8-row tiles with x read in place. On cuda the split gives each warp 2
+ * steps (16-step blocks, so tiles cross block boundaries and ranges cross tiles), and each warp of
+ * the launch streams 4 of those ranges back to back (PiecesPerWarp); token 29 alone takes the
+ * one-token decode path with one range per warp, and its rows must agree bit for bit.
+ */
+const moePiecesCheck = () =>
+  moeGatherCheck('moe_gemm x bf16, N 272 x K 1280, 12 experts, top-2: 30 tokens (short ranges, 4 per warp on cuda) vs reference; a token\'s rows == the token alone', {
+    E: 12,
+    n: 272,
+    k: 1280,
+    T: 30,
+    topk: 2,
+    seed: 59,
+    expertOf: (t, j) => (5 * t + 7 * j) % 12,
+    alone: 29,
+  });
+
 function packCheck(scaleDtype: 'BF16' | 'F32'): KernelCheck {
   return {
     name: `w4a16_pack, scales ${scaleDtype.toLowerCase()}: bit-exact with the layout written out in JS (odd N, K tails, groups 32/64/128, experts)`,
@@ -526,5 +545,6 @@ export const GEMM_CHECKS: KernelCheck[] = [
   moeCheck('bf16', 128),
   moeManyTilesCheck(),
   moeLongRangesCheck(),
+  moePiecesCheck(),
   shapeErrors,
 ];
