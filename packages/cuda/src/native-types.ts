@@ -46,10 +46,11 @@ export interface NativeBackend {
   w4a16Pack(args: { qw: TensorArg; sc: TensorArg; qwPacked: TensorArg; scPacked: TensorArg; group?: number; stream?: number }): void;
   w4a16Gemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; y: TensorArg; group?: number; stream?: number }): void;
   /**
-   * minWarpSteps (cuda; default 0): the least weight steps (16 rows x 128 k) each warp streams.
-   * Longer ranges mean fewer blocks per expert: faster for a call that uses many experts (a tree
-   * verify), slower for a decode step. A row's bits depend on it, so use one value for every call
-   * on the same weights (decode and verify then agree bit for bit).
+   * minWarpSteps (cuda; default 0): the least weight steps (16 rows x 128 k) in each warp range of
+   * the split. Longer ranges mean fewer blocks per expert: slower for a decode step. A row's bits
+   * depend on it, so use one value for every call on the same weights (decode and verify then agree
+   * bit for bit). A verify with short ranges already streams several ranges per warp (same bits),
+   * which is faster than 16 on one tensor-parallel rank's experts.
    */
   moeGemm(args: {
     x: TensorArg;
