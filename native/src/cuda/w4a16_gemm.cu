@@ -708,19 +708,15 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
         for (int j = 0; j < NT; ++j)
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
-        if constexpr (kPieces == 1) {
-          if (kFlatLoop ? seg_end < f_end : step == p.steps) {  // the tile ended inside the range: the next one starts
-            step = 0;
-            ++tile;
-            x_step = xr[0];
-            seg_end = min(f_end, seg_end + p.steps);
-          }
-        } else {
-          if (seg_end == t0 + p.steps) {  // the tile ended: the next one starts
-            step = 0;
-            ++tile;
-            x_step = xr[0];
-          }
+        // the tile ended (inside the range, with one piece per warp): the next one starts
+        const bool tile_ended = kPieces > 1 ? seg_end == t0 + p.steps : kFlatLoop ? seg_end < f_end : step == p.steps;
+        if (tile_ended) {
+          step = 0;
+          ++tile;
+          x_step = xr[0];
+          if constexpr (kPieces == 1) seg_end = min(f_end, seg_end + p.steps);
+        }
+        if constexpr (kPieces > 1) {
           if (seg_end == piece_end && piece_end < f_end) {  // the piece ended: the next one starts
             ++piece;
             piece_begin = piece_end;
