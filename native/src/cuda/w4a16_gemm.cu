@@ -43,6 +43,8 @@
 // 155-157).
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "w4a16_kernel.cuh"
@@ -52,13 +54,6 @@ namespace cuda {
 namespace {
 
 using namespace w4a16;
-
-// Streaming 16-byte load: read once, so keep it out of L1 (x lives there).
-__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
 
 // The code type the MMA runs in for activations X: f16 for f16, bf16 otherwise.
 template <typename X>
@@ -935,9 +930,44 @@ bool UseWgmma(const GemmParams& p, DType x, int sms) {
   const bool enough = quarters >= 6 * sms || (p.M > kWgmmaTileTokens && quarters >= 3 * sms);
   return p.M > 16 && x == DType::kBF16 && p.moe_tiles == nullptr && enough && WgmmaAvailable();
 }
-// The warpgroup kernel's token tiles of p.M rows, in chunks of WgmmaChunk (p's stream-K ranges set:
-// the kernel replays them).
+// Prefill sizes take w4a16_prefill.cu's kernel: a producer warpgroup dequantizes each weight once
+// per 128 tokens into shared memory for two consumer warpgroups. Each of its blocks walks all of K
+// for 64 rows, so it needs many blocks (>= 8 per SM: the last wave's tail) and long K (>= 32 steps:
+// each block fills a 3-stage pipeline). Same-run A/Bs against the 32-token kernel: run 193 (taking
+// every M >= 128) M = 2048 18432x7168 2139 -> 1816 us, 7168x18432 2075 -> 1834, 4096x7168
+// 444 -> 439, but K = 2048 (7168x2048) 247 -> 258 and launches of 2-3.4 waves (M = 128-512) up to
+// 1.6x slower; runs 194-195 (this rule) M = 2048 1995 -> 1832 and 1943 -> 1838, the rest unchanged.
+constexpr int kPrefillMinTokens = 256;
+constexpr int kPrefillMinBlocksPerSm = 8;
+constexpr int kPrefillMinSteps = 32;
+// KDTREE_W4A16_PREFILL=always|never overrides the rule (tests, tuning); read per call, so a
+// process may change it between calls.
+int PrefillOverride() {
+  const char* v = std::getenv("KDTREE_W4A16_PREFILL");
+  if (v == nullptr) return 0;
+  return std::strcmp(v, "always") == 0 ? 1 : std::strcmp(v, "never") == 0 ? -1 : 0;
+}
+bool UsePrefill(const GemmParams& p, int group, int sms) {
+  const int force = PrefillOverride();
+  if (!PrefillSupports(group, p.sc_f32) || force < 0) return false;
+  if (force > 0) return true;
+  const int64_t blocks = (p.tiles + 3) / 4 * static_cast<int64_t>((p.M + kPrefillTileTokens - 1) / kPrefillTileTokens);
+  return p.M >= kPrefillMinTokens && p.steps >= kPrefillMinSteps && blocks >= kPrefillMinBlocksPerSm * static_cast<int64_t>(sms);
+}
+// The warpgroup kernels' token tiles of p.M rows, in chunks (p's stream-K ranges set: they replay
+// them).
 Status RunWgmma(GemmParams p, int group, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
+  if (UsePrefill(p, group, sms)) {
+    const int tiles = (p.M + kPrefillTileTokens - 1) / kPrefillTileTokens;
+    const int chunk = std::min(tiles, static_cast<int>(std::max<size_t>(1, kWgmmaStagedBytesMax / PrefillStagedBytes(p.steps))));
+    const size_t offset = (scratch_used + 255) / 256 * 256;
+    KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + chunk * PrefillStagedBytes(p.steps), s));
+    for (int first = 0; first < tiles; first += chunk) {
+      p.tile_offset = first;
+      KDTREE_RETURN_IF_ERROR(LaunchW4A16Prefill(p, group, std::min(chunk, tiles - first), sms, static_cast<char*>(scratch.ptr) + offset, s));
+    }
+    return Status::Ok();
+  }
   const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, chunk = WgmmaChunk(p);
   const size_t offset = (scratch_used + 255) / 256 * 256;
   KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + chunk * WgmmaStagedBytes(p.steps, p.tiles), s));

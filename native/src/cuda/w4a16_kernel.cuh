@@ -70,6 +70,13 @@ struct GemmParams {
   DType y_dtype;
 };
 
+// Streaming 16-byte load: read once, so keep it out of L1 (x lives there).
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
 // Two codes (nibbles in bits 0-3 and 16-19 of `w`) -> two exact 16-bit floats q = u - 8: one
 // LOP3 ((w & 0x000F000F) | magic: 128 + u in bf16, 1024 + u in f16; the magic passed in a register,
 // as SASS LOP3 takes one immediate) and one HSUB2.
@@ -129,6 +136,16 @@ size_t WgmmaStagedBytes(int steps, int tiles);
 // ranges (whose rounding it replays) on a device of `sms` SMs; `xs` holds WgmmaStagedBytes per
 // token tile.
 Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, int sms, void* xs, cudaStream_t s);
+
+// The prefill kernel (w4a16_prefill.cu): bf16 x in token tiles of 128; the same bits as the other
+// kernels. Same availability as the warpgroup kernel (WgmmaAvailable).
+constexpr int kPrefillTileTokens = 128;
+// Groups 32 (bf16 scales) and 64 (bf16 or f32 scales).
+bool PrefillSupports(int group, bool sc_f32);
+// Scratch for the staged x of one token tile.
+size_t PrefillStagedBytes(int steps);
+// Stages x and runs the GEMM for token tiles [p.tile_offset, + token_tiles) of kPrefillTileTokens.
+Status LaunchW4A16Prefill(GemmParams p, int group, int token_tiles, int sms, void* xs, cudaStream_t s);
 
 }  // namespace w4a16
 }  // namespace cuda

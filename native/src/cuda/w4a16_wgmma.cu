@@ -34,6 +34,7 @@
 #include <cstddef>
 
 #include "w4a16_kernel.cuh"
+#include "wgmma.cuh"
 
 namespace kdtree {
 namespace cuda {
@@ -67,7 +68,6 @@ constexpr int BlocksPerSm(bool dequant_ahead) { return dequant_ahead ? 2 : 3; }
 // Copies of the staged x, warpgroup i reading copy i % copies. All warpgroups of a token tile walk K
 // in step together, so with one copy every x line of a step is read by all of them at once (run
 // 138, 288 warpgroups: 1 copy 46.5 us, 8 copies 43.5): about one copy per 32 of them.
-constexpr int kMaxXCopies = 8;
 int XCopies(int tile_groups) { return std::max(1, std::min(kMaxXCopies, tile_groups / 32)); }
 
 // One step of a warpgroup in shared memory: the x of its token tile (B operand) and each warp's
@@ -78,57 +78,6 @@ struct Stage {
   uint4 sc[kTileGroup][16];             // warp's scale block: [8 row pairs][2][4 groups] (bf16: 8 used)
 };
 
-// The staged B operand, per token tile and step: [slice 2 b + s][k half kb][32 tokens][8 k], bf16:
-// wgmma's no-swizzle core matrices (8 tokens x 16 bytes), so a step is one contiguous copy. Slice
-// element kk = 8 kb + e of slice (b, s) is the k that the packed codes give MMA k index kk
-// (w4a16_layout.h: lane t's nibbles are k = 32 b + 8 t + 4 s + {0, 1} and + {2, 3}):
-// k = 128 step + 32 b + 8 (e >> 1) + 4 s + 2 kb + (e & 1). Zero past K and past the tile's rows.
-__global__ void StageWgmmaXKernel(const GemmParams p, int chunk_tiles, int copies, uint4* xs) {
-  PdlWait();  // x is the previous kernel's, and the previous GEMM may still read xs
-  PdlLaunchDependents();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t units = static_cast<int64_t>(p.steps) * (kXStepBytes / 16);  // 16-byte units per token tile
-  if (i >= units * chunk_tiles) return;
-  const int tt = static_cast<int>(i / units), u = static_cast<int>(i % units);
-  const int step = u / (kXStepBytes / 16), slice = (u / (kSliceBytes / 16)) % 8, b = slice >> 1, s = slice & 1;
-  const int kb = (u / kTokens) & 1, token = u % kTokens;
-  const int row_start = (p.tile_offset + tt) * kTokens, rows = min(kTokens, p.M - row_start);
-  uint32_t v[4] = {0u, 0u, 0u, 0u};
-  if (token < rows) {
-    const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x) + static_cast<int64_t>(row_start + token) * p.K;
-#pragma unroll
-    for (int e2 = 0; e2 < 4; ++e2) {
-      const int k = 128 * step + 32 * b + 8 * e2 + 4 * s + 2 * kb;  // a bf16 pair: K is even
-      if (k < p.K) v[e2] = *reinterpret_cast<const uint32_t*>(x + k);
-    }
-  }
-  const uint4 value = make_uint4(v[0], v[1], v[2], v[3]);
-#pragma unroll
-  for (int c = 0; c < kMaxXCopies; ++c)
-    if (c < copies) xs[c * units * chunk_tiles + i] = value;
-}
-
-// wgmma shared-memory descriptor of a no-swizzle operand: start, leading byte offset (the next
-// core matrix along k), stride byte offset (the next 8 tokens), in 16-byte units.
-__device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 | static_cast<uint64_t>(sbo >> 4) << 32;
-}
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Waits until at most N of the warpgroup's committed wgmma groups are still in flight.
-template <int N>
-__device__ __forceinline__ void WgmmaWait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Of `groups` (<= 4) commit groups issued in order, waits for group q (q compile-time once unrolled).
-template <int kGroups>
-__device__ __forceinline__ void WaitForGroup(int q) {
-  static_assert(kGroups >= 1 && kGroups <= 4, "a step has 1, 2 or 4 scale groups");
-  switch (kGroups - 1 - q) {
-    case 3: WgmmaWait<3>(); break;
-    case 2: WgmmaWait<2>(); break;
-    case 1: WgmmaWait<1>(); break;
-    default: WgmmaWait<0>(); break;
-  }
-}
 // d (+)= a . B: the warp's 16 rows (A fragments as mma.m16n8k16 takes them) times 32 tokens of x;
 // d[4 j + i] is what mma.m16n8k16's d[i] is for tokens 8 j .. 8 j + 7.
 __device__ __forceinline__ void Wgmma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
@@ -139,29 +88,6 @@ __device__ __forceinline__ void Wgmma(float (&d)[16], const uint32_t (&a)[4], ui
         "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<int>(accumulate))
       : "memory");
-}
-
-// Where the stream-K kernel cuts a tile, and how it combines the pieces (w4a16_gemm.cu:
-// BlockRange, CombineSplitTiles): pieces end at multiples of steps_per_warp, blocks at multiples
-// of steps_per_block; a tile in one piece is stored as its accumulator, otherwise each block's
-// pieces are summed from 0.f in order and two blocks' sums added.
-struct TileSplit {
-  int f_end;       // the tile's end in the matrix's step space
-  int piece_end;   // the current piece's end
-  int block_end;   // the current block's end
-  bool whole;      // one piece
-  bool two_blocks;
-};
-__device__ __forceinline__ TileSplit SplitOf(const GemmParams& p, int tile) {
-  const int f0 = tile * p.steps, f1 = f0 + p.steps;
-  const int piece = p.by_steps_per_warp.Div(f0), block = f0 / p.steps_per_block;
-  TileSplit t;
-  t.f_end = f1;
-  t.piece_end = min(f1, (piece + 1) * p.steps_per_warp);
-  t.block_end = (block + 1) * p.steps_per_block;
-  t.whole = t.piece_end == f1;
-  t.two_blocks = t.block_end < f1;
-  return t;
 }
 
 template <typename S, int G, bool kDequantAhead>
@@ -322,22 +248,8 @@ __global__ void __launch_bounds__(kThreads, BlocksPerSm(kDequantAhead)) W4A16Wgm
         scale_group(q);
       }
       if (!kDequantAhead && step + 1 < steps) load_step(stage, a_next, sf_next);  // every wgmma of the step is done
-      // the stream-K kernel's piece and block ends (warp-uniform branches, outside the wgmmas)
-      if (__builtin_expect(++f == split.piece_end && !split.whole, 0)) {  // a branch, not selects: rare
-#pragma unroll
-        for (int i = 0; i < kN; ++i) {
-          block_sum[i] += acc[i];
-          acc[i] = 0.f;
-        }
-        if (f == split.block_end && f < split.f_end) {
-#pragma unroll
-          for (int i = 0; i < kN; ++i) {
-            first_block[i * kThreads] = block_sum[i];
-            block_sum[i] = 0.f;
-          }
-        }
-        split.piece_end = min(split.f_end, f + p.steps_per_warp);
-      }
+      // the stream-K kernel's piece and block ends (outside the wgmmas)
+      ReplayStepEnd(p, split, ++f, acc, block_sum, first_block, kThreads);
     }
   }
   if (tile >= p.tiles) return;
@@ -347,8 +259,7 @@ __global__ void __launch_bounds__(kThreads, BlocksPerSm(kDequantAhead)) W4A16Wgm
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int e = 4 * j + i;
-      const float v = split.whole ? acc[e] : split.two_blocks ? first_block[e * kThreads] + block_sum[e] : block_sum[e];
-      StoreElement(p, v, j, i, tile, row_start, rows, g, t);
+      StoreElement(p, ReplayResult(split, e, acc, block_sum, first_block, kThreads), j, i, tile, row_start, rows, g, t);
     }
 }
 
@@ -395,8 +306,8 @@ Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, int sms, void*
   p.xs = xs;
   const int64_t units = static_cast<int64_t>(token_tiles) * p.steps * (kXStepBytes / 16);
   const int copies = XCopies(WgmmaTileGroups(p.tiles));
-  KDTREE_RETURN_IF_ERROR(LaunchPdl("w4a16 wgmma stage x", StageWgmmaXKernel, dim3(static_cast<unsigned>((units + 255) / 256)), dim3(256), 0, s, p, token_tiles, copies,
-                                   static_cast<uint4*>(xs)));
+  KDTREE_RETURN_IF_ERROR(LaunchPdl("w4a16 wgmma stage x", StageWgmmaXKernel<kTokens>, dim3(static_cast<unsigned>((units + 255) / 256)), dim3(256), 0, s, p, token_tiles,
+                                   copies, static_cast<uint4*>(xs)));
   const dim3 grid(static_cast<unsigned>(WgmmaTileGroups(p.tiles)), static_cast<unsigned>(token_tiles));
   if (p.sc_f32) {
     switch (group) {

@@ -485,6 +485,38 @@ const wgmmaCheck: KernelCheck = {
   }),
 };
 
+/**
+ * bf16 x of prefill size, which on an sm_90a device takes the prefill kernel (w4a16_prefill.cu:
+ * 128-token tiles, groups 32 and 64). N = 2000 (125 tiles: the last block of 4 tiles has 1) at
+ * M = 260 (three token tiles, the last with 4 rows, so its second consumer stores nothing), group
+ * 32 with bf16 scales; N = 1000 (63 tiles, the last with 8 rows) x K 448 (a K tail inside a step)
+ * at M = 300, group 64 with f32 scales; forced with KDTREE_W4A16_PREFILL=always. Rows 0, 5 and
+ * M - 1 equal the row alone (the stream-K kernel's bits).
+ */
+const prefillCheck: KernelCheck = {
+  name: 'w4a16_gemm bf16: N 2000 x K 640 at M 260 (group 32, bf16 scales) and N 1000 x K 448 at M 300 (group 64, f32) vs reference and batch-invariant (on sm_90a: the prefill kernel)',
+  run: (b) => {
+    // shapes this small take it only when forced (the rule wants >= 8 blocks per SM and K >= 4096)
+    const saved = process.env.KDTREE_W4A16_PREFILL;
+    process.env.KDTREE_W4A16_PREFILL = 'always';
+    try {
+      return {
+        detail: bf16CasesAgainstReference(
+          b,
+          [
+            { n: 2000, k: 640, group: 32, scales: 'BF16', ms: [260] },
+            { n: 1000, k: 448, group: 64, scales: 'F32', ms: [300] },
+          ],
+          73,
+        ),
+      };
+    } finally {
+      if (saved === undefined) delete process.env.KDTREE_W4A16_PREFILL;
+      else process.env.KDTREE_W4A16_PREFILL = saved;
+    }
+  },
+};
+
 const shapeErrors: KernelCheck = {
   name: 'w4a16_pack, w4a16_gemm and moe_gemm reject bad shapes, dtypes, layouts and groups with every shape in the message',
   run(b) {
@@ -538,6 +570,7 @@ export const GEMM_CHECKS: KernelCheck[] = [
   streamKCheck,
   inPlace16Check,
   wgmmaCheck,
+  prefillCheck,
   gemmInvarianceCheck('f32'),
   gemmInvarianceCheck('bf16'),
   moeCheck('f32', 96),
