@@ -954,28 +954,30 @@ bool UsePrefill(const GemmParams& p, int group, int sms) {
   const int64_t blocks = (p.tiles + 3) / 4 * static_cast<int64_t>((p.M + kPrefillTileTokens - 1) / kPrefillTileTokens);
   return p.M >= kPrefillMinTokens && p.steps >= kPrefillMinSteps && blocks >= kPrefillMinBlocksPerSm * static_cast<int64_t>(sms);
 }
-// The warpgroup kernels' token tiles of p.M rows, in chunks (p's stream-K ranges set: they replay
-// them).
-Status RunWgmma(GemmParams p, int group, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
-  if (UsePrefill(p, group, sms)) {
-    const int tiles = (p.M + kPrefillTileTokens - 1) / kPrefillTileTokens;
-    const int chunk = std::min(tiles, static_cast<int>(std::max<size_t>(1, kWgmmaStagedBytesMax / PrefillStagedBytes(p.steps))));
-    const size_t offset = (scratch_used + 255) / 256 * 256;
-    KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + chunk * PrefillStagedBytes(p.steps), s));
-    for (int first = 0; first < tiles; first += chunk) {
-      p.tile_offset = first;
-      KDTREE_RETURN_IF_ERROR(LaunchW4A16Prefill(p, group, std::min(chunk, tiles - first), sms, static_cast<char*>(scratch.ptr) + offset, s));
-    }
-    return Status::Ok();
-  }
-  const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens, chunk = WgmmaChunk(p);
+// Token tiles [0, tiles) in launches of `chunk`, each staging its x into `staged_per_tile` bytes of
+// scratch per tile: launch(p, token_tiles, xs) with p.tile_offset set.
+template <typename Launch>
+Status RunChunks(GemmParams p, int tiles, int chunk, size_t staged_per_tile, Scratch& scratch, size_t scratch_used, cudaStream_t s, Launch launch) {
   const size_t offset = (scratch_used + 255) / 256 * 256;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + chunk * WgmmaStagedBytes(p.steps, p.tiles), s));
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(offset + chunk * staged_per_tile, s));
   for (int first = 0; first < tiles; first += chunk) {
     p.tile_offset = first;
-    KDTREE_RETURN_IF_ERROR(LaunchW4A16Wgmma(p, group, std::min(chunk, tiles - first), sms, static_cast<char*>(scratch.ptr) + offset, s));
+    KDTREE_RETURN_IF_ERROR(launch(p, std::min(chunk, tiles - first), static_cast<char*>(scratch.ptr) + offset));
   }
   return Status::Ok();
+}
+// The warpgroup kernels' token tiles of p.M rows (p's stream-K ranges set: they replay them).
+Status RunWgmma(const GemmParams& p, int group, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
+  if (UsePrefill(p, group, sms)) {
+    const int tiles = (p.M + kPrefillTileTokens - 1) / kPrefillTileTokens;
+    const size_t staged = PrefillStagedBytes(p.steps);
+    const int chunk = std::min(tiles, static_cast<int>(std::max<size_t>(1, kWgmmaStagedBytesMax / staged)));
+    return RunChunks(p, tiles, chunk, staged, scratch, scratch_used, s,
+                     [&](const GemmParams& q, int token_tiles, void* xs) { return LaunchW4A16Prefill(q, group, token_tiles, sms, xs, s); });
+  }
+  const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens;
+  return RunChunks(p, tiles, WgmmaChunk(p), WgmmaStagedBytes(p.steps, p.tiles), scratch, scratch_used, s,
+                   [&](const GemmParams& q, int token_tiles, void* xs) { return LaunchW4A16Wgmma(q, group, token_tiles, sms, xs, s); });
 }
 
 // Launches the token tiles [0, token_tiles) in chunks (kChunkTiles, kChunkExchangeBytes: the staged

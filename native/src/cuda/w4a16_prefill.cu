@@ -223,13 +223,8 @@ __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmPara
 #pragma unroll
     for (int q = 0; q < kGroups; ++q) {
       // the next group in flight while this one is scaled
-      const bool more = q + 1 < kGroups || step + 1 < steps;
-      if (q + 1 < kGroups) {
-        issue(step, q + 1);
-      } else if (step + 1 < steps) {
-        issue(step + 1, 0);
-      }
-      if (more) {
+      if (q + 1 < kGroups || step + 1 < steps) {
+        issue(q + 1 < kGroups ? step : step + 1, (q + 1) % kGroups);
         WgmmaWait<1>();
       } else {
         WgmmaWait<0>();
@@ -237,13 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmPara
       const int slot = G == 32 ? q : (2 * step + q) & 3;
       float s_lo, s_hi;
       ScalesOf<S>(sf, slot, &s_lo, &s_hi);
-#pragma unroll
-      for (int j = 0; j < kConsumerTokens / 8; ++j) {
-        acc[4 * j + 0] = fmaf(part[q & 1][4 * j + 0], s_lo, acc[4 * j + 0]);
-        acc[4 * j + 1] = fmaf(part[q & 1][4 * j + 1], s_lo, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(part[q & 1][4 * j + 2], s_hi, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(part[q & 1][4 * j + 3], s_hi, acc[4 * j + 3]);
-      }
+      ScaleGroup(acc, part[q & 1], s_lo, s_hi);
     }
     BarrierArrive(&sh.empty[stage]);  // every wgmma of the step is done and its scales are read
     // the stream-K kernel's piece and block ends

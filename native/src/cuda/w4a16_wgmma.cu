@@ -216,13 +216,7 @@ __global__ void __launch_bounds__(kThreads, BlocksPerSm(kDequantAhead)) W4A16Wgm
         const int slot = G == 32 ? q : G == 64 ? (2 * step + q) & 3 : step & 3;  // the group's slot in the scale block
         float s_lo, s_hi;
         ScalesOf<S>(sf, slot, &s_lo, &s_hi);
-#pragma unroll
-        for (int j = 0; j < kTokens / 8; ++j) {
-          acc[4 * j + 0] = fmaf(part[q][4 * j + 0], s_lo, acc[4 * j + 0]);
-          acc[4 * j + 1] = fmaf(part[q][4 * j + 1], s_lo, acc[4 * j + 1]);
-          acc[4 * j + 2] = fmaf(part[q][4 * j + 2], s_hi, acc[4 * j + 2]);
-          acc[4 * j + 3] = fmaf(part[q][4 * j + 3], s_hi, acc[4 * j + 3]);
-        }
+        ScaleGroup(acc, part[q], s_lo, s_hi);
       };
       // every group in flight while the warp moves on to the next step's stage (part[q] was last
       // read by the previous step's scaling, before the fence)

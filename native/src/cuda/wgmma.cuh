@@ -89,6 +89,18 @@ __device__ __forceinline__ TileSplit SplitOf(const GemmParams& p, int tile) {
   return t;
 }
 
+// A scale group's exact sums (part, a kN-float wgmma accumulator) scaled into acc: elements 4 j + i
+// hold row g (i < 2, scale s_lo) or g + 8 (s_hi), as the decode kernel's fmaf chain does.
+template <int kN>
+__device__ __forceinline__ void ScaleGroup(float (&acc)[kN], const float (&part)[kN], float s_lo, float s_hi) {
+#pragma unroll
+  for (int j = 0; j < kN / 4; ++j) {
+    acc[4 * j + 0] = fmaf(part[4 * j + 0], s_lo, acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, acc[4 * j + 3]);
+  }
+}
 // After a step of the tile (f: the next step's index in the matrix's step space): where the stream-K
 // kernel ends a piece, acc is folded into the block sum and restarts; where it ends a block inside
 // the tile, the block sum waits in first_block[i * stride] (shared memory) and restarts.
