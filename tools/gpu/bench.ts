@@ -104,7 +104,8 @@ report.copyGBs = copyGBs;
 
 // 2. W4A16 GEMM on Kimi K2 shapes
 const SHAPES = [[4096, 7168, 'expert gate+up'], [7168, 2048, 'expert down'], [18432, 7168, 'dense gate/up'], [7168, 18432, 'dense down']] as const;
-const MS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048];  // 512 and 2048: prefill
+// 512 and 2048: prefill. KDTREE_BENCH_MS=512,2048 (ascending) limits an A/B run to some of them.
+const MS = process.env.KDTREE_BENCH_MS ? process.env.KDTREE_BENCH_MS.split(',').map(Number) : [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048];
 const gemmRows: string[][] = [];
 const gemmReport: unknown[] = [];
 for (const [n, k, what] of SHAPES) {

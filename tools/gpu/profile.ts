@@ -2,7 +2,7 @@
  * Launches each hot kernel a few times at the Kimi K2 decode shapes, for Nsight Compute
  * (`ncu` on the GPU host; .gpu/run.sh profile), which times every kernel on its own with cold
  * caches; and measures the host cost of a native call (wall clock per call, queue not drained).
- * KDTREE_PROFILE_ONLY=gemm|moe|moe-verify|mla|ddtree runs one section.
+ * KDTREE_PROFILE_ONLY=gemm|prefill|moe|moe-verify|mla|ddtree runs one section.
  */
 import { createBackend, type DeviceTensor } from '../../packages/cuda/src/backend.js';
 import { packedW4A16Shapes } from '../../packages/cuda/src/w4a16-layout.js';
@@ -16,19 +16,24 @@ const fillPattern = (t: DeviceTensor, byte: number) => gpu.native.fill(t.buffer,
 const only = process.env.KDTREE_PROFILE_ONLY;
 const want = (section: string) => !only || only === section;
 
-// W4A16 at M = 1 and 16 on an expert and a dense shape
-for (const [n, k] of want('gemm') ? [[4096, 7168], [18432, 7168], [7168, 2048]] : []) {
+/** W4A16 launches at each M of `ms` on one N x K matrix (group 32, byte-pattern weights and x). */
+function w4a16Launches(n: number, k: number, ms: number[]): void {
   const shapes = packedW4A16Shapes(n, k, 32);
   const qw = gpu.empty('i32', shapes.qw);
   const sc = gpu.empty('bf16', shapes.sc);
   fillPattern(qw, 0x5a);
   fillPattern(sc, 0x3c);
-  const x = gpu.empty('bf16', [16, k]);
+  const mMax = Math.max(...ms);
+  const x = gpu.empty('bf16', [mMax, k]);
   fillPattern(x, 0x3c);
-  const y = gpu.empty('bf16', [16, n]);
-  for (const m of [1, 16]) gpu.native.w4a16Gemm({ x: { ...x, shape: [m, k] }, qw, sc, y: { ...y, shape: [m, n] }, group: 32 });
+  const y = gpu.empty('bf16', [mMax, n]);
+  for (const m of ms) gpu.native.w4a16Gemm({ x: { ...x, shape: [m, k] }, qw, sc, y: { ...y, shape: [m, n] }, group: 32 });
   gpu.free(qw, sc, x, y);
 }
+// W4A16 at M = 1 and 16 on an expert and a dense shape
+for (const [n, k] of want('gemm') ? [[4096, 7168], [18432, 7168], [7168, 2048]] : []) w4a16Launches(n, k, [1, 16]);
+// W4A16 at a 2048-token prefill on the dense shape and an expert shape (the prefill kernel)
+for (const [n, k] of want('prefill') ? [[18432, 7168], [4096, 7168]] : []) w4a16Launches(n, k, [2048]);
 
 // Kimi K2 MoE decode step (384 experts, top-8, H 7168): sort + gate_up, SiLU, sort + down + sum;
 // the whole experts (I 2048), then one tensor-parallel rank's share (I 256)

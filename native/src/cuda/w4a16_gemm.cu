@@ -932,14 +932,14 @@ bool UseWgmma(const GemmParams& p, DType x, int sms) {
 }
 // Prefill sizes take w4a16_prefill.cu's kernel: a producer warpgroup dequantizes each weight once
 // per 128 tokens into shared memory for two consumer warpgroups. Each of its blocks walks all of K
-// for 64 rows, so it needs many blocks (>= 8 per SM: the last wave's tail) and long K (>= 32 steps:
-// each block fills a 3-stage pipeline). Same-run A/Bs against the 32-token kernel: run 193 (taking
-// every M >= 128) M = 2048 18432x7168 2139 -> 1816 us, 7168x18432 2075 -> 1834, 4096x7168
-// 444 -> 439, but K = 2048 (7168x2048) 247 -> 258 and launches of 2-3.4 waves (M = 128-512) up to
-// 1.6x slower; runs 194-195 (this rule) M = 2048 1995 -> 1832 and 1943 -> 1838, the rest unchanged.
+// for 64 rows, so it needs most SMs busy in its first wave (>= 3/4 of a block per SM). Same-run
+// timings against the 32-token kernel (run 203, us, 32-token -> prefill): from 256 tokens it is
+// faster or even on every Kimi K2 shape (4096x7168 M = 256 66.6 -> 52.0, 2048 446 -> 387;
+// 7168x2048 M = 1024 129 -> 117; 7168x18432 M = 512 481 -> 443, 1024 1000 -> 779); at 128 tokens
+// it is not (4096x7168 36.9 -> 50.6: 64 blocks; 18432x7168 132 -> 138), though 7168x18432 would
+// gain there (156 -> 114).
 constexpr int kPrefillMinTokens = 256;
-constexpr int kPrefillMinBlocksPerSm = 8;
-constexpr int kPrefillMinSteps = 32;
+constexpr int kPrefillMinBlocksPerFourSms = 3;
 // KDTREE_W4A16_PREFILL=always|never overrides the rule (tests, tuning); read per call, so a
 // process may change it between calls.
 int PrefillOverride() {
@@ -952,7 +952,7 @@ bool UsePrefill(const GemmParams& p, int group, int sms) {
   if (!PrefillSupports(group, p.sc_f32) || force < 0) return false;
   if (force > 0) return true;
   const int64_t blocks = (p.tiles + 3) / 4 * static_cast<int64_t>((p.M + kPrefillTileTokens - 1) / kPrefillTileTokens);
-  return p.M >= kPrefillMinTokens && p.steps >= kPrefillMinSteps && blocks >= kPrefillMinBlocksPerSm * static_cast<int64_t>(sms);
+  return p.M >= kPrefillMinTokens && 4 * blocks >= kPrefillMinBlocksPerFourSms * static_cast<int64_t>(sms);
 }
 // Token tiles [0, tiles) in launches of `chunk`, each staging its x into `staged_per_tile` bytes of
 // scratch per tile: launch(p, token_tiles, xs) with p.tile_offset set.

@@ -9,14 +9,17 @@
 //    step's x and scales into a shared-memory stage (cp.async), and dequantizes the codes once into
 //    the stage as wgmma's A operand (bf16 core matrices);
 //  * two consumer warpgroups, 64 tokens each, run wgmma.m64n64k16 with A and B from shared memory
-//    and scale each group's exact sums into their accumulators, one group in flight while they
-//    scale the one before.
+//    and scale each group's exact sums into their accumulators, a step's groups in pairs.
 // Stages pass between them through mbarriers (full: the producer's 128 threads wrote it; empty:
 // the consumers' 256 threads are done with it), so neither side waits on a block barrier.
-// Measured (runs 193-196): 5-15% faster than the 32-token kernel at 2048 tokens on the large
-// shapes, ~300 TFLOPS. Its limit is L2 traffic: a block reads 32 KB of x and 4 KB of weights per
-// 1M MACs (~5 TB/s at that speed), so the next step is more rows per block (x shared by 128-256
-// rows; the block sums then need a home outside the registers).
+// Measured (runs 202-205, 18432x7168 at 2048 tokens): 1550-1600 us, ~340 TFLOPS, 0.46x of dense
+// bf16. The x copies stay cp.async by all 128 producer threads: one bulk copy (TMA) per step took
+// 1551 -> 1720 us (run 205).
+// Nsight before the pairs (run 199): L2 35% and DRAM 5% busy, issue slots 51%, tensor pipe 32%:
+// latency, not bandwidth. What bounds the pairs is the scaling: a consumer's group is 131k MACs
+// for the tensor pipe and 4096 fmaf for the FP32 pipe (half the time at the peak rates of 2048 and
+// 128 per SM and clock), and each group's fmaf wait for its wgmma; a consumer-only loop of these
+// pairs (a diagnostic of run 202) ran 3.3x slower with the scaling than without it.
 //
 // Batch invariance: the bits are the stream-K kernel's. The A operand holds, at every MMA k index,
 // the code the register fragments of the other kernels hold there (and x is staged in that order),
@@ -42,22 +45,34 @@ constexpr int kN = kConsumerTokens / 2;            // accumulator floats per con
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kSliceA = 2 * kRows * 16;            // A of one k16 slice: [2 k halves][64 rows][8 k] bf16, 2 KB
 constexpr int kSliceX = 2 * kTokens * 16;          // B of one k16 slice: [2 k halves][128 tokens][8 k] bf16, 4 KB
-constexpr int kStages = 3;                         // 49 KB each; with the first block sums 180 KB
 constexpr int kLookahead = 4;                      // steps of codes in flight per producer thread (8 regs each)
-// Steps whose x copies are in flight ahead of the one being dequantized. Not 2 with 3 stages: the
-// producer would wait for the consumers to release step s - 1 before publishing step s + 1, while
-// they wait for step s + 1 before finishing step s - 1's last group (a deadlock, run 194).
-constexpr int kXAhead = 1;
 
+// A tile's scale block in 16-byte units: 16 rows x 4 groups (bf16: 128 B, f32: 256 B).
+template <typename S>
+constexpr int kScaleUint4 = w4::kScalesPerBlock * static_cast<int>(sizeof(S)) / 16;
+template <typename S>
 struct Stage {
-  char a[8 * kSliceA];     // dequantized codes, [8 slices][2 k halves][64 rows][8 k] bf16
-  char x[8 * kSliceX];     // staged x, [8 slices][2 k halves][128 tokens][8 k] bf16
-  uint4 sc[4][16];         // each tile's scale block (bf16: 8 of 16 used)
+  char a[8 * kSliceA];          // dequantized codes, [8 slices][2 k halves][64 rows][8 k] bf16
+  char x[8 * kSliceX];          // staged x, [8 slices][2 k halves][128 tokens][8 k] bf16
+  uint4 sc[4][kScaleUint4<S>];  // each tile's scale block
 };
+// Stages of the ring: as many as fit beside the first block sums (32 KB) in 227 KB: 4 with bf16
+// scales (48.5 KB each), 3 with f32 (49 KB). The fourth is slack between producer and consumers:
+// worth 6% before the consumers issued their groups in pairs (run 201: 1802 -> 1701 us on
+// 18432x7168 at 2048 tokens), within noise after (run 202: 1573 with 3 stages, 1557-1571 with 4).
+template <typename S>
+constexpr int kStages = sizeof(S) == 2 ? 4 : 3;
+// Steps whose x copies are in flight ahead of the one being dequantized. The producer waits for
+// the consumers to release step s + kXAhead - kStages before it publishes step s; they release a
+// step once its own groups are done, so any kXAhead < kStages is deadlock-free (when they released
+// it only after issuing the next step's first group, kStages - 1 deadlocked: run 194). 2 was
+// slower than 1 with 4 stages (runs 201-202): the slack stage is worth more.
+constexpr int kXAhead = 1;
+template <typename S>
 struct Shared {
-  Stage stage[kStages];
+  Stage<S> stage[kStages<S>];
   float first_block[kN][kConsumers * 128];  // a tile's first block sum, per consumer thread
-  uint64_t full[kStages], empty[kStages];
+  uint64_t full[kStages<S>], empty[kStages<S>];
 };
 
 __device__ __forceinline__ void BarrierInit(uint64_t* bar, int count) {
@@ -98,10 +113,13 @@ struct PrefillMap {
 
 template <typename S, int G>
 __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmParams p, PrefillMap map) {
-  static_assert(w4::kStepK / G % 2 == 0, "the consumers alternate two part buffers by group parity");
+  static_assert(w4::kStepK / G % 2 == 0, "the consumers take a step's scale groups in pairs");
+  constexpr int kStages = w4a16::kStages<S>;
+  static_assert(kXAhead >= 1 && kXAhead < kStages, "see kXAhead");
+  using Stage = w4a16::Stage<S>;
   PdlLaunchDependents();
   extern __shared__ __align__(1024) char smem_raw[];
-  Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
+  Shared<S>& sh = *reinterpret_cast<Shared<S>*>(smem_raw);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int band_start = static_cast<int>(blockIdx.x) / (map.band * map.token_tiles) * map.band;
   const int width = min(map.band, map.row_groups - band_start);
@@ -110,7 +128,6 @@ __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmPara
   const int steps = p.steps;
   constexpr int kGroups = w4::kStepK / G;
   constexpr int kStepsPerBlock = 4 * G / w4::kStepK;
-  constexpr int kScaleUint4 = w4::kScalesPerBlock * static_cast<int>(sizeof(S)) / 16;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(&sh.full[s], 128);
@@ -141,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmPara
       const char* xs = x_src + static_cast<int64_t>(step) * (8 * kSliceX);
 #pragma unroll
       for (int c = 0; c < 8 * kSliceX / 16 / 128; ++c) CopyAsync16(dst + offsetof(Stage, x) + 16 * threadIdx.x + 16 * 128 * c, xs + 16 * 128 * c);
-      if (lane < kScaleUint4) CopyAsync16(dst + offsetof(Stage, sc) + (warp * 16 + lane) * 16, s_src + static_cast<int64_t>(step / kStepsPerBlock) * kScaleUint4);
+      if (lane < kScaleUint4<S>) CopyAsync16(dst + offsetof(Stage, sc) + (warp * kScaleUint4<S> + lane) * 16, s_src + static_cast<int64_t>(step / kStepsPerBlock) * kScaleUint4<S>);
     };
 #pragma unroll
     for (int step = 0; step < kXAhead; ++step) {
@@ -202,37 +219,40 @@ __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmPara
 #pragma unroll
   for (int i = 0; i < kN; ++i) acc[i] = block_sum[i] = part[0][i] = part[1][i] = 0.f;
   float* first_block = &sh.first_block[0][ct];
-  // group q of step `step` into part[q & 1]: its slices chained, the first one fresh; one commit group
-  auto issue = [&](int step, int q) {
-    const int stage = step % kStages;
-    if (q == 0) BarrierWait(&sh.full[stage], (step / kStages) & 1);
-    WgmmaFence();  // part[q & 1] was last read by the scaling of group q - 2
-    const uint64_t stage_offset = stage * (sizeof(Stage) >> 4);
-#pragma unroll
-    for (int slice = q * G / 16; slice < (q + 1) * G / 16; ++slice)
-      WgmmaSS(part[q & 1], desc_a + stage_offset + slice * (kSliceA >> 4), desc_x + stage_offset + slice * (kSliceX >> 4), (slice * 16) % G != 0);
-    WgmmaCommit();
-  };
+  // Each step's scale groups go in pairs: groups q and q + 1 of a step into part[0] and part[1]
+  // (their slices chained, the first one fresh; one commit group each), then each scaled as soon as
+  // it lands. The other consumer warpgroup keeps the tensor cores busy while this one scales.
+  // Why not one group always in flight (issue q + 1, then scale q)? ptxas then sees the scaling
+  // read accumulators inside another wgmma's pipeline stage and serializes every wgmma of the
+  // kernel (warning C7514; C7518 with the waits in a branch): the tensor pipe ran 32% busy (run 199),
+  // and the pairs took 18432x7168 at 2048 tokens from 1796 to 1564 us (run 202).
   int f = min(tile, p.tiles - 1) * steps;
-  issue(0, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
+    BarrierWait(&sh.full[stage], (step / kStages) & 1);
     ScaleFrag<S> sf;
 #pragma unroll
     for (int v = 0; v < static_cast<int>(sizeof(S)) / 2; ++v) sf.v[v] = sh.stage[stage].sc[cw][(sizeof(S) / 2) * g + v];
+    const uint64_t stage_offset = stage * (sizeof(Stage) >> 4);
 #pragma unroll
-    for (int q = 0; q < kGroups; ++q) {
-      // the next group in flight while this one is scaled
-      if (q + 1 < kGroups || step + 1 < steps) {
-        issue(q + 1 < kGroups ? step : step + 1, (q + 1) % kGroups);
-        WgmmaWait<1>();
-      } else {
-        WgmmaWait<0>();
+    for (int q0 = 0; q0 < kGroups; q0 += 2) {
+      WgmmaFence();  // part[] was last read by the previous pair's scaling
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int slice = (q0 + h) * G / 16; slice < (q0 + h + 1) * G / 16; ++slice)
+          WgmmaSS(part[h], desc_a + stage_offset + slice * (kSliceA >> 4), desc_x + stage_offset + slice * (kSliceX >> 4), (slice * 16) % G != 0);
+        WgmmaCommit();
       }
-      const int slot = G == 32 ? q : (2 * step + q) & 3;
-      float s_lo, s_hi;
-      ScalesOf<S>(sf, slot, &s_lo, &s_hi);
-      ScaleGroup(acc, part[q & 1], s_lo, s_hi);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (h == 0) WgmmaWait<1>();
+        else WgmmaWait<0>();
+        const int q = q0 + h, slot = G == 32 ? q : (2 * step + q) & 3;
+        float s_lo, s_hi;
+        ScalesOf<S>(sf, slot, &s_lo, &s_hi);
+        ScaleGroup(acc, part[h], s_lo, s_hi);
+      }
     }
     BarrierArrive(&sh.empty[stage]);  // every wgmma of the step is done and its scales are read
     // the stream-K kernel's piece and block ends
@@ -257,7 +277,7 @@ Status Launch(const GemmParams& p, int token_tiles, int sms, cudaStream_t s) {
   map.token_tiles = token_tiles;
   // a band's blocks of every token tile: about one wave (one block per SM)
   map.band = std::max(1, std::min(map.row_groups, (sms + token_tiles - 1) / token_tiles));
-  constexpr int kShared = sizeof(Shared);
+  constexpr int kShared = sizeof(Shared<S>);
   auto* kernel = W4A16PrefillKernel<S, G>;
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 prefill kernel: shared memory"));
   const dim3 grid(static_cast<unsigned>(map.row_groups * token_tiles));
