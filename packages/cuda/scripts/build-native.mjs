@@ -56,6 +56,16 @@ if (r.status !== 0) {
   process.exit(1);
 }
 for (const line of r.stdout.split('\n')) if (line.includes('kdtree:')) console.log(`  ${line.replace(/^.*kdtree:/, 'kdtree:').trim()}`);
+// ptxas reports only as "info" (C7514-C7518, "Potential Performance Loss") that it serialized a
+// kernel's wgmmas because it could not prove which accumulators a wait covers; that slowed the
+// prefill kernel by 13% unnoticed until run 202 (docs/gpu/notes.md). A build that does it fails.
+const serialized = `${r.stdout}\n${r.stderr}`.split('\n').filter((line) => line.includes('Potential Performance Loss: wgmma'));
+if (serialized.length > 0) {
+  for (const line of new Set(serialized)) console.error(`  ${line.trim()}`);
+  console.error('@kdtree/cuda: ptxas serialized the wgmma instructions of the kernels above. Keep every wgmma wait out of runtime branches and read a wgmma\'s accumulators only after the wait that covers its commit group (native/src/cuda/w4a16_prefill.cu explains the pattern).');
+  removeCudaObjects(buildDir); // or the next build would find them current, print nothing and pass
+  process.exit(1);
+}
 
 mkdirSync(binDir, { recursive: true });
 const found = [];
@@ -83,6 +93,15 @@ for (const variant of ['cpu', 'cuda']) {
 }
 writeFileSync(stamp, hash);
 console.log(`@kdtree/cuda: built ${found.join(' + ')} into ${relative(pkgDir, binDir)} in ${((Date.now() - started) / 1000).toFixed(0)}s`);
+
+/** Deletes the compiled CUDA objects under `dir`, so that the next build compiles every kernel again. */
+function removeCudaObjects(dir) {
+  for (const name of readdirSync(dir)) {
+    const p = join(dir, name);
+    if (statSync(p).isDirectory()) removeCudaObjects(p);
+    else if (name.endsWith('.cu.o')) rmSync(p, { force: true });
+  }
+}
 
 /** The CUDA compiler version CMake found (CMakeFiles/<cmake version>/CMakeCUDACompiler.cmake). */
 function nvccVersion(buildDir) {
