@@ -106,6 +106,9 @@ report.copyGBs = copyGBs;
 const SHAPES = [[4096, 7168, 'expert gate+up'], [7168, 2048, 'expert down'], [18432, 7168, 'dense gate/up'], [7168, 18432, 'dense down']] as const;
 // 512 and 2048: prefill. KDTREE_BENCH_MS=512,2048 (ascending) limits an A/B run to some of them.
 const MS = process.env.KDTREE_BENCH_MS ? process.env.KDTREE_BENCH_MS.split(',').map(Number) : [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048];
+if (!MS.every((m, i) => Number.isInteger(m) && m > 0 && (i === 0 || m > MS[i - 1]))) {
+  throw new Error(`KDTREE_BENCH_MS: expected ascending positive token counts like 512,2048, got ${process.env.KDTREE_BENCH_MS}`);
+}
 const gemmRows: string[][] = [];
 const gemmReport: unknown[] = [];
 for (const [n, k, what] of SHAPES) {
