@@ -96,6 +96,9 @@ constexpr uint32_t kMagic = std::is_same<A, __half>::value ? 0x64006400u : 0x430
 
 // The scales a lane needs for one scale block: rows g and g + 8, its 4 groups (16 B in bf16,
 // 32 B in f32), loaded with the step's weights.
+// A tile's scale block (16 rows x 4 groups) in 16-byte units: 8 in bf16, 16 in f32.
+template <typename S>
+constexpr int kScaleUint4 = w4::kScalesPerBlock * static_cast<int>(sizeof(S)) / 16;
 template <typename S>
 struct ScaleFrag {
   uint4 v[sizeof(S) / 2];

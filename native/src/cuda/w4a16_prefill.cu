@@ -47,9 +47,6 @@ constexpr int kSliceA = 2 * kRows * 16;            // A of one k16 slice: [2 k h
 constexpr int kSliceX = 2 * kTokens * 16;          // B of one k16 slice: [2 k halves][128 tokens][8 k] bf16, 4 KB
 constexpr int kLookahead = 4;                      // steps of codes in flight per producer thread (8 regs each)
 
-// A tile's scale block in 16-byte units: 16 rows x 4 groups (bf16: 128 B, f32: 256 B).
-template <typename S>
-constexpr int kScaleUint4 = w4::kScalesPerBlock * static_cast<int>(sizeof(S)) / 16;
 template <typename S>
 struct Stage {
   char a[8 * kSliceA];          // dequantized codes, [8 slices][2 k halves][64 rows][8 k] bf16

@@ -102,7 +102,6 @@ __global__ void __launch_bounds__(kThreads, BlocksPerSm(kDequantAhead)) W4A16Wgm
   const int src_tile = min(tile, p.tiles - 1);
   const int steps = p.steps;
   constexpr int kStepsPerBlock = 4 * G / w4::kStepK;                       // steps per scale block
-  constexpr int kScaleUint4 = w4::kScalesPerBlock * static_cast<int>(sizeof(S)) / 16;  // a scale block: 8 or 16
   // Copy cursors: where the next step's weights, scale block and x come from
   const uint4* w_next = p.qw + static_cast<int64_t>(src_tile) * steps * kUint4PerStep + lane;
   const uint4* s_next = reinterpret_cast<const uint4*>(reinterpret_cast<const S*>(p.sc) + static_cast<int64_t>(src_tile) * p.blocks * w4::kScalesPerBlock) + lane;
@@ -116,9 +115,9 @@ __global__ void __launch_bounds__(kThreads, BlocksPerSm(kDequantAhead)) W4A16Wgm
       const uint32_t dst = stage0 + stage * static_cast<uint32_t>(sizeof(Stage));
       CopyAsync16(dst + offsetof(Stage, w) + (warp * kUint4PerStep + lane) * 16, w_next);
       CopyAsync16(dst + offsetof(Stage, w) + (warp * kUint4PerStep + 32 + lane) * 16, w_next + 32);
-      if (lane < kScaleUint4) CopyAsync16(dst + offsetof(Stage, sc) + (warp * 16 + lane) * 16, s_next);
+      if (lane < kScaleUint4<S>) CopyAsync16(dst + offsetof(Stage, sc) + (warp * 16 + lane) * 16, s_next);
       w_next += kUint4PerStep;
-      if (++w_step % kStepsPerBlock == 0) s_next += kScaleUint4;
+      if (++w_step % kStepsPerBlock == 0) s_next += kScaleUint4<S>;
     }
   };
   // A step's x (8 KB, shared by the warpgroup): 4 16-byte copies per thread
