@@ -3,7 +3,8 @@
  *   - device-to-device copy bandwidth, measured here (the physical ceiling for W4A16 at small M)
  *   - W4A16 GEMM, bf16 activations, on the Kimi K2 shapes at M = 1..128 and at prefill sizes 512 and 2048: time, effective
  *     bandwidth (weights + scales + x + y), fraction of the copy bandwidth, and speedup over the
- *     dense bf16 GEMM of torch/cuBLAS measured in the same run (dense_baseline.py -> argv[2])
+ *     dense bf16 GEMM of torch/cuBLAS measured in the same run (dense_baseline.py -> argv[2]), and
+ *     against torch's int4 weight-only GEMM (tinygemm, group 32) in the same run (int4_peer.py -> argv[3])
  *   - the grouped MoE decode step of Kimi K2 (384 experts, 8 per token, gate_up + SiLU + down)
  *   - MLA attention of one tensor-parallel rank (8 heads): decode, tree verify, prefill, vs the
  *     time to read the cache once at the copy bandwidth
@@ -27,6 +28,8 @@ const gpu = createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPath
 const cpu = createBackend({ backend: 'cpu', searchPaths: [here], onlySearchPaths: true });
 const info = gpu.info();
 const dense = process.argv[2] ? JSON.parse(readFileSync(process.argv[2], 'utf8')) : undefined;
+// {kernel, shapes: {NxK: {M: ms}}}, or {kernel, error} where the GPU host's torch had no usable one
+const int4Peer = process.argv[3] ? JSON.parse(readFileSync(process.argv[3], 'utf8')) : undefined;
 const rng = new SeededRandom(2026);
 const report: Record<string, unknown> = { device: info };
 const lines: string[] = [];
@@ -157,15 +160,20 @@ for (const [n, k, what] of SHAPES) {
     const bytes = weightBytes + m * k * 2 + m * n * 2;
     const gbs = bytes / (ms * 1e-3) / 1e9;
     const denseMs: number | undefined = dense?.shapes?.[`${n}x${k}`]?.[m];
-    gemmRows.push([`${n}x${k}`, String(m), (ms * 1e3).toFixed(1), gbs.toFixed(0), `${((gbs / copyGBs) * 100).toFixed(0)}%`, denseMs ? (denseMs * 1e3).toFixed(1) : '-', denseMs ? (denseMs / ms).toFixed(2) : '-']);
-    gemmReport.push({ n, k, m, us: ms * 1e3, gbs, fractionOfCopy: gbs / copyGBs, denseUs: denseMs ? denseMs * 1e3 : null });
+    const peerMs: number | undefined = int4Peer?.shapes?.[`${n}x${k}`]?.[m];
+    const us = (v: number | undefined) => (v ? (v * 1e3).toFixed(1) : '-');
+    const ratio = (v: number | undefined) => (v ? (v / ms).toFixed(2) : '-');
+    gemmRows.push([`${n}x${k}`, String(m), us(ms), gbs.toFixed(0), `${((gbs / copyGBs) * 100).toFixed(0)}%`, us(denseMs), ratio(denseMs), us(peerMs), ratio(peerMs)]);
+    gemmReport.push({ n, k, m, us: ms * 1e3, gbs, fractionOfCopy: gbs / copyGBs, denseUs: denseMs ? denseMs * 1e3 : null, int4PeerUs: peerMs ? peerMs * 1e3 : null });
   }
   gpu.free(...qws, ...scs, x, y);
 }
 report.gemm = gemmReport;
+if (int4Peer) report.int4Peer = { kernel: int4Peer.kernel, torch: int4Peer.torch, error: int4Peer.error ?? null };
 
 log('');
-log(table(['N x K', 'M', 'W4A16 us', 'GB/s', 'of copy', 'dense bf16 us', 'speedup'], gemmRows));
+if (int4Peer) log(`int4 peer: ${int4Peer.kernel}, torch ${int4Peer.torch}${int4Peer.error ? `: not measured (${int4Peer.error})` : ', group 32'}`);
+log(table(['N x K', 'M', 'W4A16 us', 'GB/s', 'of copy', 'dense bf16 us', 'speedup', 'int4 peer us', 'vs peer'], gemmRows));
 log('');
 
 // 3. grouped MoE decode step of Kimi K2: 384 experts, 8 per token, H 7168, I 2048, group 32; and

@@ -4,6 +4,8 @@
 //   profile.mjs               the hot kernels once each, for Nsight Compute (run.sh profile)
 //   kdtree_{cuda,cpu}.node    the addon binaries with their build metadata (.json)
 //   dense_baseline.py         the torch/cuBLAS peer of the benchmark
+//   int4_peer.py              the torch int4 (tinygemm) peer of the benchmark
+//   peers.py                  what the two peers share (shapes, token counts, timing)
 //   stream_floor.cu           the pure-read floor under the W4A16 GEMM (built there with nvcc)
 //   wgmma_equiv.cu            whether wgmma rounds as mma.sync on the GEMM's operands (nvcc there)
 //   cuda_check.h              the CHECK macro of those two
@@ -34,7 +36,7 @@ for (const entry of ['selftest', 'bench', 'profile']) {
   await bundle.write({ file: join(out, `${entry}.mjs`), format: 'esm', codeSplitting: false });
   await bundle.close();
 }
-for (const file of ['dense_baseline.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
+for (const file of ['dense_baseline.py', 'int4_peer.py', 'peers.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
 const pack = spawnSync('bash', [join(root, '..', 'shared', 'gpu', 'pack-node.sh'), out], { stdio: 'inherit' });
 if (pack.status !== 0) process.exit(pack.status ?? 1);
 copyFileSync(join(root, 'tools', 'gpu', 'run.sh'), join(out, 'run.sh'));

@@ -8,25 +8,7 @@ import sys
 
 import torch
 
-SHAPES = [(4096, 7168), (7168, 2048), (18432, 7168), (7168, 18432)]
-MS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]  # 512 and 2048: prefill
-REPS = 20
-
-
-def timed(fn, reps):
-    for _ in range(3):
-        fn(0)
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for r in range(reps):
-            fn(r)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return sorted(times)[len(times) // 2]
-
+from peers import MS, REPS, ROTATE_BYTES, SHAPES, timed
 
 torch.manual_seed(0)
 out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
@@ -36,7 +18,7 @@ ms = timed(lambda r: dst.copy_(src), 5)
 out["copy_gbps"] = 2 * src.numel() / (ms * 1e-3) / 1e9
 del src, dst
 for n, k in SHAPES:
-    copies = max(2, -(-240_000_000 // (n * k * 2)))
+    copies = max(2, -(-ROTATE_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
     x = torch.randn(max(MS), k, dtype=torch.bfloat16, device="cuda")
     row = {}

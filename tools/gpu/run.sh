@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU host, from the repository root (the payload of `node tools/gpu/bundle.mjs` in .gpu/):
-#   bash .gpu/run.sh            the kernel self-test, the torch peer, the pure-read floor, wgmma vs
+#   bash .gpu/run.sh            the kernel self-test, the torch peers (dense bf16, int4), the pure-read floor, wgmma vs
 #                               mma.sync rounding (wgmma_equiv.cu), then the benchmark
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
 #   bash .gpu/run.sh ab         same-run A/B: the self-test of this binary, then the benchmark of it and
@@ -34,6 +34,7 @@ if [ "${1:-}" = ab ]; then
   OUT=$out /tmp/node .gpu/selftest.mjs > "$out/selftest.log"; st=$?
   tail -1 "$out/selftest.log"
   python3 .gpu/dense_baseline.py "$out/dense.json" > /dev/null
+  python3 .gpu/int4_peer.py "$out/int4.json" > /dev/null
   variants=(.gpu)
   for d in .gpu/v*/; do
     [ -f "$d/kdtree_cuda.node" ] || continue
@@ -44,7 +45,7 @@ if [ "${1:-}" = ab ]; then
     for d in "${variants[@]}"; do
       name=$(basename "$d"); [ "$d" = .gpu ] && name=new
       mkdir -p "$out/$name-$r"
-      OUT="$out/$name-$r" /tmp/node "$d/bench.mjs" "$out/dense.json" > "$out/$name-$r.log" 2>&1
+      OUT="$out/$name-$r" /tmp/node "$d/bench.mjs" "$out/dense.json" "$out/int4.json" > "$out/$name-$r.log" 2>&1
       echo "bench $name (round $r): rc=$?"
     done
   done
@@ -60,8 +61,9 @@ if [ "${1:-}" = ab ]; then
 fi
 OUT=$out /tmp/node .gpu/selftest.mjs; st=$?
 python3 .gpu/dense_baseline.py "$out/dense.json"
+python3 .gpu/int4_peer.py "$out/int4.json"
 nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 .gpu/stream_floor.cu -o /tmp/stream_floor && /tmp/stream_floor > "$out/floor.md"
 # a property of the hardware the next W4A16 kernel relies on (not a check of this build)
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a .gpu/wgmma_equiv.cu -o /tmp/wgmma_equiv && /tmp/wgmma_equiv 1024 > "$out/wgmma-equiv.md"
-OUT=$out /tmp/node .gpu/bench.mjs "$out/dense.json"; bt=$?
+OUT=$out /tmp/node .gpu/bench.mjs "$out/dense.json" "$out/int4.json"; bt=$?
 exit $(( st || bt ))
