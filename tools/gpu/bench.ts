@@ -6,8 +6,10 @@
  *     dense bf16 GEMM of torch/cuBLAS measured in the same run (dense_baseline.py -> argv[2]), and
  *     against torch's int4 weight-only GEMM (tinygemm, group 32) in the same run (int4_peer.py -> argv[3])
  *   - the grouped MoE decode step of Kimi K2 (384 experts, 8 per token, gate_up + SiLU + down)
- *   - MLA attention of one tensor-parallel rank (8 heads): decode, tree verify, prefill, vs the
- *     time to read the cache once at the copy bandwidth
+ *   - MLA attention of one tensor-parallel rank (8 heads): decode, tree verifies of 9-129 nodes,
+ *     prefill, vs the time to read the cache once at the copy bandwidth
+ *   - what a verify forward of a DDTree budget of 8-128 nodes costs one rank's layer (routed MoE
+ *     experts + attention) against a decode step
  *   - DDTree build + accept at budgets 64..512 over a 163840-token vocabulary
  * Each W4A16 shape is validated against the C++ twin on the same random weights before it is
  * timed; the other kernels' correctness comes from the self-test (selftest.mjs), whose MLA checks
@@ -114,7 +116,10 @@ if (!MS.every((m, i) => Number.isInteger(m) && m > 0 && (i === 0 || m > MS[i - 1
 }
 const gemmRows: string[][] = [];
 const gemmReport: unknown[] = [];
-for (const [n, k, what] of SHAPES) {
+// KDTREE_BENCH_ONLY=gemm stops after the W4A16 and MoE figures, =attention skips them (A/B runs)
+const only = process.env.KDTREE_BENCH_ONLY;
+if (only !== undefined && only !== 'gemm' && only !== 'attention') throw new Error(`KDTREE_BENCH_ONLY: expected gemm or attention, got ${only}`);
+for (const [n, k, what] of only === 'attention' ? [] : SHAPES) {
   const words = (n * k) / 8;
   const groups = (n * k) / 32;
   const weightBytes = words * 4 + groups * 2;
@@ -216,10 +221,11 @@ const moeDecode = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps
   gpu.free(...idSets, topkW, xTok, gu, act, out);
   return { us: ms * 1e3, intermediate: w.inter, minWarpSteps, bytes: w.bytes, gbs, fractionOfCopy: gbs / copyGBs };
 };
-// The same MoE layer at a DDTree verify: 65 tokens (a 64-node tree + root), top-8 each, so most
-// of the 384 experts get one or two rows. Bytes: the experts actually used, once.
-const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0) => {
-  const T = 65;
+// The same MoE layer at a DDTree verify: T tokens (65: a 64-node tree + root), top-8 each, so at
+// 65 most of the 384 experts get one or two rows. Routing is uniform at random: the most experts T
+// tokens can touch (a drafted tree shares its context, so a real one touches fewer). Bytes: the
+// experts actually used, once.
+const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0, T = 65) => {
   const sets = Array.from({ length: 4 }, () => {
     const ids = new Int32Array(T * TOPK);
     for (let t = 0; t < T; t++) {
@@ -244,26 +250,29 @@ const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps
   const used = sets.reduce((n, s) => n + s.used, 0) / sets.length;
   const bytes = (used * w.bytes) / TOPK;
   const gbs = bytes / (ms * 1e-3) / 1e9;
-  log(`MoE verify step (${label}65 tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used, I ${w.inter}): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
+  log(`MoE verify step (${label}${T} tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used, I ${w.inter}): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
   gpu.free(...sets.map((s) => s.ids), weights, xs, guV, actV, outV);
   return { tokens: T, us: ms * 1e3, intermediate: w.inter, minWarpSteps, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
 };
-const full = moeWeights(I);
-report.moe = moeDecode(full, 'Kimi K2');
-report.moeVerify = moeVerify(full, '');
-full.free();
-{
+// Tokens of a verify forward in the tree-size sweep: the root + a budget of 0 (decode) to 128 nodes.
+const TREE_TOKENS = [1, 9, 17, 33, 65, 129];
+if (only !== 'attention') {
+  const full = moeWeights(I);
+  report.moe = moeDecode(full, 'Kimi K2');
+  report.moeVerify = moeVerify(full, '');
+  full.free();
   const rank = moeWeights(I / 8);
   report.moeRank = moeDecode(rank, 'one tensor-parallel rank of 8');
   report.moeVerifyRank = moeVerify(rank, 'one tensor-parallel rank of 8: ');
   // the same with longer warp ranges (16 steps): what an engine that mostly verifies would choose
   report.moeRankLongRanges = moeDecode(rank, 'one rank, minWarpSteps 16', 16);
   report.moeVerifyRankLongRanges = moeVerify(rank, 'one rank, minWarpSteps 16: ', 16);
+  // the rank's MoE layer at every tree size of the verify-cost table (section 5)
+  report.moeRankByTokens = TREE_TOKENS.map((T) => moeVerify(rank, 'one rank, tree sweep: ', 0, T));
   rank.free();
 }
 
-// KDTREE_BENCH_ONLY=gemm stops after the W4A16 and MoE figures (A/B runs of the GEMM)
-if (process.env.KDTREE_BENCH_ONLY !== 'gemm') {
+if (only !== 'gemm') {
   // 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
   // cache: decode (T = 1), a 65-node tree verify (T = 65, the ancestor mask of a binary tree) and a
   // 512-token causal prefill. The floor reads the cache and kv_b once at the copy bandwidth.
@@ -273,7 +282,8 @@ if (process.env.KDTREE_BENCH_ONLY !== 'gemm') {
   const cacheKpe = gpu.fromArray('f32', [ATT.S + 512, ATT.ROPE], Float32Array.from({ length: (ATT.S + 512) * ATT.ROPE }, () => rng.normal()));
   const attRows: string[][] = [];
   const attReport: unknown[] = [];
-  for (const [label, T] of [['decode', 1], ['tree verify', 65], ['prefill', 512]] as const) {
+  const attCases: [string, number][] = [['decode', 1], ...TREE_TOKENS.slice(1).map((T): [string, number] => ['tree verify', T]), ['prefill', 512]];
+  for (const [label, T] of attCases) {
     const base = label === 'prefill' ? 0 : ATT.S;
     const qNope = gpu.fromArray('f32', [T, ATT.H, ATT.NOPE], Float32Array.from({ length: T * ATT.H * ATT.NOPE }, () => rng.normal()));
     const qPe = gpu.fromArray('f32', [T, ATT.H, ATT.ROPE], Float32Array.from({ length: T * ATT.H * ATT.ROPE }, () => rng.normal()));
@@ -292,7 +302,20 @@ if (process.env.KDTREE_BENCH_ONLY !== 'gemm') {
   log('');
   log(table(['MLA attention (8 heads)', 'T', 'keys', 'us', 'floor us', 'of floor'], attRows));
 
-  // 5. DDTree build + accept on a Kimi K2 vocabulary
+  // 5. What a verify forward of T tokens (a DDTree budget of T - 1) costs one rank's MoE layer
+  // (routed experts) and its attention, against a decode step: a tree pays off only when a verify
+  // emits more tokens than this ratio (before the drafter and the layers' other GEMMs).
+  const moeByT = (report.moeRankByTokens ?? []) as { tokens: number; us: number; expertsUsed: number }[];
+  const attUs = (T: number) => (attReport as { T: number; us: number; label: string }[]).find((r) => r.T === T && r.label !== 'prefill')?.us ?? NaN;
+  const stepUs = (i: number) => moeByT[i].us + attUs(TREE_TOKENS[i]);
+  if (moeByT.length > 0) {
+    const costRows = TREE_TOKENS.map((T, i) => [String(T - 1), String(T), moeByT[i].expertsUsed.toFixed(0), moeByT[i].us.toFixed(1), attUs(T).toFixed(1), stepUs(i).toFixed(1), (stepUs(i) / stepUs(0)).toFixed(2)]);
+    report.verifyCost = TREE_TOKENS.map((T, i) => ({ budget: T - 1, tokens: T, expertsUsed: moeByT[i].expertsUsed, moeUs: moeByT[i].us, attentionUs: attUs(T), us: stepUs(i), ofDecode: stepUs(i) / stepUs(0) }));
+    log('');
+    log(table(['tree budget', 'tokens', 'experts used', 'MoE us (one rank)', 'MLA us', 'layer us', 'x decode'], costRows));
+  }
+
+  // 6. DDTree build + accept on a Kimi K2 vocabulary
   const V = 163840;
   const DEPTH = 8;
   const draft = gpu.fromArray('f32', [DEPTH, V], Float32Array.from({ length: DEPTH * V }, () => 3 * rng.normal()));

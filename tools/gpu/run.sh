@@ -8,6 +8,7 @@
 #                               with AB_NCU=<kernel regex> also each build's Nsight kernel times
 #                               (profile.mjs, cold caches) in $OUT/ncu-<build>.txt
 #                               KDTREE_BENCH_ONLY=gemm limits every benchmark to the W4A16 and MoE figures,
+#                               KDTREE_BENCH_ONLY=attention to the MLA and DDTree ones,
 #                               KDTREE_BENCH_MS=512,2048 the W4A16 rows to those token counts;
 #                               $OUT/ab-table.txt has them side by side (ab_table.py)
 # Results go to $OUT (default /tmp). An A/B variant is another build of the addon, e.g. with a macro,

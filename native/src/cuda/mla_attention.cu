@@ -20,6 +20,10 @@ constexpr int kQLatTokens = 8;    // tokens per block (<= kQLatSplit: warp k wri
 static_assert(kQLatTokens <= kQLatSplit, "a warp writes each token's sum");
 constexpr int kOutVPerBlock = 8;    // output values per merge block when rows are few (8 instead of 32: decode merge 26 -> 20 us, run 68)
 constexpr int kCombineAloneRows = 128;  // from this many rows, one merge block per row
+// Up to this many rows over the committed prefix (a tree verify of up to 16 tokens at 8 heads) the
+// 16-row whole-chunk tiles beat the 64-row staged ones: a 9-token verify 115 -> 89 us, while at
+// 17 tokens they lose (133 -> 149) and at 65 (312 -> 427; runs 212-213, same-run A/B).
+constexpr int kSmallTilesMaxRows = 128;
 
 // q_lat[t, h, r] = sum_i q_nope[t, h, i] kv_b[h * (dn + dv) + i, r]: a block owns 32 values of r
 // of one head (a warp's loads are 128 contiguous bytes of a kv_b row) for up to kQLatTokens
@@ -502,8 +506,8 @@ __global__ void __launch_bounds__(256) ProjectOutKernel(const float* ctx_in, int
 // small tile ~13 dependent global round trips (9 score stages, 4 context passes) on a mostly idle
 // GPU. Per row the arithmetic is AttendTileKernel's (a score is one FMA chain over d in order, a
 // context value one chain over the 64 keys), so both kernels give a row the same bits.
-// 512 threads; the phases spread (row, part) work items over the warps, so a decode tile's 8 real
-// rows keep all 16 warps busy.
+// 512 threads; phases 1 and 3 give each thread a register tile of rows (ChunkScores,
+// ChunkContext), and a 4-row decode tile still keeps 8 (phase 1) and 16 (phase 3) warps busy.
 struct ChunkLayout {
   static constexpr int kRows = 16, kThreads = 512, kWarps = kThreads / 32;
   static constexpr int kPStride = kRows + 4;
@@ -514,6 +518,76 @@ struct ChunkLayout {
     return (static_cast<size_t>(kAttnChunk + kRows) * Stride(D) + kAttnChunk * kPStride) * sizeof(float) + (shared ? 0 : static_cast<size_t>(T) * sizeof(int));
   }
 };
+
+// The whole-chunk kernel's phases 1 and 3 as register tiles: each (row, key) score is one FMA
+// chain over d in order and each context value one chain over the 64 keys in order, as in
+// AttendTileKernel, whichever thread computes it.
+constexpr int kScoreGroups = ChunkLayout::kThreads / kAttnChunk;  // row groups of phase 1: 8
+static_assert(kScoreGroups * 2 == ChunkLayout::kRows, "phase 1: two rows per thread cover a tile");
+constexpr int kContextColThreads = 128;                           // 4 columns each: 512 per pass
+constexpr int kContextGroups = ChunkLayout::kThreads / kContextColThreads;  // row groups of phase 3: 4
+static_assert(kContextGroups * 4 == ChunkLayout::kRows, "phase 3: four rows per thread cover a tile");
+
+// Scores of key `key` for rows group + 8 i, i < NR: probs[key][row].
+template <int NR>
+__device__ __forceinline__ void ChunkScores(const float* q, const float* keys, float* probs, int stride, int D, int key, int group) {
+  const float* kr = keys + key * stride;
+  float sc[NR];
+#pragma unroll
+  for (int i = 0; i < NR; ++i) sc[i] = 0.f;
+#pragma unroll 4
+  for (int d = 0; d < D; d += 4) {
+    const float4 kv = *reinterpret_cast<const float4*>(kr + d);
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+      const float4 qv = *reinterpret_cast<const float4*>(q + (group + kScoreGroups * i) * stride + d);
+      sc[i] = fmaf(qv.x, kv.x, sc[i]);
+      sc[i] = fmaf(qv.y, kv.y, sc[i]);
+      sc[i] = fmaf(qv.z, kv.z, sc[i]);
+      sc[i] = fmaf(qv.w, kv.w, sc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NR; ++i) probs[key * ChunkLayout::kPStride + group + kScoreGroups * i] = sc[i];
+}
+
+// Where a tile row's partial goes: [th][chunk][m, l, R context values]; rows without keys in the
+// chunk store nothing.
+struct PartialOut {
+  float* partial;
+  int th0, max_chunks, chunk, R;
+  const int* row_keys;
+};
+
+// Context columns col .. col + 3 (each pass of 512) for rows group + 4 i, i < NR.
+template <int NR>
+__device__ __forceinline__ void ChunkContext(const float* probs, const float* keys, int stride, int R, int col, int group, const PartialOut& o) {
+  for (int c0 = col; c0 < R; c0 += 4 * kContextColThreads) {
+    float a[NR][4];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
+#pragma unroll 8
+    for (int j = 0; j < kAttnChunk; ++j) {
+      const float4 c = *reinterpret_cast<const float4*>(keys + j * stride + c0);
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        const float p = probs[j * ChunkLayout::kPStride + group + kContextGroups * i];
+        a[i][0] = fmaf(p, c.x, a[i][0]);
+        a[i][1] = fmaf(p, c.y, a[i][1]);
+        a[i][2] = fmaf(p, c.z, a[i][2]);
+        a[i][3] = fmaf(p, c.w, a[i][3]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+      const int r = group + kContextGroups * i;
+      if (o.row_keys[r] == 0) continue;
+      float* out = o.partial + (static_cast<int64_t>(o.th0 + r) * o.max_chunks + o.chunk) * (o.R + 2) + 2;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) out[c0 + k] = a[i][k];  // partial rows are R + 2 floats: not 16-byte aligned
+    }
+  }
+}
 
 template <bool SHARED>
 __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
@@ -565,23 +639,17 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   CopyAsyncWaitAll();
   __syncthreads();
 
-  // Phase 1: scores. Work items are (row, half of the keys), one key per lane, spread over the
-  // warps: a decode tile has 8 real rows of 16, and padding rows would take half the issue slots.
-  constexpr int kWarps = ChunkLayout::kWarps;
-  for (int item = warp; item < 2 * rows; item += kWarps) {
-    const int r = item >> 1, key = 32 * (item & 1) + lane;
-    const float* qr = q + r * stride;
-    const float* kr = keys + key * stride;
-    float sc = 0.f;
-#pragma unroll 4
-    for (int d = 0; d < D; d += 4) {
-      const float4 qv = *reinterpret_cast<const float4*>(qr + d), kv = *reinterpret_cast<const float4*>(kr + d);
-      sc = fmaf(qv.x, kv.x, sc);
-      sc = fmaf(qv.y, kv.y, sc);
-      sc = fmaf(qv.z, kv.z, sc);
-      sc = fmaf(qv.w, kv.w, sc);
+  // Phase 1: scores. Thread (key tid % 64, row group tid / 64) takes rows g, g + 8 of the tile:
+  // a warp reads 32 key rows and broadcasts its rows' q, and each key value it loads serves both
+  // rows (a lane per (row, key) read every key row once per row: 2.4 MB of shared memory for a
+  // 16-row tile, the phase's bound).
+  {
+    const int key = tid % kAttnChunk, group = tid / kAttnChunk;
+    if (group + kScoreGroups < rows) {
+      ChunkScores<2>(q, keys, probs, stride, D, key, group);
+    } else if (group < rows) {
+      ChunkScores<1>(q, keys, probs, stride, D, key, group);
     }
-    probs[key * kPStride + r] = sc;
   }
   __syncthreads();
 
@@ -606,24 +674,19 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   }
   __syncthreads();
 
-  // Phase 3: partial context. Work items are (row, 128 columns), columns c0 + 4 lane .. + 3 per lane.
-  const int passes = (R + 127) / 128;
-  for (int item = warp; item < rows * passes; item += kWarps) {
-    const int r = item / passes, c0 = 128 * (item % passes) + 4 * lane;
-    if (row_keys[r] == 0 || c0 >= R) continue;
-    float a[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-    for (int j = 0; j < kAttnChunk; ++j) {
-      const float p = probs[j * kPStride + r];
-      const float4 c = *reinterpret_cast<const float4*>(keys + j * stride + c0);
-      a[0] = fmaf(p, c.x, a[0]);
-      a[1] = fmaf(p, c.y, a[1]);
-      a[2] = fmaf(p, c.z, a[2]);
-      a[3] = fmaf(p, c.w, a[3]);
+  // Phase 3: partial context. Thread (4 columns from 4 (tid % 128), row group tid / 128) takes
+  // rows g, g + 4, g + 8, g + 12 of the tile, each column value it loads serving all of them.
+  {
+    const int col = 4 * (tid % kContextColThreads), group = tid / kContextColThreads;
+    const int mine = rows > group ? (rows - group + kContextGroups - 1) / kContextGroups : 0;  // warp-uniform
+    const PartialOut out{partial, th0, max_chunks, chunk, R, row_keys};
+    switch (mine) {
+      case 4: ChunkContext<4>(probs, keys, stride, R, col, group, out); break;
+      case 3: ChunkContext<3>(probs, keys, stride, R, col, group, out); break;
+      case 2: ChunkContext<2>(probs, keys, stride, R, col, group, out); break;
+      case 1: ChunkContext<1>(probs, keys, stride, R, col, group, out); break;
+      default: break;
     }
-    float* out = partial + (static_cast<int64_t>(th0 + r) * max_chunks + chunk) * (R + 2) + 2;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[c0 + i] = a[i];  // partial rows are R + 2 floats: not 16-byte aligned
   }
 }
 
@@ -655,8 +718,8 @@ bool WholeChunkFits(const AttendArgs& a, bool shared) {
          aligned(a.cache_kpe);
 }
 
-// Small tiles (<= 16 rows: one token's heads, or a decode's few tokens; SHARED: rows [row0, T H))
-// take AttendChunkKernel when the whole chunk fits in shared memory and its rows can be copied in
+// Small tiles (<= 16 rows: one token's heads, or a decode's or a small tree verify's tokens
+// (kSmallTilesMaxRows); SHARED: rows [row0, T H)) take AttendChunkKernel when the whole chunk fits in shared memory and its rows can be copied in
 // 16-byte pieces; otherwise the staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys
 // on a 132-SM GPU, each bound by its shared-memory reads. Rows are independent, so while the
 // blocks would still fit one per SM the tile is cut in halves (down to 4 rows): twice the blocks,
@@ -707,8 +770,8 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
   const AttendArgs args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, key_counts, partial};
   if (shared_chunks > 0) {
-    // rows [0, tiled) in 64-row tiles, the rest (at most 16) in small tiles
-    const int rows = T * H, tiled = rows <= ChunkLayout::kRows ? 0 : SmallTileTail(args) ? rows / 64 * 64 : rows;
+    // rows [0, tiled) in 64-row tiles, the rest (at most 16; all of up to kSmallTilesMaxRows) in small tiles
+    const int rows = T * H, tiled = rows <= kSmallTilesMaxRows ? 0 : SmallTileTail(args) ? rows / 64 * 64 : rows;
     if (tiled > 0) KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, (tiled + 63) / 64), 0, s)));
     if (tiled < rows) KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s, tiled));
   }
