@@ -20,10 +20,11 @@ constexpr int kQLatTokens = 8;    // tokens per block (<= kQLatSplit: warp k wri
 static_assert(kQLatTokens <= kQLatSplit, "a warp writes each token's sum");
 constexpr int kOutVPerBlock = 8;    // output values per merge block when rows are few (8 instead of 32: decode merge 26 -> 20 us, run 68)
 constexpr int kCombineAloneRows = 128;  // from this many rows, one merge block per row
-// Up to this many rows over the committed prefix (a tree verify of up to 16 tokens at 8 heads) the
-// 16-row whole-chunk tiles beat the 64-row staged ones: a 9-token verify 115 -> 89 us, while at
-// 17 tokens they lose (133 -> 149) and at 65 (312 -> 427; runs 212-213, same-run A/B).
-constexpr int kSmallTilesMaxRows = 128;
+// Up to this many rows over the committed prefix (a tree verify of up to 34 tokens at 8 heads) the
+// 24-row whole-chunk tiles are at least as fast as the 64-row staged ones: a 9-token verify 115 ->
+// 83 us, 17 tokens 134 -> 128, 33 tokens 219 either way, 65 tokens 312 -> 383 (runs 212-215,
+// same-run A/Bs).
+constexpr int kSmallTilesMaxRows = 272;
 
 // q_lat[t, h, r] = sum_i q_nope[t, h, i] kv_b[h * (dn + dv) + i, r]: a block owns 32 values of r
 // of one head (a warp's loads are 128 contiguous bytes of a kv_b row) for up to kQLatTokens
@@ -508,8 +509,11 @@ __global__ void __launch_bounds__(256) ProjectOutKernel(const float* ctx_in, int
 // context value one chain over the 64 keys), so both kernels give a row the same bits.
 // 512 threads; phases 1 and 3 give each thread a register tile of rows (ChunkScores,
 // ChunkContext), and a 4-row decode tile still keeps 8 (phase 1) and 16 (phase 3) warps busy.
+// 24 rows: 211 KB of shared memory at D = 576. Against 16 (190 KB): a 9-token verify 90.6 -> 83.3
+// us, 17 tokens 134 -> 128, decode 27.0 -> 26.3, but a 65-token verify's 8-row tail no longer fits
+// beside a 64-row tile block on an SM: 312 -> 320 (run 215).
 struct ChunkLayout {
-  static constexpr int kRows = 16, kThreads = 512, kWarps = kThreads / 32;
+  static constexpr int kRows = 24, kThreads = 512, kWarps = kThreads / 32;
   static constexpr int kPStride = kRows + 4;
   // floats per key / q row: 16-byte runs, and rows 4 banks apart so a warp's 16-byte reads of 32
   // consecutive key rows hit distinct banks
@@ -523,10 +527,12 @@ struct ChunkLayout {
 // chain over d in order and each context value one chain over the 64 keys in order, as in
 // AttendTileKernel, whichever thread computes it.
 constexpr int kScoreGroups = ChunkLayout::kThreads / kAttnChunk;  // row groups of phase 1: 8
-static_assert(kScoreGroups * 2 == ChunkLayout::kRows, "phase 1: two rows per thread cover a tile");
+constexpr int kScoreRows = ChunkLayout::kRows / kScoreGroups;     // rows per thread of phase 1
+static_assert(kScoreRows * kScoreGroups == ChunkLayout::kRows && kScoreRows <= 3, "phase 1: whole rows per thread cover a tile");
 constexpr int kContextColThreads = 128;                           // 4 columns each: 512 per pass
 constexpr int kContextGroups = ChunkLayout::kThreads / kContextColThreads;  // row groups of phase 3: 4
-static_assert(kContextGroups * 4 == ChunkLayout::kRows, "phase 3: four rows per thread cover a tile");
+constexpr int kContextRows = ChunkLayout::kRows / kContextGroups;  // rows per thread of phase 3
+static_assert(kContextRows * kContextGroups == ChunkLayout::kRows && kContextRows <= 6, "phase 3: whole rows per thread cover a tile");
 
 // Scores of key `key` for rows group + 8 i, i < NR: probs[key][row].
 template <int NR>
@@ -639,24 +645,26 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   CopyAsyncWaitAll();
   __syncthreads();
 
-  // Phase 1: scores. Thread (key tid % 64, row group tid / 64) takes rows g, g + 8 of the tile:
-  // a warp reads 32 key rows and broadcasts its rows' q, and each key value it loads serves both
-  // rows (a lane per (row, key) read every key row once per row: 2.4 MB of shared memory for a
+  // Phase 1: scores. Thread (key tid % 64, row group tid / 64) takes rows g, g + 8, g + 16 of the
+  // tile: a warp reads 32 key rows and broadcasts its rows' q, and each key value it loads serves
+  // all of them (a lane per (row, key) read every key row once per row: 2.4 MB of shared memory for a
   // 16-row tile, the phase's bound).
   {
     const int key = tid % kAttnChunk, group = tid / kAttnChunk;
-    if (group + kScoreGroups < rows) {
-      ChunkScores<2>(q, keys, probs, stride, D, key, group);
-    } else if (group < rows) {
-      ChunkScores<1>(q, keys, probs, stride, D, key, group);
+    const int mine = rows > group ? (rows - group + kScoreGroups - 1) / kScoreGroups : 0;  // warp-uniform
+    switch (mine) {
+      case 3: if constexpr (kScoreRows >= 3) ChunkScores<3>(q, keys, probs, stride, D, key, group); break;
+      case 2: ChunkScores<2>(q, keys, probs, stride, D, key, group); break;
+      case 1: ChunkScores<1>(q, keys, probs, stride, D, key, group); break;
+      default: break;
     }
   }
   __syncthreads();
 
   // Phase 2: the chunk's softmax, a warp per row: the max and the exponentials in parallel (exact
   // in any order), the sum in key order by one lane, as ChunkSoftmax does
-  if (warp < rows) {
-    const int r = warp, n = row_keys[r];
+  for (int r = warp; r < rows; r += ChunkLayout::kWarps) {
+    const int n = row_keys[r];
     const float s0 = probs[lane * kPStride + r], s1 = probs[(lane + 32) * kPStride + r];
     float m = fmaxf(lane < n ? ScaledScore(s0, scale) : -INFINITY, lane + 32 < n ? ScaledScore(s1, scale) : -INFINITY);
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
@@ -675,12 +683,14 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   __syncthreads();
 
   // Phase 3: partial context. Thread (4 columns from 4 (tid % 128), row group tid / 128) takes
-  // rows g, g + 4, g + 8, g + 12 of the tile, each column value it loads serving all of them.
+  // rows g, g + 4, ..., g + 20 of the tile, each column value it loads serving all of them.
   {
     const int col = 4 * (tid % kContextColThreads), group = tid / kContextColThreads;
     const int mine = rows > group ? (rows - group + kContextGroups - 1) / kContextGroups : 0;  // warp-uniform
     const PartialOut out{partial, th0, max_chunks, chunk, R, row_keys};
     switch (mine) {
+      case 6: if constexpr (kContextRows >= 6) ChunkContext<6>(probs, keys, stride, R, col, group, out); break;
+      case 5: if constexpr (kContextRows >= 5) ChunkContext<5>(probs, keys, stride, R, col, group, out); break;
       case 4: ChunkContext<4>(probs, keys, stride, R, col, group, out); break;
       case 3: ChunkContext<3>(probs, keys, stride, R, col, group, out); break;
       case 2: ChunkContext<2>(probs, keys, stride, R, col, group, out); break;
@@ -718,7 +728,7 @@ bool WholeChunkFits(const AttendArgs& a, bool shared) {
          aligned(a.cache_kpe);
 }
 
-// Small tiles (<= 16 rows: one token's heads, or a decode's or a small tree verify's tokens
+// Small tiles (<= 24 rows: one token's heads, or a decode's or a small tree verify's tokens
 // (kSmallTilesMaxRows); SHARED: rows [row0, T H)) take AttendChunkKernel when the whole chunk fits in shared memory and its rows can be copied in
 // 16-byte pieces; otherwise the staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys
 // on a 132-SM GPU, each bound by its shared-memory reads. Rows are independent, so while the
@@ -729,8 +739,8 @@ Status LaunchSmallTile(const AttendArgs& a, int chunks, int chunk0, int sms, cud
   const int rows = SHARED ? a.T * a.H - row0 : a.H, tokens = SHARED ? 1 : a.T;
   const auto grid = [&](int tile_rows) { return SHARED ? dim3(chunks, (rows + tile_rows - 1) / tile_rows) : dim3(chunks, tokens, (rows + tile_rows - 1) / tile_rows); };
   const size_t smem = ChunkLayout::Bytes(a.R + a.dr, a.T, SHARED);
-  if (!WholeChunkFits(a, SHARED)) return LaunchAttendTile<ChunkLayout::kRows, SHARED>(a, grid(ChunkLayout::kRows), chunk0, s);  // row0 = 0 here (SmallTileTail)
-  int tile_rows = ChunkLayout::kRows;
+  if (!WholeChunkFits(a, SHARED)) return LaunchAttendTile<16, SHARED>(a, grid(16), chunk0, s);  // row0 = 0 here (SmallTileTail)
+  int tile_rows = rows <= 16 ? 16 : ChunkLayout::kRows;  // a decode's 8 rows: halves of 16
   const auto blocks = [&](int tr) { return static_cast<int64_t>(chunks) * tokens * ((rows + tr - 1) / tr); };
   while (tile_rows > 4 && blocks(tile_rows / 2) <= sms) tile_rows /= 2;
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendChunkKernel<SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
