@@ -274,7 +274,7 @@ if (only !== 'attention') {
 
 if (only !== 'gemm') {
   // 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
-  // cache: decode (T = 1), a 65-node tree verify (T = 65, the ancestor mask of a binary tree) and a
+  // cache: decode (T = 1), tree verifies of 9-129 nodes (the ancestor mask of a binary tree) and a
   // 512-token causal prefill. The floor reads the cache and kv_b once at the copy bandwidth.
   const ATT = { H: 8, NOPE: 128, ROPE: 64, V: 128, R: 512, S: 4096 };
   const kvB = gpu.fromArray('bf16', [ATT.H * (ATT.NOPE + ATT.V), ATT.R], randomBf16(ATT.H * (ATT.NOPE + ATT.V) * ATT.R));

@@ -728,9 +728,9 @@ bool WholeChunkFits(const AttendArgs& a, bool shared) {
          aligned(a.cache_kpe);
 }
 
-// Small tiles (<= 24 rows: one token's heads, or a decode's or a small tree verify's tokens
-// (kSmallTilesMaxRows); SHARED: rows [row0, T H)) take AttendChunkKernel when the whole chunk fits in shared memory and its rows can be copied in
-// 16-byte pieces; otherwise the staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys
+// Small tiles (<= 24 rows: one token's heads, a decode's tokens, or the rows of a tree verify of up
+// to kSmallTilesMaxRows; SHARED: rows [row0, T H)) take AttendChunkKernel when the whole chunk fits
+// in shared memory and its rows can be copied in 16-byte pieces; otherwise the staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys
 // on a 132-SM GPU, each bound by its shared-memory reads. Rows are independent, so while the
 // blocks would still fit one per SM the tile is cut in halves (down to 4 rows): twice the blocks,
 // each reading the chunk once for half the rows.
@@ -780,7 +780,8 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
   const AttendArgs args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, key_counts, partial};
   if (shared_chunks > 0) {
-    // rows [0, tiled) in 64-row tiles, the rest (at most 16; all of up to kSmallTilesMaxRows) in small tiles
+    // rows [0, tiled) in 64-row tiles, the rest (a tail of at most 24, or all of up to
+    // kSmallTilesMaxRows) in small tiles
     const int rows = T * H, tiled = rows <= kSmallTilesMaxRows ? 0 : SmallTileTail(args) ? rows / 64 * 64 : rows;
     if (tiled > 0) KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, (tiled + 63) / 64), 0, s)));
     if (tiled < rows) KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s, tiled));
