@@ -267,8 +267,9 @@ if (only !== 'attention') {
   // the same with longer warp ranges (16 steps): what an engine that mostly verifies would choose
   report.moeRankLongRanges = moeDecode(rank, 'one rank, minWarpSteps 16', 16);
   report.moeVerifyRankLongRanges = moeVerify(rank, 'one rank, minWarpSteps 16: ', 16);
-  // the rank's MoE layer at every tree size of the verify-cost table (section 5)
-  report.moeRankByTokens = TREE_TOKENS.map((T) => moeVerify(rank, 'one rank, tree sweep: ', 0, T));
+  // the rank's MoE layer at every tree size of the verify-cost table (section 5); 65 tokens is the
+  // verify step above
+  report.moeRankByTokens = TREE_TOKENS.map((T) => (T === 65 ? report.moeVerifyRank : moeVerify(rank, 'one rank, tree sweep: ', 0, T)));
   rank.free();
 }
 

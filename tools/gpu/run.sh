@@ -34,8 +34,12 @@ fi
 if [ "${1:-}" = ab ]; then
   OUT=$out /tmp/node .gpu/selftest.mjs > "$out/selftest.log"; st=$?
   tail -1 "$out/selftest.log"
-  python3 .gpu/dense_baseline.py "$out/dense.json" > /dev/null
-  python3 .gpu/int4_peer.py "$out/int4.json" > /dev/null
+  peers=()  # the torch peers' JSON, for the W4A16 table (an attention-only A/B has none)
+  if [ "${KDTREE_BENCH_ONLY:-}" != attention ]; then
+    python3 .gpu/dense_baseline.py "$out/dense.json" > /dev/null
+    python3 .gpu/int4_peer.py "$out/int4.json" > /dev/null
+    peers=("$out/dense.json" "$out/int4.json")
+  fi
   variants=(.gpu)
   for d in .gpu/v*/; do
     [ -f "$d/kdtree_cuda.node" ] || continue
@@ -46,7 +50,7 @@ if [ "${1:-}" = ab ]; then
     for d in "${variants[@]}"; do
       name=$(basename "$d"); [ "$d" = .gpu ] && name=new
       mkdir -p "$out/$name-$r"
-      OUT="$out/$name-$r" /tmp/node "$d/bench.mjs" "$out/dense.json" "$out/int4.json" > "$out/$name-$r.log" 2>&1
+      OUT="$out/$name-$r" /tmp/node "$d/bench.mjs" "${peers[@]}" > "$out/$name-$r.log" 2>&1
       echo "bench $name (round $r): rc=$?"
     done
   done
