@@ -16,8 +16,8 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], '*', 'bench.txt'))):
             cells = [c.strip() for c in line.strip().strip('|').split('|')]
             if len(cells) > 2 and cells[1].isdigit() and 'x' in cells[0]:
                 gemm.setdefault(f"{cells[0]} M={cells[1]}", {})[name] = cells[2]
-            elif len(cells) > 3 and cells[1].isdigit() and cells[0] in ('decode', 'tree verify', 'prefill'):
-                gemm.setdefault(f"MLA {cells[0]} T={cells[1]}", {})[name] = cells[3]
+            elif len(cells) > 4 and cells[1].isdigit() and cells[0] in ('decode', 'tree verify', 'prefill'):
+                gemm.setdefault(f"MLA {cells[0]} T={cells[1]} {cells[3]}", {})[name] = cells[4]
         elif line.startswith('MoE'):
             us = re.search(r': ([0-9.]+) us', line)
             if us:

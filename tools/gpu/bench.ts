@@ -19,7 +19,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { f32ArrayToBf16 } from '@kdtree/format';
+import { bf16ArrayToF32, f32ArrayToBf16 } from '@kdtree/format';
 import { SeededRandom } from '@kdtree/reference';
 import { createBackend, type DeviceTensor, type KdtreeBackend } from '../../packages/cuda/src/backend.js';
 import { packedW4A16Shapes } from '../../packages/cuda/src/w4a16-layout.js';
@@ -59,6 +59,16 @@ function timeLaunches(b: KdtreeBackend, launch: (r: number) => void, reps = 20):
   b.synchronize();
   const holdUs = Math.ceil(Math.max(2000, 3 * hostUs * reps));
   return median(Array.from({ length: 5 }, () => b.time(() => { for (let r = 0; r < reps; r++) launch(r); }, 0, holdUs) / reps));
+}
+
+/** Whether `call` runs without throwing (a native error: the build does not support it). */
+function attempt(call: () => void): boolean {
+  try {
+    call();
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 function randomWords(n: number): Int32Array {
@@ -275,45 +285,81 @@ if (only !== 'attention') {
 
 if (only !== 'gemm') {
   // 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
-  // cache: decode (T = 1), tree verifies of 9-129 nodes (the ancestor mask of a binary tree) and a
-  // 512-token causal prefill. The floor reads the cache and kv_b once at the copy bandwidth.
+  // cache in f32 and in bf16 (the same values): decode (T = 1), tree verifies of 9-129 nodes (the
+  // ancestor mask of a binary tree) and a 512-token causal prefill. The floor reads the cache and
+  // kv_b once at the copy bandwidth.
   const ATT = { H: 8, NOPE: 128, ROPE: 64, V: 128, R: 512, S: 4096 };
   const kvB = gpu.fromArray('bf16', [ATT.H * (ATT.NOPE + ATT.V), ATT.R], randomBf16(ATT.H * (ATT.NOPE + ATT.V) * ATT.R));
-  const cacheC = gpu.fromArray('f32', [ATT.S + 512, ATT.R], Float32Array.from({ length: (ATT.S + 512) * ATT.R }, () => rng.normal()));
-  const cacheKpe = gpu.fromArray('f32', [ATT.S + 512, ATT.ROPE], Float32Array.from({ length: (ATT.S + 512) * ATT.ROPE }, () => rng.normal()));
+  const cacheValues = {
+    c: bf16ArrayToF32(randomBf16((ATT.S + 512) * ATT.R)),
+    kpe: bf16ArrayToF32(randomBf16((ATT.S + 512) * ATT.ROPE)),
+  };
+  const caches = {
+    f32: { c: gpu.fromArray('f32', [ATT.S + 512, ATT.R], cacheValues.c), kpe: gpu.fromArray('f32', [ATT.S + 512, ATT.ROPE], cacheValues.kpe) },
+    bf16: { c: gpu.fromArray('bf16', [ATT.S + 512, ATT.R], f32ArrayToBf16(cacheValues.c)), kpe: gpu.fromArray('bf16', [ATT.S + 512, ATT.ROPE], f32ArrayToBf16(cacheValues.kpe)) },
+  };
   const attRows: string[][] = [];
   const attReport: unknown[] = [];
-  const attCases: [string, number][] = [['decode', 1], ...TREE_TOKENS.slice(1).map((T): [string, number] => ['tree verify', T]), ['prefill', 512]];
-  for (const [label, T] of attCases) {
+  const attCases: [string, number, 'f32' | 'bf16'][] = [];
+  for (const cache of ['f32', 'bf16'] as const) {
+    attCases.push(['decode', 1, cache], ...TREE_TOKENS.slice(1).map((T): [string, number, 'f32' | 'bf16'] => ['tree verify', T, cache]), ['prefill', 512, cache]);
+  }
+  for (const [label, T, cache] of attCases) {
     const base = label === 'prefill' ? 0 : ATT.S;
     const qNope = gpu.fromArray('f32', [T, ATT.H, ATT.NOPE], Float32Array.from({ length: T * ATT.H * ATT.NOPE }, () => rng.normal()));
     const qPe = gpu.fromArray('f32', [T, ATT.H, ATT.ROPE], Float32Array.from({ length: T * ATT.H * ATT.ROPE }, () => rng.normal()));
     const out = gpu.empty('f32', [T, ATT.H, ATT.V]);
     const mask = label === 'tree verify' ? gpu.fromArray('u8', [T, T], treeMask(T)) : undefined;
-    const ms = timeLaunches(gpu, () => gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, mask, out, base, scale: 1 / Math.sqrt(ATT.NOPE + ATT.ROPE) }), 10);
-    const keys = base + T;
-    const bytes = keys * (ATT.R + ATT.ROPE) * 4 + ATT.H * (ATT.NOPE + ATT.V) * ATT.R * 2;
-    const floorUs = (bytes / (copyGBs * 1e9)) * 1e6;
-    attRows.push([label, String(T), String(keys), (ms * 1e3).toFixed(1), floorUs.toFixed(1), `${((floorUs / (ms * 1e3)) * 100).toFixed(0)}%`]);
-    attReport.push({ label, T, keys, us: ms * 1e3, floorUs });
+    const call = () => gpu.native.mlaAttention({ qNope, qPe, kvB, cacheC: caches[cache].c, cacheKpe: caches[cache].kpe, mask, out, base, scale: 1 / Math.sqrt(ATT.NOPE + ATT.ROPE) });
+    // an A/B build from before bf16 caches rejects them: its rows are left out
+    const supported = cache === 'f32' || attempt(call);
+    if (supported) {
+      const ms = timeLaunches(gpu, call, 10);
+      const keys = base + T;
+      const bytes = keys * (ATT.R + ATT.ROPE) * (cache === 'f32' ? 4 : 2) + ATT.H * (ATT.NOPE + ATT.V) * ATT.R * 2;
+      const floorUs = (bytes / (copyGBs * 1e9)) * 1e6;
+      attRows.push([label, String(T), String(keys), cache, (ms * 1e3).toFixed(1), floorUs.toFixed(1), `${((floorUs / (ms * 1e3)) * 100).toFixed(0)}%`]);
+      attReport.push({ label, T, keys, cache, us: ms * 1e3, floorUs });
+    }
     gpu.free(qNope, qPe, out, ...(mask ? [mask] : []));
   }
-  gpu.free(kvB, cacheC, cacheKpe);
+  gpu.free(kvB, caches.f32.c, caches.f32.kpe, caches.bf16.c, caches.bf16.kpe);
   report.attention = attReport;
   log('');
-  log(table(['MLA attention (8 heads)', 'T', 'keys', 'us', 'floor us', 'of floor'], attRows));
+  log(table(['MLA attention (8 heads)', 'T', 'keys', 'cache', 'us', 'floor us', 'of floor'], attRows));
 
   // 5. What a verify forward of T tokens (a DDTree budget of T - 1) costs one rank's MoE layer
   // (routed experts) and its attention, against a decode step: a tree pays off only when a verify
   // emits more tokens than this ratio (before the drafter and the layers' other GEMMs).
   const moeByT = (report.moeRankByTokens ?? []) as { tokens: number; us: number; expertsUsed: number }[];
-  const attUs = (T: number) => (attReport as { T: number; us: number; label: string }[]).find((r) => r.T === T && r.label !== 'prefill')?.us ?? NaN;
-  const stepUs = (i: number) => moeByT[i].us + attUs(TREE_TOKENS[i]);
+  const attUs = (T: number, cache = 'f32') =>
+    (attReport as { T: number; us: number; label: string; cache: string }[]).find((r) => r.T === T && r.label !== 'prefill' && r.cache === cache)?.us ?? NaN;
+  const stepUs = (i: number, cache = 'f32') => moeByT[i].us + attUs(TREE_TOKENS[i], cache);
   if (moeByT.length > 0) {
-    const costRows = TREE_TOKENS.map((T, i) => [String(T - 1), String(T), moeByT[i].expertsUsed.toFixed(0), moeByT[i].us.toFixed(1), attUs(T).toFixed(1), stepUs(i).toFixed(1), (stepUs(i) / stepUs(0)).toFixed(2)]);
-    report.verifyCost = TREE_TOKENS.map((T, i) => ({ budget: T - 1, tokens: T, expertsUsed: moeByT[i].expertsUsed, moeUs: moeByT[i].us, attentionUs: attUs(T), us: stepUs(i), ofDecode: stepUs(i) / stepUs(0) }));
+    const costRows = TREE_TOKENS.map((T, i) => [
+      String(T - 1),
+      String(T),
+      moeByT[i].expertsUsed.toFixed(0),
+      moeByT[i].us.toFixed(1),
+      attUs(T).toFixed(1),
+      stepUs(i).toFixed(1),
+      (stepUs(i) / stepUs(0)).toFixed(2),
+      attUs(T, 'bf16').toFixed(1),
+      (stepUs(i, 'bf16') / stepUs(0, 'bf16')).toFixed(2),
+    ]);
+    report.verifyCost = TREE_TOKENS.map((T, i) => ({
+      budget: T - 1,
+      tokens: T,
+      expertsUsed: moeByT[i].expertsUsed,
+      moeUs: moeByT[i].us,
+      attentionUs: attUs(T),
+      us: stepUs(i),
+      ofDecode: stepUs(i) / stepUs(0),
+      attentionBf16CacheUs: attUs(T, 'bf16'),
+      ofDecodeBf16Cache: stepUs(i, 'bf16') / stepUs(0, 'bf16'),
+    }));
     log('');
-    log(table(['tree budget', 'tokens', 'experts used', 'MoE us (one rank)', 'MLA us', 'layer us', 'x decode'], costRows));
+    log(table(['tree budget', 'tokens', 'experts used', 'MoE us (one rank)', 'MLA us', 'layer us', 'x decode', 'MLA us (bf16 cache)', 'x decode (bf16 cache)'], costRows));
   }
 
   // 6. DDTree build + accept on a Kimi K2 vocabulary

@@ -142,8 +142,8 @@ Status ValidateMlaAttention(const MlaAttentionArgs& a) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_nope, {DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_pe, {DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.kv_b, {DType::kF32, DType::kBF16}, 2));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_c, {DType::kF32}, 2));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_kpe, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_c, {DType::kF32, DType::kBF16}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_kpe, {a.cache_c.dtype}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 3));
   const int64_t t = a.q_nope.dim(0), h = a.q_nope.dim(1), dn = a.q_nope.dim(2), dr = a.q_pe.dim(2);
   const int64_t r = a.cache_c.dim(1), dv = a.out.dim(2), s = a.cache_c.dim(0);
@@ -249,8 +249,8 @@ Status ValidateKvWrite(const KvWriteArgs& a) {
   const std::string ctx = Context("kv_write", a.c, a.kpe, a.cache_c, a.cache_kpe, a.slots);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.c, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.kpe, {DType::kF32}, 2));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_c, {DType::kF32}, 2));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_kpe, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_c, {DType::kF32, DType::kBF16}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_kpe, {a.cache_c.dtype}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.slots, {DType::kI32}, 1));
   const int64_t t = a.c.dim(0);
   if (a.kpe.dim(0) != t || a.slots.dim(0) != t) return Invalid(ctx, "c, kpe and slots need one row per token (", t, ")");
@@ -292,7 +292,7 @@ Status ValidateKvCommit(const KvCommitArgs& a) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.path_len, {DType::kI32}, 1));
   if (a.caches.empty()) return Invalid(ctx, "needs at least one cache tensor");
   for (const Tensor& c : a.caches) {
-    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, c, {DType::kF32}, 2));
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, c, {DType::kF32, DType::kBF16}, 2));
     if (a.start < 0 || a.start + a.path.dim(0) > c.dim(0)) return Invalid(ctx, c.Describe(), ": start ", a.start, " + ", a.path.dim(0), " path slots exceed its ", c.dim(0), " rows");
   }
   return Status::Ok();

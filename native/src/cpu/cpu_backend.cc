@@ -33,6 +33,16 @@ float LoadF(const Tensor& t, int64_t i) {
   }
 }
 
+// Row `row` of a 2-D f32 or bf16 tensor (a latent cache) as f32: the row itself, or its values
+// widened into `scratch`.
+const float* RowAsF32(const Tensor& t, int64_t row, std::vector<float>& scratch) {
+  const int64_t w = t.dim(1);
+  if (t.dtype == DType::kF32) return t.as<const float>() + row * w;
+  scratch.resize(static_cast<size_t>(w));
+  for (int64_t j = 0; j < w; ++j) scratch[j] = LoadF(t, row * w + j);
+  return scratch.data();
+}
+
 std::vector<float> LoadAll(const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) v[i] = LoadF(t, i);
@@ -255,7 +265,7 @@ class CpuBackend final : public Backend {
     const int64_t r = a.cache_c.dim(1), dv = a.out.dim(2);
     const bool masked = a.mask.present();
     pool_.ParallelFor(t * h, [&](int64_t b, int64_t e) {
-      std::vector<float> q_lat(static_cast<size_t>(r)), ctx(static_cast<size_t>(r)), scores;
+      std::vector<float> q_lat(static_cast<size_t>(r)), ctx(static_cast<size_t>(r)), scores, c_row, kpe_row;
       std::vector<int64_t> keys;
       for (int64_t item = b; item < e; ++item) {
         const int64_t ti = item / h, hi = item % h;
@@ -275,8 +285,8 @@ class CpuBackend final : public Backend {
         scores.assign(keys.size(), 0.f);
         float mx = -INFINITY;
         for (size_t i = 0; i < keys.size(); ++i) {
-          const float* c = a.cache_c.as<const float>() + keys[i] * r;
-          const float* kp = a.cache_kpe.as<const float>() + keys[i] * dr;
+          const float* c = RowAsF32(a.cache_c, keys[i], c_row);
+          const float* kp = RowAsF32(a.cache_kpe, keys[i], kpe_row);
           float s = 0.f;
           for (int64_t j = 0; j < r; ++j) s = std::fma(q_lat[j], c[j], s);
           for (int64_t j = 0; j < dr; ++j) s = std::fma(qp[j], kp[j], s);
@@ -288,7 +298,7 @@ class CpuBackend final : public Backend {
         std::fill(ctx.begin(), ctx.end(), 0.f);
         for (size_t i = 0; i < keys.size(); ++i) {
           const float p = scores[i] / sum;
-          const float* c = a.cache_c.as<const float>() + keys[i] * r;
+          const float* c = RowAsF32(a.cache_c, keys[i], c_row);
           for (int64_t j = 0; j < r; ++j) ctx[j] = std::fma(p, c[j], ctx[j]);
         }
         float* out = a.out.as<float>() + (ti * h + hi) * dv;
@@ -436,8 +446,8 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < t; ++i) {
       const int32_t slot = a.slots.as<const int32_t>()[i];
       if (slot < 0 || slot >= s) return Invalid("kv_write: slots[", i, "] = ", slot, " is outside the cache's ", s, " slots");
-      std::memcpy(a.cache_c.as<float>() + slot * r, a.c.as<const float>() + i * r, r * 4);
-      std::memcpy(a.cache_kpe.as<float>() + slot * dr, a.kpe.as<const float>() + i * dr, dr * 4);
+      for (int64_t j = 0; j < r; ++j) StoreF(a.cache_c, slot * r + j, a.c.as<const float>()[i * r + j]);
+      for (int64_t j = 0; j < dr; ++j) StoreF(a.cache_kpe, slot * dr + j, a.kpe.as<const float>()[i * dr + j]);
     }
     return Status::Ok();
   }
@@ -523,11 +533,11 @@ class CpuBackend final : public Backend {
     const int32_t len = a.path_len.as<const int32_t>()[0];
     if (len < 1 || len > a.path.dim(0)) return Invalid("kv_commit: path_len ", len, " is outside [1, ", a.path.dim(0), "]");
     for (const Tensor& c : a.caches) {
-      const int64_t row = c.dim(1);
+      const int64_t row_bytes = c.dim(1) * DTypeSize(c.dtype);
       for (int32_t k = 0; k < len; ++k) {
         const int32_t src = a.path.as<const int32_t>()[k];
         if (src < k || a.start + src >= c.dim(0)) return Invalid("kv_commit: path[", k, "] = ", src, " is not a slot at or after ", k);
-        std::memmove(c.as<float>() + (a.start + k) * row, c.as<const float>() + (a.start + src) * row, row * 4);
+        std::memmove(c.as<char>() + (a.start + k) * row_bytes, c.as<const char>() + (a.start + src) * row_bytes, row_bytes);
       }
     }
     return Status::Ok();

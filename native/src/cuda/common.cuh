@@ -66,6 +66,11 @@ __device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src) {
 __device__ __forceinline__ void CopyAsync16ZeroFill(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// 8 bytes (8-byte aligned both sides), zero-filled past src_bytes: for shared-memory rows whose
+// pitch is 8 bytes modulo 16.
+__device__ __forceinline__ void CopyAsync8ZeroFill(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N committed groups are still in flight.
 template <int N>

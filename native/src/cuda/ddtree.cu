@@ -376,8 +376,8 @@ __global__ void __launch_bounds__(1024) AcceptKernel(const int32_t* tokens, cons
 
 constexpr int kMaxCommitCaches = 64;
 struct CommitBatch {
-  float* data[kMaxCommitCaches];
-  int64_t rows[kMaxCommitCaches], width[kMaxCommitCaches];
+  uint16_t* data[kMaxCommitCaches];                        // f32 or bf16 rows, moved in 16-bit units
+  int64_t rows[kMaxCommitCaches], width[kMaxCommitCaches];  // width: 16-bit units per row
 };
 
 // One block per cache tensor; k ascending with a barrier between steps (a later step may read a
@@ -385,7 +385,7 @@ struct CommitBatch {
 __global__ void KvCommitKernel(const __grid_constant__ CommitBatch batch, const int32_t* path, const int32_t* path_len, int capacity, int64_t start) {
   PdlWait();
   PdlLaunchDependents();
-  float* data = batch.data[blockIdx.x];
+  uint16_t* data = batch.data[blockIdx.x];
   const int64_t rows = batch.rows[blockIdx.x], width = batch.width[blockIdx.x];
   const int len = min(*path_len, capacity);
   for (int k = 0; k < len; ++k) {
@@ -478,9 +478,9 @@ Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s) {
     const int count = static_cast<int>(std::min<size_t>(kMaxCommitCaches, a.caches.size() - first));
     for (int i = 0; i < count; ++i) {
       const Tensor& c = a.caches[first + i];
-      batch.data[i] = c.as<float>();
+      batch.data[i] = c.as<uint16_t>();
       batch.rows[i] = c.dim(0);
-      batch.width[i] = c.dim(1);
+      batch.width[i] = c.dim(1) * DTypeSize(c.dtype) / 2;
     }
     KDTREE_RETURN_IF_ERROR(LaunchPdl("kv_commit", KvCommitKernel, dim3(count), dim3(256), 0, s, batch, a.path.as<const int32_t>(), a.path_len.as<const int32_t>(),
                                      static_cast<int>(a.path.dim(0)), a.start));

@@ -26,6 +26,33 @@ constexpr int kCombineAloneRows = 128;  // from this many rows, one merge block 
 // same-run A/Bs).
 constexpr int kSmallTilesMaxRows = 272;
 
+// The latent cache holds f32 or bf16 values (CacheT): a bf16 cache is half the bytes to keep and
+// to read per key, and every kernel widens its values to f32 exactly, so the arithmetic (and a
+// row's bits given the cache's values) is the same for both.
+// A cache value's bits, held in a register from the staged kernel's load (issued a stage ahead)
+// until its store to shared memory: widening it next to the load would make the thread wait for
+// the load before the current stage's FMAs.
+template <typename CacheT>
+struct CacheBits;
+template <>
+struct CacheBits<float> {
+  using Raw = float;
+  static __device__ __forceinline__ Raw Load(const float* p, int64_t i) { return p[i]; }
+  static __device__ __forceinline__ float Widen(Raw v) { return v; }
+};
+template <>
+struct CacheBits<__nv_bfloat16> {
+  using Raw = uint32_t;
+  static __device__ __forceinline__ Raw Load(const __nv_bfloat16* p, int64_t i) { return reinterpret_cast<const uint16_t*>(p)[i]; }
+  static __device__ __forceinline__ float Widen(Raw v) { return __uint_as_float(v << 16); }
+};
+// Four consecutive cache values from shared memory (16 bytes of f32 or 8 of bf16, aligned).
+__device__ __forceinline__ float4 CacheValues4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 CacheValues4(const __nv_bfloat16* p) {
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xFFFF0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xFFFF0000u));
+}
+
 // q_lat[t, h, r] = sum_i q_nope[t, h, i] kv_b[h * (dn + dv) + i, r]: a block owns 32 values of r
 // of one head (a warp's loads are 128 contiguous bytes of a kv_b row) for up to kQLatTokens
 // tokens, so each kv_b value is read once for all of them (once per token cost a 65-node verify
@@ -231,8 +258,8 @@ __device__ __forceinline__ void ChunkSoftmax(float* probs, const int* row_keys, 
   }
 }
 
-template <int ROWS, bool SHARED>
-__global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
+template <int ROWS, bool SHARED, typename CacheT>
+__global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(const float* q_lat, const float* q_pe, const CacheT* cache_c, const CacheT* cache_kpe, const uint8_t* mask,
                                                                  int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
                                                                  const int64_t* key_counts, float* partial) {
   PdlWait();
@@ -269,7 +296,9 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   static_assert(kRowStep * kDBlocks == kWarps && kQPerThread * kRowStep * 4 == ROWS && kKPerThread * kRowStep * 4 == kAttnChunk && kCPerThread * kThreads == kAttnChunk * kTileCols,
                 "tile loads must cover the tile");
   const int D = R + dr;
-  float q_next[kQPerThread], k_next[kKPerThread];
+  using Bits = CacheBits<CacheT>;
+  float q_next[kQPerThread];
+  typename Bits::Raw k_next[kKPerThread];
   const int stage_row = 4 * (warp / kDBlocks) + (lane & 3), stage_d = 8 * (warp % kDBlocks) + (lane >> 2);  // row (or key) 4 kRowStep u + stage_row
   auto load_stage = [&](int d0) {
     const int d = d0 + stage_d;
@@ -282,23 +311,23 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
 #pragma unroll
     for (int u = 0; u < kKPerThread; ++u) {
       const int64_t slot = slots[stage_row + 4 * kRowStep * u];
-      k_next[u] = slot < 0 || d >= D ? 0.f : d < R ? cache_c[slot * R + d] : cache_kpe[slot * dr + d - R];
+      k_next[u] = slot < 0 || d >= D ? 0 : d < R ? Bits::Load(cache_c, slot * R + d) : Bits::Load(cache_kpe, slot * dr + d - R);
     }
   };
   auto store_stage = [&]() {
 #pragma unroll
     for (int u = 0; u < kQPerThread; ++u) stage_q[stage_d * L::kQStride + stage_row + 4 * kRowStep * u] = q_next[u];
 #pragma unroll
-    for (int u = 0; u < kKPerThread; ++u) stage_k[stage_d * L::kKStride + stage_row + 4 * kRowStep * u] = k_next[u];
+    for (int u = 0; u < kKPerThread; ++u) stage_k[stage_d * L::kKStride + stage_row + 4 * kRowStep * u] = Bits::Widen(k_next[u]);
   };
   // Phase 3 stage: column r0 + tid % kTileCols of keys tid / kTileCols + 4 u
-  float c_next[kCPerThread];
+  typename Bits::Raw c_next[kCPerThread];
   auto load_ctx = [&](int r0) {
     const int r = r0 + tid % kTileCols;
 #pragma unroll
     for (int u = 0; u < kCPerThread; ++u) {
       const int64_t slot = slots[tid / kTileCols + (kThreads / kTileCols) * u];
-      c_next[u] = slot < 0 || r >= R ? 0.f : cache_c[slot * R + r];
+      c_next[u] = slot < 0 || r >= R ? 0 : Bits::Load(cache_c, slot * R + r);
     }
   };
 
@@ -330,7 +359,7 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   // Phase 3: partial context, RPT rows x CPT columns per thread, one FMA chain over the keys
   for (int r0 = 0; r0 < R; r0 += kTileCols) {
 #pragma unroll
-    for (int u = 0; u < kCPerThread; ++u) ctx_c[(tid / kTileCols + (kThreads / kTileCols) * u) * L::kCStride + tid % kTileCols] = c_next[u];
+    for (int u = 0; u < kCPerThread; ++u) ctx_c[(tid / kTileCols + (kThreads / kTileCols) * u) * L::kCStride + tid % kTileCols] = Bits::Widen(c_next[u]);
     __syncthreads();
     if (r0 + kTileCols < R) load_ctx(r0 + kTileCols);
     float a[RPT][CPT];
@@ -511,15 +540,23 @@ __global__ void __launch_bounds__(256) ProjectOutKernel(const float* ctx_in, int
 // ChunkContext), and a 4-row decode tile still keeps 8 (phase 1) and 16 (phase 3) warps busy.
 // 24 rows: 211 KB of shared memory at D = 576. Against 16 (190 KB): a 9-token verify 90.6 -> 83.3
 // us, 17 tokens 134 -> 128, decode 27.0 -> 26.3, but a 65-token verify's 8-row tail no longer fits
-// beside a 64-row tile block on an SM: 312 -> 320 (run 215).
+// beside a 64-row tile block on an SM: 312 -> 320 (run 215). A bf16 cache's chunk is half the
+// bytes (82 KB of keys instead of 148 at D = 576).
 struct ChunkLayout {
   static constexpr int kRows = 24, kThreads = 512, kWarps = kThreads / 32;
   static constexpr int kPStride = kRows + 4;
-  // floats per key / q row: 16-byte runs, and rows 4 banks apart so a warp's 16-byte reads of 32
-  // consecutive key rows hit distinct banks
+  // floats per q row (and per f32 key row): 16-byte runs, and rows 4 banks apart so a warp's
+  // 16-byte reads of 32 consecutive key rows hit distinct banks
   __host__ __device__ static int Stride(int D) { return (D + 31) / 32 * 32 + 4; }
+  // cache values per key row: bf16 rows 8 bytes apart modulo 128, so a warp's 8-byte reads of 32
+  // consecutive key rows take the two wavefronts their 256 bytes need (rows 16 bytes apart, as
+  // 16-byte copies would want, made them 4)
+  template <typename CacheT>
+  __host__ __device__ static int KeyStride(int D) { return sizeof(CacheT) == 4 ? Stride(D) : (D + 63) / 64 * 64 + 4; }
+  template <typename CacheT>
   static size_t Bytes(int D, int T, bool shared) {
-    return (static_cast<size_t>(kAttnChunk + kRows) * Stride(D) + kAttnChunk * kPStride) * sizeof(float) + (shared ? 0 : static_cast<size_t>(T) * sizeof(int));
+    return static_cast<size_t>(kAttnChunk) * KeyStride<CacheT>(D) * sizeof(CacheT) + (static_cast<size_t>(kRows) * Stride(D) + kAttnChunk * kPStride) * sizeof(float) +
+           (shared ? 0 : static_cast<size_t>(T) * sizeof(int));
   }
 };
 
@@ -535,15 +572,15 @@ constexpr int kContextRows = ChunkLayout::kRows / kContextGroups;  // rows per t
 static_assert(kContextRows * kContextGroups == ChunkLayout::kRows && kContextRows <= 6, "phase 3: whole rows per thread cover a tile");
 
 // Scores of key `key` for rows group + 8 i, i < NR: probs[key][row].
-template <int NR>
-__device__ __forceinline__ void ChunkScores(const float* q, const float* keys, float* probs, int stride, int D, int key, int group) {
-  const float* kr = keys + key * stride;
+template <int NR, typename CacheT>
+__device__ __forceinline__ void ChunkScores(const float* q, int stride, const CacheT* keys, int key_stride, float* probs, int D, int key, int group) {
+  const CacheT* kr = keys + key * key_stride;
   float sc[NR];
 #pragma unroll
   for (int i = 0; i < NR; ++i) sc[i] = 0.f;
 #pragma unroll 4
   for (int d = 0; d < D; d += 4) {
-    const float4 kv = *reinterpret_cast<const float4*>(kr + d);
+    const float4 kv = CacheValues4(kr + d);
 #pragma unroll
     for (int i = 0; i < NR; ++i) {
       const float4 qv = *reinterpret_cast<const float4*>(q + (group + kScoreGroups * i) * stride + d);
@@ -566,15 +603,15 @@ struct PartialOut {
 };
 
 // Context columns col .. col + 3 (each pass of 512) for rows group + 4 i, i < NR.
-template <int NR>
-__device__ __forceinline__ void ChunkContext(const float* probs, const float* keys, int stride, int R, int col, int group, const PartialOut& o) {
+template <int NR, typename CacheT>
+__device__ __forceinline__ void ChunkContext(const float* probs, const CacheT* keys, int key_stride, int R, int col, int group, const PartialOut& o) {
   for (int c0 = col; c0 < R; c0 += 4 * kContextColThreads) {
     float a[NR][4];
 #pragma unroll
     for (int i = 0; i < NR; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
 #pragma unroll 8
     for (int j = 0; j < kAttnChunk; ++j) {
-      const float4 c = *reinterpret_cast<const float4*>(keys + j * stride + c0);
+      const float4 c = CacheValues4(keys + j * key_stride + c0);
 #pragma unroll
       for (int i = 0; i < NR; ++i) {
         const float p = probs[j * ChunkLayout::kPStride + group + kContextGroups * i];
@@ -595,17 +632,17 @@ __device__ __forceinline__ void ChunkContext(const float* probs, const float* ke
   }
 }
 
-template <bool SHARED>
-__global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const float* q_lat, const float* q_pe, const float* cache_c, const float* cache_kpe, const uint8_t* mask,
+template <bool SHARED, typename CacheT>
+__global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const float* q_lat, const float* q_pe, const CacheT* cache_c, const CacheT* cache_kpe, const uint8_t* mask,
                                                                           int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
                                                                           const int64_t* key_counts, float* partial, int tile_rows, int row0) {
   PdlWait();
   PdlLaunchDependents();
   constexpr int ROWS = ChunkLayout::kRows, kPStride = ChunkLayout::kPStride;
-  const int D = R + dr, stride = ChunkLayout::Stride(D);
+  const int D = R + dr, stride = ChunkLayout::Stride(D), key_stride = ChunkLayout::KeyStride<CacheT>(D);
   extern __shared__ float4 chunk_smem[];
-  float* keys = reinterpret_cast<float*>(chunk_smem);     // [64 keys][stride]: c (d < R), then kpe
-  float* q = keys + kAttnChunk * stride;                  // [ROWS][stride]: q_lat, then q_pe
+  CacheT* keys = reinterpret_cast<CacheT*>(chunk_smem);   // [64 keys][key_stride]: c (d < R), then kpe
+  float* q = reinterpret_cast<float*>(keys + kAttnChunk * key_stride);  // [ROWS][stride]: q_lat, then q_pe
   float* probs = q + ROWS * stride;                       // [64 keys][kPStride]: scores, then p
   int* allowed = reinterpret_cast<int*>(probs + kAttnChunk * kPStride);  // [T] (one token's tile)
   __shared__ int64_t slots[kAttnChunk];
@@ -617,29 +654,30 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, key_counts, chunk, th0, rows, allowed, slots, row_keys) == 0) return;
 
-  // 16-byte pieces (D, R and dr are multiples of 4) of the key rows, then the tile's q rows, a
-  // warp per row (no index division per piece); key rows past the chunk's keys are zero-filled
-  // (source size 0): the context chains run over all 64 keys
-  const int pieces = D / 4;
+  // Pieces of 4 values (D, R and dr are multiples of 4) of the key rows (16 bytes of f32, 8 of
+  // bf16), then of the tile's q rows, a warp per row (no index division per piece); key rows past
+  // the chunk's keys are zero-filled (source size 0): the context chains run over all 64 keys
   for (int r = warp; r < kAttnChunk + rows; r += ChunkLayout::kWarps) {
-    const float* c_row = cache_c;
-    const float* pe_row = cache_kpe;
-    bool valid = true;
-    float* dst;
     if (r < kAttnChunk) {
       const int64_t slot = slots[r];
-      valid = slot >= 0;
-      if (valid) c_row = cache_c + slot * R, pe_row = cache_kpe + slot * dr;
-      dst = keys + r * stride;
+      const bool valid = slot >= 0;
+      const CacheT* c_row = valid ? cache_c + slot * R : cache_c;
+      const CacheT* pe_row = valid ? cache_kpe + slot * dr : cache_kpe;
+      CacheT* dst = keys + r * key_stride;
+      for (int d = 4 * lane; d < D; d += 4 * 32) {
+        const CacheT* src = !valid ? cache_c : d < R ? c_row + d : pe_row + d - R;
+        const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(dst + d));
+        if constexpr (sizeof(CacheT) == 4) {
+          CopyAsync16ZeroFill(to, src, valid ? 16 : 0);
+        } else {
+          CopyAsync8ZeroFill(to, src, valid ? 8 : 0);
+        }
+      }
     } else {
       const int64_t th = th0 + r - kAttnChunk;
-      c_row = q_lat + th * R, pe_row = q_pe + th * dr;
-      dst = q + (r - kAttnChunk) * stride;
-    }
-    for (int pc = lane; pc < pieces; pc += 32) {
-      const int d = 4 * pc;
-      const float* src = !valid ? cache_c : d < R ? c_row + d : pe_row + d - R;
-      CopyAsync16ZeroFill(static_cast<uint32_t>(__cvta_generic_to_shared(dst + d)), src, valid ? 16 : 0);
+      const float *c_row = q_lat + th * R, *pe_row = q_pe + th * dr;
+      float* dst = q + (r - kAttnChunk) * stride;
+      for (int d = 4 * lane; d < D; d += 4 * 32) CopyAsync16ZeroFill(static_cast<uint32_t>(__cvta_generic_to_shared(dst + d)), d < R ? c_row + d : pe_row + d - R, 16);
     }
   }
   CopyAsyncWaitAll();
@@ -653,9 +691,9 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
     const int key = tid % kAttnChunk, group = tid / kAttnChunk;
     const int mine = rows > group ? (rows - group + kScoreGroups - 1) / kScoreGroups : 0;  // warp-uniform
     switch (mine) {
-      case 3: if constexpr (kScoreRows >= 3) ChunkScores<3>(q, keys, probs, stride, D, key, group); break;
-      case 2: ChunkScores<2>(q, keys, probs, stride, D, key, group); break;
-      case 1: ChunkScores<1>(q, keys, probs, stride, D, key, group); break;
+      case 3: if constexpr (kScoreRows >= 3) ChunkScores<3>(q, stride, keys, key_stride, probs, D, key, group); break;
+      case 2: ChunkScores<2>(q, stride, keys, key_stride, probs, D, key, group); break;
+      case 1: ChunkScores<1>(q, stride, keys, key_stride, probs, D, key, group); break;
       default: break;
     }
   }
@@ -689,19 +727,21 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
     const int mine = rows > group ? (rows - group + kContextGroups - 1) / kContextGroups : 0;  // warp-uniform
     const PartialOut out{partial, th0, max_chunks, chunk, R, row_keys};
     switch (mine) {
-      case 6: if constexpr (kContextRows >= 6) ChunkContext<6>(probs, keys, stride, R, col, group, out); break;
-      case 5: if constexpr (kContextRows >= 5) ChunkContext<5>(probs, keys, stride, R, col, group, out); break;
-      case 4: ChunkContext<4>(probs, keys, stride, R, col, group, out); break;
-      case 3: ChunkContext<3>(probs, keys, stride, R, col, group, out); break;
-      case 2: ChunkContext<2>(probs, keys, stride, R, col, group, out); break;
-      case 1: ChunkContext<1>(probs, keys, stride, R, col, group, out); break;
+      case 6: if constexpr (kContextRows >= 6) ChunkContext<6>(probs, keys, key_stride, R, col, group, out); break;
+      case 5: if constexpr (kContextRows >= 5) ChunkContext<5>(probs, keys, key_stride, R, col, group, out); break;
+      case 4: ChunkContext<4>(probs, keys, key_stride, R, col, group, out); break;
+      case 3: ChunkContext<3>(probs, keys, key_stride, R, col, group, out); break;
+      case 2: ChunkContext<2>(probs, keys, key_stride, R, col, group, out); break;
+      case 1: ChunkContext<1>(probs, keys, key_stride, R, col, group, out); break;
       default: break;
     }
   }
 }
 
+template <typename CacheT>
 struct AttendArgs {
-  const float *q_lat, *q_pe, *cache_c, *cache_kpe;
+  const float *q_lat, *q_pe;
+  const CacheT *cache_c, *cache_kpe;
   const uint8_t* mask;
   int T, H, R, dr;
   int64_t base;
@@ -711,48 +751,71 @@ struct AttendArgs {
   float* partial;
 };
 
-template <int ROWS, bool SHARED>
-Status LaunchAttendTile(const AttendArgs& a, dim3 grid, int chunk0, cudaStream_t s) {
+template <int ROWS, bool SHARED, typename CacheT>
+Status LaunchAttendTile(const AttendArgs<CacheT>& a, dim3 grid, int chunk0, cudaStream_t s) {
   const size_t smem = TileLayout<ROWS>::Bytes(a.T, SHARED);
   if (smem > 200 * 1024) return Unsupported("mla_attention: ", a.T, " new tokens with a mask need more shared memory than a block has; split the call");
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendTileKernel<ROWS, SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
-  return LaunchPdl("mla attend", AttendTileKernel<ROWS, SHARED>, grid, dim3(TileLayout<ROWS>::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr,
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendTileKernel<ROWS, SHARED, CacheT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
+  return LaunchPdl("mla attend", AttendTileKernel<ROWS, SHARED, CacheT>, grid, dim3(TileLayout<ROWS>::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr,
                    a.base, a.scale, a.max_chunks, chunk0, a.key_counts, a.partial);
 }
 
 // Whether the whole-chunk kernel can take a small tile: the chunk and the tile's q rows fit in
-// shared memory and every row can be copied in 16-byte pieces.
-bool WholeChunkFits(const AttendArgs& a, bool shared) {
+// shared memory and every row can be copied in pieces of 4 values.
+template <typename CacheT>
+bool WholeChunkFits(const AttendArgs<CacheT>& a, bool shared) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return ChunkLayout::Bytes(a.R + a.dr, a.T, shared) <= 227 * 1024 && a.R % 4 == 0 && a.dr % 4 == 0 && aligned(a.q_lat) && aligned(a.q_pe) && aligned(a.cache_c) &&
+  return ChunkLayout::Bytes<CacheT>(a.R + a.dr, a.T, shared) <= 227 * 1024 && a.R % 4 == 0 && a.dr % 4 == 0 && aligned(a.q_lat) && aligned(a.q_pe) && aligned(a.cache_c) &&
          aligned(a.cache_kpe);
 }
 
 // Small tiles (<= 24 rows: one token's heads, a decode's tokens, or the rows of a tree verify of up
 // to kSmallTilesMaxRows; SHARED: rows [row0, T H)) take AttendChunkKernel when the whole chunk fits
-// in shared memory and its rows can be copied in 16-byte pieces; otherwise the staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys
+// in shared memory and its rows can be copied in pieces of 4 values; otherwise the staged kernel. A decode is one tile per chunk: 65 blocks at 4K keys
 // on a 132-SM GPU, each bound by its shared-memory reads. Rows are independent, so while the
 // blocks would still fit one per SM the tile is cut in halves (down to 4 rows): twice the blocks,
 // each reading the chunk once for half the rows.
-template <bool SHARED>
-Status LaunchSmallTile(const AttendArgs& a, int chunks, int chunk0, int sms, cudaStream_t s, int row0 = 0) {
+template <bool SHARED, typename CacheT>
+Status LaunchSmallTile(const AttendArgs<CacheT>& a, int chunks, int chunk0, int sms, cudaStream_t s, int row0 = 0) {
   const int rows = SHARED ? a.T * a.H - row0 : a.H, tokens = SHARED ? 1 : a.T;
   const auto grid = [&](int tile_rows) { return SHARED ? dim3(chunks, (rows + tile_rows - 1) / tile_rows) : dim3(chunks, tokens, (rows + tile_rows - 1) / tile_rows); };
-  const size_t smem = ChunkLayout::Bytes(a.R + a.dr, a.T, SHARED);
+  const size_t smem = ChunkLayout::Bytes<CacheT>(a.R + a.dr, a.T, SHARED);
   if (!WholeChunkFits(a, SHARED)) return LaunchAttendTile<16, SHARED>(a, grid(16), chunk0, s);  // row0 = 0 here (SmallTileTail)
   int tile_rows = rows <= 16 ? 16 : ChunkLayout::kRows;  // a decode's 8 rows: halves of 16
   const auto blocks = [&](int tr) { return static_cast<int64_t>(chunks) * tokens * ((rows + tr - 1) / tr); };
   while (tile_rows > 4 && blocks(tile_rows / 2) <= sms) tile_rows /= 2;
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendChunkKernel<SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
-  return LaunchPdl("mla attend (whole chunk)", AttendChunkKernel<SHARED>, grid(tile_rows), dim3(ChunkLayout::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T,
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendChunkKernel<SHARED, CacheT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
+  return LaunchPdl("mla attend (whole chunk)", AttendChunkKernel<SHARED, CacheT>, grid(tile_rows), dim3(ChunkLayout::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T,
                    a.H, a.R, a.dr, a.base, a.scale, a.max_chunks, chunk0, a.key_counts, a.partial, tile_rows, row0);
 }
 
 // Whether SHARED rows past the last whole 64-row tile go to the small-tile kernel: a 65-node tree
 // verify has 520 rows, and a ninth 64-row tile for its last 8 would cost as much as a full one.
-bool SmallTileTail(const AttendArgs& a) {
+template <typename CacheT>
+bool SmallTileTail(const AttendArgs<CacheT>& a) {
   const int tail = a.T * a.H % 64;
   return a.T * a.H > 64 && tail > 0 && tail <= ChunkLayout::kRows && WholeChunkFits(a, true);
+}
+
+// The attention of every row over its chunks: causal, every chunk is shared by all rows; with a
+// mask, the chunks inside the committed prefix are (the first shared_chunks) and the rest are
+// looked up per token.
+template <typename CacheT>
+Status LaunchAttend(const AttendArgs<CacheT>& args, int shared_chunks, int sms, cudaStream_t s) {
+  const int T = args.T, H = args.H, max_chunks = args.max_chunks;
+  if (shared_chunks > 0) {
+    // rows [0, tiled) in 64-row tiles, the rest (a tail of at most 24, or all of up to
+    // kSmallTilesMaxRows) in small tiles
+    const int rows = T * H, tiled = rows <= kSmallTilesMaxRows ? 0 : SmallTileTail(args) ? rows / 64 * 64 : rows;
+    if (tiled > 0) KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, (tiled + 63) / 64), 0, s)));
+    if (tiled < rows) KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s, tiled));
+  }
+  if (shared_chunks < max_chunks) {
+    const Status st = H <= ChunkLayout::kRows ? LaunchSmallTile<false>(args, max_chunks - shared_chunks, shared_chunks, sms, s)
+                              : LaunchAttendTile<64, false>(args, dim3(max_chunks - shared_chunks, T, (H + 63) / 64), shared_chunks, s);
+    KDTREE_RETURN_IF_ERROR(st);
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -775,21 +838,15 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   KDTREE_RETURN_IF_ERROR(LaunchPdl("mla q_latent", QLatentKernel, dim3(H, (R + kQLatR - 1) / kQLatR, (T + kQLatTokens - 1) / kQLatTokens), dim3(kQLatR * kQLatSplit), 0, s,
                                    a.q_nope.as<const float>(), static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, T, H, dn, dv, R, q_lat));
   KDTREE_RETURN_IF_ERROR(LaunchPdl("mla key counts", KeyCountKernel, dim3((T + 7) / 8), dim3(256), 0, s, mask, T, H, a.base, key_counts));
-  // Causal: every chunk is shared by all rows. With a mask: the chunks inside the committed prefix
-  // are; the rest are looked up per token.
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
-  const AttendArgs args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, key_counts, partial};
-  if (shared_chunks > 0) {
-    // rows [0, tiled) in 64-row tiles, the rest (a tail of at most 24, or all of up to
-    // kSmallTilesMaxRows) in small tiles
-    const int rows = T * H, tiled = rows <= kSmallTilesMaxRows ? 0 : SmallTileTail(args) ? rows / 64 * 64 : rows;
-    if (tiled > 0) KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, (tiled + 63) / 64), 0, s)));
-    if (tiled < rows) KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s, tiled));
-  }
-  if (shared_chunks < max_chunks) {
-    const Status st = H <= ChunkLayout::kRows ? LaunchSmallTile<false>(args, max_chunks - shared_chunks, shared_chunks, sms, s)
-                              : LaunchAttendTile<64, false>(args, dim3(max_chunks - shared_chunks, T, (H + 63) / 64), shared_chunks, s);
-    KDTREE_RETURN_IF_ERROR(st);
+  if (a.cache_c.dtype == DType::kBF16) {
+    const AttendArgs<__nv_bfloat16> args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const __nv_bfloat16>(), a.cache_kpe.as<const __nv_bfloat16>(), mask, T, H, R, dr, a.base,
+                                         static_cast<float>(a.scale), max_chunks, key_counts, partial};
+    KDTREE_RETURN_IF_ERROR(LaunchAttend(args, shared_chunks, sms, s));
+  } else {
+    const AttendArgs<float> args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale),
+                                 max_chunks, key_counts, partial};
+    KDTREE_RETURN_IF_ERROR(LaunchAttend(args, shared_chunks, sms, s));
   }
   // kv_b rows read 8 values per load when every row starts on 16 bytes
   const bool vector_rows = R % 8 == 0 && reinterpret_cast<uintptr_t>(a.kv_b.data) % 16 == 0;

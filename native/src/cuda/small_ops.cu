@@ -171,14 +171,15 @@ __global__ void ArgmaxKernel(const float* x, int64_t V, int32_t* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = bi[0];
 }
 
-__global__ void KvWriteKernel(const float* c, const float* kpe, float* cache_c, float* cache_kpe, const int32_t* slots, int T, int R, int dr, int64_t S) {
+// f32 rows into an f32 or bf16 cache (rounded to nearest even, as @kdtree/format does).
+__global__ void KvWriteKernel(const float* c, const float* kpe, void* cache_c, void* cache_kpe, DType cache_dtype, const int32_t* slots, int T, int R, int dr, int64_t S) {
   PdlWait();
   PdlLaunchDependents();
   const int t = blockIdx.x;
   const int slot = slots[t];
   if (slot < 0 || slot >= S) return;  // out-of-range slots are not written
-  for (int j = threadIdx.x; j < R; j += blockDim.x) cache_c[static_cast<int64_t>(slot) * R + j] = c[static_cast<int64_t>(t) * R + j];
-  for (int j = threadIdx.x; j < dr; j += blockDim.x) cache_kpe[static_cast<int64_t>(slot) * dr + j] = kpe[static_cast<int64_t>(t) * dr + j];
+  for (int j = threadIdx.x; j < R; j += blockDim.x) StoreFromF32(cache_c, cache_dtype, static_cast<int64_t>(slot) * R + j, c[static_cast<int64_t>(t) * R + j]);
+  for (int j = threadIdx.x; j < dr; j += blockDim.x) StoreFromF32(cache_kpe, cache_dtype, static_cast<int64_t>(slot) * dr + j, kpe[static_cast<int64_t>(t) * dr + j]);
 }
 
 unsigned Blocks(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) / per); }
@@ -231,8 +232,8 @@ Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch) {
 }
 Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s) {
   if (a.c.dim(0) == 0) return Status::Ok();
-  return LaunchPdl("kv_write", KvWriteKernel, dim3(static_cast<unsigned>(a.c.dim(0))), dim3(256), 0, s, a.c.as<const float>(), a.kpe.as<const float>(), a.cache_c.as<float>(),
-                   a.cache_kpe.as<float>(), a.slots.as<const int32_t>(), static_cast<int>(a.c.dim(0)), static_cast<int>(a.c.dim(1)), static_cast<int>(a.kpe.dim(1)),
+  return LaunchPdl("kv_write", KvWriteKernel, dim3(static_cast<unsigned>(a.c.dim(0))), dim3(256), 0, s, a.c.as<const float>(), a.kpe.as<const float>(), a.cache_c.data,
+                   a.cache_kpe.data, a.cache_c.dtype, a.slots.as<const int32_t>(), static_cast<int>(a.c.dim(0)), static_cast<int>(a.c.dim(1)), static_cast<int>(a.kpe.dim(1)),
                    a.cache_c.dim(0));
 }
 

@@ -64,6 +64,7 @@ export interface NativeBackend {
     minWarpSteps?: number;
     stream?: number;
   }): void;
+  /** cacheC [S, R] and cacheKpe [S, rope]: f32 or bf16, both the same. */
   mlaAttention(args: { qNope: TensorArg; qPe: TensorArg; kvB: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; mask?: TensorArg; out: TensorArg; base: number; scale: number; stream?: number }): void;
   embedding(args: { table: TensorArg; ids: TensorArg; out: TensorArg; stream?: number }): void;
   rmsNorm(args: { x: TensorArg; weight: TensorArg; out: TensorArg; eps: number; stream?: number }): void;
@@ -73,9 +74,11 @@ export interface NativeBackend {
   router(args: { logits: TensorArg; bias: TensorArg; ids: TensorArg; weights: TensorArg; topk: number; nGroup?: number; topkGroup?: number; normTopkProb?: boolean; scaling?: number; stream?: number }): void;
   argmax(args: { x: TensorArg; out: TensorArg; stream?: number }): void;
   topk(args: { x: TensorArg; values: TensorArg; ids: TensorArg; k: number; stream?: number }): void;
+  /** f32 rows into an f32 or bf16 cache (rounded to nearest even). */
   kvWrite(args: { c: TensorArg; kpe: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; slots: TensorArg; stream?: number }): void;
   ddtreeBuild(args: { draftLogits: TensorArg; root: number; budget: number; start: number; tokens: TensorArg; parents: TensorArg; depths: TensorArg; positions: TensorArg; mask: TensorArg; size: TensorArg; stream?: number }): void;
   ddtreeAccept(args: { tokens: TensorArg; parents: TensorArg; size: TensorArg; targetArgmax: TensorArg; path: TensorArg; pathLen: TensorArg; bonus: TensorArg; stream?: number }): void;
+  /** caches: f32 or bf16 [S, width] each. */
   kvCommit(args: { caches: TensorArg[]; path: TensorArg; pathLen: TensorArg; start: number; stream?: number }): void;
 }
 

@@ -2,7 +2,7 @@
 import { bf16ArrayToF32, f32ArrayToBf16 } from '@kdtree/format';
 import { latentAttention } from '@kdtree/reference';
 import type { DeviceTensor, KdtreeBackend } from '../backend.js';
-import { expectClose, expectThrows, fail, randomF32, sameBits, withTensors, type KernelCheck } from './harness.js';
+import { expectClose, expectEqual, expectThrows, fail, randomF32, sameBits, withTensors, type KernelCheck } from './harness.js';
 
 const H = 3;
 const NOPE = 16;
@@ -26,6 +26,9 @@ function ancestorMask(parents: readonly number[]): Uint8Array {
   for (let i = 0; i < T; i++) for (let j = i; j >= 0; j = parents[j]) mask[i * T + j] = 1;
   return mask;
 }
+
+/** A 7-node tree: 0 root, 1 and 2 children of 0, 3 child of 1, 4 child of 3, 5 child of 2, 6 child of 0. */
+const TREE7 = ancestorMask([-1, 0, 0, 1, 3, 2, 0]);
 
 interface Setup {
   rope: number;
@@ -59,14 +62,26 @@ function joinQ(s: Setup, T: number): Float32Array {
   return q;
 }
 
-function run(b: KdtreeBackend, track: <U extends DeviceTensor>(t: U) => U, s: Setup, T: number, base: number, mask?: Uint8Array): Float32Array {
+type CacheDtype = 'f32' | 'bf16';
+
+/** A latent cache tensor of `values` in f32 or bf16 (rounded to nearest even). */
+function cacheTensor(b: KdtreeBackend, dtype: CacheDtype, shape: number[], values: Float32Array): DeviceTensor {
+  return dtype === 'bf16' ? b.fromArray('bf16', shape, f32ArrayToBf16(values)) : b.fromArray('f32', shape, values);
+}
+
+/** The values a bf16 cache holds: every value rounded to bf16 and back. */
+function bf16Values(values: Float32Array): Float32Array {
+  return bf16ArrayToF32(f32ArrayToBf16(values));
+}
+
+function run(b: KdtreeBackend, track: <U extends DeviceTensor>(t: U) => U, s: Setup, T: number, base: number, mask?: Uint8Array, cache: CacheDtype = 'f32'): Float32Array {
   const out = track(b.empty('f32', [T, H, V]));
   b.native.mlaAttention({
     qNope: track(b.fromArray('f32', [T, H, NOPE], s.qNope)),
     qPe: track(b.fromArray('f32', [T, H, s.rope], s.qPe)),
     kvB: track(b.fromArray('f32', [H * (NOPE + V), s.rank], s.kvB)),
-    cacheC: track(b.fromArray('f32', [S, s.rank], s.cacheC)),
-    cacheKpe: track(b.fromArray('f32', [S, s.rope], s.cacheKpe)),
+    cacheC: track(cacheTensor(b, cache, [S, s.rank], s.cacheC)),
+    cacheKpe: track(cacheTensor(b, cache, [S, s.rope], s.cacheKpe)),
     mask: mask ? track(b.fromArray('u8', [T, T], mask)) : undefined,
     out,
     base,
@@ -84,8 +99,7 @@ const decodePrefillTree: KernelCheck = {
   run(b) {
     return withTensors(b, (track) => {
       const details: string[] = [];
-      // a tree: 0 root, 1 and 2 children of 0, 3 child of 1, 4 child of 3, 5 child of 2, 6 child of 0
-      const mask = ancestorMask([-1, 0, 0, 1, 3, 2, 0]);
+      const mask = TREE7;
       for (const { rope, rank } of SHAPES) {
         const at = `rope ${rope} rank ${rank}`;
         const s1 = setup(1, 1, rope, rank);
@@ -94,6 +108,37 @@ const decodePrefillTree: KernelCheck = {
         details.push(expectClose(`${at} prefill base 0`, run(b, track, s7, 7, 0), reference(s7, 7, 0), 1e-5));
         details.push(expectClose(`${at} prefill base 9`, run(b, track, s7, 7, 9), reference(s7, 7, 9), 1e-5));
         details.push(expectClose(`${at} tree base 11`, run(b, track, s7, 7, 11, mask), reference(s7, 7, 11, (i, j) => mask[i * 7 + j] === 1), 1e-5));
+      }
+      return { detail: details.join('; ') };
+    });
+  },
+};
+
+/**
+ * A bf16 latent cache (half the bytes) holds bf16-rounded values: the outputs must be those of an
+ * f32 cache holding the same values, bit for bit (the kernels widen cache values exactly), so they
+ * match the reference over those values. On cuda, rope 6 (not a multiple of 4) sends the small tiles
+ * to the staged form; the other shapes take the whole-chunk tiles.
+ */
+const bf16Cache: KernelCheck = {
+  name: 'mla_attention with a bf16 cache == an f32 cache of the same values, bit for bit, and vs reference (decode, causal prefill, tree verify; rope 8 and 6, rank 32 and 36)',
+  run(b) {
+    return withTensors(b, (track) => {
+      const details: string[] = [];
+      for (const { rope, rank } of SHAPES) {
+        const cases: [string, number, number, Uint8Array?][] = [
+          ['decode base 20', 1, 20],
+          ['prefill base 9', 7, 9],
+          ['tree base 11', 7, 11, TREE7],
+        ];
+        for (const [what, T, base, m] of cases) {
+          const at = `rope ${rope} rank ${rank} ${what}`;
+          const s0 = setup(12 + T, T, rope, rank);
+          const s = { ...s0, cacheC: bf16Values(s0.cacheC), cacheKpe: bf16Values(s0.cacheKpe) };
+          const out = run(b, track, s, T, base, m, 'bf16');
+          if (!sameBits(out, run(b, track, s, T, base, m))) fail(`${at}: a bf16 cache differs from an f32 cache of the same values`);
+          details.push(expectClose(at, out, reference(s, T, base, m && ((i, j) => m[i * T + j] === 1)), 1e-5));
+        }
       }
       return { detail: details.join('; ') };
     });
@@ -143,7 +188,7 @@ const treeEqualsDecode: KernelCheck = {
   run(b) {
     for (const rope of ROPES) withTensors(b, (track) => {
       const [T, base, slots] = [7, 134, 160];
-      const mask = ancestorMask([-1, 0, 0, 1, 3, 2, 0]);
+      const mask = TREE7;
       const q = { nope: randomF32(T * H * NOPE, 31), pe: randomF32(T * H * rope, 32) };
       const kvB = randomF32(H * (NOPE + V) * R, 33, 0.2);
       const cacheC = randomF32(slots * R, 34);
@@ -175,14 +220,14 @@ const treeEqualsDecode: KernelCheck = {
 
 /**
  * One tensor-parallel rank of Kimi K2 (8 heads, nope 128, rope 64, v 128, rank 512, kv_b in bf16):
- * the dims the kernels are tuned for (on cuda: the whole-chunk small tiles at 190 KB of shared
+ * the dims the kernels are tuned for (on cuda: the whole-chunk small tiles at 192 KB of shared
  * memory, the 64-row tiles, the merge reading bf16 W_vb rows 8 values per load), which the small
- * checks above do not reach. Decode over 300 keys (5 chunks, the last partial) and a 9-node tree
- * verify after 200 committed keys vs the reference, and each tree row == decoding that node over
- * its committed ancestors, bit for bit.
+ * checks above do not reach. Decode over 300 keys (5 chunks, the last partial), 9- and 17-node tree
+ * verifies after 200 committed keys and causal prefills vs the reference, and each of their rows ==
+ * decoding that token over the keys it sees, bit for bit.
  */
 const kimiRank: KernelCheck = {
-  name: "mla_attention at Kimi K2's per-rank dims (8 heads, rank 512 + rope 64, bf16 kv_b): decode, 9- and 17-node tree verifies and 2- and 9-token prefills vs reference, their rows == decode",
+  name: "mla_attention at Kimi K2's per-rank dims (8 heads, rank 512 + rope 64, bf16 kv_b): decode, 9- and 17-node tree verifies and 2-, 9- and 41-token prefills vs reference, their rows == decode",
   run(b) {
     return withTensors(b, (track) => {
       const [h, nope, rope, v, rank, slots, scale] = [8, 128, 64, 128, 512, 320, 1 / Math.sqrt(192)];
@@ -190,14 +235,14 @@ const kimiRank: KernelCheck = {
       const cacheC = randomF32(slots * rank, 42);
       const cacheKpe = randomF32(slots * rope, 43);
       const kvBDevice = track(b.fromArray('bf16', [h * (nope + v), rank], f32ArrayToBf16(kvB)));
-      const call = (tokens: number, base: number, qNope: Float32Array, qPe: Float32Array, c: Float32Array, kpe: Float32Array, mask?: Uint8Array) => {
+      const call = (tokens: number, base: number, qNope: Float32Array, qPe: Float32Array, c: Float32Array, kpe: Float32Array, mask?: Uint8Array, cache: CacheDtype = 'f32') => {
         const out = track(b.empty('f32', [tokens, h, v]));
         b.native.mlaAttention({
           qNope: track(b.fromArray('f32', [tokens, h, nope], qNope)),
           qPe: track(b.fromArray('f32', [tokens, h, rope], qPe)),
           kvB: kvBDevice,
-          cacheC: track(b.fromArray('f32', [slots, rank], c)),
-          cacheKpe: track(b.fromArray('f32', [slots, rope], kpe)),
+          cacheC: track(cacheTensor(b, cache, [slots, rank], c)),
+          cacheKpe: track(cacheTensor(b, cache, [slots, rope], kpe)),
           mask: mask ? track(b.fromArray('u8', [tokens, tokens], mask)) : undefined,
           out,
           base,
@@ -234,9 +279,10 @@ const kimiRank: KernelCheck = {
           if (!sameBits(decoded, verify.subarray(i * h * v, (i + 1) * h * v))) fail(`${T}-node tree, node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
         }
       });
-      // causal prefill: 2 tokens (16 rows, one small tile) and 9 (72 rows: a 64-row tile and 8 rows
-      // in a small tile); token i's row must be decoding it over the slots before it
-      [2, 9].forEach((T, n) => {
+      // causal prefill: 2 tokens (16 rows, one small tile), 9 (72 rows in small tiles) and 41 (328
+      // rows: on cuda five 64-row tiles and 8 rows in a small tile); token i's row must be decoding
+      // it over the slots before it
+      [2, 9, 41].forEach((T, n) => {
         const base = 200;
         const t = { nope: randomF32(T * h * nope, 60 + 2 * n), pe: randomF32(T * h * rope, 61 + 2 * n) };
         const prefill = call(T, base, t.nope, t.pe, cacheC, cacheKpe);
@@ -246,13 +292,28 @@ const kimiRank: KernelCheck = {
           if (!sameBits(decoded, prefill.subarray(i * h * v, (i + 1) * h * v))) fail(`${T}-token prefill, token ${i}: row differs from decoding it`);
         }
       });
+      // a bf16 cache: the same bits as an f32 cache holding its values (every kernel widens cache
+      // values exactly), on the whole-chunk tiles (decode, a tree's own keys) and the 64-row ones
+      const c16 = bf16Values(cacheC), kpe16 = bf16Values(cacheKpe);
+      const tree = ancestorMask(trees[0]);
+      const q41 = { nope: randomF32(41 * h * nope, 70), pe: randomF32(41 * h * rope, 71) };
+      const bf16Cases: [string, number, number, Float32Array, Float32Array, Uint8Array?][] = [
+        ['decode base 299', 1, 299, d.nope, d.pe],
+        ['9-node tree base 200', 9, 200, q41.nope.subarray(0, 9 * h * nope), q41.pe.subarray(0, 9 * h * rope), tree],
+        ['41-token prefill base 200', 41, 200, q41.nope, q41.pe],
+      ];
+      for (const [what, T, base, qn, qp, mask] of bf16Cases) {
+        const wide = call(T, base, qn, qp, c16, kpe16, mask);
+        if (!sameBits(call(T, base, qn, qp, c16, kpe16, mask, 'bf16'), wide)) fail(`bf16 cache, ${what}: differs from an f32 cache of the same values`);
+      }
       return { detail: details.join('; ') };
     });
   },
 };
 
 const kvWrite: KernelCheck = {
-  name: 'kv_write: rows land in their slots; bad slots are rejected or skipped',
+  name: 'kv_write: rows land in their slots (f32, and bf16 rounded to nearest even); bad slots and mixed cache dtypes are rejected',
+
   run(b) {
     withTensors(b, (track) => {
       const c = randomF32(3 * R, 8);
@@ -267,6 +328,17 @@ const kvWrite: KernelCheck = {
         if (!sameBits(gotK.subarray(slot * ROPE, (slot + 1) * ROPE), kpe.subarray(i * ROPE, (i + 1) * ROPE))) fail(`slot ${slot} rope key`);
       });
       expectThrows('rows', () => b.native.kvWrite({ c: track(b.zeros('f32', [3, R])), kpe: track(b.zeros('f32', [2, ROPE])), cacheC, cacheKpe, slots: track(b.zeros('i32', [3])) }), /one row per token/);
+      // a bf16 cache: each value rounded to nearest even, bit-exact with @kdtree/format
+      const c16 = track(b.zeros('bf16', [S, R]));
+      const kpe16 = track(b.zeros('bf16', [S, ROPE]));
+      b.native.kvWrite({ c: track(b.fromArray('f32', [3, R], c)), kpe: track(b.fromArray('f32', [3, ROPE], kpe)), cacheC: c16, cacheKpe: kpe16, slots: track(b.fromArray('i32', [3], Int32Array.of(7, 2, 39))) });
+      const got16 = { c: b.toArray(c16) as Uint16Array, kpe: b.toArray(kpe16) as Uint16Array };
+      const want16 = { c: f32ArrayToBf16(c), kpe: f32ArrayToBf16(kpe) };
+      [7, 2, 39].forEach((slot, i) => {
+        expectEqual(`bf16 slot ${slot} latent`, Array.from(got16.c.subarray(slot * R, (slot + 1) * R)), Array.from(want16.c.subarray(i * R, (i + 1) * R)));
+        expectEqual(`bf16 slot ${slot} rope key`, Array.from(got16.kpe.subarray(slot * ROPE, (slot + 1) * ROPE)), Array.from(want16.kpe.subarray(i * ROPE, (i + 1) * ROPE)));
+      });
+      expectThrows('mixed cache dtypes', () => b.native.kvWrite({ c: track(b.zeros('f32', [3, R])), kpe: track(b.zeros('f32', [3, ROPE])), cacheC: c16, cacheKpe, slots: track(b.zeros('i32', [3])) }), /cacheKpe must be bf16, got f32/);
     });
   },
 };
@@ -290,8 +362,10 @@ const shapeErrors: KernelCheck = {
       expectThrows('kv_b', () => b.native.mlaAttention({ ...args, kvB: track(b.zeros('f32', [H * NOPE, R])) }), /kv_b must be \[H \* \(nope \+ v\), R\] = \[84, 32\]/);
       expectThrows('mask', () => b.native.mlaAttention({ ...args, mask: track(b.zeros('u8', [3, 3])) }), /mask must be \[T, T\] = \[2, 2\]/);
       expectThrows('scale', () => b.native.mlaAttention({ ...args, scale: 0 }), /scale must be positive/);
+      expectThrows('mixed cache dtypes', () => b.native.mlaAttention({ ...args, cacheC: track(b.zeros('bf16', [S, R])) }), /cacheKpe must be bf16, got f32/);
+      expectThrows('cache dtype', () => b.native.mlaAttention({ ...args, cacheC: track(b.zeros('f16', [S, R])), cacheKpe: track(b.zeros('f16', [S, ROPE])) }), /cacheC must be f32 or bf16, got f16/);
     });
   },
 };
 
-export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, invariance, treeEqualsDecode, kimiRank, kvWrite, shapeErrors];
+export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, bf16Cache, invariance, treeEqualsDecode, kimiRank, kvWrite, shapeErrors];

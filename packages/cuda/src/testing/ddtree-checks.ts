@@ -90,18 +90,21 @@ const acceptAndCommit: KernelCheck = {
         const len = (b.toArray(pathLen) as Int32Array)[0];
         expectEqual(`trial ${trial} path`, Array.from((b.toArray(path) as Int32Array).subarray(0, len)), want.path);
         if ((b.toArray(bonus) as Int32Array)[0] !== want.bonus) fail(`trial ${trial}: bonus differs`);
-        // commit into two cache tensors of different widths
+        // commit into three cache tensors of different widths, one of them bf16 (an odd width: rows
+        // of 10 bytes)
         const start = 5;
         const rows = start + n + 2;
         const c1 = randomF32(rows * 6, 70 + trial);
         const c2 = randomF32(rows * 3, 80 + trial);
+        const c3 = Uint16Array.from(randomF32(rows * 5, 90 + trial), (v) => Math.floor((v + 1) * 30000));
         const d1 = track(b.fromArray('f32', [rows, 6], c1));
         const d2 = track(b.fromArray('f32', [rows, 3], c2));
-        b.native.kvCommit({ caches: [d1, d2], path, pathLen, start });
-        for (const [dev, host, width] of [[d1, c1, 6], [d2, c2, 3]] as const) {
+        const d3 = track(b.fromArray('bf16', [rows, 5], c3));
+        b.native.kvCommit({ caches: [d1, d2, d3], path, pathLen, start });
+        for (const [dev, host, width] of [[d1, c1, 6], [d2, c2, 3], [d3, c3, 5]] as const) {
           const want2 = host.slice();
           for (let k = 0; k < want.path.length; k++) want2.copyWithin((start + k) * width, (start + want.path[k]) * width, (start + want.path[k] + 1) * width);
-          expectEqual(`trial ${trial} commit width ${width}`, Array.from((b.toArray(dev) as Float32Array).subarray(0, (start + want.path.length) * width)), Array.from(want2.subarray(0, (start + want.path.length) * width)));
+          expectEqual(`trial ${trial} commit width ${width}`, Array.from(b.toArray(dev).subarray(0, (start + want.path.length) * width)), Array.from(want2.subarray(0, (start + want.path.length) * width)));
         }
       }
       expectThrows('budget', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [2, 8])), root: 0, budget: 4, start: 0, tokens: track(b.zeros('i32', [4])), parents: track(b.zeros('i32', [5])), depths: track(b.zeros('i32', [5])), positions: track(b.zeros('i32', [5])), mask: track(b.zeros('u8', [5, 5])), size: track(b.zeros('i32', [1])) }), /tokens must be \[budget \+ 1\] = \[5\]/);
