@@ -29,6 +29,7 @@ constexpr int kSmallTilesMaxRows = 272;
 // The latent cache holds f32 or bf16 values (CacheT): a bf16 cache is half the bytes to keep and
 // to read per key, and every kernel widens its values to f32 exactly, so the arithmetic (and a
 // row's bits given the cache's values) is the same for both.
+//
 // A cache value's bits, held in a register from the staged kernel's load (issued a stage ahead)
 // until its store to shared memory: widening it next to the load would make the thread wait for
 // the load before the current stage's FMAs.

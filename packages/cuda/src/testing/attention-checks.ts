@@ -220,7 +220,7 @@ const treeEqualsDecode: KernelCheck = {
 
 /**
  * One tensor-parallel rank of Kimi K2 (8 heads, nope 128, rope 64, v 128, rank 512, kv_b in bf16):
- * the dims the kernels are tuned for (on cuda: the whole-chunk small tiles at 192 KB of shared
+ * the dims the kernels are tuned for (on cuda: the whole-chunk small tiles at 211 KB of shared
  * memory, the 64-row tiles, the merge reading bf16 W_vb rows 8 values per load), which the small
  * checks above do not reach. Decode over 300 keys (5 chunks, the last partial), 9- and 17-node tree
  * verifies after 200 committed keys and causal prefills vs the reference, and each of their rows ==
