@@ -376,23 +376,34 @@ __global__ void __launch_bounds__(1024) AcceptKernel(const int32_t* tokens, cons
 
 constexpr int kMaxCommitCaches = 64;
 struct CommitBatch {
-  uint16_t* data[kMaxCommitCaches];                        // f32 or bf16 rows, moved in 16-bit units
-  int64_t rows[kMaxCommitCaches], width[kMaxCommitCaches];  // width: 16-bit units per row
+  void* data[kMaxCommitCaches];                             // f32 or bf16 rows
+  int64_t rows[kMaxCommitCaches], width[kMaxCommitCaches];  // width: units per row
+  bool wide[kMaxCommitCaches];                              // units of 32 bits (rows of whole words), else 16
 };
+
+template <typename U>
+__device__ __forceinline__ void MoveRow(U* data, int64_t width, int64_t to, int64_t from) {
+  for (int64_t j = threadIdx.x; j < width; j += blockDim.x) data[to * width + j] = data[from * width + j];
+}
 
 // One block per cache tensor; k ascending with a barrier between steps (a later step may read a
 // slot an earlier one would otherwise overwrite).
 __global__ void KvCommitKernel(const __grid_constant__ CommitBatch batch, const int32_t* path, const int32_t* path_len, int capacity, int64_t start) {
   PdlWait();
   PdlLaunchDependents();
-  uint16_t* data = batch.data[blockIdx.x];
+  void* data = batch.data[blockIdx.x];
   const int64_t rows = batch.rows[blockIdx.x], width = batch.width[blockIdx.x];
+  const bool wide = batch.wide[blockIdx.x];
   const int len = min(*path_len, capacity);
   for (int k = 0; k < len; ++k) {
     const int src = path[k];
     const bool ok = src >= k && start + src < rows;
     if (ok && src != k) {
-      for (int64_t j = threadIdx.x; j < width; j += blockDim.x) data[(start + k) * width + j] = data[(start + src) * width + j];
+      if (wide) {
+        MoveRow(static_cast<uint32_t*>(data), width, start + k, start + src);
+      } else {
+        MoveRow(static_cast<uint16_t*>(data), width, start + k, start + src);
+      }
     }
     __syncthreads();
   }
@@ -478,9 +489,11 @@ Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s) {
     const int count = static_cast<int>(std::min<size_t>(kMaxCommitCaches, a.caches.size() - first));
     for (int i = 0; i < count; ++i) {
       const Tensor& c = a.caches[first + i];
-      batch.data[i] = c.as<uint16_t>();
+      const int64_t row_bytes = c.dim(1) * DTypeSize(c.dtype);
+      batch.data[i] = c.data;
       batch.rows[i] = c.dim(0);
-      batch.width[i] = c.dim(1) * DTypeSize(c.dtype) / 2;
+      batch.wide[i] = row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(c.data) % 4 == 0;
+      batch.width[i] = row_bytes / (batch.wide[i] ? 4 : 2);
     }
     KDTREE_RETURN_IF_ERROR(LaunchPdl("kv_commit", KvCommitKernel, dim3(count), dim3(256), 0, s, batch, a.path.as<const int32_t>(), a.path_len.as<const int32_t>(),
                                      static_cast<int>(a.path.dim(0)), a.start));

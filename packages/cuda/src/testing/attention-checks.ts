@@ -99,7 +99,6 @@ const decodePrefillTree: KernelCheck = {
   run(b) {
     return withTensors(b, (track) => {
       const details: string[] = [];
-      const mask = TREE7;
       for (const { rope, rank } of SHAPES) {
         const at = `rope ${rope} rank ${rank}`;
         const s1 = setup(1, 1, rope, rank);
@@ -107,7 +106,7 @@ const decodePrefillTree: KernelCheck = {
         const s7 = setup(2, 7, rope, rank);
         details.push(expectClose(`${at} prefill base 0`, run(b, track, s7, 7, 0), reference(s7, 7, 0), 1e-5));
         details.push(expectClose(`${at} prefill base 9`, run(b, track, s7, 7, 9), reference(s7, 7, 9), 1e-5));
-        details.push(expectClose(`${at} tree base 11`, run(b, track, s7, 7, 11, mask), reference(s7, 7, 11, (i, j) => mask[i * 7 + j] === 1), 1e-5));
+        details.push(expectClose(`${at} tree base 11`, run(b, track, s7, 7, 11, TREE7), reference(s7, 7, 11, (i, j) => TREE7[i * 7 + j] === 1), 1e-5));
       }
       return { detail: details.join('; ') };
     });
@@ -313,7 +312,6 @@ const kimiRank: KernelCheck = {
 
 const kvWrite: KernelCheck = {
   name: 'kv_write: rows land in their slots (f32, and bf16 rounded to nearest even); bad slots and mixed cache dtypes are rejected',
-
   run(b) {
     withTensors(b, (track) => {
       const c = randomF32(3 * R, 8);
