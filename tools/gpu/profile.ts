@@ -78,12 +78,12 @@ if (want('moe-verify')) {
 }
 
 // MLA attention, 8 heads, 4096 committed keys: decode, and a 65-node tree verify (binary-ish tree);
-// then a 512-token causal prefill from an empty cache
-if (want('mla')) {
+// then a 512-token causal prefill from an empty cache; over an f32 and a bf16 cache
+if (want('mla')) for (const cache of ['f32', 'bf16'] as const) {
   const S = 4096 + 65;
   const kvB = gpu.empty('bf16', [8 * 256, 512]);
-  const cacheC = gpu.empty('f32', [S, 512]);
-  const cacheKpe = gpu.empty('f32', [S, 64]);
+  const cacheC = gpu.empty(cache, [S, 512]);
+  const cacheKpe = gpu.empty(cache, [S, 64]);
   for (const t of [kvB, cacheC, cacheKpe]) fillPattern(t, 0x3c);
   for (const T of [1, 65, 512]) {
     const qNope = gpu.empty('f32', [T, 8, 128]);

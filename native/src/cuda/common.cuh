@@ -57,6 +57,27 @@ Status LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 bl
   return FromCuda(cudaLaunchKernelEx(&config, kernel, args...), what);
 }
 
+// Two f32 values as one bf16x2 register (rounded to nearest even), and back.
+__device__ __forceinline__ uint32_t Bf16Pair(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 Bf16PairToF32(uint32_t v) { return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u)); }
+// Two f32 values as three bf16x2 planes, hi + mid + lo = the values to 24 bits (each residual is
+// exact in f32): the tensor-core operands of f32 data, so that every product with a bf16 operand
+// is exact and the MMA's f32 sum is the only rounding.
+struct Bf16Planes {
+  uint32_t hi, mid, lo;
+};
+__device__ __forceinline__ Bf16Planes SplitPair(float x, float y) {
+  const uint32_t hi = Bf16Pair(x, y);
+  const float2 h = Bf16PairToF32(hi);
+  const float rx = x - h.x, ry = y - h.y;
+  const uint32_t mid = Bf16Pair(rx, ry);
+  const float2 m = Bf16PairToF32(mid);
+  return {hi, mid, Bf16Pair(rx - m.x, ry - m.y)};
+}
+
 // 16-byte asynchronous copies global -> shared (cp.async.cg: L2 only, so streamed data keeps out
 // of L1). `dst` is a shared-memory address (__cvta_generic_to_shared). The zero-fill form copies
 // src_bytes (0 or 16) and zeroes the rest.

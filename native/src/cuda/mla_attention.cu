@@ -7,13 +7,14 @@
 // fixed chunks, a block per (chunk, tile of token-head rows), so a 4096-key decode fills the GPU
 // instead of running H blocks; chunks combine in a fixed order, so a token's output depends only
 // on the keys it sees (decode and tree verify give the same bits for the same prefix).
-#include "common.cuh"
+#include "mla_chunk.cuh"
 
 namespace kdtree {
 namespace cuda {
 namespace {
 
-constexpr int kAttnChunk = 64;    // keys per chunk: a token's key list is cut into fixed chunks of 64
+using namespace mla;
+
 constexpr int kQLatR = 32;        // q_lat values per block (one per lane)
 constexpr int kQLatSplit = 8;     // warps per block, each summing dn / 8 of the terms
 constexpr int kQLatTokens = 8;    // tokens per block (<= kQLatSplit: warp k writes token k)
@@ -27,8 +28,9 @@ constexpr int kCombineAloneRows = 128;  // from this many rows, one merge block 
 constexpr int kSmallTilesMaxRows = 272;
 
 // The latent cache holds f32 or bf16 values (CacheT): a bf16 cache is half the bytes to keep and
-// to read per key, and every kernel widens its values to f32 exactly, so the arithmetic (and a
-// row's bits given the cache's values) is the same for both.
+// to read per key. A bf16 cache whose rows are whole 8-byte pieces runs on tensor cores
+// (mla_attention_mma.cu); the CUDA-core kernels below take the rest, widening cache values to f32
+// exactly, so their arithmetic is the same for both dtypes.
 //
 // A cache value's bits, held in a register from the staged kernel's load (issued a stage ahead)
 // until its store to shared memory: widening it next to the load would make the thread wait for
@@ -184,57 +186,11 @@ __device__ __forceinline__ void AccumulateOuter(const float* a, const float* b, 
   }
 }
 
-// The chunk's keys for a tile of rows: slots[j] = the cache slot of key j of the chunk (-1 past
-// the longest row's last), row_keys[i] = how many of them row i sees; returns the most any row
-// sees (0: the tile has nothing to do here, e.g. causal prefill's upper triangle). Without SHARED
-// the tile is one token's heads and `allowed` (shared memory, [T]) receives the new tokens its
-// mask row allows, in order. Every thread of the block must call it.
-template <int ROWS, bool SHARED, int kWarps>
-__device__ int ChunkKeys(const uint8_t* mask, int T, int64_t base, const int64_t* key_counts, int chunk, int th0, int rows, int* allowed, int64_t* slots, int* row_keys) {
-  __shared__ int warp_counts[kWarps];
-  __shared__ int max_keys;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t k_begin = static_cast<int64_t>(chunk) * kAttnChunk;
-  if (tid == 0) max_keys = 0;
-  if constexpr (!SHARED) {
-    // ordered compaction of the new tokens this token sees (ballot + prefix over warps)
-    const int t = blockIdx.y;
-    int count = 0;
-    for (int j0 = 0; j0 < T; j0 += kWarps * 32) {
-      const int j = j0 + tid;
-      const bool ok = j < T && mask[static_cast<int64_t>(t) * T + j] != 0;
-      const unsigned bal = __ballot_sync(0xffffffffu, ok);
-      if (lane == 0) warp_counts[warp] = __popc(bal);
-      __syncthreads();
-      int before = count;
-      for (int w = 0; w < warp; ++w) before += warp_counts[w];
-      if (ok) allowed[before + __popc(bal & ((1u << lane) - 1))] = j;
-      for (int w = 0; w < kWarps; ++w) count += warp_counts[w];
-      __syncthreads();
-    }
-  }
-  __syncthreads();
-  if (tid < ROWS) {
-    const int64_t keys = tid < rows ? key_counts[th0 + tid] : 0;
-    const int64_t left = keys - k_begin;
-    const int n = left <= 0 ? 0 : left >= kAttnChunk ? kAttnChunk : static_cast<int>(left);
-    row_keys[tid] = n;
-    atomicMax(&max_keys, n);
-  }
-  __syncthreads();
-  const int n_max = max_keys;
-  if (n_max > 0 && tid < kAttnChunk) {
-    const int64_t key = k_begin + tid;
-    slots[tid] = tid >= n_max ? -1 : SHARED || key < base ? key : base + allowed[key - base];
-  }
-  __syncthreads();
-  return n_max;
-}
-
-// A key's scaled score and its exponent, with explicit roundings: both softmax forms must give the
-// same bits, and a plain s * scale - m may or may not be contracted into one FMA.
-__device__ __forceinline__ float ScaledScore(float s, float scale) { return __fmul_rn(s, scale); }
-__device__ __forceinline__ float KeyWeight(float s, float scale, float m) { return expf(__fsub_rn(ScaledScore(s, scale), m)); }
+// The rows of a CUDA-core tile: token-head rows th0 .. th0 + rows - 1.
+struct TileRows {
+  int th0, rows;
+  __device__ int operator()(int i) const { return i < rows ? th0 + i : -1; }
+};
 
 // Phase 2 of a chunk: its softmax, one thread per row, keys in order (scores in probs[key *
 // PSTRIDE + row], turned into p); the row's (max, sum) go to its partial.
@@ -281,7 +237,7 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
   const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, key_counts, chunk, th0, rows, allowed, slots, row_keys) == 0) return;
+  if (ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, key_counts, chunk, TileRows{th0, rows}, allowed, slots, row_keys) == 0) return;
 
   // Stages go through registers: a thread loads its elements of the next stage (all in flight at
   // once) while the block computes on the current one. Loading element by element into shared
@@ -653,7 +609,7 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   const int th0 = SHARED ? row0 + blockIdx.y * tile_rows : blockIdx.y * H + blockIdx.z * tile_rows;  // tile_rows <= ROWS
   const int rows = SHARED ? min(tile_rows, T * H - th0) : min(tile_rows, H - static_cast<int>(blockIdx.z) * tile_rows);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, key_counts, chunk, th0, rows, allowed, slots, row_keys) == 0) return;
+  if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, key_counts, chunk, TileRows{th0, rows}, allowed, slots, row_keys) == 0) return;
 
   // Pieces of 4 values (D, R and dr are multiples of 4) of the key rows (16 bytes of f32, 8 of
   // bf16), then of the tile's q rows, a warp per row (no index division per piece); key rows past
@@ -828,19 +784,34 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   if ((static_cast<size_t>(R) + max_chunks) * 4 > 48 * 1024) return Unsupported("mla_attention: ", a.base + T, " keys need more chunk weights than the merge keeps in shared memory (", (48 * 1024 / 4 - R) * kAttnChunk, " at most)");
   // scratch: key counts i64 [T * H], q_lat f32 [T * H, R], partial f32 [T * H, max_chunks, R + 2],
   // ctx f32 [T * H, R] (the two-kernel merge)
+  // (+ the tensor-core kernel's split q)
   const size_t q_lat_floats = static_cast<size_t>(T) * H * R, partial_floats = static_cast<size_t>(T) * H * max_chunks * (R + 2);
-  const size_t counts_bytes = (static_cast<size_t>(T) * H * sizeof(int64_t) + 255) / 256 * 256;
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(counts_bytes + (2 * q_lat_floats + partial_floats) * sizeof(float), s));
+  const auto round256 = [](size_t n) { return (n + 255) / 256 * 256; };
+  const size_t counts_bytes = round256(static_cast<size_t>(T) * H * sizeof(int64_t)), floats_bytes = round256((2 * q_lat_floats + partial_floats) * sizeof(float));
+  const uint8_t* mask = a.mask.present() ? a.mask.as<const uint8_t>() : nullptr;
+  mla::AttendMmaArgs mma{nullptr, a.q_pe.as<const float>(), nullptr, nullptr, mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, nullptr, nullptr};
+  bool tensor_cores = false;
+  if (a.cache_c.dtype == DType::kBF16) {
+    mma.cache_c = a.cache_c.as<const __nv_bfloat16>();
+    mma.cache_kpe = a.cache_kpe.as<const __nv_bfloat16>();
+    tensor_cores = mla::AttendMmaFits(mma);
+  }
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(counts_bytes + floats_bytes + (tensor_cores ? mla::AttendMmaScratchBytes(mma) : 0), s));
   int64_t* key_counts = static_cast<int64_t*>(scratch.ptr);
   float* q_lat = reinterpret_cast<float*>(static_cast<char*>(scratch.ptr) + counts_bytes);
   float* partial = q_lat + q_lat_floats;
   float* ctx = partial + partial_floats;
-  const uint8_t* mask = a.mask.present() ? a.mask.as<const uint8_t>() : nullptr;
+  void* split_q = static_cast<char*>(scratch.ptr) + counts_bytes + floats_bytes;
   KDTREE_RETURN_IF_ERROR(LaunchPdl("mla q_latent", QLatentKernel, dim3(H, (R + kQLatR - 1) / kQLatR, (T + kQLatTokens - 1) / kQLatTokens), dim3(kQLatR * kQLatSplit), 0, s,
                                    a.q_nope.as<const float>(), static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, T, H, dn, dv, R, q_lat));
   KDTREE_RETURN_IF_ERROR(LaunchPdl("mla key counts", KeyCountKernel, dim3((T + 7) / 8), dim3(256), 0, s, mask, T, H, a.base, key_counts));
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
-  if (a.cache_c.dtype == DType::kBF16) {
+  if (tensor_cores) {  // every call on this cache takes the same path: rows keep their bits
+    mma.q_lat = q_lat;
+    mma.key_counts = key_counts;
+    mma.partial = partial;
+    KDTREE_RETURN_IF_ERROR(mla::LaunchAttendMma(mma, shared_chunks, split_q, sms, s));
+  } else if (a.cache_c.dtype == DType::kBF16) {
     const AttendArgs<__nv_bfloat16> args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const __nv_bfloat16>(), a.cache_kpe.as<const __nv_bfloat16>(), mask, T, H, R, dr, a.base,
                                          static_cast<float>(a.scale), max_chunks, key_counts, partial};
     KDTREE_RETURN_IF_ERROR(LaunchAttend(args, shared_chunks, sms, s));

@@ -146,12 +146,6 @@ template <typename X, int NT, Form F>
 constexpr bool StagesX() { return NT > 1 && !std::is_same<X, float>::value && F != Form::kXInPlace; }
 inline bool StagesX(DType x, int nt, Form f) { return nt > 1 && x != DType::kF32 && f != Form::kXInPlace; }
 
-__device__ __forceinline__ uint32_t Bf16Pair(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-__device__ __forceinline__ float2 Bf16PairToF32(uint32_t v) { return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u)); }
-
 // B fragments (x[k .. k + 3] of one token) as the MMA takes them: one bf16x2/f16x2 register pair
 // for 16-bit x, three (lo, mid, hi bf16 planes: x to 24 bits) for f32 x. Out-of-range blocks (a K
 // tail) load zeros: their codes are zero too, and the loads stay unconditional so that the
@@ -163,17 +157,13 @@ struct BFrag {
 };
 __device__ __forceinline__ BFrag<float> SplitF32(const float4 v) {
   BFrag<float> f;
-  const uint32_t h0 = Bf16Pair(v.x, v.y), h1 = Bf16Pair(v.z, v.w);
-  const float2 f0 = Bf16PairToF32(h0), f1 = Bf16PairToF32(h1);
-  const float r[4] = {v.x - f0.x, v.y - f0.y, v.z - f1.x, v.w - f1.y};  // exact
-  const uint32_t m0 = Bf16Pair(r[0], r[1]), m1 = Bf16Pair(r[2], r[3]);
-  const float2 g0 = Bf16PairToF32(m0), g1 = Bf16PairToF32(m1);
-  f.r[0][0] = Bf16Pair(r[0] - g0.x, r[1] - g0.y);
-  f.r[0][1] = Bf16Pair(r[2] - g1.x, r[3] - g1.y);
-  f.r[1][0] = m0;
-  f.r[1][1] = m1;
-  f.r[2][0] = h0;
-  f.r[2][1] = h1;
+  const Bf16Planes a = SplitPair(v.x, v.y), b = SplitPair(v.z, v.w);
+  f.r[0][0] = a.lo;
+  f.r[0][1] = b.lo;
+  f.r[1][0] = a.mid;
+  f.r[1][1] = b.mid;
+  f.r[2][0] = a.hi;
+  f.r[2][1] = b.hi;
   return f;
 }
 // Both k16 slices of a 32-k block: x[k0 .. k0 + 7] of one token, slice s from x[k0 + 4 s] (the

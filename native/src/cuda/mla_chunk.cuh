@@ -1,0 +1,93 @@
+// What the MLA attention kernels share (mla_attention.cu: CUDA cores, f32 or bf16 cache;
+// mla_attention_mma.cu: tensor cores, bf16 cache): the chunking of a row's key list, the keys of a
+// chunk, and the softmax's roundings. Every kernel cuts a row's keys at the same places and rounds
+// a score the same way, so the merge (mla_attention.cu) takes any kernel's partials.
+#pragma once
+#include "common.cuh"
+
+namespace kdtree {
+namespace cuda {
+namespace mla {
+
+constexpr int kAttnChunk = 64;  // keys per chunk: a token's key list is cut into fixed chunks of 64
+
+// The chunk's keys for a tile of rows: slots[j] = the cache slot of key j of the chunk (-1 past
+// the longest row's last), row_keys[i] = how many of them row i sees (row_th(i): its token-head
+// row, or -1 for none); returns the most any row sees (0: the tile has nothing to do here, e.g.
+// causal prefill's upper triangle). Without SHARED
+// the tile is one token's heads and `allowed` (shared memory, [T]) receives the new tokens its
+// mask row allows, in order. Every thread of the block must call it.
+template <int ROWS, bool SHARED, int kWarps, typename RowTh>
+__device__ int ChunkKeys(const uint8_t* mask, int T, int64_t base, const int64_t* key_counts, int chunk, RowTh row_th, int* allowed, int64_t* slots, int* row_keys) {
+  __shared__ int warp_counts[kWarps];
+  __shared__ int max_keys;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t k_begin = static_cast<int64_t>(chunk) * kAttnChunk;
+  if (tid == 0) max_keys = 0;
+  if constexpr (!SHARED) {
+    // ordered compaction of the new tokens this token sees (ballot + prefix over warps)
+    const int t = blockIdx.y;
+    int count = 0;
+    for (int j0 = 0; j0 < T; j0 += kWarps * 32) {
+      const int j = j0 + tid;
+      const bool ok = j < T && mask[static_cast<int64_t>(t) * T + j] != 0;
+      const unsigned bal = __ballot_sync(0xffffffffu, ok);
+      if (lane == 0) warp_counts[warp] = __popc(bal);
+      __syncthreads();
+      int before = count;
+      for (int w = 0; w < warp; ++w) before += warp_counts[w];
+      if (ok) allowed[before + __popc(bal & ((1u << lane) - 1))] = j;
+      for (int w = 0; w < kWarps; ++w) count += warp_counts[w];
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  if (tid < ROWS) {
+    const int th = row_th(tid);
+    const int64_t keys = th >= 0 ? key_counts[th] : 0;
+    const int64_t left = keys - k_begin;
+    const int n = left <= 0 ? 0 : left >= kAttnChunk ? kAttnChunk : static_cast<int>(left);
+    row_keys[tid] = n;
+    atomicMax(&max_keys, n);
+  }
+  __syncthreads();
+  const int n_max = max_keys;
+  if (n_max > 0 && tid < kAttnChunk) {
+    const int64_t key = k_begin + tid;
+    slots[tid] = tid >= n_max ? -1 : SHARED || key < base ? key : base + allowed[key - base];
+  }
+  __syncthreads();
+  return n_max;
+}
+
+// A key's scaled score and its exponent, with explicit roundings: both softmax forms must give the
+// same bits, and a plain s * scale - m may or may not be contracted into one FMA.
+__device__ __forceinline__ float ScaledScore(float s, float scale) { return __fmul_rn(s, scale); }
+__device__ __forceinline__ float KeyWeight(float s, float scale, float m) { return expf(__fsub_rn(ScaledScore(s, scale), m)); }
+
+// A chunk's partial for one token-head row: [m, l, R context values] at
+// partial[(th * max_chunks + chunk) * (R + 2)].
+struct AttendMmaArgs {
+  const float *q_lat, *q_pe;                   // [T H, R], [T H, dr] (f32)
+  const __nv_bfloat16 *cache_c, *cache_kpe;    // [slots, R], [slots, dr]
+  const uint8_t* mask;                          // [T, T] or null (causal)
+  int T, H, R, dr;
+  int64_t base;
+  float scale;
+  int max_chunks;
+  const int64_t* key_counts;                    // [T H]
+  float* partial;                               // [T H, max_chunks, R + 2]
+};
+// Whether the tensor-core kernel takes this call (bf16 cache, rows in whole 8-byte pieces, the
+// chunk and a tile's q in shared memory).
+bool AttendMmaFits(const AttendMmaArgs& a);
+// Scratch it needs (the split q) on top of the caller's.
+size_t AttendMmaScratchBytes(const AttendMmaArgs& a);
+// Splits q into its tensor-core operands (in `scratch`, AttendMmaScratchBytes) and runs every row's
+// chunks (the first `shared_chunks` shared by all rows, the rest looked up per token through the
+// mask) on a device of `sms` SMs.
+Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, void* scratch, int sms, cudaStream_t s);
+
+}  // namespace mla
+}  // namespace cuda
+}  // namespace kdtree
