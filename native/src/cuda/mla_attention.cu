@@ -361,11 +361,11 @@ __device__ __forceinline__ void Load8AsF32(const void* p, DType t, int64_t i, fl
 // exp(m_c - max) / sum, then out[v] = W_vb[h, v] . ctx. The pieces below are shared by the one-block
 // form (many rows) and the two-kernel form (few rows), so a row gets the same bits from either.
 
-// Warp 0 turns each chunk's (m, l) into its weight once (the weights recomputed per thread and per
+// A warp turns each chunk's (m, l) into its weight once (the weights recomputed per thread and per
 // r took 57 us for a decode token; Nsight, run 50). Each lane keeps its chunks' maxima in `weight`
 // (read from global memory once, the loads of a loop in flight together) and reads their sums once.
 __device__ __forceinline__ void ChunkWeights(const float* p, int chunks, int R, float* weight) {
-  const int lane = threadIdx.x;
+  const int lane = threadIdx.x & 31;
   float mx = -INFINITY;
 #pragma unroll 4
   for (int c = lane; c < chunks; c += 32) {
@@ -404,50 +404,79 @@ __device__ __forceinline__ float ContextValue(const float* p, const float* weigh
   return num;
 }
 
-// out[v] = W_vb[h, v] . ctx for v in [v_begin, v_end), one warp per v at a time.
-__device__ __forceinline__ void ProjectOut(const float* ctx, const void* kv_b, DType kvb_dtype, bool vector_rows, int h, int R, int dn, int dv, int v_begin, int v_end,
-                                           float* out_row) {
+// out[g][v] = W_vb[h, v] . ctx[g] for the `rows` (<= G) rows of one head (ctx [G][R], out rows
+// out_stride apart) and v in [v_begin, v_end), one warp per v at a time. Each W_vb value is loaded
+// once for all the rows, and each row's sum has the one-row order (a lane's FMA chain over its r,
+// then the xor tree), so a row's bits do not depend on G.
+template <int G>
+__device__ __forceinline__ void ProjectOut(const float* ctx, int rows, const void* kv_b, DType kvb_dtype, bool vector_rows, int h, int R, int dn, int dv, int v_begin, int v_end,
+                                           float* out, int64_t out_stride) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int v = v_begin + warp; v < v_end; v += blockDim.x / 32) {
     const int64_t row = static_cast<int64_t>(h * (dn + dv) + dn + v) * R;
-    float s = 0.f;
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = 0.f;
     if (vector_rows) {
       // 8 values per lane and load (16 bytes of bf16): a 512-wide row in two loads per lane
       // instead of 16 dependent 2-byte ones
       for (int r = 8 * lane; r < R; r += 256) {
         float w[8];
         Load8AsF32(kv_b, kvb_dtype, row + r, w);
-        const float4 c0 = *reinterpret_cast<const float4*>(ctx + r), c1 = *reinterpret_cast<const float4*>(ctx + r + 4);
-        const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s = fmaf(w[i], c[i], s);
+        for (int g = 0; g < G; ++g) {
+          if (g >= rows) continue;
+          const float4 c0 = *reinterpret_cast<const float4*>(ctx + g * R + r), c1 = *reinterpret_cast<const float4*>(ctx + g * R + r + 4);
+          const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s[g] = fmaf(w[i], c[i], s[g]);
+        }
       }
     } else {
-      for (int r = lane; r < R; r += 32) s = fmaf(LoadAsF32(kv_b, kvb_dtype, row + r), ctx[r], s);
+      for (int r = lane; r < R; r += 32) {
+        const float w = LoadAsF32(kv_b, kvb_dtype, row + r);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          if (g < rows) s[g] = fmaf(w, ctx[g * R + r], s[g]);
+        }
+      }
     }
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (lane == 0) out_row[v] = s;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (g >= rows) continue;  // rows is block-uniform
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
+      if (lane == 0) out[g * out_stride + v] = s[g];
+    }
   }
 }
 
 __device__ __forceinline__ int RowChunks(const int64_t* key_counts, int th) { return static_cast<int>((key_counts[th] + kAttnChunk - 1) / kAttnChunk); }
 
-// Many rows (verify, prefill): one block per row merges its chunks once and projects every v.
-__global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int H, int R, const void* kv_b,
+// Many rows (verify, prefill): a block per head and G tokens merges each row's chunks once (warp g
+// the chunk weights of row g) and projects every v for all G rows, reading each W_vb row once for
+// them (a block per row read the head's 131 KB of W_vb per row: 537 MB for a 512-token prefill).
+template <int G>
+__global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int T, int H, int R, const void* kv_b,
                                                         DType kvb_dtype, bool vector_rows, int dn, int dv, float* out) {
+  static_assert(G <= 8, "a warp per row computes its chunk weights");
   PdlWait();
   PdlLaunchDependents();
   extern __shared__ float shared[];
-  float* ctx = shared;           // [R]
-  float* weight = shared + R;    // [max_chunks]
-  const int th = blockIdx.x;
-  const int chunks = RowChunks(key_counts, th);
-  const float* p = partial + static_cast<int64_t>(th) * max_chunks * (R + 2);
-  if (threadIdx.x < 32) ChunkWeights(p, chunks, R, weight);
+  float* ctx = shared;               // [G][R]
+  float* weight = shared + G * R;    // [G][max_chunks]
+  const int h = blockIdx.x, t0 = blockIdx.y * G, rows = G == 1 ? 1 : min(G, T - t0), warp = threadIdx.x >> 5;
+  const int64_t th0 = static_cast<int64_t>(t0) * H + h;  // row g: th0 + g H
+  if (warp < rows) ChunkWeights(partial + (th0 + warp * H) * max_chunks * (R + 2), RowChunks(key_counts, static_cast<int>(th0 + warp * H)), R, weight + warp * max_chunks);
   __syncthreads();
-  for (int r = threadIdx.x; r < R; r += blockDim.x) ctx[r] = ContextValue<false>(p, weight, chunks, R, r);
+  for (int g = 0; g < rows; ++g) {
+    const int64_t th = th0 + g * H;
+    const float* p = partial + th * max_chunks * (R + 2);
+    const int chunks = RowChunks(key_counts, static_cast<int>(th));
+    for (int r = threadIdx.x; r < R; r += blockDim.x) ctx[g * R + r] = ContextValue<false>(p, weight + g * max_chunks, chunks, R, r);
+  }
   __syncthreads();
-  ProjectOut(ctx, kv_b, kvb_dtype, vector_rows, th % H, R, dn, dv, 0, dv, out + static_cast<int64_t>(th) * dv);
+  ProjectOut<G>(ctx, rows, kv_b, kvb_dtype, vector_rows, h, R, dn, dv, 0, dv, out + th0 * dv, static_cast<int64_t>(H) * dv);
 }
 
 // Few rows (decode, a small tree): a row's merge is spread over many blocks in two launches. Blocks
@@ -484,7 +513,7 @@ __global__ void __launch_bounds__(256) ProjectOutKernel(const float* ctx_in, int
   PdlWait();
   for (int r = threadIdx.x; r < R; r += blockDim.x) ctx[r] = ctx_in[static_cast<int64_t>(th) * R + r];
   __syncthreads();
-  ProjectOut(ctx, kv_b, kvb_dtype, vector_rows, h, R, dn, dv, v_begin, v_end, out + static_cast<int64_t>(th) * dv);
+  ProjectOut<1>(ctx, 1, kv_b, kvb_dtype, vector_rows, h, R, dn, dv, v_begin, v_end, out + static_cast<int64_t>(th) * dv, 0);
 }
 
 // Small tiles (decode, a tree node's own keys) in one round trip: the whole chunk (64 key rows of
@@ -825,8 +854,19 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   float* out = a.out.as<float>();
   const size_t weight_bytes = static_cast<size_t>(max_chunks) * sizeof(float);
   if (T * H >= kCombineAloneRows) {
-    return LaunchPdl("mla combine + out", CombineOutKernel, dim3(T * H), dim3(256), R * sizeof(float) + weight_bytes, s, static_cast<const float*>(partial),
-                     static_cast<const int64_t*>(key_counts), max_chunks, H, R, static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, vector_rows, dn, dv, out);
+    // tokens per block: up to 8 while the blocks stay >= 4 per SM (a row's merge reads all its
+    // chunks' partials, 131 KB per row at 64 chunks, so a verify wants its blocks) and their ctx and
+    // chunk weights fit in 48 KB. A 512-token prefill (8 rows of W_vb reuse) 415 -> 382 us; a
+    // 65-node verify with 4-8 rows per block (72-136 blocks) 214 -> 256-277 (run 237; the rule and the grid order: runs 238-241).
+    int G = 8;
+    while (G > 1 && ((T + G - 1) / G * H < 4 * sms || static_cast<size_t>(G) * (R + max_chunks) * sizeof(float) > 48 * 1024)) G /= 2;
+    const size_t smem = static_cast<size_t>(G) * (R * sizeof(float) + weight_bytes);
+    const dim3 grid(H, (T + G - 1) / G);  // a head's blocks next to each other: prefill 390 vs 399 us (run 240)
+    const auto launch = [&](auto kernel) {
+      return LaunchPdl("mla combine + out", kernel, grid, dim3(256), smem, s, static_cast<const float*>(partial), static_cast<const int64_t*>(key_counts), max_chunks, T, H, R,
+                       static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, vector_rows, dn, dv, out);
+    };
+    return G == 8 ? launch(CombineOutKernel<8>) : G == 4 ? launch(CombineOutKernel<4>) : G == 2 ? launch(CombineOutKernel<2>) : launch(CombineOutKernel<1>);
   }
   KDTREE_RETURN_IF_ERROR(LaunchPdl("mla combine", CombineContextKernel, dim3(T * H, (R + kContextCols - 1) / kContextCols), dim3(kContextCols), weight_bytes, s,
                                    static_cast<const float*>(partial), static_cast<const int64_t*>(key_counts), max_chunks, R, ctx));

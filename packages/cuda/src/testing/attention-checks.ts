@@ -160,6 +160,47 @@ const invariance: KernelCheck = {
 };
 
 /**
+ * A long causal prefill (703 tokens, 2109 rows at 3 heads): on a GPU of up to 132 SMs its merge takes
+ * blocks of 4 tokens of a head (each W_vb row read once for them; the last block 3), which shorter
+ * calls do not reach. Against the reference, and sampled rows (both ends of blocks) == decoding
+ * that token.
+ */
+const longPrefill: KernelCheck = {
+  name: 'mla_attention: a 703-token causal prefill vs reference, sampled rows == decode bit for bit (f32 and bf16 cache)',
+  run(b) {
+    return withTensors(b, (track) => {
+      const [T, slots] = [703, 720];
+      const details: string[] = [];
+      for (const cache of CACHES) {
+        const s0: Setup = { ...setup(81, T), cacheC: randomF32(slots * R, 84), cacheKpe: randomF32(slots * ROPE, 85) };
+        const s = cache === 'bf16' ? { ...s0, cacheC: bf16Values(s0.cacheC), cacheKpe: bf16Values(s0.cacheKpe) } : s0;
+        const call = (tokens: number, base: number, qNope: Float32Array, qPe: Float32Array) => {
+          const out = track(b.empty('f32', [tokens, H, V]));
+          b.native.mlaAttention({
+            qNope: track(b.fromArray('f32', [tokens, H, NOPE], qNope)),
+            qPe: track(b.fromArray('f32', [tokens, H, ROPE], qPe)),
+            kvB: track(b.fromArray('f32', [H * (NOPE + V), R], s.kvB)),
+            cacheC: track(cacheTensor(b, cache, [slots, R], s.cacheC)),
+            cacheKpe: track(cacheTensor(b, cache, [slots, ROPE], s.cacheKpe)),
+            out,
+            base,
+            scale: SCALE,
+          });
+          return b.toArray(out) as Float32Array;
+        };
+        const all = call(T, 0, s.qNope, s.qPe);
+        details.push(expectClose(`${cache} cache`, all, latentAttention({ q: joinQ(s, T), kvB: s.kvB, cacheC: s.cacheC, cacheKpe: s.cacheKpe, base: 0, tokens: T, heads: H, nope: NOPE, rope: ROPE, v: V, rank: R, scale: SCALE }), 1e-5));
+        for (const t of [0, 1, 3, 4, 7, 8, 351, 699, 700, 702]) {
+          const one = call(1, t, s.qNope.subarray(t * H * NOPE, (t + 1) * H * NOPE), s.qPe.subarray(t * H * ROPE, (t + 1) * H * ROPE));
+          if (!sameBits(one, all.subarray(t * H * V, (t + 1) * H * V))) fail(`${cache} cache, token ${t}: prefill row differs from its decode step`);
+        }
+      }
+      return { detail: details.join('; ') };
+    });
+  },
+};
+
+/**
  * The cache a tree node is decoded over after DDTree commits its path: the `base` committed slots,
  * then the node's ancestors and itself (mask row `node`, in order) compacted after them. Returns
  * the latent and rope caches and how many new keys the node sees.
@@ -379,4 +420,4 @@ const shapeErrors: KernelCheck = {
   },
 };
 
-export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, bf16Cache, invariance, treeEqualsDecode, kimiRank, kvWrite, shapeErrors];
+export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, bf16Cache, invariance, longPrefill, treeEqualsDecode, kimiRank, kvWrite, shapeErrors];
