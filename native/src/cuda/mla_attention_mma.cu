@@ -8,7 +8,7 @@
 // kernel's f32 activations work the same way).
 //  * scores^T [64 keys, rows] = keys [64, D] . q^T: keys on the 16-row side of mma.m16n8k16
 //    (ldmatrix from the chunk in shared memory), token-head rows on the 8-wide side, their
-//    fragments written once per call in fragment order (SplitQKernel) and copied per tile.
+//    fragments written once per call in fragment order (SplitQKernel) and copied once per block.
 //  * ctx^T [R, rows] = c^T [R, 64 keys] . p^T: the chunk's c rows transposed by ldmatrix.trans,
 //    p split into planes in shared memory by the softmax.
 // Batch invariance: an MMA column's sums depend only on its own operands, and every (key, row)
