@@ -20,7 +20,7 @@ constexpr int kQLatSplit = 8;     // warps per block, each summing dn / 8 of the
 constexpr int kQLatTokens = 8;    // tokens per block (<= kQLatSplit: warp k writes token k)
 static_assert(kQLatTokens <= kQLatSplit, "a warp writes each token's sum");
 constexpr int kOutVPerBlock = 8;    // output values per merge block when rows are few (8 instead of 32: decode merge 26 -> 20 us, run 68)
-constexpr int kCombineAloneRows = 128;  // from this many rows, one merge block per row
+constexpr int kCombineAloneRows = 128;  // from this many rows, one merge kernel (CombineOutKernel) instead of two
 // Up to this many rows over the committed prefix (a tree verify of up to 34 tokens at 8 heads) the
 // 24-row whole-chunk tiles are at least as fast as the 64-row staged ones: a 9-token verify 115 ->
 // 83 us, 17 tokens 134 -> 128, 33 tokens 219 either way, 65 tokens 312 -> 383 (runs 212-215,

@@ -95,53 +95,37 @@ function reference(s: Setup, T: number, base: number, attends?: (i: number, j: n
   return latentAttention({ q: joinQ(s, T), kvB: s.kvB, cacheC: s.cacheC, cacheKpe: s.cacheKpe, base, tokens: T, heads: H, nope: NOPE, rope: s.rope, v: V, rank: s.rank, scale: SCALE, attends });
 }
 
-const decodePrefillTree: KernelCheck = {
-  name: 'mla_attention: decode (T=1), causal prefill (T=7) and tree verify (ancestor mask) vs reference (rope 8 and 6, rank 32 and 36)',
-  run(b) {
-    return withTensors(b, (track) => {
-      const details: string[] = [];
-      for (const { rope, rank } of SHAPES) {
-        const at = `rope ${rope} rank ${rank}`;
-        const s1 = setup(1, 1, rope, rank);
-        details.push(expectClose(`${at} decode base 20`, run(b, track, s1, 1, 20), reference(s1, 1, 20), 1e-5));
-        const s7 = setup(2, 7, rope, rank);
-        details.push(expectClose(`${at} prefill base 0`, run(b, track, s7, 7, 0), reference(s7, 7, 0), 1e-5));
-        details.push(expectClose(`${at} prefill base 9`, run(b, track, s7, 7, 9), reference(s7, 7, 9), 1e-5));
-        details.push(expectClose(`${at} tree base 11`, run(b, track, s7, 7, 11, TREE7), reference(s7, 7, 11, (i, j) => TREE7[i * 7 + j] === 1), 1e-5));
-      }
-      return { detail: details.join('; ') };
-    });
-  },
-};
-
 /**
- * A bf16 latent cache (half the bytes) holds bf16-rounded values: the outputs must match the
- * reference over those values to the f32 tolerance. On cuda such a cache runs on tensor cores
- * (exact bf16 keys, q and p split into three bf16 planes) where its rows are whole 8-byte pieces,
- * and on the CUDA-core tiles otherwise (rope 6).
+ * Decode, causal prefill and tree verify vs the reference, over a cache of `cache` dtype. A bf16
+ * cache (half the bytes) holds bf16-rounded values, and the outputs must match the reference over
+ * those values to the f32 tolerance: on cuda such a cache runs on tensor cores (exact bf16 keys, q
+ * and p split into three bf16 planes) where its rows are whole 8-byte pieces, and on the CUDA-core
+ * tiles otherwise (rope 6).
  */
-const bf16Cache: KernelCheck = {
-  name: 'mla_attention with a bf16 cache vs reference over its values (decode, causal prefill, tree verify; rope 8 and 6, rank 32 and 36)',
-  run(b) {
-    return withTensors(b, (track) => {
-      const details: string[] = [];
-      for (const { rope, rank } of SHAPES) {
-        const cases: [string, number, number, Uint8Array?][] = [
-          ['decode base 20', 1, 20],
-          ['prefill base 9', 7, 9],
-          ['tree base 11', 7, 11, TREE7],
-        ];
-        for (const [what, T, base, m] of cases) {
-          const s0 = setup(12 + T, T, rope, rank);
-          const s = { ...s0, cacheC: bf16Values(s0.cacheC), cacheKpe: bf16Values(s0.cacheKpe) };
-          const out = run(b, track, s, T, base, m, 'bf16');
-          details.push(expectClose(`rope ${rope} rank ${rank} ${what}`, out, reference(s, T, base, m && ((i, j) => m[i * T + j] === 1)), 1e-5));
+function referenceCheck(cache: CacheDtype, name: string): KernelCheck {
+  return {
+    name,
+    run(b) {
+      return withTensors(b, (track) => {
+        const details: string[] = [];
+        const rounded = (s: Setup): Setup => (cache === 'bf16' ? { ...s, cacheC: bf16Values(s.cacheC), cacheKpe: bf16Values(s.cacheKpe) } : s);
+        for (const { rope, rank } of SHAPES) {
+          const at = `rope ${rope} rank ${rank}`;
+          const s1 = rounded(setup(1, 1, rope, rank));
+          details.push(expectClose(`${at} decode base 20`, run(b, track, s1, 1, 20, undefined, cache), reference(s1, 1, 20), 1e-5));
+          const s7 = rounded(setup(2, 7, rope, rank));
+          details.push(expectClose(`${at} prefill base 0`, run(b, track, s7, 7, 0, undefined, cache), reference(s7, 7, 0), 1e-5));
+          details.push(expectClose(`${at} prefill base 9`, run(b, track, s7, 7, 9, undefined, cache), reference(s7, 7, 9), 1e-5));
+          details.push(expectClose(`${at} tree base 11`, run(b, track, s7, 7, 11, TREE7, cache), reference(s7, 7, 11, (i, j) => TREE7[i * 7 + j] === 1), 1e-5));
         }
-      }
-      return { detail: details.join('; ') };
-    });
-  },
-};
+        return { detail: details.join('; ') };
+      });
+    },
+  };
+}
+
+const decodePrefillTree = referenceCheck('f32', 'mla_attention: decode (T=1), causal prefill (T=7) and tree verify (ancestor mask) vs reference (rope 8 and 6, rank 32 and 36)');
+const bf16Cache = referenceCheck('bf16', 'mla_attention with a bf16 cache vs reference over its values (decode, causal prefill, tree verify; rope 8 and 6, rank 32 and 36)');
 
 /** A token's output depends only on the keys it sees: prefill row t == decode with t more committed. */
 const invariance: KernelCheck = {
