@@ -88,6 +88,12 @@ size_t AttendMmaScratchBytes(const AttendMmaArgs& a);
 // mask) on a device of `sms` SMs.
 Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, void* scratch, int sms, cudaStream_t s);
 
+// The q absorption on tensor cores (mla_q_absorb_mma.cu): whether it takes this call (bf16 kv_b,
+// dn a multiple of 16 up to 128, R a multiple of 8, aligned rows), and its launch; otherwise
+// mla_attention.cu's CUDA-core kernel. Either way a token's q_lat does not depend on the others.
+bool QLatentMmaFits(const void* kv_b, DType kvb_dtype, const float* q_nope, int dn, int R);
+Status LaunchQLatentMma(const float* q_nope, const __nv_bfloat16* kv_b, int T, int H, int dn, int dv, int R, float* q_lat, cudaStream_t s);
+
 }  // namespace mla
 }  // namespace cuda
 }  // namespace kdtree

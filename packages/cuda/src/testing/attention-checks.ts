@@ -144,26 +144,41 @@ const invariance: KernelCheck = {
 };
 
 /**
- * A long causal prefill (703 tokens, 2109 rows at 3 heads): on a GPU of up to 132 SMs its merge takes
- * blocks of 4 tokens of a head (each W_vb row read once for them; the last block 3), which shorter
- * calls do not reach. Against the reference, and sampled rows (both ends of blocks) == decoding
- * that token.
+ * Long causal prefills: 703 tokens (2109 rows at 3 heads) and 130. On cuda the merge of a long call
+ * takes blocks of several tokens of a head (each W_vb row read once for them; 4 at 703 tokens on
+ * up to 132 SMs, the last block 3), and with a bf16 kv_b the q absorption runs on tensor cores in
+ * blocks of 32 tokens (703) or 16 (130): paths that shorter calls do not reach. Against the
+ * reference, and sampled rows (both ends of blocks) == decoding that token; f32 and bf16 caches and
+ * kv_b.
  */
 const longPrefill: KernelCheck = {
-  name: 'mla_attention: a 703-token causal prefill vs reference, sampled rows == decode bit for bit (f32 and bf16 cache)',
+  name: 'mla_attention: 703- and 130-token causal prefills vs reference, sampled rows == decode bit for bit (f32 and bf16 cache and kv_b)',
   run(b) {
     return withTensors(b, (track) => {
-      const [T, slots] = [703, 720];
+      const slots = 720;
       const details: string[] = [];
-      for (const cache of CACHES) {
+      const cases: [number, CacheDtype, CacheDtype][] = [
+        [703, 'f32', 'f32'],
+        [703, 'bf16', 'f32'],
+        [703, 'f32', 'bf16'],
+        [703, 'bf16', 'bf16'],
+        [130, 'f32', 'bf16'],
+      ];
+      for (const [T, cache, kvb] of cases) {
         const s0: Setup = { ...setup(81, T), cacheC: randomF32(slots * R, 84), cacheKpe: randomF32(slots * ROPE, 85) };
-        const s = cache === 'bf16' ? { ...s0, cacheC: bf16Values(s0.cacheC), cacheKpe: bf16Values(s0.cacheKpe) } : s0;
+        const s: Setup = {
+          ...s0,
+          cacheC: cache === 'bf16' ? bf16Values(s0.cacheC) : s0.cacheC,
+          cacheKpe: cache === 'bf16' ? bf16Values(s0.cacheKpe) : s0.cacheKpe,
+          kvB: kvb === 'bf16' ? bf16Values(s0.kvB) : s0.kvB,
+        };
+        const kvB = track(kvb === 'bf16' ? b.fromArray('bf16', [H * (NOPE + V), R], f32ArrayToBf16(s.kvB)) : b.fromArray('f32', [H * (NOPE + V), R], s.kvB));
         const call = (tokens: number, base: number, qNope: Float32Array, qPe: Float32Array) => {
           const out = track(b.empty('f32', [tokens, H, V]));
           b.native.mlaAttention({
             qNope: track(b.fromArray('f32', [tokens, H, NOPE], qNope)),
             qPe: track(b.fromArray('f32', [tokens, H, ROPE], qPe)),
-            kvB: track(b.fromArray('f32', [H * (NOPE + V), R], s.kvB)),
+            kvB,
             cacheC: track(cacheTensor(b, cache, [slots, R], s.cacheC)),
             cacheKpe: track(cacheTensor(b, cache, [slots, ROPE], s.cacheKpe)),
             out,
@@ -172,11 +187,12 @@ const longPrefill: KernelCheck = {
           });
           return b.toArray(out) as Float32Array;
         };
+        const at = `${T} tokens, ${cache} cache, ${kvb} kv_b`;
         const all = call(T, 0, s.qNope, s.qPe);
-        details.push(expectClose(`${cache} cache`, all, latentAttention({ q: joinQ(s, T), kvB: s.kvB, cacheC: s.cacheC, cacheKpe: s.cacheKpe, base: 0, tokens: T, heads: H, nope: NOPE, rope: ROPE, v: V, rank: R, scale: SCALE }), 1e-5));
-        for (const t of [0, 1, 3, 4, 7, 8, 351, 699, 700, 702]) {
+        details.push(expectClose(at, all, latentAttention({ q: joinQ(s, T), kvB: s.kvB, cacheC: s.cacheC, cacheKpe: s.cacheKpe, base: 0, tokens: T, heads: H, nope: NOPE, rope: ROPE, v: V, rank: R, scale: SCALE }), 1e-5));
+        for (const t of [0, 1, 3, 4, 7, 8, 15, 16, 31, 32, 127, 128, 129, 351, 699, 700, 702].filter((t) => t < T)) {
           const one = call(1, t, s.qNope.subarray(t * H * NOPE, (t + 1) * H * NOPE), s.qPe.subarray(t * H * ROPE, (t + 1) * H * ROPE));
-          if (!sameBits(one, all.subarray(t * H * V, (t + 1) * H * V))) fail(`${cache} cache, token ${t}: prefill row differs from its decode step`);
+          if (!sameBits(one, all.subarray(t * H * V, (t + 1) * H * V))) fail(`${at}, token ${t}: prefill row differs from its decode step`);
         }
       }
       return { detail: details.join('; ') };
