@@ -8,6 +8,7 @@
 // instead of running H blocks; chunks combine in a fixed order, so a token's output depends only
 // on the keys it sees (decode and tree verify give the same bits for the same prefix).
 #include "mla_chunk.cuh"
+#include "mla_project_mma.cuh"
 
 namespace kdtree {
 namespace cuda {
@@ -404,6 +405,33 @@ __device__ __forceinline__ float ContextValue(const float* p, const float* weigh
   return num;
 }
 
+// ctx[r], ctx[r + 1] (r even, R even: 8-byte loads) for a block per row: ContextValue's chains, with
+// KDTREE_MERGE_UNROLL chunks' loads issued before their FMAs.
+#ifndef KDTREE_MERGE_UNROLL
+#define KDTREE_MERGE_UNROLL 8
+#endif
+__device__ __forceinline__ float2 ContextPair(const float* p, const float* weight, int chunks, int R, int r) {
+  constexpr int kUnroll = KDTREE_MERGE_UNROLL;
+  float2 num = make_float2(0.f, 0.f);
+  int c = 0;
+  for (; c + kUnroll <= chunks; c += kUnroll) {
+    float2 v[kUnroll];
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) v[i] = *reinterpret_cast<const float2*>(p + (c + i) * (R + 2) + 2 + r);
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) {
+      num.x = fmaf(weight[c + i], v[i].x, num.x);
+      num.y = fmaf(weight[c + i], v[i].y, num.y);
+    }
+  }
+  for (; c < chunks; ++c) {
+    const float2 v = *reinterpret_cast<const float2*>(p + c * (R + 2) + 2 + r);
+    num.x = fmaf(weight[c], v.x, num.x);
+    num.y = fmaf(weight[c], v.y, num.y);
+  }
+  return num;
+}
+
 // out[g][v] = W_vb[h, v] . ctx[g] for the `rows` (<= G) rows of one head (ctx [G][R], out rows
 // out_stride apart) and v in [v_begin, v_end), one warp per v at a time. Each W_vb value is loaded
 // once for all the rows, and each row's sum has the one-row order (a lane's FMA chain over its r,
@@ -456,15 +484,19 @@ __device__ __forceinline__ int RowChunks(const int64_t* key_counts, int th) { re
 // Many rows (verify, prefill): a block per head and G tokens merges each row's chunks once (warp g
 // the chunk weights of row g) and projects every v for all G rows, reading each W_vb row once for
 // them (a block per row read the head's 131 KB of W_vb per row: 537 MB for a 512-token prefill).
-template <int G>
+// With kMma (a bf16 kv_b) the projection runs on tensor cores (mla_project_mma.cuh), a warp per 16
+// values of v; ctx rows are then R + 4 floats apart, so the 8 rows' 16-byte reads of an MMA step
+// fall in distinct banks.
+template <int G, bool kMma>
 __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int T, int H, int R, const void* kv_b,
                                                         DType kvb_dtype, bool vector_rows, int dn, int dv, float* out) {
-  static_assert(G <= 8, "a warp per row computes its chunk weights");
+  static_assert(G <= 8, "a warp per row computes its chunk weights; the MMA projection's tile has 8 rows");
   PdlWait();
   PdlLaunchDependents();
   extern __shared__ float shared[];
-  float* ctx = shared;               // [G][R]
-  float* weight = shared + G * R;    // [G][max_chunks]
+  const int stride = kMma ? R + 4 : R;
+  float* ctx = shared;                  // [G][stride]
+  float* weight = shared + G * stride;  // [G][max_chunks]
   const int h = blockIdx.x, t0 = blockIdx.y * G, rows = G == 1 ? 1 : min(G, T - t0), warp = threadIdx.x >> 5;
   const int64_t th0 = static_cast<int64_t>(t0) * H + h;  // row g: th0 + g H
   if (warp < rows) ChunkWeights(partial + (th0 + warp * H) * max_chunks * (R + 2), RowChunks(key_counts, static_cast<int>(th0 + warp * H)), R, weight + warp * max_chunks);
@@ -473,10 +505,19 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
     const int64_t th = th0 + g * H;
     const float* p = partial + th * max_chunks * (R + 2);
     const int chunks = RowChunks(key_counts, static_cast<int>(th));
-    for (int r = threadIdx.x; r < R; r += blockDim.x) ctx[g * R + r] = ContextValue<false>(p, weight + g * max_chunks, chunks, R, r);
+    if (R % 2 == 0) {
+      for (int r = 2 * threadIdx.x; r < R; r += 2 * blockDim.x) *reinterpret_cast<float2*>(ctx + g * stride + r) = ContextPair(p, weight + g * max_chunks, chunks, R, r);
+    } else {
+      for (int r = threadIdx.x; r < R; r += blockDim.x) ctx[g * stride + r] = ContextValue<false>(p, weight + g * max_chunks, chunks, R, r);
+    }
   }
   __syncthreads();
-  ProjectOut<G>(ctx, rows, kv_b, kvb_dtype, vector_rows, h, R, dn, dv, 0, dv, out + th0 * dv, static_cast<int64_t>(H) * dv);
+  if constexpr (kMma) {
+    const __nv_bfloat16* w_vb = static_cast<const __nv_bfloat16*>(kv_b) + static_cast<int64_t>(h * (dn + dv) + dn) * R;
+    for (int v0 = 16 * warp; v0 < dv; v0 += 16 * (blockDim.x / 32)) ProjectTileMma(w_vb, v0, dv, R, ctx, stride, rows, out + th0 * dv, static_cast<int64_t>(H) * dv);
+  } else {
+    ProjectOut<G>(ctx, rows, kv_b, kvb_dtype, vector_rows, h, R, dn, dv, 0, dv, out + th0 * dv, static_cast<int64_t>(H) * dv);
+  }
 }
 
 // Few rows (decode, a small tree): a row's merge is spread over many blocks in two launches. Blocks
@@ -810,10 +851,13 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const int T = static_cast<int>(a.q_nope.dim(0)), H = static_cast<int>(a.q_nope.dim(1)), dn = static_cast<int>(a.q_nope.dim(2));
   const int dr = static_cast<int>(a.q_pe.dim(2)), R = static_cast<int>(a.cache_c.dim(1)), dv = static_cast<int>(a.out.dim(2));
   const int max_chunks = static_cast<int>((a.base + T + kAttnChunk - 1) / kAttnChunk);
-  if ((static_cast<size_t>(R) + max_chunks) * 4 > 48 * 1024) return Unsupported("mla_attention: ", a.base + T, " keys need more chunk weights than the merge keeps in shared memory (", (48 * 1024 / 4 - R) * kAttnChunk, " at most)");
-  // scratch: key counts i64 [T * H], q_lat f32 [T * H, R], partial f32 [T * H, max_chunks, R + 2],
-  // ctx f32 [T * H, R] (the two-kernel merge)
-  // (+ the tensor-core kernel's split q)
+  // every call with this kv_b takes the same projection: rows keep their bits
+  const bool project_mma = mla::ProjectMmaFits(a.kv_b.data, a.kv_b.dtype, R);
+  const int ctx_stride = project_mma ? R + 4 : R;  // floats per ctx row in the merge's shared memory
+  if ((static_cast<size_t>(ctx_stride) + max_chunks) * 4 > 48 * 1024) return Unsupported("mla_attention: ", a.base + T, " keys need more chunk weights than the merge keeps in shared memory (", (48 * 1024 / 4 - ctx_stride) * kAttnChunk, " at most)");
+  // scratch: key counts i64 [T * H], q_lat f32 [T * H, R], ctx f32 [T * H, R] (the two-kernel merge;
+  // on 16 bytes where R is a multiple of 4, as the tensor-core projection reads it), partial f32
+  // [T * H, max_chunks, R + 2] (+ the tensor-core kernel's split q)
   const size_t q_lat_floats = static_cast<size_t>(T) * H * R, partial_floats = static_cast<size_t>(T) * H * max_chunks * (R + 2);
   const auto round256 = [](size_t n) { return (n + 255) / 256 * 256; };
   const size_t counts_bytes = round256(static_cast<size_t>(T) * H * sizeof(int64_t)), floats_bytes = round256((2 * q_lat_floats + partial_floats) * sizeof(float));
@@ -828,8 +872,8 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   KDTREE_RETURN_IF_ERROR(scratch.Reserve(counts_bytes + floats_bytes + (tensor_cores ? mla::AttendMmaScratchBytes(mma) : 0), s));
   int64_t* key_counts = static_cast<int64_t*>(scratch.ptr);
   float* q_lat = reinterpret_cast<float*>(static_cast<char*>(scratch.ptr) + counts_bytes);
-  float* partial = q_lat + q_lat_floats;
-  float* ctx = partial + partial_floats;
+  float* ctx = q_lat + q_lat_floats;
+  float* partial = ctx + q_lat_floats;
   void* split_q = static_cast<char*>(scratch.ptr) + counts_bytes + floats_bytes;
   if (mla::QLatentMmaFits(a.kv_b.data, a.kv_b.dtype, a.q_nope.as<const float>(), dn, R)) {
     KDTREE_RETURN_IF_ERROR(mla::LaunchQLatentMma(a.q_nope.as<const float>(), static_cast<const __nv_bfloat16*>(a.kv_b.data), T, H, dn, dv, R, q_lat, s));
@@ -863,17 +907,21 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
     // chunk weights fit in 48 KB. A 512-token prefill (8 rows of W_vb reuse) 415 -> 382 us; a
     // 65-node verify with 4-8 rows per block (72-136 blocks) 214 -> 256-277 (run 237; the rule and the grid order: runs 238-241).
     int G = 8;
-    while (G > 1 && ((T + G - 1) / G * H < 4 * sms || static_cast<size_t>(G) * (R + max_chunks) * sizeof(float) > 48 * 1024)) G /= 2;
-    const size_t smem = static_cast<size_t>(G) * (R * sizeof(float) + weight_bytes);
+    while (G > 1 && ((T + G - 1) / G * H < 4 * sms || static_cast<size_t>(G) * (ctx_stride + max_chunks) * sizeof(float) > 48 * 1024)) G /= 2;
+    const size_t smem = static_cast<size_t>(G) * (ctx_stride * sizeof(float) + weight_bytes);
     const dim3 grid(H, (T + G - 1) / G);  // a head's blocks next to each other: prefill 390 vs 399 us (run 240)
     const auto launch = [&](auto kernel) {
       return LaunchPdl("mla combine + out", kernel, grid, dim3(256), smem, s, static_cast<const float*>(partial), static_cast<const int64_t*>(key_counts), max_chunks, T, H, R,
                        static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, vector_rows, dn, dv, out);
     };
-    return G == 8 ? launch(CombineOutKernel<8>) : G == 4 ? launch(CombineOutKernel<4>) : G == 2 ? launch(CombineOutKernel<2>) : launch(CombineOutKernel<1>);
+    if (project_mma) {
+      return G == 8 ? launch(CombineOutKernel<8, true>) : G == 4 ? launch(CombineOutKernel<4, true>) : G == 2 ? launch(CombineOutKernel<2, true>) : launch(CombineOutKernel<1, true>);
+    }
+    return G == 8 ? launch(CombineOutKernel<8, false>) : G == 4 ? launch(CombineOutKernel<4, false>) : G == 2 ? launch(CombineOutKernel<2, false>) : launch(CombineOutKernel<1, false>);
   }
   KDTREE_RETURN_IF_ERROR(LaunchPdl("mla combine", CombineContextKernel, dim3(T * H, (R + kContextCols - 1) / kContextCols), dim3(kContextCols), weight_bytes, s,
                                    static_cast<const float*>(partial), static_cast<const int64_t*>(key_counts), max_chunks, R, ctx));
+  if (project_mma) return mla::LaunchProjectOutMma(ctx, static_cast<const __nv_bfloat16*>(a.kv_b.data), T, H, R, dn, dv, out, s);
   return LaunchPdl("mla out projection", ProjectOutKernel, dim3(T * H, (dv + kOutVPerBlock - 1) / kOutVPerBlock), dim3(256), R * sizeof(float), s, static_cast<const float*>(ctx), H, R,
                    static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, vector_rows, dn, dv, kOutVPerBlock, out);
 }
