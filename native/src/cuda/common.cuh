@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kdtree/ops.h"
 #include "kdtree/status.h"
@@ -79,18 +80,36 @@ __device__ __forceinline__ Bf16Planes SplitPair(float x, float y) {
 }
 
 // Tensor-core pieces: four 8x8 b16 matrices from shared memory (lane l gives the row address of row
-// l % 8 of matrix l / 8), as stored or transposed, and d += a . b on mma.m16n8k16 (bf16, f32 sums).
+// l % 8 of matrix l / 8), as stored or transposed, and mma.m16n8k16 with f32 sums on A codes
+// (bf16 or f16).
 __device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 __device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// d = a . b + d, or with `fresh` d = a . b (a group's first MMA: no zeroing moves).
+#define KDTREE_MMA(TYPE)                                                                                                  \
+  if (fresh) {                                                                                                            \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n" \
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                                  \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));                                       \
+  } else {                                                                                                                \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                                  \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                                  \
+  }
+template <typename A>
+__device__ __forceinline__ void Mma(float* d, const uint32_t* a, uint32_t b0, uint32_t b1, bool fresh) {
+  if constexpr (std::is_same<A, __nv_bfloat16>::value) {
+    KDTREE_MMA("bf16")
+  } else {
+    KDTREE_MMA("f16")
+  }
 }
+#undef KDTREE_MMA
+// d += a . b, bf16
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { Mma<__nv_bfloat16>(d, a, b0, b1, false); }
 
 // 16-byte asynchronous copies global -> shared (cp.async.cg: L2 only, so streamed data keeps out
 // of L1). `dst` is a shared-memory address (__cvta_generic_to_shared). The zero-fill form copies

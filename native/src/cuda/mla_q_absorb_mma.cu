@@ -16,37 +16,44 @@ namespace cuda {
 namespace mla {
 namespace {
 
-constexpr int kAbsorbR = 128;                      // r values per block: 8 tiles of 16, 2 per warp
 constexpr int kAbsorbWarps = 4, kAbsorbThreads = 32 * kAbsorbWarps;
 constexpr int kAbsorbMaxGroups = 4;                // column groups of 8 tokens per block, at most
 constexpr int kAbsorbMaxSlices = 8;                // dn <= 128: a warp keeps its W_kb fragments in registers
-constexpr int kAbsorbStride = kAbsorbR + 8;        // bf16 per W_kb row in shared memory (272 bytes: ldmatrix rows hit distinct banks)
+// r values per block at MT tiles of 16 per warp, and bf16 per W_kb row in shared memory (+8: the
+// ldmatrix rows of a step hit distinct banks).
+template <int MT>
+constexpr int kAbsorbR = 16 * MT * kAbsorbWarps;
+template <int MT>
+constexpr int kAbsorbStride = kAbsorbR<MT> + 8;
 
-// A block per (head, 128 values of r, 8 `groups` tokens).
+// A block per (head, kAbsorbR<MT> values of r, 8 `groups` tokens). (Prefetching its W_kb rows into
+// L2 before the wait, as the projection does with W_vb, made decode 0.2 us slower: run 248.)
+template <int MT>
 __global__ void __launch_bounds__(kAbsorbThreads) QLatentMmaKernel(const float* q_nope, const __nv_bfloat16* kv_b, int T, int H, int dn, int dv, int R, int groups, float* q_lat) {
+  constexpr int kR = kAbsorbR<MT>, kStride = kAbsorbStride<MT>;
+  extern __shared__ uint4 absorb_smem[];
+  __nv_bfloat16* w = reinterpret_cast<__nv_bfloat16*>(absorb_smem);  // [dn][kStride]: W_kb[h][i][r0 ..]
+  const int h = blockIdx.x, r0 = blockIdx.y * kR, t0 = blockIdx.z * 8 * groups;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const __nv_bfloat16* w_kb = kv_b + static_cast<int64_t>(h) * (dn + dv) * R;
   PdlWait();
   PdlLaunchDependents();
-  extern __shared__ uint4 absorb_smem[];
-  __nv_bfloat16* w = reinterpret_cast<__nv_bfloat16*>(absorb_smem);  // [dn][kAbsorbStride]: W_kb[h][i][r0 ..]
-  const int h = blockIdx.x, r0 = blockIdx.y * kAbsorbR, t0 = blockIdx.z * 8 * groups;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  for (int i = threadIdx.x; i < dn * (kAbsorbR / 8); i += kAbsorbThreads) {  // 16-byte pieces, zero past R
-    const int row = i / (kAbsorbR / 8), r = r0 + 8 * (i % (kAbsorbR / 8));
-    const __nv_bfloat16* src = kv_b + (static_cast<int64_t>(h) * (dn + dv) + row) * R + r;
-    CopyAsync16ZeroFill(static_cast<uint32_t>(__cvta_generic_to_shared(w + row * kAbsorbStride + r - r0)), r < R ? src : kv_b, r < R ? 16 : 0);
+  for (int i = threadIdx.x; i < dn * (kR / 8); i += kAbsorbThreads) {  // 16-byte pieces, zero past R
+    const int row = i / (kR / 8), r = r0 + 8 * (i % (kR / 8));
+    CopyAsync16ZeroFill(static_cast<uint32_t>(__cvta_generic_to_shared(w + row * kStride + r - r0)), r < R ? w_kb + static_cast<int64_t>(row) * R + r : kv_b, r < R ? 16 : 0);
   }
   CopyAsyncWaitAll();
   __syncthreads();
 
-  // this warp's r tiles m = 0, 1 (r0 + 32 warp + 16 m ..): A = W_kb^T by ldmatrix.trans of rows i
+  // this warp's r tiles m < MT (r0 + 16 (MT warp + m) ..): A = W_kb^T by ldmatrix.trans of rows i
   const int slices = dn / 16;
-  uint32_t a[2][kAbsorbMaxSlices][4];
+  uint32_t a[MT][kAbsorbMaxSlices][4];
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int ks = 0; ks < kAbsorbMaxSlices; ++ks) {
       if (ks < slices) {
-        LoadMatrixX4Trans(a[m][ks], static_cast<uint32_t>(__cvta_generic_to_shared(w + (16 * ks + (lane >> 4) * 8 + (lane & 7)) * kAbsorbStride + 32 * warp + 16 * m + ((lane >> 3) & 1) * 8)));
+        LoadMatrixX4Trans(a[m][ks], static_cast<uint32_t>(__cvta_generic_to_shared(w + (16 * ks + (lane >> 4) * 8 + (lane & 7)) * kStride + 16 * (MT * warp + m) + ((lane >> 3) & 1) * 8)));
       }
     }
 #pragma unroll 1
@@ -54,7 +61,7 @@ __global__ void __launch_bounds__(kAbsorbThreads) QLatentMmaKernel(const float* 
     const int tok = t0 + 8 * nt + g;  // this lane's B column
     if (t0 + 8 * nt >= T) break;
     const float* q = q_nope + (static_cast<int64_t>(tok) * H + h) * dn + 2 * t4;
-    float acc[2][4] = {};
+    float acc[MT][4] = {};
 #pragma unroll
     for (int ks = 0; ks < kAbsorbMaxSlices; ++ks) {
       if (ks < slices) {
@@ -62,19 +69,19 @@ __global__ void __launch_bounds__(kAbsorbThreads) QLatentMmaKernel(const float* 
         const float2 x1 = tok < T ? *reinterpret_cast<const float2*>(q + 16 * ks + 8) : make_float2(0.f, 0.f);
         const Bf16Planes b0 = SplitPair(x0.x, x0.y), b1 = SplitPair(x1.x, x1.y);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
+        for (int m = 0; m < MT; ++m) {
           MmaBf16(acc[m], a[m][ks], b0.lo, b1.lo);
           MmaBf16(acc[m], a[m][ks], b0.mid, b1.mid);
           MmaBf16(acc[m], a[m][ks], b0.hi, b1.hi);
         }
       }
     }
-    // acc[m] element e: r = r0 + 32 warp + 16 m + g + 8 (e >> 1), token t0 + 8 nt + 2 t4 + (e & 1)
+    // acc[m] element e: r = r0 + 16 (MT warp + m) + g + 8 (e >> 1), token t0 + 8 nt + 2 t4 + (e & 1)
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = r0 + 32 * warp + 16 * m + g + 8 * (e >> 1), t = t0 + 8 * nt + 2 * t4 + (e & 1);
+        const int r = r0 + 16 * (MT * warp + m) + g + 8 * (e >> 1), t = t0 + 8 * nt + 2 * t4 + (e & 1);
         if (r < R && t < T) q_lat[(static_cast<int64_t>(t) * H + h) * R + r] = acc[m][e];
       }
   }
@@ -88,13 +95,19 @@ bool QLatentMmaFits(const void* kv_b, DType kvb_dtype, const float* q_nope, int 
 }
 
 // Token groups per block: 4 from 256 tokens (W_kb fragments reused for 32 tokens), 2 from 128, else
-// 1: a small verify wants the blocks (33 tokens in blocks of 32: 122 -> 129 us, run 243).
+// 1: a small verify wants the blocks (33 tokens in blocks of 32: 122 -> 129 us, run 243). Below
+// 128 tokens a warp takes one r tile instead of two: twice the blocks (64 at decode on one rank;
+// decode 21.8 -> 21.55 us, run 248).
 Status LaunchQLatentMma(const float* q_nope, const __nv_bfloat16* kv_b, int T, int H, int dn, int dv, int R, float* q_lat, cudaStream_t s) {
-  const int r_blocks = (R + kAbsorbR - 1) / kAbsorbR, groups = T >= 256 ? 4 : T >= 128 ? 2 : 1;
+  const int groups = T >= 256 ? 4 : T >= 128 ? 2 : 1;
   static_assert(kAbsorbMaxGroups == 4, "the rule above");
-  const dim3 grid(H, r_blocks, (T + 8 * groups - 1) / (8 * groups));
-  const size_t smem = static_cast<size_t>(dn) * kAbsorbStride * sizeof(__nv_bfloat16);
-  return LaunchPdl("mla q_latent (mma)", QLatentMmaKernel, grid, dim3(kAbsorbThreads), smem, s, q_nope, kv_b, T, H, dn, dv, R, groups, q_lat);
+  const auto launch = [&](auto kernel, int r_per_block, int stride) {
+    const dim3 grid(H, (R + r_per_block - 1) / r_per_block, (T + 8 * groups - 1) / (8 * groups));
+    const size_t smem = static_cast<size_t>(dn) * stride * sizeof(__nv_bfloat16);
+    return LaunchPdl("mla q_latent (mma)", kernel, grid, dim3(kAbsorbThreads), smem, s, q_nope, kv_b, T, H, dn, dv, R, groups, q_lat);
+  };
+  if (groups == 1) return launch(QLatentMmaKernel<1>, kAbsorbR<1>, kAbsorbStride<1>);
+  return launch(QLatentMmaKernel<2>, kAbsorbR<2>, kAbsorbStride<2>);
 }
 
 }  // namespace mla

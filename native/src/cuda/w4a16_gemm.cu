@@ -108,27 +108,6 @@ __device__ __forceinline__ int Quotient(const Divisor& v, int n) {
   }
 }
 
-// d = a . b + d, or with `fresh` d = a . b (a group's first MMA: no zeroing moves).
-#define KDTREE_MMA(TYPE)                                                                                                  \
-  if (fresh) {                                                                                                            \
-    asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n" \
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                                  \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));                                       \
-  } else {                                                                                                                \
-    asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                                  \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                                  \
-  }
-template <typename A>
-__device__ __forceinline__ void Mma(float* d, const uint32_t* a, uint32_t b0, uint32_t b1, bool fresh) {
-  if constexpr (std::is_same<A, __nv_bfloat16>::value) {
-    KDTREE_MMA("bf16")
-  } else {
-    KDTREE_MMA("f16")
-  }
-}
-#undef KDTREE_MMA
-
 // The forms of the stream-K kernel besides its token groups (NT); all compute every output in the
 // same order, so a row's bits do not depend on the form.
 //  kStandard  x staged (StageXKernel) above one token group; at two groups each warp copies its
