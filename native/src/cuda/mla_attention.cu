@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(kQLatR * kQLatSplit) QLatentKernel(const float
   }
 }
 
-// Key counts: a token sees the `base` committed slots and the new tokens its mask row allows
-// (causal without a mask). One warp per token; every head of the token gets the count.
+// Key counts of a call with a mask on the CUDA-core path (KeyCounts): one warp per token; every
+// head of the token gets the count.
 __global__ void KeyCountKernel(const uint8_t* mask, int T, int H, int64_t base, int64_t* key_counts) {
   PdlWait();
   PdlLaunchDependents();
@@ -107,7 +107,7 @@ __global__ void KeyCountKernel(const uint8_t* mask, int T, int H, int64_t base, 
   int count = 0;
   for (int j0 = 0; j0 < T; j0 += 32) {
     const int j = j0 + lane;
-    count += __popc(__ballot_sync(0xffffffffu, j < T && (mask ? mask[static_cast<int64_t>(t) * T + j] != 0 : j <= t)));
+    count += __popc(__ballot_sync(0xffffffffu, j < T && mask[static_cast<int64_t>(t) * T + j] != 0));
   }
   for (int h = lane; h < H; h += 32) key_counts[static_cast<int64_t>(t) * H + h] = base + count;
 }
@@ -219,7 +219,7 @@ __device__ __forceinline__ void ChunkSoftmax(float* probs, const int* row_keys, 
 template <int ROWS, bool SHARED, typename CacheT>
 __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(const float* q_lat, const float* q_pe, const CacheT* cache_c, const CacheT* cache_kpe, const uint8_t* mask,
                                                                  int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
-                                                                 const int64_t* key_counts, float* partial) {
+                                                                 KeyCounts key_counts, float* partial) {
   PdlWait();
   PdlLaunchDependents();
   using L = TileLayout<ROWS>;
@@ -238,7 +238,9 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
   const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, key_counts, chunk, TileRows{th0, rows}, allowed, slots, row_keys) == 0) return;
+  __shared__ int64_t tile_counts[ROWS];
+  TileKeyCounts<ROWS, kWarps>(key_counts, TileRows{th0, rows}, tile_counts);
+  if (ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, tile_counts, chunk, allowed, slots, row_keys) == 0) return;
 
   // Stages go through registers: a thread loads its elements of the next stage (all in flight at
   // once) while the block computes on the current one. Loading element by element into shared
@@ -479,7 +481,8 @@ __device__ __forceinline__ void ProjectOut(const float* ctx, int rows, const voi
   }
 }
 
-__device__ __forceinline__ int RowChunks(const int64_t* key_counts, int th) { return static_cast<int>((key_counts[th] + kAttnChunk - 1) / kAttnChunk); }
+// The chunks row th's keys fill (a whole warp calls it).
+__device__ __forceinline__ int RowChunks(KeyCounts key_counts, int th) { return static_cast<int>((key_counts.Warp(th) + kAttnChunk - 1) / kAttnChunk); }
 
 // Many rows (verify, prefill): a block per head and G tokens merges each row's chunks once (warp g
 // the chunk weights of row g) and projects every v for all G rows, reading each W_vb row once for
@@ -488,7 +491,7 @@ __device__ __forceinline__ int RowChunks(const int64_t* key_counts, int th) { re
 // values of v; ctx rows are then R + 4 floats apart, so the 8 rows' 16-byte reads of an MMA step
 // fall in distinct banks.
 template <int G, bool kMma>
-__global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, const int64_t* key_counts, int max_chunks, int T, int H, int R, const void* kv_b,
+__global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, KeyCounts key_counts, int max_chunks, int T, int H, int R, const void* kv_b,
                                                         DType kvb_dtype, bool vector_rows, int dn, int dv, float* out) {
   static_assert(G <= 8, "a warp per row computes its chunk weights; the MMA projection's tile has 8 rows");
   PdlWait();
@@ -499,12 +502,17 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
   float* weight = shared + G * stride;  // [G][max_chunks]
   const int h = blockIdx.x, t0 = blockIdx.y * G, rows = G == 1 ? 1 : min(G, T - t0), warp = threadIdx.x >> 5;
   const int64_t th0 = static_cast<int64_t>(t0) * H + h;  // row g: th0 + g H
-  if (warp < rows) ChunkWeights(partial + (th0 + warp * H) * max_chunks * (R + 2), RowChunks(key_counts, static_cast<int>(th0 + warp * H)), R, weight + warp * max_chunks);
+  __shared__ int row_chunks[G];
+  if (warp < rows) {
+    const int chunks = RowChunks(key_counts, static_cast<int>(th0 + warp * H));
+    if ((threadIdx.x & 31) == 0) row_chunks[warp] = chunks;
+    ChunkWeights(partial + (th0 + warp * H) * max_chunks * (R + 2), chunks, R, weight + warp * max_chunks);
+  }
   __syncthreads();
   for (int g = 0; g < rows; ++g) {
     const int64_t th = th0 + g * H;
     const float* p = partial + th * max_chunks * (R + 2);
-    const int chunks = RowChunks(key_counts, static_cast<int>(th));
+    const int chunks = row_chunks[g];
     if (R % 2 == 0) {
       for (int r = 2 * threadIdx.x; r < R; r += 2 * blockDim.x) *reinterpret_cast<float2*>(ctx + g * stride + r) = ContextPair(p, weight + g * max_chunks, chunks, R, r);
     } else {
@@ -526,15 +534,15 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, co
 // chunk again in each of its 16 blocks per row (16 x the partial reads: 16 us of a 36 us decode,
 // run 89). The projection is launched programmatically dependent: its blocks prefetch their
 // W_vb rows into L2 while the merge runs, and wait for it only before reading ctx.
-constexpr int kContextCols = 32;  // a warp per block: a decode's 8 rows in 128 blocks, not 32 of 4 warps (decode 0.4 us faster, run 248)
-__global__ void __launch_bounds__(kContextCols) CombineContextKernel(const float* partial, const int64_t* key_counts, int max_chunks, int R, float* ctx_out) {
+constexpr int kContextCols = 32;  // one warp per block: a decode's 8 rows in 128 blocks, not 32 of 4 warps (decode 0.4 us faster, run 248)
+__global__ void __launch_bounds__(kContextCols) CombineContextKernel(const float* partial, KeyCounts key_counts, int max_chunks, int R, float* ctx_out) {
   PdlWait();
   PdlLaunchDependents();
   extern __shared__ float weight[];  // [max_chunks]
   const int th = blockIdx.x, r = blockIdx.y * kContextCols + threadIdx.x;
-  const int chunks = RowChunks(key_counts, th);
+  const int chunks = RowChunks(key_counts, th);  // the block is one warp
   const float* p = partial + static_cast<int64_t>(th) * max_chunks * (R + 2);
-  if (threadIdx.x < 32) ChunkWeights(p, chunks, R, weight);
+  ChunkWeights(p, chunks, R, weight);
   __syncthreads();
   if (r < R) ctx_out[static_cast<int64_t>(th) * R + r] = ContextValue<true>(p, weight, chunks, R, r);
 }
@@ -662,7 +670,7 @@ __device__ __forceinline__ void ChunkContext(const float* probs, const CacheT* k
 template <bool SHARED, typename CacheT>
 __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const float* q_lat, const float* q_pe, const CacheT* cache_c, const CacheT* cache_kpe, const uint8_t* mask,
                                                                           int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
-                                                                          const int64_t* key_counts, float* partial, int tile_rows, int row0) {
+                                                                          KeyCounts key_counts, float* partial, int tile_rows, int row0) {
   PdlWait();
   PdlLaunchDependents();
   constexpr int ROWS = ChunkLayout::kRows, kPStride = ChunkLayout::kPStride;
@@ -679,7 +687,9 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   const int th0 = SHARED ? row0 + blockIdx.y * tile_rows : blockIdx.y * H + blockIdx.z * tile_rows;  // tile_rows <= ROWS
   const int rows = SHARED ? min(tile_rows, T * H - th0) : min(tile_rows, H - static_cast<int>(blockIdx.z) * tile_rows);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, key_counts, chunk, TileRows{th0, rows}, allowed, slots, row_keys) == 0) return;
+  __shared__ int64_t tile_counts[ROWS];
+  TileKeyCounts<ROWS, ChunkLayout::kWarps>(key_counts, TileRows{th0, rows}, tile_counts);
+  if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, tile_counts, chunk, allowed, slots, row_keys) == 0) return;
 
   // Pieces of 4 values (D, R and dr are multiples of 4) of the key rows (16 bytes of f32, 8 of
   // bf16), then of the tile's q rows, a warp per row (no index division per piece); key rows past
@@ -774,7 +784,7 @@ struct AttendArgs {
   int64_t base;
   float scale;
   int max_chunks;
-  const int64_t* key_counts;
+  KeyCounts key_counts;
   float* partial;
 };
 
@@ -855,39 +865,39 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   const bool project_mma = mla::ProjectMmaFits(a.kv_b.data, a.kv_b.dtype, R);
   const int ctx_stride = project_mma ? R + 4 : R;  // floats per ctx row in the merge's shared memory
   if ((static_cast<size_t>(ctx_stride) + max_chunks) * 4 > 48 * 1024) return Unsupported("mla_attention: ", a.base + T, " keys need more chunk weights than the merge keeps in shared memory (", (48 * 1024 / 4 - ctx_stride) * kAttnChunk, " at most)");
-  // scratch: key counts i64 [T * H], q_lat f32 [T * H, R], ctx f32 [T * H, R] (the two-kernel merge;
-  // on 16 bytes where R is a multiple of 4, as the tensor-core projection reads it), partial f32
-  // [T * H, max_chunks, R + 2] (+ the tensor-core kernel's split q)
+  // scratch: q_lat f32 [T * H, R], ctx f32 [T * H, R] (the two-kernel merge; on 16 bytes where R is
+  // a multiple of 4, as the tensor-core projection reads it), partial f32 [T * H, max_chunks, R + 2],
+  // key counts i64 [T * H] (KeyCounts)
   const size_t q_lat_floats = static_cast<size_t>(T) * H * R, partial_floats = static_cast<size_t>(T) * H * max_chunks * (R + 2);
-  const auto round256 = [](size_t n) { return (n + 255) / 256 * 256; };
-  const size_t counts_bytes = round256(static_cast<size_t>(T) * H * sizeof(int64_t)), floats_bytes = round256((2 * q_lat_floats + partial_floats) * sizeof(float));
+  const size_t floats_bytes = (2 * q_lat_floats + partial_floats) * sizeof(float), counts_offset = (floats_bytes + 255) / 256 * 256;
   const uint8_t* mask = a.mask.present() ? a.mask.as<const uint8_t>() : nullptr;
-  mla::AttendMmaArgs mma{nullptr, a.q_pe.as<const float>(), nullptr, nullptr, mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, nullptr, nullptr};
+  mla::AttendMmaArgs mma{nullptr, a.q_pe.as<const float>(), nullptr, nullptr, mask, T, H, R, dr, a.base, static_cast<float>(a.scale), max_chunks, {}, nullptr};
   bool tensor_cores = false;
   if (a.cache_c.dtype == DType::kBF16) {
     mma.cache_c = a.cache_c.as<const __nv_bfloat16>();
     mma.cache_kpe = a.cache_kpe.as<const __nv_bfloat16>();
     tensor_cores = mla::AttendMmaFits(mma);
   }
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(counts_bytes + floats_bytes + (tensor_cores ? mla::AttendMmaScratchBytes(mma) : 0), s));
-  int64_t* key_counts = static_cast<int64_t*>(scratch.ptr);
-  float* q_lat = reinterpret_cast<float*>(static_cast<char*>(scratch.ptr) + counts_bytes);
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(counts_offset + (mask && !tensor_cores ? static_cast<size_t>(T) * H * sizeof(int64_t) : 0), s));
+  float* q_lat = static_cast<float*>(scratch.ptr);
   float* ctx = q_lat + q_lat_floats;
   float* partial = ctx + q_lat_floats;
-  void* split_q = static_cast<char*>(scratch.ptr) + counts_bytes + floats_bytes;
+  // counted by a kernel only with a mask on the CUDA-core path
+  int64_t* counts = mask && !tensor_cores ? reinterpret_cast<int64_t*>(static_cast<char*>(scratch.ptr) + counts_offset) : nullptr;
+  const KeyCounts key_counts{counts, mask, T, H, a.base};
   if (mla::QLatentMmaFits(a.kv_b.data, a.kv_b.dtype, a.q_nope.as<const float>(), dn, R)) {
     KDTREE_RETURN_IF_ERROR(mla::LaunchQLatentMma(a.q_nope.as<const float>(), static_cast<const __nv_bfloat16*>(a.kv_b.data), T, H, dn, dv, R, q_lat, s));
   } else {
     KDTREE_RETURN_IF_ERROR(LaunchPdl("mla q_latent", QLatentKernel, dim3(H, (R + kQLatR - 1) / kQLatR, (T + kQLatTokens - 1) / kQLatTokens), dim3(kQLatR * kQLatSplit), 0, s,
                                    a.q_nope.as<const float>(), static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, T, H, dn, dv, R, q_lat));
   }
-  KDTREE_RETURN_IF_ERROR(LaunchPdl("mla key counts", KeyCountKernel, dim3((T + 7) / 8), dim3(256), 0, s, mask, T, H, a.base, key_counts));
+  if (counts) KDTREE_RETURN_IF_ERROR(LaunchPdl("mla key counts", KeyCountKernel, dim3((T + 7) / 8), dim3(256), 0, s, mask, T, H, a.base, counts));
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
   if (tensor_cores) {  // every call on this cache takes the same path: rows keep their bits
     mma.q_lat = q_lat;
     mma.key_counts = key_counts;
     mma.partial = partial;
-    KDTREE_RETURN_IF_ERROR(mla::LaunchAttendMma(mma, shared_chunks, split_q, sms, s));
+    KDTREE_RETURN_IF_ERROR(mla::LaunchAttendMma(mma, shared_chunks, sms, s));
   } else if (a.cache_c.dtype == DType::kBF16) {
     const AttendArgs<__nv_bfloat16> args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const __nv_bfloat16>(), a.cache_kpe.as<const __nv_bfloat16>(), mask, T, H, R, dr, a.base,
                                          static_cast<float>(a.scale), max_chunks, key_counts, partial};
@@ -911,7 +921,7 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
     const size_t smem = static_cast<size_t>(G) * (ctx_stride * sizeof(float) + weight_bytes);
     const dim3 grid(H, (T + G - 1) / G);  // a head's blocks next to each other: prefill 390 vs 399 us (run 240)
     const auto launch = [&](auto kernel) {
-      return LaunchPdl("mla combine + out", kernel, grid, dim3(256), smem, s, static_cast<const float*>(partial), static_cast<const int64_t*>(key_counts), max_chunks, T, H, R,
+      return LaunchPdl("mla combine + out", kernel, grid, dim3(256), smem, s, static_cast<const float*>(partial), key_counts, max_chunks, T, H, R,
                        static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, vector_rows, dn, dv, out);
     };
     if (project_mma) {
@@ -920,7 +930,7 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
     return G == 8 ? launch(CombineOutKernel<8, false>) : G == 4 ? launch(CombineOutKernel<4, false>) : G == 2 ? launch(CombineOutKernel<2, false>) : launch(CombineOutKernel<1, false>);
   }
   KDTREE_RETURN_IF_ERROR(LaunchPdl("mla combine", CombineContextKernel, dim3(T * H, (R + kContextCols - 1) / kContextCols), dim3(kContextCols), weight_bytes, s,
-                                   static_cast<const float*>(partial), static_cast<const int64_t*>(key_counts), max_chunks, R, ctx));
+                                   static_cast<const float*>(partial), key_counts, max_chunks, R, ctx));
   if (project_mma) return mla::LaunchProjectOutMma(ctx, static_cast<const __nv_bfloat16*>(a.kv_b.data), T, H, R, dn, dv, out, s);
   return LaunchPdl("mla out projection", ProjectOutKernel, dim3(T * H, (dv + kOutVPerBlock - 1) / kOutVPerBlock), dim3(256), R * sizeof(float), s, static_cast<const float*>(ctx), H, R,
                    static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, vector_rows, dn, dv, kOutVPerBlock, out);

@@ -8,7 +8,7 @@
 // kernel's f32 activations work the same way).
 //  * scores^T [64 keys, rows] = keys [64, D] . q^T: keys on the 16-row side of mma.m16n8k16
 //    (ldmatrix from the chunk in shared memory), token-head rows on the 8-wide side, their
-//    fragments written once per call in fragment order (SplitQKernel) and copied once per block.
+//    fragments split by each block into shared memory once (SplitTileQ).
 //  * ctx^T [R, rows] = c^T [R, 64 keys] . p^T: the chunk's c rows transposed by ldmatrix.trans,
 //    p split into planes in shared memory by the softmax.
 // Batch invariance: an MMA column's sums depend only on its own operands, and every (key, row)
@@ -57,34 +57,32 @@ struct MmaLayout {
   static size_t Bytes(int Dp, int T, bool shared) { return 2 * KeyBytes(Dp) + QBytes(Dp / 16) + kScoreBytes + kPBytes + (shared ? 0 : static_cast<size_t>(T) * sizeof(int)); }
 };
 
-// q as the B operands of m16n8k16, one 8-row column group (tile8) at a time:
-// qf[((tile8 * slices + slice) * 3 + plane) * 32 + lane] = plane `plane` (lo, mid, hi) of slot
-// 8 tile8 + lane / 4, dims 16 slice + 2 (lane % 4) + {0, 1} (.x) and + {8, 9} (.y); [q_lat | q_pe],
-// zero past D and for the slots past a token's heads. A warp's load of one plane is 256
-// contiguous bytes.
-__global__ void __launch_bounds__(256) SplitQKernel(const float* q_lat, const float* q_pe, int T, int H, int Hp, int R, int dr, int slices, uint2* qf) {
-  PdlWait();
-  PdlLaunchDependents();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // (tile8, slice, lane)
-  if (i >= static_cast<int64_t>(T) * Hp / 8 * slices * 32) return;
-  const int lane = static_cast<int>(i % 32);
-  const int64_t ts = i / 32;
-  const int slice = static_cast<int>(ts % slices);
-  const int64_t slot = ts / slices * 8 + lane / 4;
-  const int t = static_cast<int>(slot / Hp), h = static_cast<int>(slot % Hp);
-  const int64_t th = static_cast<int64_t>(t) * H + h;
-  const int d0 = 16 * slice + 2 * (lane % 4), D = R + dr;
-  float v[4];
+// q as the B operands of m16n8k16 in shared memory, one 8-row column group at a time:
+// q[((nt * slices + slice) * 3 + plane) * 32 + lane] = plane `plane` (lo, mid, hi) of slot
+// slot0 + 8 nt + lane / 4, dims 16 slice + 2 (lane % 4) + {0, 1} (.x) and + {8, 9} (.y); [q_lat |
+// q_pe], zero past D and for the slots past a token's heads or the last token. Each block splits
+// its tile's rows itself (a decode's 65 blocks each the same 8 rows: 18 KB of f32 reads), which
+// keeps a kernel out of the chain between the q absorption and the attention.
+__device__ __forceinline__ void SplitTileQ(const float* q_lat, const float* q_pe, int T, int H, int Hp, int R, int dr, int slices, int slot0, int groups, uint2* q) {
+  const int D = R + dr;
+  for (int i = threadIdx.x; i < groups * slices * 32; i += blockDim.x) {  // (nt, slice, lane)
+    const int lane = i % 32, ns = i / 32, slice = ns % slices, nt = ns / slices;
+    const int slot = slot0 + 8 * nt + lane / 4, t = slot / Hp, h = slot % Hp;
+    const bool row = t < T && h < H;
+    const int64_t th = static_cast<int64_t>(t) * H + h;
+    const int d0 = 16 * slice + 2 * (lane % 4);
+    float v[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int d = d0 + (k & 1) + 8 * (k >> 1);
-    v[k] = h >= H || d >= D ? 0.f : d < R ? q_lat[th * R + d] : q_pe[th * dr + d - R];
+    for (int k = 0; k < 4; ++k) {
+      const int d = d0 + (k & 1) + 8 * (k >> 1);
+      v[k] = !row || d >= D ? 0.f : d < R ? q_lat[th * R + d] : q_pe[th * dr + d - R];
+    }
+    const Bf16Planes a = SplitPair(v[0], v[1]), b = SplitPair(v[2], v[3]);
+    uint2* out = q + ns * kPlanes * 32 + lane;
+    out[0] = make_uint2(a.lo, b.lo);
+    out[32] = make_uint2(a.mid, b.mid);
+    out[64] = make_uint2(a.hi, b.hi);
   }
-  const Bf16Planes a = SplitPair(v[0], v[1]), b = SplitPair(v[2], v[3]);
-  uint2* out = qf + ts * kPlanes * 32 + lane;
-  out[0] = make_uint2(a.lo, b.lo);
-  out[32] = make_uint2(a.mid, b.mid);
-  out[64] = make_uint2(a.hi, b.hi);
 }
 
 // The rows of a tile: slots slot0 .. slot0 + 8 NT - 1 -> token-head rows (-1 past a token's heads
@@ -140,9 +138,9 @@ __device__ __forceinline__ void CopyKeys(__nv_bfloat16* dst, const int64_t* slot
 // warps: for the scores warp w takes keys 16 (w % 4) .. + 15 over half (w / 4) % 2 of D for column
 // groups w / 8, w / 8 + 2, ...; for the context dims 16 m .. + 15, m = w, w + 16, ...
 template <int NT, bool SHARED>
-__global__ void __launch_bounds__(kThreads) AttendMmaKernel(const uint2* qf, const __nv_bfloat16* cache_c, const __nv_bfloat16* cache_kpe, const uint8_t* mask, int T, int H, int Hp,
+__global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, const float* q_pe, const __nv_bfloat16* cache_c, const __nv_bfloat16* cache_kpe, const uint8_t* mask, int T, int H, int Hp,
                                                             int R, int dr, bool wide, int64_t base, float scale, int max_chunks, int chunk0, int chunk_end,
-                                                            int chunks_per_block, const int64_t* key_counts, float* partial) {
+                                                            int chunks_per_block, KeyCounts key_counts, float* partial) {
   using L = MmaLayout<NT>;
   constexpr int ROWS = L::kRows;
   PdlWait();
@@ -158,30 +156,25 @@ __global__ void __launch_bounds__(kThreads) AttendMmaKernel(const uint2* qf, con
   __shared__ int row_keys[2][ROWS];
   __shared__ int64_t row_out[2][ROWS];  // where row i's partial of the chunk goes (partial + row_out), or -1
   __shared__ int chunk_keys[2];         // the most keys a row of the tile sees in the chunk
+  __shared__ int64_t tile_counts[ROWS];  // the keys each row sees in all
   const int c_begin = chunk0 + blockIdx.x * chunks_per_block, c_end = min(c_begin + chunks_per_block, chunk_end);
   const int slot0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * Hp + blockIdx.z * ROWS;
   const SlotRows row_th{slot0, T, H, Hp};
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // the keys of chunk c into buffer b: slots, row counts, partial offsets, and the copy (committed)
   const auto fetch = [&](int c, int b) {
-    const int n = ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, key_counts, c, row_th, allowed, slots[b], row_keys[b]);
+    const int n = ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, tile_counts, c, allowed, slots[b], row_keys[b]);
     if (tid < ROWS) row_out[b][tid] = row_keys[b][tid] > 0 ? (static_cast<int64_t>(row_th(tid)) * max_chunks + c) * (R + 2) : -1;
     if (tid == 0) chunk_keys[b] = n;
     if (n > 0) CopyKeys(key_buf + b * kAttnChunk * key_stride, slots[b], cache_c, cache_kpe, R, dr, key_stride, wide);
     CopyAsyncCommit();
   };
 
-  {  // the tile's q fragments (column groups past the last slot zero-filled), and zero key dims D .. Dp
-    const int per_group = slices * kPlanes * 32 / 2;  // 16-byte pieces
-    const int held = min(NT, (T * Hp - slot0) / 8) * per_group;  // those of column groups that hold slots
-    const uint4* src = reinterpret_cast<const uint4*>(qf + static_cast<int64_t>(slot0 / 8) * slices * kPlanes * 32);
-    uint4* dst = reinterpret_cast<uint4*>(q);
-    for (int i = tid; i < NT * per_group; i += kThreads) {
-      CopyAsync16ZeroFill(static_cast<uint32_t>(__cvta_generic_to_shared(dst + i)), i < held ? src + i : src, i < held ? 16 : 0);
-    }
-    for (int i = tid; i < 2 * kAttnChunk * (Dp - D); i += kThreads) key_buf[(i / (Dp - D)) * key_stride + D + i % (Dp - D)] = __float2bfloat16_rn(0.f);
-  }
+  // zero key dims D .. Dp, the rows' key counts, the first chunk's copy, then the tile's q while it lands
+  for (int i = tid; i < 2 * kAttnChunk * (Dp - D); i += kThreads) key_buf[(i / (Dp - D)) * key_stride + D + i % (Dp - D)] = __float2bfloat16_rn(0.f);
+  TileKeyCounts<ROWS, kWarps>(key_counts, row_th, tile_counts);
   fetch(c_begin, 0);
+  SplitTileQ(q_lat, q_pe, T, H, Hp, R, dr, slices, slot0, NT, q);
   const int g = lane >> 2, t4 = lane & 3;
   const int kt = warp & 3, half = (warp >> 2) & 1, nt0 = warp >> 3;  // the scores' split
   const int s_begin = half ? slices / 2 : 0, s_end = half ? slices : slices / 2;
@@ -307,7 +300,7 @@ int TileGroups(const AttendMmaArgs& a, bool shared) {
 // Chunks per block: about one block per SM (a block fills its SM's shared memory), each walking its
 // chunks with the next one's copy in flight; a decode keeps a chunk per block.
 template <int NT, bool SHARED>
-Status Launch(const AttendMmaArgs& a, const uint2* qf, int chunks, int chunk0, int sms, cudaStream_t s) {
+Status Launch(const AttendMmaArgs& a, int chunks, int chunk0, int sms, cudaStream_t s) {
   const int Hp = PaddedHeads(a.H), Dp = PaddedDims(a.R + a.dr);
   const size_t smem = MmaLayout<NT>::Bytes(Dp, a.T, SHARED);
   const int64_t tiles = SHARED ? (static_cast<int64_t>(a.T) * Hp + 8 * NT - 1) / (8 * NT) : static_cast<int64_t>(a.T) * (Hp / (8 * NT));
@@ -317,15 +310,15 @@ Status Launch(const AttendMmaArgs& a, const uint2* qf, int chunks, int chunk0, i
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool wide = a.R % 8 == 0 && a.dr % 8 == 0 && aligned16(a.cache_c) && aligned16(a.cache_kpe);
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendMmaKernel<NT, SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend (mma): shared memory"));
-  return LaunchPdl("mla attend (mma)", AttendMmaKernel<NT, SHARED>, grid, dim3(kThreads), smem, s, qf, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, Hp, a.R, a.dr, wide, a.base, a.scale,
+  return LaunchPdl("mla attend (mma)", AttendMmaKernel<NT, SHARED>, grid, dim3(kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, Hp, a.R, a.dr, wide, a.base, a.scale,
                    a.max_chunks, chunk0, chunk0 + chunks, per_block, a.key_counts, a.partial);
 }
 
 template <bool SHARED>
-Status LaunchTiles(const AttendMmaArgs& a, const uint2* qf, int chunks, int chunk0, int sms, cudaStream_t s) {
+Status LaunchTiles(const AttendMmaArgs& a, int chunks, int chunk0, int sms, cudaStream_t s) {
   switch (TileGroups(a, SHARED)) {
-    case 2: return Launch<2, SHARED>(a, qf, chunks, chunk0, sms, s);
-    case 1: return Launch<1, SHARED>(a, qf, chunks, chunk0, sms, s);
+    case 2: return Launch<2, SHARED>(a, chunks, chunk0, sms, s);
+    case 1: return Launch<1, SHARED>(a, chunks, chunk0, sms, s);
     default: return Unsupported("mla_attention: ", a.T, " new tokens with a mask need more shared memory than a block has; split the call");
   }
 }
@@ -337,17 +330,9 @@ bool AttendMmaFits(const AttendMmaArgs& a) {
   return a.R % 4 == 0 && a.dr % 4 == 0 && aligned8(a.cache_c) && aligned8(a.cache_kpe) && MmaLayout<1>::Bytes(PaddedDims(a.R + a.dr), 0, true) <= kMaxSmem;
 }
 
-size_t AttendMmaScratchBytes(const AttendMmaArgs& a) {
-  return static_cast<size_t>(a.T) * PaddedHeads(a.H) / 8 * (PaddedDims(a.R + a.dr) / 16) * kPlanes * 32 * sizeof(uint2);
-}
-
-Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, void* scratch, int sms, cudaStream_t s) {
-  const int Hp = PaddedHeads(a.H), slices = PaddedDims(a.R + a.dr) / 16;
-  uint2* qf = static_cast<uint2*>(scratch);
-  const int64_t threads = static_cast<int64_t>(a.T) * Hp / 8 * slices * 32;
-  KDTREE_RETURN_IF_ERROR(LaunchPdl("mla split q", SplitQKernel, dim3(static_cast<unsigned>((threads + 255) / 256)), dim3(256), 0, s, a.q_lat, a.q_pe, a.T, a.H, Hp, a.R, a.dr, slices, qf));
-  if (shared_chunks > 0) KDTREE_RETURN_IF_ERROR(LaunchTiles<true>(a, qf, shared_chunks, 0, sms, s));
-  if (shared_chunks < a.max_chunks) KDTREE_RETURN_IF_ERROR(LaunchTiles<false>(a, qf, a.max_chunks - shared_chunks, shared_chunks, sms, s));
+Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, int sms, cudaStream_t s) {
+  if (shared_chunks > 0) KDTREE_RETURN_IF_ERROR(LaunchTiles<true>(a, shared_chunks, 0, sms, s));
+  if (shared_chunks < a.max_chunks) KDTREE_RETURN_IF_ERROR(LaunchTiles<false>(a, a.max_chunks - shared_chunks, shared_chunks, sms, s));
   return Status::Ok();
 }
 
