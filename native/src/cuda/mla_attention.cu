@@ -238,9 +238,8 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
   const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  __shared__ int64_t tile_counts[ROWS];
-  TileKeyCounts<ROWS, kWarps>(key_counts, TileRows{th0, rows}, tile_counts);
-  if (ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, tile_counts, chunk, allowed, slots, row_keys) == 0) return;
+  const auto row_count = [&](int i) -> int64_t { return i < rows ? key_counts(th0 + i) : 0; };  // direct here (KeyCounts)
+  if (ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, row_count, chunk, allowed, slots, row_keys) == 0) return;
 
   // Stages go through registers: a thread loads its elements of the next stage (all in flight at
   // once) while the block computes on the current one. Loading element by element into shared
@@ -408,12 +407,9 @@ __device__ __forceinline__ float ContextValue(const float* p, const float* weigh
 }
 
 // ctx[r], ctx[r + 1] (r even, R even: 8-byte loads) for a block per row: ContextValue's chains, with
-// KDTREE_MERGE_UNROLL chunks' loads issued before their FMAs.
-#ifndef KDTREE_MERGE_UNROLL
-#define KDTREE_MERGE_UNROLL 8
-#endif
+// 8 chunks' loads issued before their FMAs (4 or 16: within 1 us, run 247).
 __device__ __forceinline__ float2 ContextPair(const float* p, const float* weight, int chunks, int R, int r) {
-  constexpr int kUnroll = KDTREE_MERGE_UNROLL;
+  constexpr int kUnroll = 8;
   float2 num = make_float2(0.f, 0.f);
   int c = 0;
   for (; c + kUnroll <= chunks; c += kUnroll) {
@@ -687,9 +683,8 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   const int th0 = SHARED ? row0 + blockIdx.y * tile_rows : blockIdx.y * H + blockIdx.z * tile_rows;  // tile_rows <= ROWS
   const int rows = SHARED ? min(tile_rows, T * H - th0) : min(tile_rows, H - static_cast<int>(blockIdx.z) * tile_rows);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  __shared__ int64_t tile_counts[ROWS];
-  TileKeyCounts<ROWS, ChunkLayout::kWarps>(key_counts, TileRows{th0, rows}, tile_counts);
-  if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, tile_counts, chunk, allowed, slots, row_keys) == 0) return;
+  const auto row_count = [&](int i) -> int64_t { return i < rows ? key_counts(th0 + i) : 0; };  // direct here (KeyCounts)
+  if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, row_count, chunk, allowed, slots, row_keys) == 0) return;
 
   // Pieces of 4 values (D, R and dr are multiples of 4) of the key rows (16 bytes of f32, 8 of
   // bf16), then of the tile's q rows, a warp per row (no index division per piece); key rows past

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // the keys of chunk c into buffer b: slots, row counts, partial offsets, and the copy (committed)
   const auto fetch = [&](int c, int b) {
-    const int n = ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, tile_counts, c, allowed, slots[b], row_keys[b]);
+    const int n = ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, [&](int i) { return tile_counts[i]; }, c, allowed, slots[b], row_keys[b]);
     if (tid < ROWS) row_out[b][tid] = row_keys[b][tid] > 0 ? (static_cast<int64_t>(row_th(tid)) * max_chunks + c) * (R + 2) : -1;
     if (tid == 0) chunk_keys[b] = n;
     if (n > 0) CopyKeys(key_buf + b * kAttnChunk * key_stride, slots[b], cache_c, cache_kpe, R, dr, key_stride, wide);

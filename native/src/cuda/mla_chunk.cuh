@@ -13,9 +13,10 @@ constexpr int kAttnChunk = 64;  // keys per chunk: a token's key list is cut int
 
 // The keys token-head row th (token th / H) sees: the `base` committed slots and the new tokens
 // its mask row allows. Causal (no mask: decode, prefill) that is base + t + 1. With a mask the
-// CUDA-core path counts them in a kernel of its own (`counts`); the tensor-core path counts a
-// tile's rows in the attention kernel and a row's in the merge, so no counting kernel sits between
-// a call's q absorption and its attention (a 65-node verify 181 -> 176 us, run 249).
+// CUDA-core path counts them in a kernel of its own (`counts`: its attention kernels read them
+// directly); the tensor-core path counts a tile's rows in the attention kernel and a row's in the
+// merge, so no counting kernel sits between a call's q absorption and its attention (a 65-node
+// verify 181 -> 176 us, run 249).
 struct KeyCounts {
   const int64_t* counts;  // [T H], or null: causal, or counted from the mask
   const uint8_t* mask;    // [T, T], or null: causal
@@ -37,8 +38,9 @@ struct KeyCounts {
   }
 };
 
-// The key counts of a tile's rows (row_th(i): token-head row, or -1: none) into shared memory:
-// a thread per row where counts are direct, else a warp per row. Every thread of the block calls it.
+// The key counts of a tile's rows (row_th(i): token-head row, or -1: none) into shared memory, for
+// a kernel that may count from the mask: a thread per row where counts are direct, else a warp per
+// row. Every thread of the block calls it.
 template <int ROWS, int kWarps, typename RowTh>
 __device__ void TileKeyCounts(KeyCounts key_counts, RowTh row_th, int64_t* tile_counts) {
   if (key_counts.Direct()) {
@@ -57,13 +59,13 @@ __device__ void TileKeyCounts(KeyCounts key_counts, RowTh row_th, int64_t* tile_
 }
 
 // The chunk's keys for a tile of rows: slots[j] = the cache slot of key j of the chunk (-1 past
-// the longest row's last), row_keys[i] = how many of them row i sees (tile_counts[i]: its key
-// count, TileKeyCounts); returns the most any row sees (0: the tile has nothing to do here, e.g.
+// the longest row's last), row_keys[i] = how many of them row i sees (row_count(i): its key count,
+// 0 for no row); returns the most any row sees (0: the tile has nothing to do here, e.g.
 // causal prefill's upper triangle). Without SHARED
 // the tile is one token's heads and `allowed` (shared memory, [T]) receives the new tokens its
 // mask row allows, in order. Every thread of the block must call it.
-template <int ROWS, bool SHARED, int kWarps>
-__device__ int ChunkKeys(const uint8_t* mask, int T, int64_t base, const int64_t* tile_counts, int chunk, int* allowed, int64_t* slots, int* row_keys) {
+template <int ROWS, bool SHARED, int kWarps, typename RowCount>
+__device__ int ChunkKeys(const uint8_t* mask, int T, int64_t base, RowCount row_count, int chunk, int* allowed, int64_t* slots, int* row_keys) {
   __shared__ int warp_counts[kWarps];
   __shared__ int max_keys;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -88,7 +90,7 @@ __device__ int ChunkKeys(const uint8_t* mask, int T, int64_t base, const int64_t
   }
   __syncthreads();
   if (tid < ROWS) {
-    const int64_t left = tile_counts[tid] - k_begin;
+    const int64_t left = row_count(tid) - k_begin;
     const int n = left <= 0 ? 0 : left >= kAttnChunk ? kAttnChunk : static_cast<int>(left);
     row_keys[tid] = n;
     atomicMax(&max_keys, n);
