@@ -104,12 +104,8 @@ __global__ void KeyCountKernel(const uint8_t* mask, int T, int H, int64_t base, 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * (blockDim.x >> 5) + warp;
   if (t >= T) return;
-  int count = 0;
-  for (int j0 = 0; j0 < T; j0 += 32) {
-    const int j = j0 + lane;
-    count += __popc(__ballot_sync(0xffffffffu, j < T && mask[static_cast<int64_t>(t) * T + j] != 0));
-  }
-  for (int h = lane; h < H; h += 32) key_counts[static_cast<int64_t>(t) * H + h] = base + count;
+  const int64_t count = KeyCounts{nullptr, mask, T, H, base}.Warp(t * H);  // counted from the mask row
+  for (int h = lane; h < H; h += 32) key_counts[static_cast<int64_t>(t) * H + h] = count;
 }
 
 // The attention of a chunk of kAttnChunk keys for a tile of ROWS query rows (token-head pairs), as
