@@ -208,10 +208,13 @@ const moeWeights = (inter: number) => {
   const bytes = TOPK * ((2 * inter * H) / 2 + 2 * inter * (H / 32) * 2 + (H * inter) / 2 + H * (inter / 32) * 2);
   return { ...w, inter, bytes, free: () => gpu.free(w.guQ, w.guS, w.dnQ, w.dnS) };
 };
-const moeDecode = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0) => {
+// fused: SiLU-and-multiply in the gate_up GEMM's epilogue (weights packed with interleaveGateUp;
+// these are constant bytes, so the same buffers serve) instead of a kernel of its own
+const moeDecode = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0, fused = false) => {
+  const route = new SeededRandom(1000);  // the same routing for every variant of the step
   const idSets = Array.from({ length: 16 }, () => {
     const chosen = new Set<number>();
-    while (chosen.size < TOPK) chosen.add(Math.floor(rng.uniform() * E));
+    while (chosen.size < TOPK) chosen.add(Math.floor(route.uniform() * E));
     return gpu.fromArray('i32', [1, TOPK], Int32Array.from([...chosen].sort((a, b) => a - b)));
   });
   const topkW = gpu.fromArray('f32', [1, TOPK], Float32Array.from({ length: TOPK }, () => 0.1 + rng.uniform() * 0.3));
@@ -221,26 +224,31 @@ const moeDecode = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps
   const out = gpu.empty('bf16', [1, H]);
   const step = (r: number) => {
     const ids = idSets[r % idSets.length];
-    gpu.native.moeGemm({ x: xTok, qw: w.guQ, sc: w.guS, ids, y: gu, mode: 'gather', minWarpSteps });
-    gpu.native.siluMul({ x: gu, out: act });
+    if (fused) {
+      gpu.native.moeGemm({ x: xTok, qw: w.guQ, sc: w.guS, ids, y: act, mode: 'gather', epilogue: 'siluMul', minWarpSteps });
+    } else {
+      gpu.native.moeGemm({ x: xTok, qw: w.guQ, sc: w.guS, ids, y: gu, mode: 'gather', minWarpSteps });
+      gpu.native.siluMul({ x: gu, out: act });
+    }
     gpu.native.moeGemm({ x: act, qw: w.dnQ, sc: w.dnS, ids, weights: topkW, y: out, mode: 'sum', minWarpSteps });
   };
   const ms = timeLaunches(gpu, step);
   const gbs = w.bytes / (ms * 1e-3) / 1e9;
-  log(`MoE decode step (${label}: ${E} experts, top-${TOPK}, gate_up + SiLU + down, I ${w.inter}, bf16): ${(ms * 1e3).toFixed(1)} us, ${(w.bytes / 1e6).toFixed(1)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
+  log(`MoE decode step (${label}: ${E} experts, top-${TOPK}, gate_up + SiLU + down${fused ? ' with SiLU in the gate_up epilogue' : ''}, I ${w.inter}, bf16): ${(ms * 1e3).toFixed(1)} us, ${(w.bytes / 1e6).toFixed(1)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
   gpu.free(...idSets, topkW, xTok, gu, act, out);
-  return { us: ms * 1e3, intermediate: w.inter, minWarpSteps, bytes: w.bytes, gbs, fractionOfCopy: gbs / copyGBs };
+  return { us: ms * 1e3, intermediate: w.inter, minWarpSteps, siluEpilogue: fused, bytes: w.bytes, gbs, fractionOfCopy: gbs / copyGBs };
 };
 // The same MoE layer at a DDTree verify: T tokens (65: a 64-node tree + root), top-8 each, so at
 // 65 most of the 384 experts get one or two rows. Routing is uniform at random: the most experts T
 // tokens can touch (a drafted tree shares its context, so a real one touches fewer). Bytes: the
 // experts actually used, once.
-const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0, T = 65) => {
+const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0, T = 65, fused = false) => {
+  const route = new SeededRandom(1000 + T);  // the same routing for every variant of the step
   const sets = Array.from({ length: 4 }, () => {
     const ids = new Int32Array(T * TOPK);
     for (let t = 0; t < T; t++) {
       const chosen = new Set<number>();
-      while (chosen.size < TOPK) chosen.add(Math.floor(rng.uniform() * E));
+      while (chosen.size < TOPK) chosen.add(Math.floor(route.uniform() * E));
       ids.set([...chosen].sort((a, b) => a - b), t * TOPK);
     }
     return { ids: gpu.fromArray('i32', [T, TOPK], ids), used: new Set(ids).size };
@@ -252,28 +260,41 @@ const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps
   const outV = gpu.empty('bf16', [T, H]);
   const verifyStep = (r: number) => {
     const { ids } = sets[r % sets.length];
-    gpu.native.moeGemm({ x: xs, qw: w.guQ, sc: w.guS, ids, y: guV, mode: 'gather', minWarpSteps });
-    gpu.native.siluMul({ x: guV, out: actV });
+    if (fused) {
+      gpu.native.moeGemm({ x: xs, qw: w.guQ, sc: w.guS, ids, y: actV, mode: 'gather', epilogue: 'siluMul', minWarpSteps });
+    } else {
+      gpu.native.moeGemm({ x: xs, qw: w.guQ, sc: w.guS, ids, y: guV, mode: 'gather', minWarpSteps });
+      gpu.native.siluMul({ x: guV, out: actV });
+    }
     gpu.native.moeGemm({ x: actV, qw: w.dnQ, sc: w.dnS, ids, weights, y: outV, mode: 'sum', minWarpSteps });
   };
   const ms = timeLaunches(gpu, verifyStep, 4);
   const used = sets.reduce((n, s) => n + s.used, 0) / sets.length;
   const bytes = (used * w.bytes) / TOPK;
   const gbs = bytes / (ms * 1e-3) / 1e9;
-  log(`MoE verify step (${label}${T} tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used, I ${w.inter}): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
+  log(`MoE verify step (${label}${T} tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used, I ${w.inter}${fused ? ', SiLU in the gate_up epilogue' : ''}): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
   gpu.free(...sets.map((s) => s.ids), weights, xs, guV, actV, outV);
-  return { tokens: T, us: ms * 1e3, intermediate: w.inter, minWarpSteps, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
+  return { tokens: T, us: ms * 1e3, intermediate: w.inter, minWarpSteps, siluEpilogue: fused, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
 };
 // Tokens of a verify forward in the tree-size sweep: the root + a budget of 0 (decode) to 128 nodes.
 const TREE_TOKENS = [1, 9, 17, 33, 65, 129];
 if (only !== 'attention') {
   const full = moeWeights(I);
+  // builds from before the SiLU epilogue (an A/B against them) skip its rows: they ignore the
+  // `epilogue` argument, so a name no build knows passes there and throws here
+  const probe = { x: gpu.zeros('bf16', [1, 128]), qw: gpu.zeros('i32', [1, 1, 256]), sc: gpu.zeros('bf16', [1, 1, 64]), y: gpu.empty('bf16', [1, 16]) };
+  const siluEpilogue = !attempt(() => gpu.native.w4a16Gemm({ ...probe, epilogue: 'none of these' as never }));
+  gpu.free(probe.x, probe.qw, probe.sc, probe.y);
   report.moe = moeDecode(full, 'Kimi K2');
+  if (siluEpilogue) report.moeFused = moeDecode(full, 'Kimi K2', 0, true);
   report.moeVerify = moeVerify(full, '');
+  if (siluEpilogue) report.moeVerifyFused = moeVerify(full, '', 0, 65, true);
   full.free();
   const rank = moeWeights(I / 8);
   report.moeRank = moeDecode(rank, 'one tensor-parallel rank of 8');
   report.moeVerifyRank = moeVerify(rank, 'one tensor-parallel rank of 8: ');
+  if (siluEpilogue) report.moeRankFused = moeDecode(rank, 'one tensor-parallel rank of 8', 0, true);
+  if (siluEpilogue) report.moeVerifyRankFused = moeVerify(rank, 'one tensor-parallel rank of 8: ', 0, 65, true);
   // the same with longer warp ranges (16 steps): what an engine that mostly verifies would choose
   report.moeRankLongRanges = moeDecode(rank, 'one rank, minWarpSteps 16', 16);
   report.moeVerifyRankLongRanges = moeVerify(rank, 'one rank, minWarpSteps 16: ', 16);

@@ -8,9 +8,14 @@
 // Shapes (row-major):
 //   W4A16 pack   checkpoint qw[(E,) N, K/8], sc[(E,) N, K/G] -> packed qw[(E,) N/16, K/128, 256],
 //                sc[(E,) N/16, K/(4G), 64] (rounded up; the layout is in w4a16_layout.h)
-//   W4A16 GEMM   y[M, N] = x[M, K] . dequant(W)^T, W packed (N from y, K from x)
+//                (gate_up: qw holds [gate; up], 2I rows, packed as tiles of 8 gate rows and the same 8
+//                up rows: tile t, row r < 8 = gate row 8t + r, row 8 + r = up row 8t + r)
+//   W4A16 GEMM   y[M, N] = x[M, K] . dequant(W)^T, W packed (N from y, K from x); with the SiLU
+//                epilogue W is gate_up-packed with 2I rows and y[M, I] = silu(gate) * up, gate and up
+//                first rounded to y's dtype (the bits of the plain GEMM followed by silu_mul)
 //   MoE GEMM     gather: y[T*topk, N] row t*topk+j = x[t] . W[ids[t, j]]^T
 //                sum:    y[T, N] = sum_j weights[t, j] * (x[t*topk+j] . W[ids[t, j]]^T)   (j in order)
+//                gather with the SiLU epilogue: as the W4A16 GEMM's, per (token, expert) row
 //   MLA          out[T, H, dv] from q_nope[T, H, dn], q_pe[T, H, dr] (RoPE'd), kv_b[H*(dn+dv), R],
 //                latent cache c[S, R], kpe[S, dr] holding `base` committed slots + T new ones
 #pragma once
@@ -26,11 +31,21 @@ struct W4A16PackArgs {
   Tensor qw, sc;                 // checkpoint layout
   Tensor qw_packed, sc_packed;   // outputs, every element written (padding included)
   int group = 32;
+  bool gate_up = false;          // qw, sc are [gate; up] (N = 2I): pack for the SiLU epilogue
+};
+
+// What a W4A16 GEMM does with a finished output tile before it stores it.
+enum class Epilogue : int {
+  kNone = 0,
+  // gate_up-packed weights: y = silu(gate) * up, so an MLP's activation needs no kernel of its own
+  // and its [M, 2I] gate_up output is never written
+  kSiluMul = 1,
 };
 
 struct W4A16GemmArgs {
   Tensor x, qw, sc, y;           // qw, sc packed
   int group = 32;
+  Epilogue epilogue = Epilogue::kNone;
 };
 
 enum class MoeMode : int { kGather = 0, kSum = 1 };
@@ -39,6 +54,7 @@ struct MoeGemmArgs {
   Tensor x, qw, sc, ids, weights, y;  // qw, sc packed with a leading E; weights unused in gather mode
   int group = 32;
   MoeMode mode = MoeMode::kGather;
+  Epilogue epilogue = Epilogue::kNone;  // kSiluMul: gather mode only
   // The least weight steps (16 rows x 128 k) each warp streams, 0 = decode-sized ranges. Longer
   // ranges mean fewer blocks: faster when a call uses many experts (a tree verify), slower for a
   // decode step. A row's bits depend on it: keep one value for every call on the same weights.

@@ -52,6 +52,15 @@ KDTREE_HOST_DEVICE inline int WordRow(int word) { return (word >> 2 & 31) / 4 + 
 KDTREE_HOST_DEVICE inline int WordLaneT(int word) { return (word >> 2) & 3; }
 KDTREE_HOST_DEVICE inline int WordBlock(int word) { return word & 3; }
 
+// The checkpoint row behind packed row `row` of a matrix of n rows, or -1 for padding. gate_up
+// (n = 2I: gate rows, then up rows, packed for the SiLU epilogue): tile t holds gate rows 8t ..
+// 8t + 7, then the same up rows, so the lane holding an MMA row g also holds its up row g + 8.
+KDTREE_HOST_DEVICE inline int64_t PackedSourceRow(int64_t row, int64_t n, bool gate_up) {
+  if (!gate_up) return row < n ? row : -1;
+  const int64_t inter = n / 2, j = row / kTileRows * 8 + row % 8;
+  return j >= inter ? -1 : row % kTileRows < 8 ? j : inter + j;
+}
+
 // Scale slot inside a (tile, block) -> row in the tile and group offset inside the block.
 KDTREE_HOST_DEVICE inline int ScaleRow(int slot) { return (slot >> 3) + 8 * ((slot >> 2) & 1); }
 KDTREE_HOST_DEVICE inline int ScaleGroup(int slot) { return slot & 3; }

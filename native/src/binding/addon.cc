@@ -225,6 +225,12 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return o.Get(key).ToBoolean();
   }
 
+  static Epilogue ParseEpilogue(Napi::Env env, const Napi::Object& o, const char* op) {
+    const std::string v = o.Has("epilogue") && !o.Get("epilogue").IsUndefined() ? o.Get("epilogue").ToString().Utf8Value() : "none";
+    if (v != "none" && v != "siluMul") Throw(env, Code::kInvalidArgument, std::string(op) + ": epilogue must be 'none' or 'siluMul', got '" + v + "'");
+    return v == "siluMul" ? Epilogue::kSiluMul : Epilogue::kNone;
+  }
+
   Napi::Value Kind(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), be().kind()); }
   Napi::Value Info(const Napi::CallbackInfo& info) {
     DeviceInfo d = be().info();
@@ -348,13 +354,15 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   Napi::Value W4A16PackJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
-    W4A16PackArgs a{ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "qwPacked"), ParseTensor(env, o, "scPacked"), static_cast<int>(Int(env, o, "group", 32))};
+    W4A16PackArgs a{ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "qwPacked"), ParseTensor(env, o, "scPacked"), static_cast<int>(Int(env, o, "group", 32)),
+                    Bool(o, "interleaveGateUp", false)};
     return Run(env, o, a, ValidateW4A16Pack, &Backend::W4A16Pack);
   }
   Napi::Value W4A16GemmJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
-    W4A16GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "y"), static_cast<int>(Int(env, o, "group", 32))};
+    W4A16GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "y"), static_cast<int>(Int(env, o, "group", 32)),
+                    ParseEpilogue(env, o, "w4a16_gemm")};
     return Run(env, o, a, ValidateW4A16Gemm, &Backend::W4A16Gemm);
   }
   Napi::Value MoeGemmJs(const Napi::CallbackInfo& info) {
@@ -372,6 +380,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     if (mode != "gather" && mode != "sum") Throw(env, Code::kInvalidArgument, "moe_gemm: mode must be 'gather' or 'sum', got '" + mode + "'");
     a.mode = mode == "sum" ? MoeMode::kSum : MoeMode::kGather;
     a.min_warp_steps = Int(env, o, "minWarpSteps", 0, 0);
+    a.epilogue = ParseEpilogue(env, o, "moe_gemm");
     int64_t e = 0, k = 0;
     Check(env, ValidateMoeGemm(a, &e, &k));
     Check(env, be().MoeGemm(a, Stream(env, o)));

@@ -77,6 +77,9 @@ Status CheckGroup(const std::string& ctx, int64_t k, int group) {
   return Status::Ok();
 }
 
+// The weight rows of a GEMM writing y: N, or 2I gate_up rows for the SiLU epilogue's y[M, I].
+int64_t WeightRows(const Tensor& y, Epilogue e) { return e == Epilogue::kSiluMul ? 2 * y.dim(1) : y.dim(1); }
+
 }  // namespace
 
 Status ValidateW4A16Pack(const W4A16PackArgs& a) {
@@ -90,6 +93,7 @@ Status ValidateW4A16Pack(const W4A16PackArgs& a) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc_packed, {a.sc.dtype}, rank + 1));
   const int64_t e = lead ? a.qw.dim(0) : 1, n = a.qw.dim(lead), k = a.qw.dim(lead + 1) * 8;
   KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
+  if (a.gate_up && n % 2 != 0) return Invalid(ctx, "interleaveGateUp: qw must hold gate rows then as many up rows (an even N), got N = ", n);
   if (a.sc.dim(lead) != n || a.sc.dim(lead + 1) * a.group != k || (lead && a.sc.dim(0) != e)) {
     return Invalid(ctx, "sc must be [", lead ? std::to_string(e) + ", " : "", n, ", ", k / a.group, "] (N, K/G) for qw's N = ", n, ", K = ", k, ", G = ", a.group);
   }
@@ -103,9 +107,9 @@ Status ValidateW4A16Gemm(const W4A16GemmArgs& a) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
-  const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.y.dim(1);
+  const int64_t m = a.x.dim(0), k = a.x.dim(1), n = WeightRows(a.y, a.epilogue);
   KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
-  if (a.y.dim(0) != m) return Invalid(ctx, "y must be [M, N] with M = ", m, " (x's rows)");
+  if (a.y.dim(0) != m) return Invalid(ctx, "y must be [M, ", a.epilogue == Epilogue::kSiluMul ? "I" : "N", "] with M = ", m, " (x's rows)");
   return CheckPacked(ctx, a.qw, a.sc, 0, 1, n, k, a.group);
 }
 
@@ -118,13 +122,14 @@ Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, 4));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
-  const int64_t e = a.qw.dim(0), n = a.y.dim(1), k = a.x.dim(1), t = a.ids.dim(0), kk = a.ids.dim(1);
+  const int64_t e = a.qw.dim(0), n = WeightRows(a.y, a.epilogue), k = a.x.dim(1), t = a.ids.dim(0), kk = a.ids.dim(1);
   KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
   if (a.min_warp_steps < 0 || a.min_warp_steps > kMaxMinWarpSteps) return Invalid(ctx, "minWarpSteps must be in [0, ", kMaxMinWarpSteps, "], got ", a.min_warp_steps);
   if (a.mode == MoeMode::kGather) {
     if (a.x.dim(0) != t) return Invalid(ctx, "gather mode: x must have one row per token (", t, ")");
     if (a.y.dim(0) != t * kk) return Invalid(ctx, "gather mode: y must be [T*topk, N] = [", t * kk, ", N]");
   } else {
+    if (a.epilogue != Epilogue::kNone) return Invalid(ctx, "the siluMul epilogue needs gather mode (it makes the activation of a gate_up projection)");
     const std::string wctx = Context("moe_gemm", a.x, a.qw, a.sc, a.ids, a.weights, a.y);
     KDTREE_RETURN_IF_ERROR(CheckTensor(wctx, a.weights, {DType::kF32}, 2));
     if (a.weights.dim(0) != t || a.weights.dim(1) != kk) return Invalid(wctx, "weights must be [T, topk] like ids");

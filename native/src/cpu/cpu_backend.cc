@@ -58,6 +58,19 @@ void StoreF(const Tensor& t, int64_t i, float v) {
   }
 }
 
+// v as a tensor of `dtype` holds it (rounded to nearest even for bf16 and f16).
+float RoundTo(DType dtype, float v) {
+  switch (dtype) {
+    case DType::kBF16: return Bf16ToF32(F32ToBf16(v));
+    case DType::kF16: return F16ToF32(F32ToF16(v));
+    default: return v;
+  }
+}
+
+// silu(g) * u as silu_mul computes it (the W4A16 SiLU epilogue too, on gate and up rounded to its
+// output's dtype, so that fused and unfused give the same bits).
+float SiluMulValue(float g, float u) { return g / (1.f + std::exp(-g)) * u; }
+
 // One 16-row tile of a packed W4A16 matrix (w4a16_layout.h) back in row order: codes q = u - 8
 // [16][K] and f32 scales [16][K/G]. Rows past N come out as zeros (the packing's padding).
 struct W4Tile {
@@ -113,12 +126,12 @@ void PackW4(const W4A16PackArgs& a, ThreadPool& pool) {
       const int64_t e = et / tiles, tile = et % tiles;
       for (int64_t st = 0; st < steps; ++st) {
         for (int word = 0; word < w4::kWordsPerStep; ++word) {
-          const int64_t row = tile * w4::kTileRows + w4::WordRow(word);
+          const int64_t row = w4::PackedSourceRow(tile * w4::kTileRows + w4::WordRow(word), n, a.gate_up);
           uint32_t v = 0;
           for (int p = 0; p < 8; ++p) {
             const int64_t kk = st * w4::kStepK + 32 * w4::WordBlock(word) + w4::NibbleK(w4::WordLaneT(word), p);
             uint32_t code = 8;
-            if (row < n && kk < k) code = (static_cast<uint32_t>(qw[(e * n + row) * (k / 8) + kk / 8]) >> (4 * (kk % 8))) & 0xF;
+            if (row >= 0 && kk < k) code = (static_cast<uint32_t>(qw[(e * n + row) * (k / 8) + kk / 8]) >> (4 * (kk % 8))) & 0xF;
             v |= code << (4 * p);
           }
           qwp[(et * steps + st) * w4::kWordsPerStep + word] = static_cast<int32_t>(v);
@@ -126,14 +139,25 @@ void PackW4(const W4A16PackArgs& a, ThreadPool& pool) {
       }
       for (int64_t b = 0; b < blocks; ++b) {
         for (int slot = 0; slot < w4::kScalesPerBlock; ++slot) {
-          const int64_t row = tile * w4::kTileRows + w4::ScaleRow(slot), grp = 4 * b + w4::ScaleGroup(slot);
+          const int64_t row = w4::PackedSourceRow(tile * w4::kTileRows + w4::ScaleRow(slot), n, a.gate_up), grp = 4 * b + w4::ScaleGroup(slot);
           char* dst = static_cast<char*>(a.sc_packed.data) + ((et * blocks + b) * w4::kScalesPerBlock + slot) * esize;
-          if (row < n && grp < groups) std::memcpy(dst, static_cast<const char*>(a.sc.data) + ((e * n + row) * groups + grp) * esize, esize);
+          if (row >= 0 && grp < groups) std::memcpy(dst, static_cast<const char*>(a.sc.data) + ((e * n + row) * groups + grp) * esize, esize);
           else std::memset(dst, 0, esize);
         }
       }
     }
   });
+}
+
+// Row `row` of y from the 16 rows of packed tile `ti` (rows past y's width dropped): as they are,
+// or with the SiLU epilogue (a gate_up tile) y[row, 8 ti + r] = silu(rows[r]) * rows[8 + r].
+void StoreTileRow(const Tensor& y, int64_t row, int64_t ti, const float* rows, bool silu) {
+  const int64_t width = y.dim(1);
+  if (!silu) {
+    for (int r = 0; r < w4::kTileRows && ti * w4::kTileRows + r < width; ++r) StoreF(y, row * width + ti * w4::kTileRows + r, rows[r]);
+    return;
+  }
+  for (int r = 0; r < 8 && ti * 8 + r < width; ++r) StoreF(y, row * width + ti * 8 + r, SiluMulValue(RoundTo(y.dtype, rows[r]), RoundTo(y.dtype, rows[8 + r])));
 }
 
 class CpuBackend final : public Backend {
@@ -205,15 +229,16 @@ class CpuBackend final : public Backend {
 
   Status W4A16Gemm(const W4A16GemmArgs& a, int) override {
     const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.y.dim(1);
+    const bool silu = a.epilogue == Epilogue::kSiluMul;
     const std::vector<float> x = LoadAll(a.x);
-    pool_.ParallelFor(w4::Tiles(n), [&](int64_t b, int64_t e) {
+    pool_.ParallelFor(w4::Tiles(silu ? 2 * n : n), [&](int64_t b, int64_t e) {
       W4Tile tile;
+      float rows[w4::kTileRows];
       for (int64_t ti = b; ti < e; ++ti) {
         UnpackW4Tile(a.qw.as<const int32_t>() + ti * w4::Steps(k) * w4::kWordsPerStep, a.sc, ti * w4::ScaleBlocks(k, a.group) * w4::kScalesPerBlock, k, a.group, &tile);
-        for (int r = 0; r < w4::kTileRows && ti * w4::kTileRows + r < n; ++r) {
-          for (int64_t row = 0; row < m; ++row) {
-            StoreF(a.y, row * n + ti * w4::kTileRows + r, W4Dot(&x[row * k], &tile.q[r * k], &tile.s[r * (k / a.group)], k, a.group));
-          }
+        for (int64_t row = 0; row < m; ++row) {
+          for (int r = 0; r < w4::kTileRows; ++r) rows[r] = W4Dot(&x[row * k], &tile.q[r * k], &tile.s[r * (k / a.group)], k, a.group);
+          StoreTileRow(a.y, row, ti, rows, silu);
         }
       }
     });
@@ -221,7 +246,9 @@ class CpuBackend final : public Backend {
   }
 
   Status MoeGemm(const MoeGemmArgs& a, int) override {
-    const int64_t e_count = a.qw.dim(0), n = a.y.dim(1), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1);
+    const int64_t e_count = a.qw.dim(0), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1);
+    const bool silu = a.epilogue == Epilogue::kSiluMul;
+    const int64_t n = silu ? 2 * a.y.dim(1) : a.y.dim(1);  // weight rows
     const int32_t* ids = a.ids.as<const int32_t>();
     for (int64_t i = 0; i < t * topk; ++i) {
       if (ids[i] < 0 || ids[i] >= e_count) return Invalid("moe_gemm: ids[", i / topk, ", ", i % topk, "] = ", ids[i], " is not an expert in [0, ", e_count, ")");
@@ -235,7 +262,7 @@ class CpuBackend final : public Backend {
       W4Tile tile;
       std::vector<float> out(static_cast<size_t>(pairs * w4::kTileRows));  // [pair][row in tile]
       for (int64_t ti = b; ti < end; ++ti) {
-        const int rows = static_cast<int>(std::min<int64_t>(w4::kTileRows, n - ti * w4::kTileRows));
+        const int rows = silu ? w4::kTileRows : static_cast<int>(std::min<int64_t>(w4::kTileRows, n - ti * w4::kTileRows));
         for (const auto& [e, expert_pairs] : pairs_of) {  // each used expert's tile unpacked once
           UnpackW4Tile(a.qw.as<const int32_t>() + (e * tiles + ti) * q_tile, a.sc, (e * tiles + ti) * s_tile, k, a.group, &tile);
           for (const int64_t p : expert_pairs) {
@@ -243,16 +270,16 @@ class CpuBackend final : public Backend {
             for (int r = 0; r < rows; ++r) out[p * w4::kTileRows + r] = W4Dot(xr, &tile.q[r * k], &tile.s[r * groups], k, a.group);
           }
         }
+        if (a.mode == MoeMode::kGather) {
+          for (int64_t p = 0; p < pairs; ++p) StoreTileRow(a.y, p, ti, &out[p * w4::kTileRows], silu);
+          continue;
+        }
         for (int r = 0; r < rows; ++r) {
           const int64_t col = ti * w4::kTileRows + r;
-          if (a.mode == MoeMode::kGather) {
-            for (int64_t p = 0; p < pairs; ++p) StoreF(a.y, p * n + col, out[p * w4::kTileRows + r]);
-          } else {
-            for (int64_t tok = 0; tok < t; ++tok) {
-              float acc = 0.f;
-              for (int64_t j = 0; j < topk; ++j) acc = std::fma(a.weights.as<const float>()[tok * topk + j], out[(tok * topk + j) * w4::kTileRows + r], acc);
-              StoreF(a.y, tok * n + col, acc);
-            }
+          for (int64_t tok = 0; tok < t; ++tok) {
+            float acc = 0.f;
+            for (int64_t j = 0; j < topk; ++j) acc = std::fma(a.weights.as<const float>()[tok * topk + j], out[(tok * topk + j) * w4::kTileRows + r], acc);
+            StoreF(a.y, tok * n + col, acc);
           }
         }
       }
@@ -359,8 +386,7 @@ class CpuBackend final : public Backend {
     const int64_t t = a.out.dim(0), inter = a.out.dim(1);
     for (int64_t r = 0; r < t; ++r) {
       for (int64_t j = 0; j < inter; ++j) {
-        const float g = LoadF(a.x, r * 2 * inter + j), u = LoadF(a.x, r * 2 * inter + inter + j);
-        StoreF(a.out, r * inter + j, g / (1.f + std::exp(-g)) * u);
+        StoreF(a.out, r * inter + j, SiluMulValue(LoadF(a.x, r * 2 * inter + j), LoadF(a.x, r * 2 * inter + inter + j)));
       }
     }
     return Status::Ok();

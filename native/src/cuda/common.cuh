@@ -154,6 +154,19 @@ __device__ __forceinline__ void StoreFromF32(void* p, DType t, int64_t i, float 
   }
 }
 
+// v as a tensor of dtype t holds it (rounded to nearest even for bf16 and f16).
+__device__ __forceinline__ float RoundTo(DType t, float v) {
+  switch (t) {
+    case DType::kBF16: return __bfloat162float(__float2bfloat16_rn(v));
+    case DType::kF16: return __half2float(__float2half_rn(v));
+    default: return v;
+  }
+}
+
+// silu(g) * u: silu_mul's arithmetic, shared with the W4A16 SiLU epilogue (which passes gate and up
+// rounded to its output's dtype) so that fused and unfused give the same bits.
+__device__ __forceinline__ float SiluMulValue(float g, float u) { return g / (1.f + expf(-g)) * u; }
+
 // Exclusive prefix sums of two per-thread counts over the block, in thread order (blockDim.x a
 // multiple of 32, at most 1024). `warp_sums` is shared memory for one int2 per warp; `total`
 // receives the block's sums. Ends with a barrier, so the caller may reuse warp_sums at once.

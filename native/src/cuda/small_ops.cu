@@ -72,8 +72,7 @@ __global__ void SiluMulKernel(const void* x, DType xt, int64_t T, int I, void* o
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T * I) return;
   const int64_t r = i / I, j = i % I;
-  const float g = LoadAsF32(x, xt, r * 2 * I + j), u = LoadAsF32(x, xt, r * 2 * I + I + j);
-  StoreFromF32(out, ot, i, g / (1.f + expf(-g)) * u);
+  StoreFromF32(out, ot, i, SiluMulValue(LoadAsF32(x, xt, r * 2 * I + j), LoadAsF32(x, xt, r * 2 * I + I + j)));
 }
 
 __global__ void AddKernel(const float* a, const float* b, float* out, int64_t n) {

@@ -367,7 +367,7 @@ __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) StoreElement(p, v[j][i], j, i, tile, row_start, rows, g, t);
+    for (int i = 0; i < 2; ++i) StorePair(p, v[j][i], v[j][i + 2], j, i, tile, row_start, rows, g, t);
 }
 
 // Split tiles. A tile whose steps lie in several warps' ranges is parked by each of them in
@@ -423,6 +423,44 @@ __device__ __forceinline__ void ParkPartial(float* slot, const float (&acc)[NT][
       if (LiveElement<F>(i)) slot[SlotIndex(j, i, g, t)] = acc[j][i];
 }
 
+// Both halves of a 16-byte exchange slot at once: its old value comes back.
+__device__ __forceinline__ void AtomicExch128(uint64_t* slot, uint64_t lo, uint64_t hi, uint64_t* old_lo, uint64_t* old_hi) {
+  asm volatile(
+      "{\n .reg .b128 v, o;\n mov.b128 v, {%2, %3};\n atom.exch.b128 o, [%4], v;\n mov.b128 {%0, %1}, o;\n}\n"
+      : "=l"(*old_lo), "=l"(*old_hi)
+      : "l"(lo), "l"(hi), "l"(slot)
+      : "memory");
+}
+
+// The exchange of a boundary tile under the SiLU epilogue: an output needs its gate row g and up
+// row g + 8 finished in the same place, so each (g, g + 8) pair travels in one 16-byte atomic
+// (element-wise exchanges could leave the gate finished by one block and the up by the other).
+// Same slots, paired: [token 8 j + 2 t + i][g] x 16 bytes.
+template <int NT, Form F>
+__device__ __forceinline__ void ExchangePairs(const GemmParams& p, const float (&sum)[NT][4], uint64_t* slots, int tile, int row_start, int rows, int g, int t) {
+  uint64_t other[NT][2][2];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      other[j][i][0] = other[j][i][1] = 0;
+      if (LiveElement<F>(i)) {
+        AtomicExch128(slots + 2 * ((8 * j + 2 * t + i) * 8 + g), (1ull << 32) | __float_as_uint(sum[j][i]), (1ull << 32) | __float_as_uint(sum[j][i + 2]), &other[j][i][0], &other[j][i][1]);
+      }
+    }
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (other[j][i][0] >> 32) {  // second: finish the pair and leave the slot zero for the next launch
+        StorePair(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other[j][i][0])), sum[j][i + 2] + __uint_as_float(static_cast<uint32_t>(other[j][i][1])), j, i, tile,
+                  row_start, rows, g, t);
+        uint64_t* slot = slots + 2 * ((8 * j + 2 * t + i) * 8 + g);
+        slot[0] = slot[1] = 0;
+      }
+    }
+}
+
 // The block's sum of split tile `tile` (warps wa..wb in order), stored, or finished by exchange.
 template <int NT, Form F>
 __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRange& br, const float* parked, int tile, int wa, int wb, bool inside, int row_start,
@@ -451,6 +489,10 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
   // trip per element (4 per lane at 8 tokens, 32 at 64: the 6-17% loss at 16-64 tokens of run 45).
   const int boundary = t0 < br.begin ? blockIdx.x - 1 : blockIdx.x;
   uint64_t* slots = p.exchange + (static_cast<int64_t>(blockIdx.y) * p.range_blocks + boundary) * kSlotFloats<NT>;
+  if (p.silu_mul) {
+    ExchangePairs<NT, F>(p, sum, slots, tile, row_start, rows, g, t);
+    return;
+  }
   unsigned long long other[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j)
@@ -1018,10 +1060,12 @@ Status CheckAlignment(const Tensor& x, const Tensor& qw, const Tensor& sc, const
 }  // namespace
 
 Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
-  const int m = static_cast<int>(a.x.dim(0)), n = static_cast<int>(a.y.dim(1));
+  const bool silu = a.epilogue == Epilogue::kSiluMul;
+  const int m = static_cast<int>(a.x.dim(0)), n = static_cast<int>(a.y.dim(1)) * (silu ? 2 : 1);  // weight rows
   if (m == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "w4a16_gemm"));
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, m);
+  p.silu_mul = silu;
   const int nt = ChooseNt(m, a.x.dtype, p.K);
   p.tile_tokens = m == 1 && nt == 1 ? 1 : 8 * nt;  // one token: the one-token form (ChooseForm)
   p.y = a.y.data;
@@ -1030,7 +1074,8 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
 }
 
 Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
-  const int experts = static_cast<int>(a.qw.dim(0)), n = static_cast<int>(a.y.dim(1));
+  const bool silu = a.epilogue == Epilogue::kSiluMul;  // gather mode only (validated)
+  const int experts = static_cast<int>(a.qw.dim(0)), n = static_cast<int>(a.y.dim(1)) * (silu ? 2 : 1);  // weight rows
   const int t = static_cast<int>(a.ids.dim(0)), topk = static_cast<int>(a.ids.dim(1)), pairs = t * topk;
   if (pairs == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "moe_gemm"));
@@ -1046,6 +1091,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const int tile_rows = route && t == 1 ? 1 : 8 * nt;
   const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
+  p.silu_mul = silu;
   p.tile_tokens = tile_rows;
   // scratch: x_row[pairs] out_row[pairs] counts[experts] num_tiles tiles[max_tiles] (sum mode: pair rows [pairs, N] f32), partials
   auto align = [](size_t v) { return (v + 255) / 256 * 256; };

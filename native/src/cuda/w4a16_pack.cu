@@ -10,6 +10,7 @@ namespace {
 
 struct PackShape {
   int64_t experts, n, k, tiles, steps, blocks, groups;
+  bool gate_up;
 };
 
 __global__ void PackCodesKernel(const uint32_t* qw, uint32_t* qwp, PackShape s) {
@@ -19,7 +20,7 @@ __global__ void PackCodesKernel(const uint32_t* qw, uint32_t* qwp, PackShape s) 
   const int64_t et = i / per_tile, e = et / s.tiles, tile = et % s.tiles;
   const int64_t st = (i % per_tile) / w4::kWordsPerStep;
   const int word = static_cast<int>(i % w4::kWordsPerStep);
-  const int64_t row = tile * w4::kTileRows + w4::WordRow(word);
+  const int64_t row = w4::PackedSourceRow(tile * w4::kTileRows + w4::WordRow(word), s.n, s.gate_up);
   const int t = w4::WordLaneT(word);
   const int64_t k0 = st * w4::kStepK + 32 * w4::WordBlock(word);
   uint32_t v = 0;
@@ -27,7 +28,7 @@ __global__ void PackCodesKernel(const uint32_t* qw, uint32_t* qwp, PackShape s) 
   for (int p = 0; p < 8; ++p) {
     const int64_t kk = k0 + w4::NibbleK(t, p);
     uint32_t code = 8;  // q = 0
-    if (row < s.n && kk < s.k) code = (qw[(e * s.n + row) * (s.k / 8) + kk / 8] >> (4 * (kk % 8))) & 0xFu;
+    if (row >= 0 && kk < s.k) code = (qw[(e * s.n + row) * (s.k / 8) + kk / 8] >> (4 * (kk % 8))) & 0xFu;
     v |= code << (4 * p);
   }
   qwp[i] = v;
@@ -40,9 +41,9 @@ __global__ void PackScalesKernel(const S* sc, S* scp, PackShape s) {
   if (i >= s.experts * s.tiles * per_tile) return;
   const int64_t et = i / per_tile, e = et / s.tiles, tile = et % s.tiles;
   const int slot = static_cast<int>(i % w4::kScalesPerBlock);
-  const int64_t row = tile * w4::kTileRows + w4::ScaleRow(slot);
+  const int64_t row = w4::PackedSourceRow(tile * w4::kTileRows + w4::ScaleRow(slot), s.n, s.gate_up);
   const int64_t grp = 4 * ((i % per_tile) / w4::kScalesPerBlock) + w4::ScaleGroup(slot);
-  scp[i] = row < s.n && grp < s.groups ? sc[(e * s.n + row) * s.groups + grp] : S(0);
+  scp[i] = row >= 0 && grp < s.groups ? sc[(e * s.n + row) * s.groups + grp] : S(0);
 }
 
 unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
@@ -59,6 +60,7 @@ Status LaunchW4A16Pack(const W4A16PackArgs& a, cudaStream_t stream) {
   s.steps = w4::Steps(s.k);
   s.blocks = w4::ScaleBlocks(s.k, a.group);
   s.groups = s.k / a.group;
+  s.gate_up = a.gate_up;
   const int64_t words = s.experts * s.tiles * s.steps * w4::kWordsPerStep;
   const int64_t scales = s.experts * s.tiles * s.blocks * w4::kScalesPerBlock;
   if (words == 0) return Status::Ok();

@@ -261,9 +261,10 @@ __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmPara
 #pragma unroll
   for (int j = 0; j < kConsumerTokens / 8; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
       const int e = 4 * j + i;
-      StoreElement(p, ReplayResult(split, e, acc, block_sum, first_block, kConsumers * 128), j, i, tile, row_start, rows, g, t);
+      StorePair(p, ReplayResult(split, e, acc, block_sum, first_block, kConsumers * 128), ReplayResult(split, e + 2, acc, block_sum, first_block, kConsumers * 128), j, i, tile,
+                row_start, rows, g, t);
     }
 }
 

@@ -250,9 +250,9 @@ __global__ void __launch_bounds__(kThreads, BlocksPerSm(kDequantAhead)) W4A16Wgm
 #pragma unroll
   for (int j = 0; j < kTokens / 8; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
       const int e = 4 * j + i;
-      StoreElement(p, ReplayResult(split, e, acc, block_sum, first_block, kThreads), j, i, tile, row_start, rows, g, t);
+      StorePair(p, ReplayResult(split, e, acc, block_sum, first_block, kThreads), ReplayResult(split, e + 2, acc, block_sum, first_block, kThreads), j, i, tile, row_start, rows, g, t);
     }
 }
 

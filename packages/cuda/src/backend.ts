@@ -103,9 +103,10 @@ export class KdtreeBackend {
 
   /**
    * Packs checkpoint W4A16 weights (qw i32 [(E,) N, K/8], sc [(E,) N, K/G]) into the layout the
-   * GEMM kernels read, as new tensors; the inputs are left as they are.
+   * GEMM kernels read, as new tensors; the inputs are left as they are. `interleaveGateUp`: qw and
+   * sc are an MLP's [gate; up] rows (N = 2I), packed for the GEMMs' 'siluMul' epilogue.
    */
-  packW4A16(qw: DeviceTensor, sc: DeviceTensor, group: number, stream?: number): { qw: DeviceTensor; sc: DeviceTensor } {
+  packW4A16(qw: DeviceTensor, sc: DeviceTensor, group: number, stream?: number, options: { interleaveGateUp?: boolean } = {}): { qw: DeviceTensor; sc: DeviceTensor } {
     const lead = qw.shape.length - 2;
     if (lead !== 0 && lead !== 1) {
       throw invalidArgument(`packW4A16: qw must be [N, K/8] or [E, N, K/8], got [${qw.shape.join(', ')}]`);
@@ -113,7 +114,7 @@ export class KdtreeBackend {
     const shapes = packedW4A16Shapes(qw.shape[lead], qw.shape[lead + 1] * 8, group, lead ? qw.shape[0] : undefined);
     const out = { qw: this.empty('i32', shapes.qw), sc: this.empty(sc.dtype, shapes.sc) };
     try {
-      this.native.w4a16Pack({ qw, sc, qwPacked: out.qw, scPacked: out.sc, group, stream });
+      this.native.w4a16Pack({ qw, sc, qwPacked: out.qw, scPacked: out.sc, group, interleaveGateUp: options.interleaveGateUp, stream });
     } catch (error) {
       this.free(out.qw, out.sc);
       throw error;

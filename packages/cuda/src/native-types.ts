@@ -25,6 +25,9 @@ export interface NativeDeviceInfo {
   runtimeVersion: number;
 }
 
+/** What a W4A16 GEMM applies to its output before storing it. */
+export type W4A16Epilogue = 'none' | 'siluMul';
+
 export interface NativeBackend {
   readonly kind: 'cpu' | 'cuda';
   info(): NativeDeviceInfo;
@@ -43,8 +46,18 @@ export interface NativeBackend {
   destroyEvent(event: number): void;
   recordEvent(event: number, stream?: number): void;
   elapsedMs(start: number, end: number): number;
-  w4a16Pack(args: { qw: TensorArg; sc: TensorArg; qwPacked: TensorArg; scPacked: TensorArg; group?: number; stream?: number }): void;
-  w4a16Gemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; y: TensorArg; group?: number; stream?: number }): void;
+  /**
+   * interleaveGateUp: qw and sc hold an MLP's [gate; up] rows (N = 2I); packed as tiles of 8 gate rows
+   * and the same 8 up rows, the layout the 'siluMul' epilogue reads (a GEMM without it then writes
+   * the columns in that order).
+   */
+  w4a16Pack(args: { qw: TensorArg; sc: TensorArg; qwPacked: TensorArg; scPacked: TensorArg; group?: number; interleaveGateUp?: boolean; stream?: number }): void;
+  /**
+   * epilogue 'siluMul' (weights packed with interleaveGateUp, 2I rows): y [M, I] = silu(gate) * up,
+   * with gate and up rounded to y's dtype first, so the bits equal the plain GEMM's [M, 2I] output
+   * followed by siluMul. Default 'none'.
+   */
+  w4a16Gemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; y: TensorArg; group?: number; epilogue?: W4A16Epilogue; stream?: number }): void;
   /**
    * minWarpSteps (cuda; default 0): the least weight steps (16 rows x 128 k) in each warp range of
    * the split. Longer ranges mean fewer blocks per expert: slower for a decode step. A row's bits
@@ -61,6 +74,8 @@ export interface NativeBackend {
     y: TensorArg;
     group?: number;
     mode?: 'gather' | 'sum';
+    /** 'siluMul' in gather mode: as w4a16Gemm's, y [T*topk, I] from gate_up weights of 2I rows. */
+    epilogue?: W4A16Epilogue;
     minWarpSteps?: number;
     stream?: number;
   }): void;

@@ -4,22 +4,22 @@ import { dequantizeInt4, quantizeInt4, type Int4Matrix } from '@kdtree/quant';
 import { matmulT } from '@kdtree/reference';
 import type { DeviceTensor, Dtype, KdtreeBackend } from '../backend.js';
 import { packedW4A16Shapes } from '../w4a16-layout.js';
-import { expectClose, expectThrows, fail, randomF32, sameBits, withTensors, type KernelCheck } from './harness.js';
+import { expectClose, expectThrows, fail, randomF32, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
 
 /** x as the kernel sees it: rounded to bf16/f16 when that is its dtype. */
-function roundX(x: Float32Array, dtype: Dtype): Float32Array {
+export function roundX(x: Float32Array, dtype: Dtype): Float32Array {
   if (dtype === 'bf16') return bf16ArrayToF32(f32ArrayToBf16(x));
   if (dtype === 'f16') return f16ArrayToF32(f32ArrayToF16(x));
   return x;
 }
 
-function upload(b: KdtreeBackend, dtype: Dtype, shape: number[], x: Float32Array): DeviceTensor {
+export function upload(b: KdtreeBackend, dtype: Dtype, shape: number[], x: Float32Array): DeviceTensor {
   if (dtype === 'bf16') return b.fromArray(dtype, shape, f32ArrayToBf16(x));
   if (dtype === 'f16') return b.fromArray(dtype, shape, f32ArrayToF16(x));
   return b.fromArray('f32', shape, x);
 }
 
-function asF32(dtype: Dtype, data: ArrayLike<number>): Float32Array {
+export function asF32(dtype: Dtype, data: ArrayLike<number>): Float32Array {
   if (dtype === 'bf16') return bf16ArrayToF32(data as Uint16Array);
   if (dtype === 'f16') return f16ArrayToF32(data as Uint16Array);
   return data as Float32Array;
@@ -99,7 +99,7 @@ export function packReference(m: Int4Matrix): { qw: Int32Array; sc: Uint16Array 
   return { qw, sc };
 }
 
-const TOLERANCE: Record<Dtype, number> = { f32: 1e-5, bf16: 1e-2, f16: 1e-2, i32: 0, u8: 0, f64: 0 };
+export const TOLERANCE: Record<Dtype, number> = { f32: 1e-5, bf16: 1e-2, f16: 1e-2, i32: 0, u8: 0, f64: 0 };
 const SHAPES = [
   { n: 200, k: 224, group: 32 },
   { n: 72, k: 192, group: 64 },
@@ -496,27 +496,19 @@ const wgmmaCheck: KernelCheck = {
  */
 const prefillCheck: KernelCheck = {
   name: 'w4a16_gemm bf16: N 2000 x K 640 at M 260 (group 32, bf16 scales), N 1000 x K 448 at M 300 (group 64, f32) and N 520 x K 1152 at M 257 (group 64, bf16) vs reference and batch-invariant (on sm_90a: the prefill kernel)',
-  run: (b) => {
-    // shapes this small take it only when forced (the rule wants >= 3/4 of a block per SM)
-    const saved = process.env.KDTREE_W4A16_PREFILL;
-    process.env.KDTREE_W4A16_PREFILL = 'always';
-    try {
-      return {
-        detail: bf16CasesAgainstReference(
-          b,
-          [
-            { n: 2000, k: 640, group: 32, scales: 'BF16', ms: [260] },
-            { n: 1000, k: 448, group: 64, scales: 'F32', ms: [300] },
-            { n: 520, k: 1152, group: 64, scales: 'BF16', ms: [257] },
-          ],
-          73,
-        ),
-      };
-    } finally {
-      if (saved === undefined) delete process.env.KDTREE_W4A16_PREFILL;
-      else process.env.KDTREE_W4A16_PREFILL = saved;
-    }
-  },
+  // shapes this small take it only when forced (the rule wants >= 3/4 of a block per SM)
+  run: (b) =>
+    withEnv('KDTREE_W4A16_PREFILL', 'always', () => ({
+      detail: bf16CasesAgainstReference(
+        b,
+        [
+          { n: 2000, k: 640, group: 32, scales: 'BF16', ms: [260] },
+          { n: 1000, k: 448, group: 64, scales: 'F32', ms: [300] },
+          { n: 520, k: 1152, group: 64, scales: 'BF16', ms: [257] },
+        ],
+        73,
+      ),
+    })),
 };
 
 const shapeErrors: KernelCheck = {

@@ -90,3 +90,15 @@ export function withTensors<T>(backend: KdtreeBackend, fn: (track: <U extends { 
     for (const t of tracked) if (!t.buffer.freed) backend.native.free(t.buffer as never);
   }
 }
+
+/** Runs `fn` with environment variable `name` set to `value`, then restores it. */
+export function withEnv<T>(name: string, value: string, fn: () => T): T {
+  const saved = process.env[name];
+  process.env[name] = value;
+  try {
+    return fn();
+  } finally {
+    if (saved === undefined) delete process.env[name];
+    else process.env[name] = saved;
+  }
+}
