@@ -362,12 +362,21 @@ __global__ void StageXKernel(const GemmParams p, int chunk_tiles, X* xs) {
   reinterpret_cast<uint4*>(xs)[i] = v;
 }
 
-template <int NT>
+// kSilu: the SiLU epilogue (p.silu_mul), a compile-time choice in every kernel that has it: at run
+// time its code raised the registers and stack of the plain instances too (run 261: the prefill
+// kernel 154 -> 168 registers and 1.6-4% slower at 512-2048 tokens, the 1-token expert GEMMs +0.1 us).
+template <int NT, bool kSilu>
 __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[NT][4], int tile, int row_start, int rows, int g, int t) {
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+  for (int j = 0; j < NT; ++j) {
+    if constexpr (kSilu) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) StorePair(p, v[j][i], v[j][i + 2], j, i, tile, row_start, rows, g, t);
+      for (int i = 0; i < 2; ++i) StoreSilu(p, v[j][i], v[j][i + 2], j, i, tile, row_start, rows, g, t);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) StoreElement(p, v[j][i], j, i, tile, row_start, rows, g, t);
+    }
+  }
 }
 
 // Split tiles. A tile whose steps lie in several warps' ranges is parked by each of them in
@@ -453,7 +462,7 @@ __device__ __forceinline__ void ExchangePairs(const GemmParams& p, const float (
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (other[j][i][0] >> 32) {  // second: finish the pair and leave the slot zero for the next launch
-        StorePair(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other[j][i][0])), sum[j][i + 2] + __uint_as_float(static_cast<uint32_t>(other[j][i][1])), j, i, tile,
+        StoreSilu(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other[j][i][0])), sum[j][i + 2] + __uint_as_float(static_cast<uint32_t>(other[j][i][1])), j, i, tile,
                   row_start, rows, g, t);
         uint64_t* slot = slots + 2 * ((8 * j + 2 * t + i) * 8 + g);
         slot[0] = slot[1] = 0;
@@ -462,7 +471,7 @@ __device__ __forceinline__ void ExchangePairs(const GemmParams& p, const float (
 }
 
 // The block's sum of split tile `tile` (warps wa..wb in order), stored, or finished by exchange.
-template <int NT, Form F>
+template <int NT, Form F, bool kSilu>
 __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRange& br, const float* parked, int tile, int wa, int wb, bool inside, int row_start,
                                             int rows, int g, int t) {
   const int t0 = tile * p.steps;
@@ -481,7 +490,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
         if (LiveElement<F>(i)) sum[j][i] += slot[SlotIndex(j, i, g, t)];
   }
   if (inside) {
-    StoreTile<NT>(p, sum, tile, row_start, rows, g, t);
+    StoreTile<NT, kSilu>(p, sum, tile, row_start, rows, g, t);
     return;
   }
   // The boundary between blocks b and b + 1 has exchange slot b. All of a lane's exchanges are in
@@ -489,7 +498,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
   // trip per element (4 per lane at 8 tokens, 32 at 64: the 6-17% loss at 16-64 tokens of run 45).
   const int boundary = t0 < br.begin ? blockIdx.x - 1 : blockIdx.x;
   uint64_t* slots = p.exchange + (static_cast<int64_t>(blockIdx.y) * p.range_blocks + boundary) * kSlotFloats<NT>;
-  if (p.silu_mul) {
+  if constexpr (kSilu) {
     ExchangePairs<NT, F>(p, sum, slots, tile, row_start, rows, g, t);
     return;
   }
@@ -513,7 +522,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
 // After the block barrier: sum the parked partials of the block's split tiles, store the tiles that
 // lie inside the block, and exchange the two boundary tiles' block sums.
 // The range and the parked partials are recomputed here, not kept live across the streaming loop.
-template <int NT, Form F, int kPhysWarps = kWarps>
+template <int NT, Form F, bool kSilu, int kPhysWarps = kWarps>
 __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) {
   const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const BlockRange br = RangeOf(p);
@@ -526,7 +535,7 @@ __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) 
     const int wa = Quotient<NT>(p.by_steps_per_warp, c0 - br.begin), wb = Quotient<NT>(p.by_steps_per_warp, c1 - 1 - br.begin);
     const bool inside = t0 >= br.begin && t1 <= br.end;
     if (wa == wb && inside) continue;  // one warp had it whole and stored it
-    CombineTile<NT, F>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
+    CombineTile<NT, F, kSilu>(p, br, parked, tile, wa, wb, inside, row_start, rows, g, t);
   }
 }
 
@@ -550,7 +559,7 @@ __device__ __forceinline__ void CopyXStep(const X* const (&xr)[NT], int step, ch
   }
 }
 
-template <typename X, typename S, int NT, int G, Form F, int kPieces = 1>
+template <typename X, typename S, int NT, int G, Form F, int kPieces, bool kSilu>
 __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / kWarps : 1) * kPieces) W4A16Kernel(const GemmParams p) {
   // Programmatic dependent launch: the next kernel in the stream may start as our blocks retire,
   // and we may start before the previous kernel ends. Weights and scales never depend on earlier
@@ -706,7 +715,7 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
       if (kFlatLoop ? base + s + 1 == seg_end : step == p.steps || base + s + 1 == f_end) {
         const int t0 = tile * p.steps;
         if (t0 >= piece_begin && t0 + p.steps <= piece_end) {
-          StoreTile<NT>(p, acc, tile, row_start, rows, g, t);  // whole in this piece
+          StoreTile<NT, kSilu>(p, acc, tile, row_start, rows, g, t);  // whole in this piece
         } else {
           ParkPartial<NT, F>(parked + (2 * piece + (tile == piece_first_tile ? 0 : 1)) * kSlotFloats<NT>, acc, g, t);
         }
@@ -736,7 +745,7 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
   }
 #undef KDTREE_ISSUE
   __syncthreads();  // every warp's split tiles are parked
-  CombineSplitTiles<NT, F, kWarps / kPieces>(p, row_start, rows);
+  CombineSplitTiles<NT, F, kSilu, kWarps / kPieces>(p, row_start, rows);
 }
 
 // MoE sum mode: y[t] = sum_j weights[t, j] * pair[t * topk + j], j in order.
@@ -828,26 +837,27 @@ Status Aligned(const Tensor& t, int bytes, const char* op) {
   return Status::Ok();
 }
 
-template <typename X, typename S, int NT, int G, Form F, int kPieces>
+template <typename X, typename S, int NT, int G, Form F, int kPieces, bool kSilu>
 Status LaunchKernel(const GemmParams& p, dim3 grid, cudaStream_t s) {
   constexpr int kShared = SharedBytes<NT, F>();  // the block's parked partials: 8-64 KB
-  auto* kernel = W4A16Kernel<X, S, NT, G, F, kPieces>;
+  auto* kernel = W4A16Kernel<X, S, NT, G, F, kPieces, kSilu>;
   if constexpr (kShared > 48 * 1024) {
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 kernel: shared memory"));
   }
   return LaunchPdl("w4a16 kernel", kernel, grid, dim3(kThreads / kPieces), kShared, s, p);  // see griddepcontrol in the kernel
 }
-template <typename X, typename S, int NT, Form F, int kPieces>
+template <typename X, typename S, int NT, Form F, int kPieces, bool kSilu>
 Status LaunchG(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
   switch (group) {
-    case 32: return LaunchKernel<X, S, NT, 32, F, kPieces>(p, grid, s);
-    case 64: return LaunchKernel<X, S, NT, 64, F, kPieces>(p, grid, s);
-    default: return LaunchKernel<X, S, NT, 128, F, kPieces>(p, grid, s);  // validated: 32, 64 or 128
+    case 32: return LaunchKernel<X, S, NT, 32, F, kPieces, kSilu>(p, grid, s);
+    case 64: return LaunchKernel<X, S, NT, 64, F, kPieces, kSilu>(p, grid, s);
+    default: return LaunchKernel<X, S, NT, 128, F, kPieces, kSilu>(p, grid, s);  // validated: 32, 64 or 128
   }
 }
 template <typename X, int NT, Form F = Form::kStandard, int kPieces = 1>
 Status LaunchS(const GemmParams& p, int group, dim3 grid, cudaStream_t s) {
-  return p.sc_f32 ? LaunchG<X, float, NT, F, kPieces>(p, group, grid, s) : LaunchG<X, uint16_t, NT, F, kPieces>(p, group, grid, s);
+  if (p.silu_mul) return p.sc_f32 ? LaunchG<X, float, NT, F, kPieces, true>(p, group, grid, s) : LaunchG<X, uint16_t, NT, F, kPieces, true>(p, group, grid, s);
+  return p.sc_f32 ? LaunchG<X, float, NT, F, kPieces, false>(p, group, grid, s) : LaunchG<X, uint16_t, NT, F, kPieces, false>(p, group, grid, s);
 }
 template <typename X>
 Status LaunchStage(const GemmParams& p, int nt, int chunk_tiles, void* xs, cudaStream_t s) {

@@ -128,20 +128,15 @@ __device__ __forceinline__ void StoreElement(const GemmParams& p, float v, int j
   }
 }
 
-// Elements i and i + 2 of n-tile j of a lane (rows g and g + 8, one token): both stored, or with
-// the SiLU epilogue (a gate_up tile: gate row g, its up row g + 8) their activation, at column
-// 8 tile + g of y [rows, N / 2], after rounding each to y's dtype as a stored gate_up output would be.
-__device__ __forceinline__ void StorePair(const GemmParams& p, float lo, float hi, int j, int i, int tile, int row_start, int rows, int g, int t) {
-  if (!p.silu_mul) {
-    StoreElement(p, lo, j, i, tile, row_start, rows, g, t);
-    StoreElement(p, hi, j, i + 2, tile, row_start, rows, g, t);
-    return;
-  }
+// The SiLU epilogue's store of elements i and i + 2 of n-tile j of a lane (a gate_up tile: gate
+// row g, its up row g + 8, one token): their activation at column 8 tile + g of y [rows, N / 2],
+// after rounding each to y's dtype as a stored gate_up output would be.
+__device__ __forceinline__ void StoreSilu(const GemmParams& p, float gate, float up, int j, int i, int tile, int row_start, int rows, int g, int t) {
   const int tok = 8 * j + 2 * t + (i & 1), n = tile * 8 + g, width = p.N / 2;
   if (tok < rows && n < width) {
     const int lr = row_start + tok;
     const int out = p.out_row ? p.out_row[lr] : lr;
-    StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * width + n, SiluMulValue(RoundTo(p.y_dtype, lo), RoundTo(p.y_dtype, hi)));
+    StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(out) * width + n, SiluMulValue(RoundTo(p.y_dtype, gate), RoundTo(p.y_dtype, up)));
   }
 }
 

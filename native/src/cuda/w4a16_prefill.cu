@@ -108,7 +108,8 @@ struct PrefillMap {
   int row_groups, token_tiles, band;
 };
 
-template <typename S, int G>
+// kSilu: the SiLU epilogue (p.silu_mul), compile-time as in the warpgroup kernel.
+template <typename S, int G, bool kSilu>
 __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmParams p, PrefillMap map) {
   static_assert(w4::kStepK / G % 2 == 0, "the consumers take a step's scale groups in pairs");
   constexpr int kStages = w4a16::kStages<S>;
@@ -259,16 +260,25 @@ __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmPara
   const int row_start = (p.tile_offset + token_tile) * kTokens + c * kConsumerTokens, rows = min(kConsumerTokens, p.M - row_start);
   if (rows <= 0) return;
 #pragma unroll
-  for (int j = 0; j < kConsumerTokens / 8; ++j)
+  for (int j = 0; j < kConsumerTokens / 8; ++j) {
+    if constexpr (kSilu) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int e = 4 * j + i;
-      StorePair(p, ReplayResult(split, e, acc, block_sum, first_block, kConsumers * 128), ReplayResult(split, e + 2, acc, block_sum, first_block, kConsumers * 128), j, i, tile,
-                row_start, rows, g, t);
+      for (int i = 0; i < 2; ++i) {
+        const int e = 4 * j + i;
+        StoreSilu(p, ReplayResult(split, e, acc, block_sum, first_block, kConsumers * 128), ReplayResult(split, e + 2, acc, block_sum, first_block, kConsumers * 128), j, i, tile,
+                  row_start, rows, g, t);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = 4 * j + i;
+        StoreElement(p, ReplayResult(split, e, acc, block_sum, first_block, kConsumers * 128), j, i, tile, row_start, rows, g, t);
+      }
     }
+  }
 }
 
-template <typename S, int G>
+template <typename S, int G, bool kSilu>
 Status Launch(const GemmParams& p, int token_tiles, int sms, cudaStream_t s) {
   PrefillMap map;
   map.row_groups = static_cast<int>((p.tiles + 3) / 4);
@@ -276,7 +286,7 @@ Status Launch(const GemmParams& p, int token_tiles, int sms, cudaStream_t s) {
   // a band's blocks of every token tile: about one wave (one block per SM)
   map.band = std::max(1, std::min(map.row_groups, (sms + token_tiles - 1) / token_tiles));
   constexpr int kShared = sizeof(Shared<S>);
-  auto* kernel = W4A16PrefillKernel<S, G>;
+  auto* kernel = W4A16PrefillKernel<S, G, kSilu>;
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "w4a16 prefill kernel: shared memory"));
   const dim3 grid(static_cast<unsigned>(map.row_groups * token_tiles));
   return LaunchPdl("w4a16 prefill kernel", kernel, grid, dim3(kThreads), kShared, s, p, map);
@@ -294,8 +304,12 @@ Status LaunchW4A16Prefill(GemmParams p, int group, int token_tiles, int sms, voi
   const int64_t units = static_cast<int64_t>(token_tiles) * p.steps * (8 * kSliceX / 16);
   KDTREE_RETURN_IF_ERROR(LaunchPdl("w4a16 prefill stage x", StageWgmmaXKernel<kTokens>, dim3(static_cast<unsigned>((units + 255) / 256)), dim3(256), 0, s, p, token_tiles, 1,
                                    static_cast<uint4*>(xs)));
-  if (p.sc_f32) return Launch<float, 64>(p, token_tiles, sms, s);
-  return group == 32 ? Launch<uint16_t, 32>(p, token_tiles, sms, s) : Launch<uint16_t, 64>(p, token_tiles, sms, s);
+  if (p.silu_mul) {
+    if (p.sc_f32) return Launch<float, 64, true>(p, token_tiles, sms, s);
+    return group == 32 ? Launch<uint16_t, 32, true>(p, token_tiles, sms, s) : Launch<uint16_t, 64, true>(p, token_tiles, sms, s);
+  }
+  if (p.sc_f32) return Launch<float, 64, false>(p, token_tiles, sms, s);
+  return group == 32 ? Launch<uint16_t, 32, false>(p, token_tiles, sms, s) : Launch<uint16_t, 64, false>(p, token_tiles, sms, s);
 }
 
 }  // namespace w4a16
