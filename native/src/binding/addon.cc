@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../common/validate.h"
@@ -88,25 +89,43 @@ class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
 };
 Napi::FunctionReference* DeviceBuffer::constructor = nullptr;
 
+// Marks the DeviceBuffer objects that alloc() made. Checking the tag is cheaper than instanceof,
+// which walks the prototype chain for every tensor of every call.
+constexpr napi_type_tag kDeviceBufferTag = {0x6b64747262756621ull, 0x9e3779b97f4a7c15ull};
+
 int next_backend_id = 1;
 
-DType ParseDType(Napi::Env env, const Napi::Value& v, const std::string& what) {
-  if (!v.IsString()) Throw(env, Code::kInvalidArgument, what + ".dtype must be a string (f32, f16, bf16, i32, u8, f64)");
-  const std::string s = v.As<Napi::String>();
-  if (s == "f32") return DType::kF32;
-  if (s == "f16") return DType::kF16;
-  if (s == "bf16") return DType::kBF16;
-  if (s == "i32") return DType::kI32;
-  if (s == "u8") return DType::kU8;
-  if (s == "f64") return DType::kF64;
-  Throw(env, Code::kInvalidArgument, what + ".dtype '" + s + "' is not one of f32, f16, bf16, i32, u8, f64");
+// Argument names are C strings, or for parts of a tensor a callable that builds one: messages are
+// only written for failures, while every op parses several tensors per call (building each name
+// up front cost ~1 us per tensor of every call).
+inline std::string NameOf(const char* name) { return name; }
+inline std::string NameOf(const std::string& name) { return name; }
+template <typename Build>
+std::string NameOf(const Build& build) {
+  return build();
 }
 
-int64_t ParseInt(Napi::Env env, const Napi::Value& v, const std::string& what, int64_t min = INT64_MIN) {
-  if (!v.IsNumber()) Throw(env, Code::kInvalidArgument, what + " must be a number");
+DType ParseDType(Napi::Env env, const Napi::Value& v, const char* what) {
+  if (!v.IsString()) Throw(env, Code::kInvalidArgument, std::string(what) + ".dtype must be a string (f32, f16, bf16, i32, u8, f64)");
+  char s[8];  // every dtype name fits; a longer string arrives cut and matches none
+  size_t length = 0;
+  if (napi_get_value_string_utf8(env, v, s, sizeof(s), &length) != napi_ok) Throw(env, Code::kInvalidArgument, std::string(what) + ".dtype could not be read");
+  const std::string_view name(s, length);
+  if (name == "f32") return DType::kF32;
+  if (name == "f16") return DType::kF16;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "i32") return DType::kI32;
+  if (name == "u8") return DType::kU8;
+  if (name == "f64") return DType::kF64;
+  Throw(env, Code::kInvalidArgument, std::string(what) + ".dtype '" + v.As<Napi::String>().Utf8Value() + "' is not one of f32, f16, bf16, i32, u8, f64");
+}
+
+template <typename Name>
+int64_t ParseInt(Napi::Env env, const Napi::Value& v, const Name& what, int64_t min = INT64_MIN) {
+  if (!v.IsNumber()) Throw(env, Code::kInvalidArgument, NameOf(what) + " must be a number");
   const double d = v.As<Napi::Number>().DoubleValue();
   if (d != static_cast<double>(static_cast<int64_t>(d)) || d < static_cast<double>(min) || d > 9007199254740991.0) {
-    Throw(env, Code::kInvalidArgument, what + " must be an integer >= " + std::to_string(min) + ", got " + std::to_string(d));
+    Throw(env, Code::kInvalidArgument, NameOf(what) + " must be an integer >= " + std::to_string(min) + ", got " + std::to_string(d));
   }
   return static_cast<int64_t>(d);
 }
@@ -158,14 +177,16 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
  private:
   Backend& be() { return *handle_->backend; }
 
-  DeviceBuffer* Buf(Napi::Env env, const Napi::Value& v, const std::string& what) {
-    if (!v.IsObject() || !v.As<Napi::Object>().InstanceOf(DeviceBuffer::constructor->Value())) {
-      Throw(env, Code::kInvalidArgument, what + " must be a DeviceBuffer from alloc()");
-    }
+  template <typename Name>
+  DeviceBuffer* Buf(Napi::Env env, const Napi::Value& v, const Name& what) {
+    bool tagged = false;
+    if (v.IsObject() && napi_check_object_type_tag(env, v, &kDeviceBufferTag, &tagged) != napi_ok) tagged = false;
+    if (!tagged) Throw(env, Code::kInvalidArgument, NameOf(what) + " must be a DeviceBuffer from alloc()");
     DeviceBuffer* b = DeviceBuffer::Unwrap(v.As<Napi::Object>());
-    if (b->freed()) Throw(env, Code::kInvalidArgument, what + ": use of a freed buffer");
+    if (b->freed()) Throw(env, Code::kInvalidArgument, NameOf(what) + ": use of a freed buffer");
     if (b->owner() != handle_.get()) {
-      Throw(env, Code::kInvalidArgument, what + ": buffer belongs to another backend (" + std::string(b->owner()->backend->kind()) + " #" + std::to_string(b->owner()->id) + "), not this " + be().kind() + " #" + std::to_string(handle_->id));
+      Throw(env, Code::kInvalidArgument, NameOf(what) + ": buffer belongs to another backend (" + std::string(b->owner()->backend->kind()) + " #" + std::to_string(b->owner()->id) + "), not this " + be().kind() +
+                                             " #" + std::to_string(handle_->id));
     }
     return b;
   }
@@ -181,20 +202,22 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     }
     if (!v.IsObject()) Throw(env, Code::kInvalidArgument, std::string(key) + " must be a tensor {buffer, dtype, shape}");
     Napi::Object o = v.As<Napi::Object>();
-    DeviceBuffer* b = Buf(env, o.Get("buffer"), std::string(key) + ".buffer");
+    DeviceBuffer* b = Buf(env, o.Get("buffer"), [key] { return std::string(key) + ".buffer"; });
     t.dtype = ParseDType(env, o.Get("dtype"), key);
     Napi::Value shape = o.Get("shape");
     if (!shape.IsArray()) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape must be an array");
     Napi::Array arr = shape.As<Napi::Array>();
-    if (arr.Length() > 8) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape has more than 8 dimensions");
+    const uint32_t rank = arr.Length();
+    if (rank > 8) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape has more than 8 dimensions");
     int64_t numel = 1;
-    for (uint32_t i = 0; i < arr.Length(); ++i) {
-      const int64_t d = ParseInt(env, arr.Get(i), std::string(key) + ".shape[" + std::to_string(i) + "]", 0);
+    for (uint32_t i = 0; i < rank; ++i) {
+      const int64_t d = ParseInt(env, arr.Get(i), [key, i] { return std::string(key) + ".shape[" + std::to_string(i) + "]"; }, 0);
       t.shape.push_back(d);
       if (d > 0 && numel > (int64_t{1} << 50) / d) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape is too large");
       numel *= d;
     }
-    const int64_t offset = o.Has("offset") ? ParseInt(env, o.Get("offset"), std::string(key) + ".offset", 0) : 0;
+    const Napi::Value offset_v = o.Get("offset");
+    const int64_t offset = offset_v.IsUndefined() ? 0 : ParseInt(env, offset_v, [key] { return std::string(key) + ".offset"; }, 0);
     if (offset > static_cast<int64_t>(b->bytes())) Throw(env, Code::kInvalidArgument, std::string(key) + ".offset " + std::to_string(offset) + " is past the buffer's " + std::to_string(b->bytes()) + " bytes");
     t.data = static_cast<char*>(b->ptr()) + offset;
     t.bytes = static_cast<int64_t>(b->bytes()) - offset;
@@ -206,27 +229,30 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return info[0].As<Napi::Object>();
   }
   int Stream(Napi::Env env, const Napi::Object& o) {
-    const int s = o.Has("stream") && !o.Get("stream").IsUndefined() ? static_cast<int>(ParseInt(env, o.Get("stream"), "stream", 0)) : 0;
+    const Napi::Value v = o.Get("stream");
+    const int s = v.IsUndefined() ? 0 : static_cast<int>(ParseInt(env, v, "stream", 0));
     Check(env, be().CheckStream(s));
     return s;
   }
   static bool Given(const Napi::CallbackInfo& info, size_t i) { return info.Length() > i && !info[i].IsUndefined(); }
   double Num(Napi::Env env, const Napi::Object& o, const char* key, double fallback) {
-    if (!o.Has(key) || o.Get(key).IsUndefined()) return fallback;
-    if (!o.Get(key).IsNumber()) Throw(env, Code::kInvalidArgument, std::string(key) + " must be a number");
-    return o.Get(key).As<Napi::Number>().DoubleValue();
+    const Napi::Value v = o.Get(key);
+    if (v.IsUndefined()) return fallback;
+    if (!v.IsNumber()) Throw(env, Code::kInvalidArgument, std::string(key) + " must be a number");
+    return v.As<Napi::Number>().DoubleValue();
   }
   int64_t Int(Napi::Env env, const Napi::Object& o, const char* key, int64_t fallback, int64_t min = INT64_MIN) {
-    if (!o.Has(key) || o.Get(key).IsUndefined()) return fallback;
-    return ParseInt(env, o.Get(key), key, min);
+    const Napi::Value v = o.Get(key);
+    return v.IsUndefined() ? fallback : ParseInt(env, v, key, min);
   }
   bool Bool(const Napi::Object& o, const char* key, bool fallback) {
-    if (!o.Has(key) || o.Get(key).IsUndefined()) return fallback;
-    return o.Get(key).ToBoolean();
+    const Napi::Value v = o.Get(key);
+    return v.IsUndefined() ? fallback : v.ToBoolean();
   }
 
   static Epilogue ParseEpilogue(Napi::Env env, const Napi::Object& o, const char* op) {
-    const std::string v = o.Has("epilogue") && !o.Get("epilogue").IsUndefined() ? o.Get("epilogue").ToString().Utf8Value() : "none";
+    const Napi::Value given = o.Get("epilogue");
+    const std::string v = given.IsUndefined() ? "none" : given.ToString().Utf8Value();
     if (v != "none" && v != "siluMul") Throw(env, Code::kInvalidArgument, std::string(op) + ": epilogue must be 'none' or 'siluMul', got '" + v + "'");
     return v == "siluMul" ? Epilogue::kSiluMul : Epilogue::kNone;
   }
@@ -253,6 +279,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Check(env, be().Alloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)), &ptr));
     Napi::Object obj = DeviceBuffer::constructor->New({});
     DeviceBuffer::Unwrap(obj)->Attach(handle_, ptr, static_cast<size_t>(bytes));
+    if (napi_type_tag_object(env, obj, &kDeviceBufferTag) != napi_ok) Throw(env, Code::kDeviceError, "alloc: could not tag the new buffer");
     return obj;
   }
   Napi::Value FreeJs(const Napi::CallbackInfo& info) {

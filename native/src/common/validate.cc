@@ -18,25 +18,35 @@ std::string Tensor::Describe() const {
 
 namespace {
 
-// "op(x: bf16 [3, 64], qw: i32 [16, 8]): "
-template <typename... Ts>
-std::string Context(const char* op, const Ts&... tensors) {
-  std::ostringstream os;
-  os << op << "(";
-  bool first = true;
-  ((os << (first ? "" : ", ") << tensors.Describe(), first = false), ...);
-  os << "): ";
-  return os.str();
-}
-
-Status CheckTensor(const std::string& ctx, const Tensor& t, std::initializer_list<DType> allowed, int rank) {
-  bool ok = false;
-  std::string names;
-  for (DType d : allowed) {
-    ok = ok || d == t.dtype;
-    names += names.empty() ? DTypeName(d) : std::string(" or ") + DTypeName(d);
+// "op(x: bf16 [3, 64], qw: i32 [16, 8]): ", written only when a message needs it: every call is
+// validated and few fail, and formatting it up front cost ~0.4 us per tensor of every call.
+class OpContext {
+ public:
+  template <typename... Ts>
+  explicit OpContext(const char* op, const Ts&... tensors) : op_(op), count_(sizeof...(Ts)), tensors_{&tensors...} {
+    static_assert(sizeof...(Ts) <= kMaxTensors, "OpContext holds up to kMaxTensors tensors");
   }
-  if (!ok) return Invalid(ctx, t.name, " must be ", names, ", got ", DTypeName(t.dtype));
+  friend std::ostream& operator<<(std::ostream& os, const OpContext& c) {
+    os << c.op_ << "(";
+    for (size_t i = 0; i < c.count_; ++i) os << (i ? ", " : "") << c.tensors_[i]->Describe();
+    return os << "): ";
+  }
+
+ private:
+  static constexpr size_t kMaxTensors = 8;
+  const char* op_;
+  size_t count_;
+  const Tensor* tensors_[kMaxTensors];
+};
+
+Status CheckTensor(const OpContext& ctx, const Tensor& t, std::initializer_list<DType> allowed, int rank) {
+  bool ok = false;
+  for (DType d : allowed) ok = ok || d == t.dtype;
+  if (!ok) {
+    std::string names;
+    for (DType d : allowed) names += names.empty() ? DTypeName(d) : std::string(" or ") + DTypeName(d);
+    return Invalid(ctx, t.name, " must be ", names, ", got ", DTypeName(t.dtype));
+  }
   if (rank >= 0 && t.rank() != rank) return Invalid(ctx, t.name, " must have ", rank, " dimensions, got ", t.rank());
   for (int64_t d : t.shape) {
     if (d < 0) return Invalid(ctx, t.name, " has a negative dimension");
@@ -48,30 +58,30 @@ Status CheckTensor(const std::string& ctx, const Tensor& t, std::initializer_lis
 }
 
 // The packed layout's dimensions for an N x K matrix (w4a16_layout.h).
-Status CheckPacked(const std::string& ctx, const Tensor& qw, const Tensor& sc, int lead, int64_t experts, int64_t n, int64_t k, int group) {
+Status CheckPacked(const OpContext& ctx, const Tensor& qw, const Tensor& sc, int lead, int64_t experts, int64_t n, int64_t k, int group) {
   const int64_t tiles = w4::Tiles(n), steps = w4::Steps(k), blocks = w4::ScaleBlocks(k, group);
-  const std::string e = lead ? std::to_string(experts) + ", " : "";
+  const auto e = [&] { return lead ? std::to_string(experts) + ", " : std::string(); };
   const bool q_ok = qw.dim(lead) == tiles && qw.dim(lead + 1) == steps && qw.dim(lead + 2) == w4::kWordsPerStep && (!lead || qw.dim(0) == experts);
   if (!q_ok) {
-    return Invalid(ctx, qw.name, " must be the packed layout [", lead ? "E, " : "", "N/16, K/128, 256] = [", e, tiles, ", ", steps, ", ", w4::kWordsPerStep, "] for N = ", n, ", K = ", k,
+    return Invalid(ctx, qw.name, " must be the packed layout [", lead ? "E, " : "", "N/16, K/128, 256] = [", e(), tiles, ", ", steps, ", ", w4::kWordsPerStep, "] for N = ", n, ", K = ", k,
                    " (pack checkpoint weights with w4a16Pack)");
   }
   const bool s_ok = sc.dim(lead) == tiles && sc.dim(lead + 1) == blocks && sc.dim(lead + 2) == w4::kScalesPerBlock && (!lead || sc.dim(0) == experts);
   if (!s_ok) {
-    return Invalid(ctx, sc.name, " must be the packed layout [", lead ? "E, " : "", "N/16, K/(4G), 64] = [", e, tiles, ", ", blocks, ", ", w4::kScalesPerBlock, "] for N = ", n, ", K = ", k, ", G = ", group);
+    return Invalid(ctx, sc.name, " must be the packed layout [", lead ? "E, " : "", "N/16, K/(4G), 64] = [", e(), tiles, ", ", blocks, ", ", w4::kScalesPerBlock, "] for N = ", n, ", K = ", k, ", G = ", group);
   }
   return Status::Ok();
 }
 
 // Checkpoint weights handed to a GEMM: say what to do instead of "wrong rank".
-Status NotCheckpoint(const std::string& ctx, const Tensor& qw, int checkpoint_rank) {
+Status NotCheckpoint(const OpContext& ctx, const Tensor& qw, int checkpoint_rank) {
   if (qw.rank() != checkpoint_rank) return Status::Ok();
   std::ostringstream shape;
   for (int i = 0; i < qw.rank(); ++i) shape << (i ? ", " : "") << qw.dim(i);
   return Invalid(ctx, qw.name, " is in the checkpoint layout [", shape.str(), "]: pack it first (w4a16Pack, or KdtreeBackend.packW4A16)");
 }
 
-Status CheckGroup(const std::string& ctx, int64_t k, int group) {
+Status CheckGroup(const OpContext& ctx, int64_t k, int group) {
   if (group != 32 && group != 64 && group != 128) return Invalid(ctx, "group size ", group, " is not 32, 64 or 128");
   if (k % 8 != 0 || k % group != 0) return Invalid(ctx, "K = ", k, " must be a multiple of 8 and of the group size ", group);
   return Status::Ok();
@@ -83,7 +93,7 @@ int64_t WeightRows(const Tensor& y, Epilogue e) { return e == Epilogue::kSiluMul
 }  // namespace
 
 Status ValidateW4A16Pack(const W4A16PackArgs& a) {
-  const std::string ctx = Context("w4a16_pack", a.qw, a.sc, a.qw_packed, a.sc_packed);
+  const OpContext ctx("w4a16_pack", a.qw, a.sc, a.qw_packed, a.sc_packed);
   const int rank = a.qw.rank();
   if (rank != 2 && rank != 3) return Invalid(ctx, "qw must be [N, K/8] or [E, N, K/8], got ", rank, " dimensions");
   const int lead = rank - 2;
@@ -101,7 +111,7 @@ Status ValidateW4A16Pack(const W4A16PackArgs& a) {
 }
 
 Status ValidateW4A16Gemm(const W4A16GemmArgs& a) {
-  const std::string ctx = Context("w4a16_gemm", a.x, a.qw, a.sc, a.y);
+  const OpContext ctx("w4a16_gemm", a.x, a.qw, a.sc, a.y);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16, DType::kF16}, 2));
   KDTREE_RETURN_IF_ERROR(NotCheckpoint(ctx, a.qw, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, 3));
@@ -115,7 +125,7 @@ Status ValidateW4A16Gemm(const W4A16GemmArgs& a) {
 
 Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
   constexpr int64_t kMaxMinWarpSteps = 1 << 20;
-  const std::string ctx = Context("moe_gemm", a.x, a.qw, a.sc, a.ids, a.y);
+  const OpContext ctx("moe_gemm", a.x, a.qw, a.sc, a.ids, a.y);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16, DType::kF16}, 2));
   KDTREE_RETURN_IF_ERROR(NotCheckpoint(ctx, a.qw, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.qw, {DType::kI32}, 4));
@@ -130,7 +140,7 @@ Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
     if (a.y.dim(0) != t * kk) return Invalid(ctx, "gather mode: y must be [T*topk, N] = [", t * kk, ", N]");
   } else {
     if (a.epilogue != Epilogue::kNone) return Invalid(ctx, "the siluMul epilogue needs gather mode (it makes the activation of a gate_up projection)");
-    const std::string wctx = Context("moe_gemm", a.x, a.qw, a.sc, a.ids, a.weights, a.y);
+    const OpContext wctx("moe_gemm", a.x, a.qw, a.sc, a.ids, a.weights, a.y);
     KDTREE_RETURN_IF_ERROR(CheckTensor(wctx, a.weights, {DType::kF32}, 2));
     if (a.weights.dim(0) != t || a.weights.dim(1) != kk) return Invalid(wctx, "weights must be [T, topk] like ids");
     if (a.x.dim(0) != t * kk) return Invalid(wctx, "sum mode: x must have one row per (token, expert) pair (", t * kk, ")");
@@ -143,7 +153,7 @@ Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
 }
 
 Status ValidateMlaAttention(const MlaAttentionArgs& a) {
-  const std::string ctx = Context("mla_attention", a.q_nope, a.q_pe, a.kv_b, a.cache_c, a.cache_kpe, a.out);
+  const OpContext ctx("mla_attention", a.q_nope, a.q_pe, a.kv_b, a.cache_c, a.cache_kpe, a.out);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_nope, {DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_pe, {DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.kv_b, {DType::kF32, DType::kBF16}, 2));
@@ -168,7 +178,7 @@ Status ValidateMlaAttention(const MlaAttentionArgs& a) {
 }
 
 Status ValidateEmbedding(const EmbeddingArgs& a) {
-  const std::string ctx = Context("embedding", a.table, a.ids, a.out);
+  const OpContext ctx("embedding", a.table, a.ids, a.out);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.table, {DType::kF32, DType::kBF16}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 2));
@@ -177,7 +187,7 @@ Status ValidateEmbedding(const EmbeddingArgs& a) {
 }
 
 Status ValidateRmsNorm(const RmsNormArgs& a) {
-  const std::string ctx = Context("rms_norm", a.x, a.weight, a.out);
+  const OpContext ctx("rms_norm", a.x, a.weight, a.out);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.weight, {DType::kF32, DType::kBF16}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 2));
@@ -187,7 +197,7 @@ Status ValidateRmsNorm(const RmsNormArgs& a) {
 }
 
 Status ValidateRope(const RopeArgs& a) {
-  const std::string ctx = Context("rope", a.x, a.positions, a.inv_freq);
+  const OpContext ctx("rope", a.x, a.positions, a.inv_freq);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.positions, {DType::kI32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.inv_freq, {DType::kF64}, 1));
@@ -197,7 +207,7 @@ Status ValidateRope(const RopeArgs& a) {
 }
 
 Status ValidateSiluMul(const SiluMulArgs& a) {
-  const std::string ctx = Context("silu_mul", a.x, a.out);
+  const OpContext ctx("silu_mul", a.x, a.out);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32, DType::kBF16}, 2));
   if (a.x.dim(1) % 2 != 0 || a.out.dim(0) != a.x.dim(0) || a.out.dim(1) * 2 != a.x.dim(1)) return Invalid(ctx, "x must be [T, 2I] and out [T, I]");
@@ -205,7 +215,7 @@ Status ValidateSiluMul(const SiluMulArgs& a) {
 }
 
 Status ValidateAdd(const AddArgs& a) {
-  const std::string ctx = Context("add", a.a, a.b, a.out);
+  const OpContext ctx("add", a.a, a.b, a.out);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.a, {DType::kF32}, -1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.b, {DType::kF32}, -1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, -1));
@@ -214,7 +224,7 @@ Status ValidateAdd(const AddArgs& a) {
 }
 
 Status ValidateRouter(const RouterArgs& a) {
-  const std::string ctx = Context("router", a.logits, a.bias, a.ids, a.weights);
+  const OpContext ctx("router", a.logits, a.bias, a.ids, a.weights);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.logits, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.bias, {DType::kF32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
@@ -231,7 +241,7 @@ Status ValidateRouter(const RouterArgs& a) {
 }
 
 Status ValidateArgmax(const ArgmaxArgs& a) {
-  const std::string ctx = Context("argmax", a.x, a.out);
+  const OpContext ctx("argmax", a.x, a.out);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kI32}, 1));
   if (a.out.dim(0) != a.x.dim(0)) return Invalid(ctx, "out must be [T] = [", a.x.dim(0), "]");
@@ -240,7 +250,7 @@ Status ValidateArgmax(const ArgmaxArgs& a) {
 }
 
 Status ValidateTopk(const TopkArgs& a) {
-  const std::string ctx = Context("topk", a.x, a.values, a.ids);
+  const OpContext ctx("topk", a.x, a.values, a.ids);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.values, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
@@ -251,7 +261,7 @@ Status ValidateTopk(const TopkArgs& a) {
 }
 
 Status ValidateKvWrite(const KvWriteArgs& a) {
-  const std::string ctx = Context("kv_write", a.c, a.kpe, a.cache_c, a.cache_kpe, a.slots);
+  const OpContext ctx("kv_write", a.c, a.kpe, a.cache_c, a.cache_kpe, a.slots);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.c, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.kpe, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_c, {DType::kF32, DType::kBF16}, 2));
@@ -264,7 +274,7 @@ Status ValidateKvWrite(const KvWriteArgs& a) {
 }
 
 Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
-  const std::string ctx = Context("ddtree_build", a.draft_logits, a.tokens, a.parents, a.depths, a.positions, a.mask, a.size);
+  const OpContext ctx("ddtree_build", a.draft_logits, a.tokens, a.parents, a.depths, a.positions, a.mask, a.size);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.draft_logits, {DType::kF32}, 2));
   for (const Tensor* t : {&a.tokens, &a.parents, &a.depths, &a.positions}) KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, *t, {DType::kI32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.mask, {DType::kU8}, 2));
@@ -282,7 +292,7 @@ Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
 }
 
 Status ValidateDdtreeAccept(const DdtreeAcceptArgs& a) {
-  const std::string ctx = Context("ddtree_accept", a.tokens, a.parents, a.size, a.target_argmax, a.path, a.path_len, a.bonus);
+  const OpContext ctx("ddtree_accept", a.tokens, a.parents, a.size, a.target_argmax, a.path, a.path_len, a.bonus);
   for (const Tensor* t : {&a.tokens, &a.parents, &a.size, &a.target_argmax, &a.path, &a.path_len, &a.bonus}) KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, *t, {DType::kI32}, 1));
   const int64_t n = a.tokens.dim(0);
   if (a.parents.dim(0) != n || a.target_argmax.dim(0) < 1 || a.path.dim(0) != n) return Invalid(ctx, "tokens, parents and path must be [N] and target_argmax one per node");
@@ -292,7 +302,7 @@ Status ValidateDdtreeAccept(const DdtreeAcceptArgs& a) {
 }
 
 Status ValidateKvCommit(const KvCommitArgs& a) {
-  const std::string ctx = Context("kv_commit", a.path, a.path_len);
+  const OpContext ctx("kv_commit", a.path, a.path_len);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.path, {DType::kI32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.path_len, {DType::kI32}, 1));
   if (a.caches.empty()) return Invalid(ctx, "needs at least one cache tensor");
