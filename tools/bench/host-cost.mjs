@@ -38,6 +38,23 @@ const ops = [
     call: ((x, qw, sc, y) => () => b.native.w4a16Gemm({ x, qw, sc, y }))(b.zeros('bf16', [1, 128]), i32([1, 1, 256]), b.zeros('bf16', [1, 1, 64]), f32([1, 16])),
   },
   {
+    name: 'moeGemm gather (1 token, top-2 of 4 experts, 16 x 128)',
+    tensors: 5,
+    call: ((x, qw, sc, ids, y) => () => b.native.moeGemm({ x, qw, sc, ids, y, mode: 'gather' }))(b.zeros('bf16', [1, 128]), i32([4, 1, 1, 256]), b.zeros('bf16', [4, 1, 1, 64]), i32([1, 2], [0, 3]), f32([2, 16])),
+  },
+  {
+    name: 'mlaAttention decode (1 head, rank 32 + rope 8, 64 slots)',
+    tensors: 6,
+    call: ((qNope, qPe, kvB, cacheC, cacheKpe, out) => () => b.native.mlaAttention({ qNope, qPe, kvB, cacheC, cacheKpe, out, base: 63, scale: 0.1 }))(
+      f32([1, 1, 16]),
+      f32([1, 1, 8]),
+      f32([32, 32]),
+      f32([64, 32]),
+      f32([64, 8]),
+      f32([1, 1, 16]),
+    ),
+  },
+  {
     name: 'ddtreeAccept (9 nodes)',
     tensors: 7,
     call: ((tokens, parents, size, targetArgmax, path, pathLen, bonus) => () => b.native.ddtreeAccept({ tokens, parents, size, targetArgmax, path, pathLen, bonus }))(

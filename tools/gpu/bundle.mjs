@@ -2,6 +2,7 @@
 // Builds the GPU payload in .gpu/ (git-ignored; carried to the GPU host by the device runner):
 //   selftest.mjs, bench.mjs   the kernel suite and benchmark, bundled (no node_modules needed)
 //   profile.mjs               the hot kernels once each, for Nsight Compute (run.sh profile)
+//   host-cost.mjs             host time per native call (tools/bench/host-cost.mjs; --backend cuda)
 //   kdtree_{cuda,cpu}.node    the addon binaries with their build metadata (.json)
 //   dense_baseline.py         the torch/cuBLAS peer of the benchmark
 //   int4_peer.py              the torch int4 (tinygemm) peer of the benchmark
@@ -13,7 +14,7 @@
 //   run.sh                    what to run there (tools/gpu/run.sh)
 import { spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync } from 'node:fs';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { rolldown } from 'rolldown';
 
@@ -31,9 +32,9 @@ for (const variant of ['cuda', 'cpu']) {
     copyFileSync(file, join(out, `kdtree_${variant}.${ext}`));
   }
 }
-for (const entry of ['selftest', 'bench', 'profile']) {
-  const bundle = await rolldown({ input: join(root, 'tools', 'gpu', `${entry}.ts`), platform: 'node', external: [/^node:/], logLevel: 'warn' });
-  await bundle.write({ file: join(out, `${entry}.mjs`), format: 'esm', codeSplitting: false });
+for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'bench/host-cost.mjs']) {
+  const bundle = await rolldown({ input: join(root, 'tools', input), platform: 'node', external: [/^node:/], logLevel: 'warn' });
+  await bundle.write({ file: join(out, `${basename(input).replace(/\.[mt]s$|\.mjs$/, '')}.mjs`), format: 'esm', codeSplitting: false });
   await bundle.close();
 }
 for (const file of ['dense_baseline.py', 'int4_peer.py', 'peers.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
