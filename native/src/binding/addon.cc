@@ -89,9 +89,14 @@ class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
 };
 Napi::FunctionReference* DeviceBuffer::constructor = nullptr;
 
-// Marks the DeviceBuffer objects that alloc() made. Checking the tag is cheaper than instanceof,
-// which walks the prototype chain for every tensor of every call.
-constexpr napi_type_tag kDeviceBufferTag = {0x6b64747262756621ull, 0x9e3779b97f4a7c15ull};
+// Marks the DeviceBuffer objects that this copy of the addon's alloc() made. Checking the tag is
+// cheaper than instanceof, which walks the prototype chain for every tensor of every call. The tag
+// holds the address of a static of this copy: a process may load the cpu and the cuda variant side
+// by side, and each must reject the other's buffers without reading them as its own.
+const napi_type_tag* DeviceBufferTag() {
+  static const napi_type_tag tag = {reinterpret_cast<uintptr_t>(&tag) ^ 0x6b64747262756621ull, 0x9e3779b97f4a7c15ull};
+  return &tag;
+}
 
 int next_backend_id = 1;
 
@@ -180,7 +185,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   template <typename Name>
   DeviceBuffer* Buf(Napi::Env env, const Napi::Value& v, const Name& what) {
     bool tagged = false;
-    if (v.IsObject() && napi_check_object_type_tag(env, v, &kDeviceBufferTag, &tagged) != napi_ok) tagged = false;
+    if (v.IsObject() && napi_check_object_type_tag(env, v, DeviceBufferTag(), &tagged) != napi_ok) tagged = false;
     if (!tagged) Throw(env, Code::kInvalidArgument, NameOf(what) + " must be a DeviceBuffer from alloc()");
     DeviceBuffer* b = DeviceBuffer::Unwrap(v.As<Napi::Object>());
     if (b->freed()) Throw(env, Code::kInvalidArgument, NameOf(what) + ": use of a freed buffer");
@@ -279,7 +284,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Check(env, be().Alloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)), &ptr));
     Napi::Object obj = DeviceBuffer::constructor->New({});
     DeviceBuffer::Unwrap(obj)->Attach(handle_, ptr, static_cast<size_t>(bytes));
-    if (napi_type_tag_object(env, obj, &kDeviceBufferTag) != napi_ok) Throw(env, Code::kDeviceError, "alloc: could not tag the new buffer");
+    if (napi_type_tag_object(env, obj, DeviceBufferTag()) != napi_ok) Throw(env, Code::kDeviceError, "alloc: could not tag the new buffer");
     return obj;
   }
   Napi::Value FreeJs(const Napi::CallbackInfo& info) {
