@@ -201,7 +201,13 @@ class CudaBackend final : public Backend {
 #undef KDTREE_DISPATCH
 
  private:
-  Status Device() { return FromCuda(cudaSetDevice(device_), "cudaSetDevice"); }
+  // Every call makes this backend's device current; asking first skips the set when it already is
+  // (run 267: ~0.45 us less host time per single-launch call on the H200 host).
+  Status Device() {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == device_) return Status::Ok();
+    return FromCuda(cudaSetDevice(device_), "cudaSetDevice");
+  }
   Status Stream(int id, cudaStream_t* s) {
     auto it = streams_.find(id);
     if (it == streams_.end()) return Invalid("unknown stream ", id, " (create it with createStream())");
