@@ -42,6 +42,10 @@ enum class Epilogue : int {
   kSiluMul = 1,
 };
 
+// The weight rows of a W4A16 GEMM writing y: its N columns, or with the SiLU epilogue 2I gate_up
+// rows for y's I columns.
+inline int64_t WeightRows(const Tensor& y, Epilogue e) { return e == Epilogue::kSiluMul ? 2 * y.dim(1) : y.dim(1); }
+
 struct W4A16GemmArgs {
   Tensor x, qw, sc, y;           // qw, sc packed
   int group = 32;

@@ -104,7 +104,6 @@ int next_backend_id = 1;
 // only written for failures, while every op parses several tensors per call (building each name
 // up front cost ~1 us per tensor of every call).
 inline std::string NameOf(const char* name) { return name; }
-inline std::string NameOf(const std::string& name) { return name; }
 template <typename Build>
 std::string NameOf(const Build& build) {
   return build();

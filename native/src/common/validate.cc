@@ -87,9 +87,6 @@ Status CheckGroup(const OpContext& ctx, int64_t k, int group) {
   return Status::Ok();
 }
 
-// The weight rows of a GEMM writing y: N, or 2I gate_up rows for the SiLU epilogue's y[M, I].
-int64_t WeightRows(const Tensor& y, Epilogue e) { return e == Epilogue::kSiluMul ? 2 * y.dim(1) : y.dim(1); }
-
 }  // namespace
 
 Status ValidateW4A16Pack(const W4A16PackArgs& a) {

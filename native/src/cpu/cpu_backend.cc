@@ -231,7 +231,7 @@ class CpuBackend final : public Backend {
     const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.y.dim(1);
     const bool silu = a.epilogue == Epilogue::kSiluMul;
     const std::vector<float> x = LoadAll(a.x);
-    pool_.ParallelFor(w4::Tiles(silu ? 2 * n : n), [&](int64_t b, int64_t e) {
+    pool_.ParallelFor(w4::Tiles(WeightRows(a.y, a.epilogue)), [&](int64_t b, int64_t e) {
       W4Tile tile;
       float rows[w4::kTileRows];
       for (int64_t ti = b; ti < e; ++ti) {
@@ -248,7 +248,7 @@ class CpuBackend final : public Backend {
   Status MoeGemm(const MoeGemmArgs& a, int) override {
     const int64_t e_count = a.qw.dim(0), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1);
     const bool silu = a.epilogue == Epilogue::kSiluMul;
-    const int64_t n = silu ? 2 * a.y.dim(1) : a.y.dim(1);  // weight rows
+    const int64_t n = WeightRows(a.y, a.epilogue);
     const int32_t* ids = a.ids.as<const int32_t>();
     for (int64_t i = 0; i < t * topk; ++i) {
       if (ids[i] < 0 || ids[i] >= e_count) return Invalid("moe_gemm: ids[", i / topk, ", ", i % topk, "] = ", ids[i], " is not an expert in [0, ", e_count, ")");

@@ -1070,12 +1070,11 @@ Status CheckAlignment(const Tensor& x, const Tensor& qw, const Tensor& sc, const
 }  // namespace
 
 Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
-  const bool silu = a.epilogue == Epilogue::kSiluMul;
-  const int m = static_cast<int>(a.x.dim(0)), n = static_cast<int>(a.y.dim(1)) * (silu ? 2 : 1);  // weight rows
+  const int m = static_cast<int>(a.x.dim(0)), n = static_cast<int>(WeightRows(a.y, a.epilogue));
   if (m == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "w4a16_gemm"));
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, m);
-  p.silu_mul = silu;
+  p.silu_mul = a.epilogue == Epilogue::kSiluMul;
   const int nt = ChooseNt(m, a.x.dtype, p.K);
   p.tile_tokens = m == 1 && nt == 1 ? 1 : 8 * nt;  // one token: the one-token form (ChooseForm)
   p.y = a.y.data;
@@ -1084,8 +1083,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
 }
 
 Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
-  const bool silu = a.epilogue == Epilogue::kSiluMul;  // gather mode only (validated)
-  const int experts = static_cast<int>(a.qw.dim(0)), n = static_cast<int>(a.y.dim(1)) * (silu ? 2 : 1);  // weight rows
+  const int experts = static_cast<int>(a.qw.dim(0)), n = static_cast<int>(WeightRows(a.y, a.epilogue));
   const int t = static_cast<int>(a.ids.dim(0)), topk = static_cast<int>(a.ids.dim(1)), pairs = t * topk;
   if (pairs == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "moe_gemm"));
@@ -1101,7 +1099,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const int tile_rows = route && t == 1 ? 1 : 8 * nt;
   const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
-  p.silu_mul = silu;
+  p.silu_mul = a.epilogue == Epilogue::kSiluMul;  // gather mode only (validated)
   p.tile_tokens = tile_rows;
   // scratch: x_row[pairs] out_row[pairs] counts[experts] num_tiles tiles[max_tiles] (sum mode: pair rows [pairs, N] f32), partials
   auto align = [](size_t v) { return (v + 255) / 256 * 256; };
