@@ -7,7 +7,7 @@ import { dequantizeInt4, type Int4Matrix } from '@kdtree/quant';
 import { matmulT } from '@kdtree/reference';
 import type { DeviceTensor, Dtype, KdtreeBackend } from '../backend.js';
 import { asF32, int4, packReference, roundX, TOLERANCE, upload, uploadCheckpoint } from './gemm-checks.js';
-import { expectClose, expectThrows, fail, randomF32, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
+import { expectClose, expectThrows, fail, randomF32, relError, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
 
 type Track = <U extends { buffer: { freed: boolean } }>(t: U) => U;
 
@@ -144,15 +144,9 @@ function denseCases(b: KdtreeBackend, cases: DenseCase[], seed: number): string 
         const got = b.toArray(y);
         if (!sameBits(got, siluOfPlain(b, track, plain, m, c.inter, c.yDtype))) fail(`${what}: the epilogue differs from the plain GEMM + silu_mul`);
         const ref = referenceAct(matmulT(roundX(x, c.xDtype), m, c.k, wf, 2 * c.inter), m, c.inter);
-        expectClose(what, asF32(c.yDtype, got), ref, Math.max(TOLERANCE[c.xDtype], TOLERANCE[c.yDtype]));
-        let num = 0;
-        let den = 0;
         const out = asF32(c.yDtype, got);
-        for (let i = 0; i < ref.length; i++) {
-          num += (out[i] - ref[i]) ** 2;
-          den += ref[i] ** 2;
-        }
-        worst = Math.max(worst, Math.sqrt(num / den));
+        expectClose(what, out, ref, Math.max(TOLERANCE[c.xDtype], TOLERANCE[c.yDtype]));
+        worst = Math.max(worst, relError(out, ref));
         if (m > 1) {
           const alone = b.toArray(fused(x.subarray((m - 1) * c.k, m * c.k), 1));
           const row = got as Uint16Array | Float32Array;

@@ -4,7 +4,7 @@ import { dequantizeInt4, quantizeInt4, type Int4Matrix } from '@kdtree/quant';
 import { matmulT } from '@kdtree/reference';
 import type { DeviceTensor, Dtype, KdtreeBackend } from '../backend.js';
 import { packedW4A16Shapes } from '../w4a16-layout.js';
-import { expectClose, expectThrows, fail, randomF32, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
+import { expectClose, expectThrows, fail, randomF32, relError, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
 
 /** x as the kernel sees it: rounded to bf16/f16 when that is its dtype. */
 export function roundX(x: Float32Array, dtype: Dtype): Float32Array {
@@ -126,13 +126,7 @@ function gemmCheck(xDtype: Dtype, scaleDtype: 'BF16' | 'F32', yDtype: Dtype): Ke
             const ref = matmulT(roundX(x, xDtype), m, k, wf, n);
             const tol = Math.max(TOLERANCE[xDtype], TOLERANCE[yDtype]);
             expectClose(`M=${m} N=${n} K=${k} G=${group}`, out, ref, tol);
-            let num = 0;
-            let den = 0;
-            for (let i = 0; i < ref.length; i++) {
-              num += (out[i] - ref[i]) ** 2;
-              den += ref[i] ** 2;
-            }
-            worst = Math.max(worst, Math.sqrt(num / den));
+            worst = Math.max(worst, relError(out, ref));
           }
         });
       }
