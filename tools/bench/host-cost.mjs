@@ -1,15 +1,17 @@
 // Host time of one native call of @kdtree/cuda: argument parsing (tensors as {buffer, dtype, shape}),
 // validation and the launch (cuda) or the tiny op itself (cpu), against the floor of a native call
 // that parses nothing (synchronize() with no stream). The engine issues ~10-15 calls per layer and
-// token; without CUDA graphs their host time adds up against kernels of 3-20 us.
-//   node tools/bench/host-cost.mjs [--backend cpu|cuda] [--addon-dir DIR] [--calls 100000]
+// token; without CUDA graphs their host time adds up against kernels of 3-20 us. The second table
+// times one MoE layer's tail (6 calls) called directly against the same calls captured as a graph.
+//   node tools/bench/host-cost.mjs [--backend cpu|cuda] [--addon-dir DIR] [--calls 100000] [--steps 2000]
 // --addon-dir loads the addon from DIR (its kdtree_<variant>.node and .json), e.g. an older build.
 import { parseArgs } from 'node:util';
 import { createBackend } from '@kdtree/cuda';
 import { machine, median, table } from './bench-util.mjs';
 
-const { values } = parseArgs({ options: { backend: { type: 'string', default: 'cpu' }, 'addon-dir': { type: 'string' }, calls: { type: 'string', default: '100000' } } });
+const { values } = parseArgs({ options: { backend: { type: 'string', default: 'cpu' }, 'addon-dir': { type: 'string' }, calls: { type: 'string', default: '100000' }, steps: { type: 'string', default: '2000' } } });
 const calls = Number(values.calls);
+const steps = Number(values.steps);
 const dir = values['addon-dir'];
 const b = createBackend({ backend: values.backend, ...(dir ? { searchPaths: [dir], onlySearchPaths: true } : {}) });
 
@@ -78,3 +80,95 @@ for (const op of ops) {
 console.log(`host time per native call, ${b.info().name}${dir ? ` (addon from ${dir})` : ''}; median of 5 x ${calls} calls`);
 console.log(`machine: ${machine()}`);
 console.log(table(['call', 'tensors', 'us per call', 'us over the floor', 'us per tensor'], rows));
+
+// The calls of one MoE block per step: rms_norm, router, gate_up GEMM with SiLU (bf16 x), down GEMM
+// summed over the experts, residual add, copy. cuda: one tensor-parallel rank of Kimi K2 at decode
+// (hidden 7168, 384 experts of I 256, top-8; constant weights: the kernels' time does not depend on
+// the values); cpu: a small block, as the twin runs the GEMMs on the host. Per step: host us (until
+// the calls return, with the stream held so that nothing waits for the device), device us (events
+// around 100 steps queued behind a hold) and wall us (a loop of `steps` steps, then a synchronize:
+// the larger of the two once the loop runs long).
+if (typeof b.native.beginCapture !== 'function') {
+  console.log('\n(this build has no graphs: the MoE block table is skipped)');
+  process.exit(0);
+}
+const block = b.kind === 'cuda' ? { H: 7168, E: 384, I: 256, topk: 8 } : { H: 256, E: 16, I: 64, topk: 2 };
+const { H, E, I, topk } = block;
+const stream = b.native.createStream();
+const packedConstant = (rows, k, experts, interleaveGateUp = false) => {
+  const qw = b.empty('i32', [experts, rows, k / 8]);
+  const sc = b.empty('bf16', [experts, rows, k / 32]);
+  b.native.fill(qw.buffer, 0x5a);
+  b.native.fill(sc.buffer, 0x3c);
+  const packed = b.packW4A16(qw, sc, 32, undefined, { interleaveGateUp });
+  b.free(qw, sc);
+  return packed;
+};
+const gateUp = packedConstant(2 * I, H, E, true);
+const down = packedConstant(H, I, E);
+const t = {
+  x: b.fromArray('f32', [1, H], new Float32Array(H).fill(0.5)),
+  norm: b.fromArray('f32', [H], new Float32Array(H).fill(1)),
+  h: f32([1, H]),
+  hBf16: b.fromArray('bf16', [1, H], new Uint16Array(H).fill(0x3f00)),
+  logits: b.fromArray('f32', [1, E], Float32Array.from({ length: E }, (_, e) => Math.sin(e))),
+  bias: f32([E]),
+  ids: i32([1, topk]),
+  weights: f32([1, topk]),
+  act: b.zeros('bf16', [topk, I]),
+  moe: f32([1, H]),
+  out: f32([1, H]),
+  copied: f32([1, H]),
+};
+const blockCalls = [
+  ['rmsNorm', () => b.native.rmsNorm({ x: t.x, weight: t.norm, out: t.h, eps: 1e-6, stream })],
+  ['router', () => b.native.router({ logits: t.logits, bias: t.bias, ids: t.ids, weights: t.weights, topk, stream })],
+  ['moeGemm gate_up + SiLU', () => b.native.moeGemm({ x: t.hBf16, qw: gateUp.qw, sc: gateUp.sc, ids: t.ids, y: t.act, mode: 'gather', epilogue: 'siluMul', stream })],
+  ['moeGemm down, summed', () => b.native.moeGemm({ x: t.act, qw: down.qw, sc: down.sc, ids: t.ids, weights: t.weights, y: t.moe, mode: 'sum', stream })],
+  ['add', () => b.native.add({ a: t.x, b: t.moe, out: t.out, stream })],
+  ['copy', () => b.native.copy({ dst: t.copied.buffer, src: t.out.buffer, stream })],
+];
+const queueBlock = () => {
+  for (const [, call] of blockCalls) call();
+};
+const graph = b.capture(stream, queueBlock);
+const launch = () => b.native.launchGraph(graph, stream);
+
+const HOLD_US = 50_000;
+const QUEUED = 100;
+/** Device us per run of `fn`: events around QUEUED runs queued behind a hold; median of 5. */
+const deviceUs = (fn) => median(Array.from({ length: 5 }, () => (b.time(() => { for (let i = 0; i < QUEUED; i++) fn(); }, stream, HOLD_US) * 1e3) / QUEUED));
+/** Host us, device us and wall us per step; medians of 5 rounds. */
+function perStep(step) {
+  for (let i = 0; i < Math.min(steps, 200); i++) step();
+  b.synchronize(stream);
+  const host = [];
+  const wall = [];
+  for (let r = 0; r < 5; r++) {
+    b.native.hold(HOLD_US, stream);
+    const t0 = performance.now();
+    for (let i = 0; i < QUEUED; i++) step();
+    host.push(((performance.now() - t0) * 1e3) / QUEUED);
+    b.synchronize(stream);
+    const t1 = performance.now();
+    for (let i = 0; i < steps; i++) step();
+    b.synchronize(stream);
+    wall.push(((performance.now() - t1) * 1e3) / steps);
+  }
+  return { host: median(host), device: deviceUs(step), wall: median(wall) };
+}
+console.log(`\nMoE block per step (hidden ${H}, ${E} experts of I ${I}, top-${topk}, 1 token): device us per call`);
+console.log(table(['call', 'device us'], blockCalls.map(([name, call]) => [name, deviceUs(call).toFixed(2)])));
+const direct = perStep(queueBlock);
+const replay = perStep(launch);
+console.log(`\nthe ${graph.calls} calls direct vs one launchGraph of their graph; host us with the stream held, wall us over ${steps} steps; medians of 5`);
+console.log(
+  table(
+    ['step', 'host us per step', 'device us per step', 'wall us per step'],
+    [
+      [`${graph.calls} calls`, direct.host.toFixed(2), direct.device.toFixed(2), direct.wall.toFixed(2)],
+      ['launchGraph', replay.host.toFixed(2), replay.device.toFixed(2), replay.wall.toFixed(2)],
+    ],
+  ),
+);
+b.native.freeGraph(graph);

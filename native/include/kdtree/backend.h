@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,21 @@ class Backend {
   virtual Status DestroyEvent(int event) = 0;
   virtual Status RecordEvent(int event, int stream) = 0;
   virtual Status ElapsedMs(int start, int end, float* ms) = 0;
+
+  // Graphs: the work queued on one created stream between BeginCapture and EndCapture, replayed as
+  // a whole by LaunchGraph with one host call: the engine's decode step costs one launch instead of
+  // ~10-15 calls per layer of argument parsing and launching. cuda: a CUDA stream capture (the work
+  // space its ops reserve meanwhile belongs to the graph); cpu: the binding hands each op of the
+  // capture to RecordCall instead of running it. Everything host-side (buffer addresses, shapes,
+  // scalars such as MLA's base) is fixed at capture; buffer contents are read at each launch.
+  virtual Status BeginCapture(int stream) = 0;
+  virtual Status EndCapture(int stream, int* graph) = 0;
+  virtual Status LaunchGraph(int graph, int stream) = 0;
+  virtual Status DestroyGraph(int graph) = 0;
+  // Whether a capture keeps the op calls themselves (cpu: ops run on the calling thread, so there is
+  // no queue to capture); `call` then runs the op, on any stream, at each launch.
+  virtual bool RecordsCalls() const { return false; }
+  virtual Status RecordCall(int stream, std::function<Status()> call) { return Unsupported(kind(), ": op calls are not recorded; stream ", stream, " is captured by the device"); }
 
   virtual Status W4A16Pack(const W4A16PackArgs& a, int stream) = 0;
   virtual Status W4A16Gemm(const W4A16GemmArgs& a, int stream) = 0;

@@ -73,6 +73,10 @@ struct MlaAttentionArgs {
 
 struct EmbeddingArgs { Tensor table, ids, out; };
 struct RmsNormArgs { Tensor x, weight, out; double eps = 1e-6; };
+// A row's sum of squares, in the same order on both backends (same bits): thread t of
+// kRmsNormThreads sums its 4-element chunks t, t + kRmsNormThreads, ...; each warp's 32 partials meet
+// in an xor butterfly; the warp sums are added in order.
+constexpr int kRmsNormThreads = 512;
 struct RopeArgs {
   Tensor x;          // f32 [T, heads, head_dim], rotated in place on dims [offset, offset + inv_freq*2)
   Tensor positions;  // i32 [T]

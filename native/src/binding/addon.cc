@@ -3,7 +3,9 @@
 // before any kernel runs; every failure becomes a JS Error with a `code`, never a crash.
 #include <napi.h>
 
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -98,6 +100,54 @@ const napi_type_tag* DeviceBufferTag() {
   return &tag;
 }
 
+// A captured graph (Backend::BeginCapture): its id in the backend, and references to every buffer
+// its ops read or write, which keep them from being collected while it lives.
+class Graph : public Napi::ObjectWrap<Graph> {
+ public:
+  static Napi::FunctionReference* constructor;
+  static Napi::Function Init(Napi::Env env) {
+    Napi::Function f = DefineClass(env, "Graph", {
+      InstanceAccessor<&Graph::Calls>("calls"),
+      InstanceAccessor<&Graph::Freed>("freed"),
+      InstanceAccessor<&Graph::Kind>("backend"),
+    });
+    constructor = new Napi::FunctionReference(Napi::Persistent(f));
+    return f;
+  }
+  explicit Graph(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Graph>(info) {}
+  ~Graph() override { Release(); }
+
+  void Attach(std::shared_ptr<BackendHandle> owner, int id, int calls, std::vector<std::pair<const DeviceBuffer*, Napi::ObjectReference>> buffers) {
+    owner_ = std::move(owner);
+    id_ = id;
+    calls_ = calls;
+    buffers_ = std::move(buffers);
+  }
+  void Release() {
+    if (id_ != 0 && owner_) owner_->backend->DestroyGraph(id_);
+    id_ = 0;
+    buffers_.clear();
+  }
+  bool freed() const { return id_ == 0; }
+  int id() const { return id_; }
+  const BackendHandle* owner() const { return owner_.get(); }
+  const std::vector<std::pair<const DeviceBuffer*, Napi::ObjectReference>>& buffers() const { return buffers_; }
+
+ private:
+  Napi::Value Calls(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), calls_); }
+  Napi::Value Freed(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), freed()); }
+  Napi::Value Kind(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), owner_ ? owner_->backend->kind() : "none"); }
+  std::shared_ptr<BackendHandle> owner_;
+  int id_ = 0, calls_ = 0;
+  std::vector<std::pair<const DeviceBuffer*, Napi::ObjectReference>> buffers_;
+};
+Napi::FunctionReference* Graph::constructor = nullptr;
+
+const napi_type_tag* GraphTag() {
+  static const napi_type_tag tag = {reinterpret_cast<uintptr_t>(&tag) ^ 0x6b64747267726170ull, 0x7f4a7c159e3779b9ull};
+  return &tag;
+}
+
 int next_backend_id = 1;
 
 // Argument names are C strings, or for parts of a tensor a callable that builds one: messages are
@@ -155,6 +205,10 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       InstanceMethod<&NativeBackend::DestroyEventJs>("destroyEvent"),
       InstanceMethod<&NativeBackend::RecordEventJs>("recordEvent"),
       InstanceMethod<&NativeBackend::ElapsedJs>("elapsedMs"),
+      InstanceMethod<&NativeBackend::BeginCaptureJs>("beginCapture"),
+      InstanceMethod<&NativeBackend::EndCaptureJs>("endCapture"),
+      InstanceMethod<&NativeBackend::LaunchGraphJs>("launchGraph"),
+      InstanceMethod<&NativeBackend::FreeGraphJs>("freeGraph"),
       InstanceMethod<&NativeBackend::W4A16PackJs>("w4a16Pack"),
       InstanceMethod<&NativeBackend::W4A16GemmJs>("w4a16Gemm"),
       InstanceMethod<&NativeBackend::MoeGemmJs>("moeGemm"),
@@ -192,6 +246,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Throw(env, Code::kInvalidArgument, NameOf(what) + ": buffer belongs to another backend (" + std::string(b->owner()->backend->kind()) + " #" + std::to_string(b->owner()->id) + "), not this " + be().kind() +
                                              " #" + std::to_string(handle_->id));
     }
+    if (!captures_.empty()) call_buffers_.emplace_back(b, v);  // the graph keeps them if this call is captured
     return b;
   }
 
@@ -228,10 +283,13 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return t;
   }
 
-  static Napi::Object Args(const Napi::CallbackInfo& info) {
+  // Every op starts here (or in NewCall): the buffers of an earlier call that threw are not this one's.
+  Napi::Object Args(const Napi::CallbackInfo& info) {
+    NewCall();
     if (info.Length() < 1 || !info[0].IsObject()) Throw(info.Env(), Code::kInvalidArgument, "expected one argument object");
     return info[0].As<Napi::Object>();
   }
+  void NewCall() { call_buffers_.clear(); }
   int Stream(Napi::Env env, const Napi::Object& o) {
     const Napi::Value v = o.Get("stream");
     const int s = v.IsUndefined() ? 0 : static_cast<int>(ParseInt(env, v, "stream", 0));
@@ -322,15 +380,25 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     const int64_t dOff = Int(env, o, "dstOffset", 0, 0), sOff = Int(env, o, "srcOffset", 0, 0);
     const int64_t bytes = Int(env, o, "bytes", static_cast<int64_t>(src->bytes()) - sOff, 0);
     if (dOff + bytes > static_cast<int64_t>(dst->bytes()) || sOff + bytes > static_cast<int64_t>(src->bytes())) Throw(env, Code::kInvalidArgument, "copy: the range does not fit the buffers");
-    Check(env, be().CopyDeviceToDevice(static_cast<char*>(dst->ptr()) + dOff, static_cast<char*>(src->ptr()) + sOff, static_cast<size_t>(bytes), Stream(env, o)));
+    void* d = static_cast<char*>(dst->ptr()) + dOff;
+    const void* from = static_cast<char*>(src->ptr()) + sOff;
+    const size_t n = static_cast<size_t>(bytes);
+    Backend* backend = &be();
+    Queue(env, Stream(env, o), [backend, d, from, n](int stream) { return backend->CopyDeviceToDevice(d, from, n, stream); });
     return env.Undefined();
   }
   Napi::Value FillJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
+    NewCall();
     DeviceBuffer* b = Buf(env, info[0], "buffer");
     const int64_t value = Given(info, 1) ? ParseInt(env, info[1], "value", 0) : 0;
     if (value > 255) Throw(env, Code::kInvalidArgument, "fill: value must be a byte (0..255)");
-    Check(env, be().Fill(b->ptr(), static_cast<uint8_t>(value), b->bytes(), Given(info, 2) ? static_cast<int>(ParseInt(env, info[2], "stream", 0)) : 0));
+    void* d = b->ptr();
+    const size_t n = b->bytes();
+    const int stream = Given(info, 2) ? static_cast<int>(ParseInt(env, info[2], "stream", 0)) : 0;
+    Check(env, be().CheckStream(stream));
+    Backend* backend = &be();
+    Queue(env, stream, [backend, d, n, value](int s) { return backend->Fill(d, static_cast<uint8_t>(value), n, s); });
     return env.Undefined();
   }
   Napi::Value HoldJs(const Napi::CallbackInfo& info) {
@@ -346,11 +414,15 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return Napi::Number::New(info.Env(), s);
   }
   Napi::Value DestroyStreamJs(const Napi::CallbackInfo& info) {
-    Check(info.Env(), be().DestroyStream(static_cast<int>(ParseInt(info.Env(), info[0], "stream", 1))));
+    const int stream = static_cast<int>(ParseInt(info.Env(), info[0], "stream", 1));
+    NotCapturing(info.Env(), "destroyStream", stream);
+    Check(info.Env(), be().DestroyStream(stream));
     return info.Env().Undefined();
   }
   Napi::Value SynchronizeJs(const Napi::CallbackInfo& info) {
-    Check(info.Env(), be().Synchronize(Given(info, 0) ? static_cast<int>(ParseInt(info.Env(), info[0], "stream", -1)) : -1));
+    const int stream = Given(info, 0) ? static_cast<int>(ParseInt(info.Env(), info[0], "stream", -1)) : -1;
+    NotCapturing(info.Env(), "synchronize", stream);
+    Check(info.Env(), be().Synchronize(stream));
     return info.Env().Undefined();
   }
   Napi::Value CreateEventJs(const Napi::CallbackInfo& info) {
@@ -364,7 +436,10 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   }
   Napi::Value RecordEventJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Check(env, be().RecordEvent(static_cast<int>(ParseInt(env, info[0], "event", 0)), Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0));
+    const int event = static_cast<int>(ParseInt(env, info[0], "event", 0));
+    const int stream = Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0;
+    NotCapturing(env, "recordEvent", stream);
+    Check(env, be().RecordEvent(event, stream));
     return env.Undefined();
   }
   Napi::Value ElapsedJs(const Napi::CallbackInfo& info) {
@@ -374,11 +449,106 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return Napi::Number::New(env, ms);
   }
 
+  // Graphs (Backend::BeginCapture). The binding keeps the capture's state for both variants: which
+  // streams capture, the buffers each captured call used (the graph holds them), its call count.
+  struct Capture {
+    std::vector<std::pair<const DeviceBuffer*, Napi::ObjectReference>> buffers;
+    std::set<const DeviceBuffer*> seen;
+    int calls = 0;
+  };
+
+  // Calls that wait for a stream, or time it, have no place inside a capture.
+  void NotCapturing(Napi::Env env, const char* op, int stream) {
+    if (captures_.empty()) return;
+    if (stream >= 0 && !captures_.count(stream)) return;
+    const int capturing = stream >= 0 ? stream : captures_.begin()->first;
+    Throw(env, Code::kInvalidArgument, std::string(op) + ": stream " + std::to_string(capturing) + " is capturing a graph; call endCapture(" + std::to_string(capturing) + ") first");
+  }
+
+  // Queues one op on `stream`. On a capturing stream the call's buffers go to the capture, and the
+  // cpu twin records the call (`op` copied, with what it captured by value) instead of running it.
+  template <typename Op>
+  void Queue(Napi::Env env, int stream, const Op& op) {
+    auto it = captures_.empty() ? captures_.end() : captures_.find(stream);
+    if (it == captures_.end()) {
+      Check(env, op(stream));
+      return;
+    }
+    Check(env, be().RecordsCalls() ? be().RecordCall(stream, [op] { return op(0); }) : op(stream));
+    Capture& c = it->second;
+    ++c.calls;
+    for (const auto& [buffer, value] : call_buffers_) {
+      if (c.seen.insert(buffer).second) c.buffers.emplace_back(buffer, Napi::Persistent(Napi::Object(env, value)));
+    }
+    call_buffers_.clear();
+  }
+
+  // beginCapture(stream): the ops queued on `stream` from now on are captured, not run.
+  Napi::Value BeginCaptureJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const int stream = static_cast<int>(ParseInt(env, info[0], "stream", 0));
+    Check(env, be().CheckStream(stream));
+    if (stream == 0) Throw(env, Code::kInvalidArgument, "beginCapture: stream 0 (the default stream) cannot be captured; capture a stream from createStream()");
+    if (captures_.count(stream)) Throw(env, Code::kInvalidArgument, "beginCapture: stream " + std::to_string(stream) + " is already capturing");
+    Check(env, be().BeginCapture(stream));
+    captures_[stream];
+    return env.Undefined();
+  }
+  // endCapture(stream) -> Graph
+  Napi::Value EndCaptureJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const int stream = static_cast<int>(ParseInt(env, info[0], "stream", 0));
+    auto it = captures_.find(stream);
+    if (it == captures_.end()) Throw(env, Code::kInvalidArgument, "endCapture: stream " + std::to_string(stream) + " is not capturing (beginCapture first)");
+    Capture c = std::move(it->second);
+    captures_.erase(it);
+    int id = 0;
+    Check(env, be().EndCapture(stream, &id));
+    Napi::Object obj = Graph::constructor->New({});
+    Graph::Unwrap(obj)->Attach(handle_, id, c.calls, std::move(c.buffers));
+    if (napi_type_tag_object(env, obj, GraphTag()) != napi_ok) Throw(env, Code::kDeviceError, "endCapture: could not tag the graph");
+    return obj;
+  }
+  Graph* GraphArg(Napi::Env env, const Napi::Value& v, const char* op) {
+    bool tagged = false;
+    if (v.IsObject() && napi_check_object_type_tag(env, v, GraphTag(), &tagged) != napi_ok) tagged = false;
+    if (!tagged) Throw(env, Code::kInvalidArgument, std::string(op) + ": graph must be a Graph from endCapture()");
+    Graph* g = Graph::Unwrap(v.As<Napi::Object>());
+    if (g->freed()) Throw(env, Code::kInvalidArgument, std::string(op) + ": use of a freed graph");
+    if (g->owner() != handle_.get()) Throw(env, Code::kInvalidArgument, std::string(op) + ": graph belongs to another backend (#" + std::to_string(g->owner()->id) + "), not this " + be().kind() + " #" + std::to_string(handle_->id));
+    return g;
+  }
+  // launchGraph(graph, stream = 0): replays the graph's ops on `stream`, after the work queued there.
+  Napi::Value LaunchGraphJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Graph* g = GraphArg(env, info[0], "launchGraph");
+    const auto& buffers = g->buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const DeviceBuffer* b = buffers[i].first;
+      if (b->freed()) Throw(env, Code::kInvalidArgument, "launchGraph: buffer " + std::to_string(i) + " of the graph (" + std::to_string(b->bytes()) + " bytes) was freed after the capture; the graph's ops use it");
+    }
+    const int stream = Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0;
+    Check(env, be().CheckStream(stream));
+    if (captures_.count(stream)) Throw(env, Code::kInvalidArgument, "launchGraph: stream " + std::to_string(stream) + " is capturing; a graph is not launched into a capture");
+    Check(env, be().LaunchGraph(g->id(), stream));
+    return env.Undefined();
+  }
+  Napi::Value FreeGraphJs(const Napi::CallbackInfo& info) {
+    GraphArg(info.Env(), info[0], "freeGraph")->Release();
+    return info.Env().Undefined();
+  }
+
   // Validates the parsed arguments, then queues the op on the call's stream.
   template <typename Args>
   Napi::Value Run(Napi::Env env, const Napi::Object& o, const Args& a, Status (*validate)(const Args&), Status (Backend::*op)(const Args&, int)) {
     Check(env, validate(a));
-    Check(env, (be().*op)(a, Stream(env, o)));
+    const int stream = Stream(env, o);
+    if (captures_.empty()) {  // the common case: no copy of the arguments
+      Check(env, (be().*op)(a, stream));
+      return env.Undefined();
+    }
+    Backend* backend = &be();
+    Queue(env, stream, [backend, a, op](int s) { return (backend->*op)(a, s); });
     return env.Undefined();
   }
 
@@ -414,8 +584,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.epilogue = ParseEpilogue(env, o, "moe_gemm");
     int64_t e = 0, k = 0;
     Check(env, ValidateMoeGemm(a, &e, &k));
-    Check(env, be().MoeGemm(a, Stream(env, o)));
-    return env.Undefined();
+    return Run(env, o, a, +[](const MoeGemmArgs&) { return Status::Ok(); }, &Backend::MoeGemm);  // validated above
   }
   Napi::Value MlaAttentionJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
@@ -544,6 +713,8 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   }
 
   std::shared_ptr<BackendHandle> handle_;
+  std::map<int, Capture> captures_;                               // capturing stream -> its capture
+  std::vector<std::pair<DeviceBuffer*, napi_value>> call_buffers_;  // this call's buffers, during captures
 };
 Napi::FunctionReference* NativeBackend::constructor = nullptr;
 
@@ -596,6 +767,7 @@ Napi::Value CudaProbe(const Napi::CallbackInfo& info) {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   DeviceBuffer::Init(env);
+  Graph::Init(env);
   NativeBackend::Init(env);
   exports.Set("createBackend", Napi::Function::New(env, CreateBackend));
   Napi::Object build = Napi::Object::New(env);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -160,6 +161,30 @@ void StoreTileRow(const Tensor& y, int64_t row, int64_t ti, const float* rows, b
   for (int r = 0; r < 8 && ti * 8 + r < width; ++r) StoreF(y, row * width + ti * 8 + r, SiluMulValue(RoundTo(y.dtype, rows[r]), RoundTo(y.dtype, rows[8 + r])));
 }
 
+// A row's sum of squares in the cuda kernel's order (kRmsNormThreads, ops.h).
+float RmsSumOfSquares(const float* x, int64_t h) {
+  float part[kRmsNormThreads];
+  const int64_t chunks = (h + 3) / 4;
+  for (int t = 0; t < kRmsNormThreads; ++t) {
+    float ss = 0.f;
+    for (int64_t c = t; c < chunks; c += kRmsNormThreads) {
+      for (int64_t j = 4 * c; j < std::min(4 * c + 4, h); ++j) ss = std::fma(x[j], x[j], ss);
+    }
+    part[t] = ss;
+  }
+  float total = 0.f;
+  for (int w = 0; w < kRmsNormThreads / 32; ++w) {
+    float* lanes = part + 32 * w;
+    for (int off = 16; off > 0; off >>= 1) {
+      float next[32];
+      for (int l = 0; l < 32; ++l) next[l] = lanes[l] + lanes[l ^ off];
+      std::copy(next, next + 32, lanes);
+    }
+    total += lanes[0];
+  }
+  return total;
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend() : pool_(std::max(1u, std::thread::hardware_concurrency())) {}
@@ -194,7 +219,9 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   Status DestroyStream(int stream) override {
-    if (stream == 0 || streams_.erase(stream) == 0) return Invalid("destroy_stream: unknown stream ", stream);
+    if (stream == 0 || streams_.count(stream) == 0) return Invalid("destroy_stream: unknown stream ", stream);
+    if (recording_.count(stream)) return Invalid("destroy_stream: stream ", stream, " is capturing; end the capture first");
+    streams_.erase(stream);
     return Status::Ok();
   }
   Status Synchronize(int stream) override { return stream < 0 ? Status::Ok() : CheckStream(stream); }
@@ -219,6 +246,44 @@ class CpuBackend final : public Backend {
   Status ElapsedMs(int start, int end, float* ms) override {
     if (!events_.count(start) || !events_.count(end)) return Invalid("elapsed_ms: unknown event");
     *ms = static_cast<float>(events_[end] - events_[start]);
+    return Status::Ok();
+  }
+
+  // A graph is the op calls of its capture, replayed in order on the calling thread.
+  Status BeginCapture(int stream) override {
+    KDTREE_RETURN_IF_ERROR(CheckStream(stream));
+    if (stream == 0) return Invalid("begin_capture: stream 0 (the default stream) cannot be captured; capture a stream from createStream()");
+    if (!recording_.emplace(stream, std::vector<std::function<Status()>>{}).second) return Invalid("begin_capture: stream ", stream, " is already capturing");
+    return Status::Ok();
+  }
+  Status EndCapture(int stream, int* graph) override {
+    auto it = recording_.find(stream);
+    if (it == recording_.end()) return Invalid("end_capture: stream ", stream, " is not capturing");
+    *graph = next_graph_++;
+    graphs_[*graph] = std::move(it->second);
+    recording_.erase(it);
+    return Status::Ok();
+  }
+  bool RecordsCalls() const override { return true; }
+  Status RecordCall(int stream, std::function<Status()> call) override {
+    auto it = recording_.find(stream);
+    if (it == recording_.end()) return Invalid("record: stream ", stream, " is not capturing");
+    it->second.push_back(std::move(call));
+    return Status::Ok();
+  }
+  Status LaunchGraph(int graph, int stream) override {
+    KDTREE_RETURN_IF_ERROR(CheckStream(stream));
+    auto it = graphs_.find(graph);
+    if (it == graphs_.end()) return Invalid("launch_graph: unknown graph ", graph);
+    const std::vector<std::function<Status()>>& calls = it->second;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const Status s = calls[i]();
+      if (!s.ok()) return MakeStatus(s.code, "graph ", graph, ", call ", i + 1, " of ", calls.size(), ": ", s.message);
+    }
+    return Status::Ok();
+  }
+  Status DestroyGraph(int graph) override {
+    if (graphs_.erase(graph) == 0) return Invalid("destroy_graph: unknown graph ", graph);
     return Status::Ok();
   }
 
@@ -354,9 +419,7 @@ class CpuBackend final : public Backend {
     pool_.ParallelFor(rows, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const float* x = a.x.as<const float>() + r * hdim;
-        float ss = 0.f;
-        for (int64_t j = 0; j < hdim; ++j) ss = std::fma(x[j], x[j], ss);
-        const float inv = 1.f / std::sqrt(ss / static_cast<float>(hdim) + static_cast<float>(a.eps));
+        const float inv = 1.f / std::sqrt(RmsSumOfSquares(x, hdim) / static_cast<float>(hdim) + static_cast<float>(a.eps));
         for (int64_t j = 0; j < hdim; ++j) a.out.as<float>()[r * hdim + j] = x[j] * inv * LoadF(a.weight, j);
       }
     });
@@ -578,6 +641,9 @@ class CpuBackend final : public Backend {
   int next_stream_ = 1, next_event_ = 1;
   std::set<int> streams_;
   std::map<int, double> events_;
+  int next_graph_ = 1;
+  std::map<int, std::vector<std::function<Status()>>> recording_;  // capturing stream -> its calls so far
+  std::map<int, std::vector<std::function<Status()>>> graphs_;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "kdtree/ops.h"
 #include "kdtree/status.h"
@@ -23,6 +24,12 @@ struct Scratch {
   void* zeroed = nullptr;
   size_t zeroed_bytes = 0;
   Status Zeroed(size_t need, cudaStream_t stream, void** out);
+  // The work space of a stream capture, which its graph owns: the captured kernels keep the blocks
+  // they were given, so a block outgrown during the capture is kept (in `retired`), not freed, and
+  // nothing waits for the stream (a capturing stream cannot be synchronized).
+  bool capturing = false;
+  std::vector<void*> retired;
+  void Release();  // frees every block
 };
 
 inline Status FromCuda(cudaError_t e, const char* what) {

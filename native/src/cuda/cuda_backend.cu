@@ -15,13 +15,24 @@
 namespace kdtree {
 namespace cuda {
 
+// An outgrown block: freed once the stream has drained, or kept for the graph during a capture.
+static Status Outgrow(void** block, size_t* bytes, bool capturing, std::vector<void*>* retired, cudaStream_t stream, const char* what) {
+  if (*block != nullptr) {
+    if (capturing) {
+      retired->push_back(*block);
+    } else {
+      KDTREE_RETURN_IF_ERROR(FromCuda(cudaStreamSynchronize(stream), what));  // it may still be in use by queued work
+      cudaFree(*block);
+    }
+  }
+  *block = nullptr;
+  *bytes = 0;
+  return Status::Ok();
+}
+
 Status Scratch::Reserve(size_t need, cudaStream_t stream) {
   if (need <= bytes) return Status::Ok();
-  // The old block may still be in use by queued work on this stream: drain it first.
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaStreamSynchronize(stream), "scratch: synchronize"));
-  if (ptr != nullptr) cudaFree(ptr);
-  ptr = nullptr;
-  bytes = 0;
+  KDTREE_RETURN_IF_ERROR(Outgrow(&ptr, &bytes, capturing, &retired, stream, "scratch: synchronize"));
   const size_t grown = need + need / 4;
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaMalloc(&ptr, grown), "scratch: cudaMalloc"));
   bytes = grown;
@@ -30,17 +41,22 @@ Status Scratch::Reserve(size_t need, cudaStream_t stream) {
 
 Status Scratch::Zeroed(size_t need, cudaStream_t stream, void** out) {
   if (need > zeroed_bytes) {
-    KDTREE_RETURN_IF_ERROR(FromCuda(cudaStreamSynchronize(stream), "zeroed scratch: synchronize"));
-    if (zeroed != nullptr) cudaFree(zeroed);
-    zeroed = nullptr;
-    zeroed_bytes = 0;
+    KDTREE_RETURN_IF_ERROR(Outgrow(&zeroed, &zeroed_bytes, capturing, &retired, stream, "zeroed scratch: synchronize"));
     const size_t grown = std::max<size_t>(need * 2, 4096);
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaMalloc(&zeroed, grown), "zeroed scratch: cudaMalloc"));
+    // in a capture this memset is a node of the graph: each launch zeroes the block again first
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaMemsetAsync(zeroed, 0, grown, stream), "zeroed scratch: zero"));
     zeroed_bytes = grown;
   }
   *out = zeroed;
   return Status::Ok();
+}
+
+void Scratch::Release() {
+  for (void* p : retired) cudaFree(p);
+  if (ptr != nullptr) cudaFree(ptr);
+  if (zeroed != nullptr) cudaFree(zeroed);
+  *this = Scratch{};
 }
 
 namespace {
@@ -59,12 +75,17 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device) : device_(device) {}
   ~CudaBackend() override {
     cudaSetDevice(device_);
+    for (auto& [id, saved] : saved_scratch_) {  // a capture never ended: end it and drop what it captured
+      cudaGraph_t g = nullptr;
+      if (cudaStreamEndCapture(streams_[id], &g) == cudaSuccess && g != nullptr) cudaGraphDestroy(g);
+      saved.Release();
+    }
+    for (auto& [id, g] : graphs_) DropGraph(g);
+    for (Graph& g : deferred_graphs_) DropGraph(g);
+    for (void* p : deferred_frees_) cudaFree(p);
     for (auto& [id, s] : streams_) cudaStreamDestroy(s);
     for (auto& [id, e] : events_) cudaEventDestroy(e);
-    for (auto& [id, sc] : scratch_) {
-      if (sc.ptr) cudaFree(sc.ptr);
-      if (sc.zeroed) cudaFree(sc.zeroed);
-    }
+    for (auto& [id, sc] : scratch_) sc.Release();
   }
 
   Status Init() {
@@ -90,7 +111,14 @@ class CudaBackend final : public Backend {
     KDTREE_RETURN_IF_ERROR(Device());
     return FromCuda(cudaMalloc(ptr, bytes), "cudaMalloc");
   }
-  Status Free(void* ptr) override { return FromCuda(cudaFree(ptr), "cudaFree"); }
+  Status Free(void* ptr) override {
+    // cudaFree waits for the whole device, which a capture under way forbids: free it after the capture
+    if (!saved_scratch_.empty()) {
+      deferred_frees_.push_back(ptr);
+      return Status::Ok();
+    }
+    return FromCuda(cudaFree(ptr), "cudaFree");
+  }
   Status CopyToDevice(void* dst, const void* src, size_t bytes, int stream) override {
     cudaStream_t s;
     KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
@@ -130,12 +158,12 @@ class CudaBackend final : public Backend {
   }
   Status DestroyStream(int stream) override {
     if (stream == 0 || !streams_.count(stream)) return Invalid("destroy_stream: unknown stream ", stream);
+    if (saved_scratch_.count(stream)) return Invalid("destroy_stream: stream ", stream, " is capturing; end the capture first");
     cudaStreamSynchronize(streams_[stream]);
     cudaStreamDestroy(streams_[stream]);
     streams_.erase(stream);
     if (scratch_.count(stream)) {
-      cudaFree(scratch_[stream].ptr);
-      cudaFree(scratch_[stream].zeroed);
+      scratch_[stream].Release();
       scratch_.erase(stream);
     }
     return Status::Ok();
@@ -174,6 +202,58 @@ class CudaBackend final : public Backend {
     if (!events_.count(start) || !events_.count(end)) return Invalid("elapsed_ms: unknown event");
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaEventSynchronize(events_[end]), "cudaEventSynchronize"));
     return FromCuda(cudaEventElapsedTime(ms, events_[start], events_[end]), "cudaEventElapsedTime");
+  }
+
+  // Relaxed capture mode: Scratch::Reserve may cudaMalloc during a capture, which the other modes
+  // forbid. The stream's own work space is set aside meanwhile, so the graph's blocks are its own:
+  // later direct calls on the stream may outgrow (and free) theirs while the graph still runs.
+  Status BeginCapture(int stream) override {
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    if (stream == 0) return Invalid("begin_capture: stream 0 (the default stream) cannot be captured; capture a stream from createStream()");
+    if (saved_scratch_.count(stream)) return Invalid("begin_capture: stream ", stream, " is already capturing");
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "begin_capture"));
+    saved_scratch_[stream] = std::move(scratch_[stream]);
+    scratch_[stream] = Scratch{};
+    scratch_[stream].capturing = true;
+    return Status::Ok();
+  }
+  Status EndCapture(int stream, int* graph) override {
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    auto saved = saved_scratch_.find(stream);
+    if (saved == saved_scratch_.end()) return Invalid("end_capture: stream ", stream, " is not capturing");
+    Graph g;
+    g.scratch = std::move(scratch_[stream]);
+    g.scratch.capturing = false;
+    scratch_[stream] = std::move(saved->second);
+    saved_scratch_.erase(saved);
+    // an op that failed to launch during the capture invalidated it: the error says so here
+    Status st = FromCuda(cudaStreamEndCapture(s, &g.graph), "end_capture");
+    if (st.ok()) st = FromCuda(cudaGraphInstantiate(&g.exec, g.graph, 0), "end_capture: instantiate the graph");
+    if (st.ok()) {
+      *graph = next_graph_++;
+      graphs_[*graph] = std::move(g);
+    } else {
+      deferred_graphs_.push_back(std::move(g));
+    }
+    if (saved_scratch_.empty()) FreeDeferred();
+    return st;
+  }
+  Status LaunchGraph(int graph, int stream) override {
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    auto it = graphs_.find(graph);
+    if (it == graphs_.end()) return Invalid("launch_graph: unknown graph ", graph);
+    return FromCuda(cudaGraphLaunch(it->second.exec, s), "launch_graph");
+  }
+  Status DestroyGraph(int graph) override {
+    auto it = graphs_.find(graph);
+    if (it == graphs_.end()) return Invalid("destroy_graph: unknown graph ", graph);
+    deferred_graphs_.push_back(std::move(it->second));
+    graphs_.erase(it);
+    if (saved_scratch_.empty()) FreeDeferred();  // its blocks' cudaFree waits for the device: not during a capture
+    return Status::Ok();
   }
 
 #define KDTREE_DISPATCH(Name, Launch, ...)                      \
@@ -215,8 +295,29 @@ class CudaBackend final : public Backend {
     *s = it->second;
     return Status::Ok();
   }
+  struct Graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    Scratch scratch;  // the work space its kernels were captured with
+  };
+  static void DropGraph(Graph& g) {
+    if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+    if (g.graph != nullptr) cudaGraphDestroy(g.graph);
+    g.scratch.Release();  // cudaFree waits for launches still running
+  }
+  void FreeDeferred() {
+    for (Graph& g : deferred_graphs_) DropGraph(g);
+    deferred_graphs_.clear();
+    for (void* p : deferred_frees_) cudaFree(p);
+    deferred_frees_.clear();
+  }
   int device_;
   DeviceInfo info_;
+  std::map<int, Scratch> saved_scratch_;  // capturing stream -> its own work space, set aside
+  std::map<int, Graph> graphs_;
+  std::vector<Graph> deferred_graphs_;  // destroyed or failed during a capture
+  std::vector<void*> deferred_frees_;   // buffers freed during a capture
+  int next_graph_ = 1;
   std::map<int, cudaStream_t> streams_;
   std::map<int, cudaEvent_t> events_;
   std::map<int, Scratch> scratch_;

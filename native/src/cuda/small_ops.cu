@@ -34,16 +34,80 @@ __global__ void EmbeddingKernel(const void* table, DType dtype, int64_t rows, in
   }
 }
 
-__global__ void RmsNormKernel(const float* x, const void* w, DType wt, int H, float eps, float* out) {
+// One block per row, summing in kRmsNormThreads' order (ops.h): it depends only on H, so a row has
+// the same bits in any call, whether its loads are float4 (kVector: H % 4 == 0, x and out on 16
+// bytes) or not. A decode step's row is one block, bound by the latency of its loads: a thread issues
+// kNormUnroll chunks at a time, keeps the first round (all of a row up to H 8192) in registers for
+// the output, and loads its weights before the reduction (one float per thread in sequence took
+// 10.5 us for H 7168, run 271).
+constexpr int kNormThreads = kRmsNormThreads;
+constexpr int kNormUnroll = 4;
+template <bool kVector>
+__device__ __forceinline__ float4 LoadChunk(const float* row, int c, int H) {
+  if constexpr (kVector) {
+    return *reinterpret_cast<const float4*>(row + 4 * c);
+  } else {
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = 4 * c + k < H ? row[4 * c + k] : 0.f;
+    return make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+__device__ __forceinline__ float4 LoadWeightChunk(const void* w, DType wt, int c, int H) {
+  float v[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = 4 * c + k < H ? LoadAsF32(w, wt, 4 * c + k) : 0.f;
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+template <bool kVector>
+__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, const void* w, DType wt, int H, float eps, float* out) {
   PdlWait();
   PdlLaunchDependents();
   __shared__ float red[32];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * H;
+  float* out_row = out + static_cast<int64_t>(blockIdx.x) * H;
+  const int chunks = (H + 3) / 4;
+  constexpr int kRound = kNormUnroll * kNormThreads;
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 first[kNormUnroll], weight[kNormUnroll];  // the first round's chunks and their weights
   float ss = 0.f;
-  for (int j = threadIdx.x; j < H; j += blockDim.x) ss = fmaf(row[j], row[j], ss);
+  for (int c0 = threadIdx.x; c0 < chunks; c0 += kRound) {
+    float4 v[kNormUnroll];
+#pragma unroll
+    for (int u = 0; u < kNormUnroll; ++u) v[u] = c0 + u * kNormThreads < chunks ? LoadChunk<kVector>(row, c0 + u * kNormThreads, H) : zero;
+    if (c0 == static_cast<int>(threadIdx.x)) {
+#pragma unroll
+      for (int u = 0; u < kNormUnroll; ++u) {
+        first[u] = v[u];
+        weight[u] = c0 + u * kNormThreads < chunks ? LoadWeightChunk(w, wt, c0 + u * kNormThreads, H) : zero;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kNormUnroll; ++u) {
+      ss = fmaf(v[u].x, v[u].x, ss);
+      ss = fmaf(v[u].y, v[u].y, ss);
+      ss = fmaf(v[u].z, v[u].z, ss);
+      ss = fmaf(v[u].w, v[u].w, ss);
+    }
+  }
   ss = BlockSum(ss, red);
   const float inv = 1.f / sqrtf(ss / static_cast<float>(H) + eps);
-  for (int j = threadIdx.x; j < H; j += blockDim.x) out[static_cast<int64_t>(blockIdx.x) * H + j] = row[j] * inv * LoadAsF32(w, wt, j);
+  for (int c0 = threadIdx.x; c0 < chunks; c0 += kRound) {
+    const bool kept = c0 == static_cast<int>(threadIdx.x);
+#pragma unroll
+    for (int u = 0; u < kNormUnroll; ++u) {
+      const int c = c0 + u * kNormThreads;
+      if (c >= chunks) break;
+      const float4 v = kept ? first[u] : LoadChunk<kVector>(row, c, H), g = kept ? weight[u] : LoadWeightChunk(w, wt, c, H);
+      const float4 y = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+      if constexpr (kVector) {
+        *reinterpret_cast<float4*>(out_row + 4 * c) = y;
+      } else {
+        const float ys[4] = {y.x, y.y, y.z, y.w};
+        for (int k = 0; k < 4 && 4 * c + k < H; ++k) out_row[4 * c + k] = ys[k];
+      }
+    }
+  }
 }
 
 // Angles in f64: position x inv_freq reaches ~1e5 rad at long context, beyond f32's precision.
@@ -82,59 +146,141 @@ __global__ void AddKernel(const float* a, const float* b, float* out, int64_t n)
   if (i < n) out[i] = a[i] + b[i];
 }
 
-// One block per token; the selection itself is sequential (<= 1024 experts x <= 32 picks) on
-// thread 0: simple, deterministic, and tiny next to the expert GEMMs it feeds.
+// The warp's best (value, index) pair, by value and then by the lower index (the order of the
+// router's picks), as every lane sees it; index -1 where no lane has one. Two redux.sync: the largest
+// value as an order-preserving key (-0 counted as +0, as a float compare does), then the lowest index
+// among the lanes that hold it (run 274: with 10 shuffles and compares, each of 8 picks took ~0.8 us).
+__device__ __forceinline__ int WarpBestIndex(float v, int i) {
+  const uint32_t bits = __float_as_uint(v + 0.f);
+  const uint32_t key = i < 0 ? 0u : bits >> 31 ? ~bits : bits | 0x80000000u;
+  const uint32_t best_key = __reduce_max_sync(0xffffffffu, key);
+  const uint32_t index = i >= 0 && key == best_key ? static_cast<uint32_t>(i) : 0xffffffffu;
+  return static_cast<int>(__reduce_min_sync(0xffffffffu, index));
+}
+
+// One block per token. Group scores a warp per group; the group and expert picks on warp 0, each
+// pick the best of every lane's strided candidates (8 picks of 384 experts on one thread took 130 us
+// a token, run 271). Ties go to the lower index, as in the reference (@kdtree/reference route).
 __global__ void RouterKernel(const float* logits, const float* bias, int E, int topk, int n_group, int topk_group, bool norm, float scaling,
                              int32_t* ids, float* weights) {
   PdlWait();
   PdlLaunchDependents();
-  __shared__ float score[1024], choice[1024];
-  __shared__ unsigned char allowed[1024];
-  const int t = blockIdx.x;
+  __shared__ float score[1024], choice[1024], group_score[64];
+  __shared__ unsigned char allowed[1024], group_picked[64];
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     score[e] = 1.f / (1.f + expf(-logits[static_cast<int64_t>(t) * E + e]));
     choice[e] = score[e] + bias[e];
     allowed[e] = n_group == 1;
   }
   __syncthreads();
-  if (threadIdx.x != 0) return;
   if (n_group > 1) {
     const int per = E / n_group;
-    float gscore[64];
-    for (int g = 0; g < n_group && g < 64; ++g) {
+    for (int g = warp; g < n_group; g += warps) {
+      // the two largest choices of the group (a repeated largest counts twice), lane by lane, then merged
       float b1 = -INFINITY, b2 = -INFINITY;
-      for (int e = g * per; e < (g + 1) * per; ++e) {
-        if (choice[e] > b1) { b2 = b1; b1 = choice[e]; } else if (choice[e] > b2) b2 = choice[e];
+      for (int e = g * per + lane; e < (g + 1) * per; e += 32) {
+        const float c = choice[e];
+        if (c > b1) {
+          b2 = b1;
+          b1 = c;
+        } else if (c > b2) {
+          b2 = c;
+        }
       }
-      gscore[g] = b1 + b2;
+      for (int off = 16; off > 0; off >>= 1) {
+        const float o1 = __shfl_xor_sync(0xffffffffu, b1, off), o2 = __shfl_xor_sync(0xffffffffu, b2, off);
+        if (b1 >= o1) {
+          b2 = fmaxf(b2, o1);
+        } else {
+          b2 = fmaxf(b1, o2);
+          b1 = o1;
+        }
+      }
+      if (lane == 0) group_score[g] = b1 + b2;
     }
-    for (int pick = 0; pick < topk_group; ++pick) {
-      int best = -1;
-      for (int g = 0; g < n_group; ++g) if (gscore[g] != -INFINITY && (best < 0 || gscore[g] > gscore[best])) best = g;
-      gscore[best] = -INFINITY;
-      for (int e = best * per; e < (best + 1) * per; ++e) allowed[e] = 1;
+    __syncthreads();
+    if (warp == 0) {
+      for (int g = lane; g < 64; g += 32) group_picked[g] = 0;
+      __syncwarp();
+      for (int pick = 0; pick < topk_group; ++pick) {
+        float v = -INFINITY;
+        int best = -1;
+        for (int g = lane; g < n_group; g += 32) {
+          if (!group_picked[g] && group_score[g] != -INFINITY && (best < 0 || group_score[g] > v)) {
+            v = group_score[g];
+            best = g;
+          }
+        }
+        best = WarpBestIndex(v, best);
+        if (best < 0) break;
+        if (lane == 0) group_picked[best] = 1;
+        __syncwarp();
+      }
     }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) allowed[e] = group_picked[e / per];
+    __syncthreads();
   }
-  int chosen[32];
+  if (warp != 0) return;
+  // lane l holds experts l + 32 i (i < 32: E <= 1024) in registers; after a pick only the lane that
+  // held it looks for its next best
+  float cand[32];
+  uint32_t live = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int e = lane + 32 * i;
+    cand[i] = e < E ? choice[e] : 0.f;
+    if (e < E && allowed[e] == 1) live |= 1u << i;
+  }
+  // this lane's best: a tree over its 32 slots, each level merging neighbouring runs of slots (the
+  // left run holds the lower experts, so a tie keeps it): depth 5 instead of a chain of 32 compares
+  const auto lane_best = [&](float* v) {
+    float bv[32];
+    int bi[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      bv[i] = cand[i];
+      bi[i] = live >> i & 1u ? lane + 32 * i : -1;
+    }
+#pragma unroll
+    for (int run = 1; run < 32; run *= 2) {
+#pragma unroll
+      for (int i = 0; i < 32; i += 2 * run) {
+        if (bi[i + run] >= 0 && (bi[i] < 0 || bv[i + run] > bv[i])) {
+          bv[i] = bv[i + run];
+          bi[i] = bi[i + run];
+        }
+      }
+    }
+    *v = bv[0];
+    return bi[0];
+  };
+  float v = -INFINITY;
+  int mine = lane_best(&v);
+  int picked = -1;  // lane p: the p-th pick
   for (int pick = 0; pick < topk; ++pick) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) if (allowed[e] == 1 && (best < 0 || choice[e] > choice[best])) best = e;
-    chosen[pick] = best;
-    allowed[best] = 2;  // taken
+    const int best = WarpBestIndex(v, mine);
+    if (lane == pick) picked = best;
+    if (best >= 0 && best % 32 == lane) {  // taken: this lane's next best
+      live &= ~(1u << (best / 32));
+      v = -INFINITY;
+      mine = lane_best(&v);
+    }
   }
-  for (int i = 1; i < topk; ++i) {  // ascending expert ids: the order their outputs are summed in
-    const int v = chosen[i];
-    int j = i - 1;
-    while (j >= 0 && chosen[j] > v) { chosen[j + 1] = chosen[j]; --j; }
-    chosen[j + 1] = v;
-  }
+  // ascending expert ids (the order their outputs are summed in): lane p's pick goes to its rank
+  int rank = 0;
+  for (int j = 0; j < topk; ++j) rank += __shfl_sync(0xffffffffu, picked, j) < picked;
+  __shared__ int sorted[32];
+  if (lane < topk) sorted[rank] = picked;
+  __syncwarp();
   float sum = 0.f;
-  for (int i = 0; i < topk; ++i) sum += score[chosen[i]];
-  for (int i = 0; i < topk; ++i) {
-    float w = score[chosen[i]];
+  for (int i = 0; i < topk; ++i) sum += score[sorted[i]];
+  if (lane < topk) {
+    float w = score[sorted[lane]];
     if (norm) w = w / (sum + 1e-20f);
-    ids[static_cast<int64_t>(t) * topk + i] = chosen[i];
-    weights[static_cast<int64_t>(t) * topk + i] = w * scaling;
+    ids[static_cast<int64_t>(t) * topk + lane] = sorted[lane];
+    weights[static_cast<int64_t>(t) * topk + lane] = w * scaling;
   }
 }
 
@@ -192,8 +338,10 @@ Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s) {
 }
 Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t s) {
   if (a.x.dim(0) == 0) return Status::Ok();
-  return LaunchPdl("rms_norm", RmsNormKernel, dim3(static_cast<unsigned>(a.x.dim(0))), dim3(256), 0, s, a.x.as<const float>(), a.weight.data, a.weight.dtype,
-                   static_cast<int>(a.x.dim(1)), static_cast<float>(a.eps), a.out.as<float>());
+  const int H = static_cast<int>(a.x.dim(1));
+  const bool vector = H % 4 == 0 && reinterpret_cast<uintptr_t>(a.x.data) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out.data) % 16 == 0;
+  return LaunchPdl("rms_norm", vector ? RmsNormKernel<true> : RmsNormKernel<false>, dim3(static_cast<unsigned>(a.x.dim(0))), dim3(kNormThreads), 0, s, a.x.as<const float>(),
+                   a.weight.data, a.weight.dtype, H, static_cast<float>(a.eps), a.out.as<float>());
 }
 Status LaunchRope(const RopeArgs& a, cudaStream_t s) {
   const int64_t n = a.x.dim(0) * a.x.dim(1) * a.inv_freq.dim(0);

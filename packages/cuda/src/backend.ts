@@ -6,10 +6,11 @@
 import type { NativeError } from './errors.js';
 import { loadAddon, type LoadedAddon, type LoadOptions } from './loader.js';
 import { packedW4A16Shapes } from './w4a16-layout.js';
-import type { NativeBackend, NativeBuffer, NativeDeviceInfo, NativeDtype, TensorArg } from './native-types.js';
+import type { NativeBackend, NativeBuffer, NativeDeviceInfo, NativeDtype, NativeGraph, TensorArg } from './native-types.js';
 
 export type Dtype = NativeDtype;
 export type DeviceBuffer = NativeBuffer;
+export type Graph = NativeGraph;
 
 /** A tensor in device memory: the unit every op takes. */
 export interface DeviceTensor extends TensorArg {
@@ -120,6 +121,26 @@ export class KdtreeBackend {
       throw error;
     }
     return out;
+  }
+
+  /**
+   * The ops `queue` issues on `stream` (a created stream), captured as a graph: launchGraph(graph,
+   * stream) then replays them with one host call (a CUDA graph; the cpu twin replays the calls). If
+   * `queue` throws, the capture ends and is dropped. Free the graph with freeGraph when done.
+   */
+  capture(stream: number, queue: () => void): Graph {
+    this.native.beginCapture(stream);
+    try {
+      queue();
+    } catch (error) {
+      try {
+        this.native.freeGraph(this.native.endCapture(stream));
+      } catch {
+        // the capture is over either way; the first error is the one to report
+      }
+      throw error;
+    }
+    return this.native.endCapture(stream);
   }
 
   synchronize(stream?: number): void {

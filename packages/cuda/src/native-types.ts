@@ -7,6 +7,18 @@ export interface NativeBuffer {
   readonly backend: string;
 }
 
+/**
+ * The ops one capture queued on a stream (beginCapture .. endCapture), replayed by launchGraph. The
+ * buffers, shapes and host scalars of its ops are fixed at capture; buffer contents are read at each
+ * launch. It keeps its buffers from being collected; launching it after one was freed throws.
+ */
+export interface NativeGraph {
+  /** Op calls captured. */
+  readonly calls: number;
+  readonly freed: boolean;
+  readonly backend: string;
+}
+
 export interface TensorArg {
   buffer: NativeBuffer;
   dtype: NativeDtype;
@@ -46,6 +58,15 @@ export interface NativeBackend {
   destroyEvent(event: number): void;
   recordEvent(event: number, stream?: number): void;
   elapsedMs(start: number, end: number): number;
+  /**
+   * Ops queued on `stream` (a created stream, not 0) are captured into a graph instead of run, until
+   * endCapture. Meanwhile synchronize, recordEvent and destroyStream on that stream throw.
+   */
+  beginCapture(stream: number): void;
+  endCapture(stream: number): NativeGraph;
+  /** Replays the graph's ops on `stream` (default 0), queued after its earlier work. */
+  launchGraph(graph: NativeGraph, stream?: number): void;
+  freeGraph(graph: NativeGraph): void;
   /**
    * interleaveGateUp: qw and sc hold an MLP's [gate; up] rows (N = 2I); packed as tiles of 8 gate rows
    * and the same 8 up rows, the layout the 'siluMul' epilogue reads (a GEMM without it then writes

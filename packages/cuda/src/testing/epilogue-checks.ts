@@ -9,7 +9,7 @@ import type { DeviceTensor, Dtype, KdtreeBackend } from '../backend.js';
 import { asF32, int4, packReference, roundX, TOLERANCE, upload, uploadCheckpoint } from './gemm-checks.js';
 import { expectClose, expectThrows, fail, randomF32, relError, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
 
-type Track = <U extends { buffer: { freed: boolean } }>(t: U) => U;
+export type Track = <U extends { buffer: { freed: boolean } }>(t: U) => U;
 
 /** The checkpoint row of packed row `row` of a gate_up matrix with `inter` rows each, or -1 (padding). */
 function gateUpSourceRow(row: number, inter: number): number {
@@ -39,7 +39,7 @@ function interleavedRows(m: Int4Matrix): Int4Matrix {
 }
 
 /** `m` ([E x] 2I rows) uploaded and packed with interleaveGateUp, tracked. */
-function packGateUp(b: KdtreeBackend, track: Track, m: Int4Matrix, experts = 1): { qw: DeviceTensor; sc: DeviceTensor } {
+export function packGateUp(b: KdtreeBackend, track: Track, m: Int4Matrix, experts = 1): { qw: DeviceTensor; sc: DeviceTensor } {
   const cp = uploadCheckpoint(b, m, experts);
   track(cp.qw);
   track(cp.sc);

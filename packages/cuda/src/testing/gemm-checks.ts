@@ -47,7 +47,7 @@ export function uploadInt4(b: KdtreeBackend, m: Int4Matrix, experts = 1): { qw: 
 }
 
 /** uploadInt4 inside withTensors: both packed tensors freed with the others. */
-function trackedInt4(b: KdtreeBackend, track: <U extends DeviceTensor>(t: U) => U, m: Int4Matrix, experts = 1): { qw: DeviceTensor; sc: DeviceTensor } {
+export function trackedInt4(b: KdtreeBackend, track: <U extends DeviceTensor>(t: U) => U, m: Int4Matrix, experts = 1): { qw: DeviceTensor; sc: DeviceTensor } {
   const { qw, sc } = uploadInt4(b, m, experts);
   return { qw: track(qw), sc: track(sc) };
 }

@@ -1,22 +1,33 @@
 /** The small ops against @kdtree/reference. */
 import { f32ArrayToBf16, bf16ArrayToF32 } from '@kdtree/format';
 import { applyRope, parseModelConfig, rmsNorm, route, ropeTables, silu } from '@kdtree/reference';
-import { expectClose, expectEqual, expectThrows, fail, randomF32, rng, withTensors, type KernelCheck } from './harness.js';
+import { expectClose, expectEqual, expectThrows, fail, randomF32, rng, sameBits, withTensors, type KernelCheck } from './harness.js';
 
 const rmsNormCheck: KernelCheck = {
-  name: 'rms_norm (f32 and bf16 weights) vs reference',
+  name: 'rms_norm (f32 and bf16 weights, H 200 / 203 / 7168 / 9000 / 9002) vs reference; a row\'s bits the same alone, in a batch and off 16-byte alignment',
   run(b) {
     return withTensors(b, (track) => {
       const rows = 5;
-      const dim = 200;
-      const x = randomF32(rows * dim, 1);
-      const w = bf16ArrayToF32(f32ArrayToBf16(randomF32(dim, 2)));
-      const out = track(b.empty('f32', [rows, dim]));
-      b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: track(b.fromArray('bf16', [dim], f32ArrayToBf16(w))), out, eps: 1e-5 });
-      const d1 = expectClose('bf16 weight', b.toArray(out) as Float32Array, rmsNorm(x, rows, dim, w, 1e-5), 1e-6);
-      b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: track(b.fromArray('f32', [dim], w)), out, eps: 1e-6 });
-      const d2 = expectClose('f32 weight', b.toArray(out) as Float32Array, rmsNorm(x, rows, dim, w, 1e-6), 1e-6);
-      return { detail: `${d1}; ${d2}` };
+      let detail = '';
+      for (const dim of [200, 203, 7168, 9000, 9002]) {
+        const x = randomF32(rows * dim, 1);
+        const w = bf16ArrayToF32(f32ArrayToBf16(randomF32(dim, 2)));
+        const out = track(b.empty('f32', [rows, dim]));
+        b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: track(b.fromArray('bf16', [dim], f32ArrayToBf16(w))), out, eps: 1e-5 });
+        const d1 = expectClose(`H ${dim} bf16 weight`, b.toArray(out) as Float32Array, rmsNorm(x, rows, dim, w, 1e-5), 1e-6);
+        const wF32 = track(b.fromArray('f32', [dim], w));
+        b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: wF32, out, eps: 1e-6 });
+        const batch = b.toArray(out) as Float32Array;
+        const d2 = expectClose(`H ${dim} f32 weight`, batch, rmsNorm(x, rows, dim, w, 1e-6), 1e-6);
+        // row 3 alone, from a buffer one float off 16-byte alignment (no float4 loads)
+        const shifted = new Float32Array(dim + 1);
+        shifted.set(x.subarray(3 * dim, 4 * dim), 1);
+        const one = track(b.empty('f32', [1, dim]));
+        b.native.rmsNorm({ x: { ...track(b.fromArray('f32', [dim + 1], shifted)), shape: [1, dim], offset: 4 }, weight: wF32, out: one, eps: 1e-6 });
+        if (!sameBits(b.toArray(one), batch.subarray(3 * dim, 4 * dim))) fail(`H ${dim}: row 3 alone and unaligned differs from row 3 of the batch`);
+        detail += `${detail ? '; ' : ''}${d1}; ${d2}`;
+      }
+      return { detail };
     });
   },
 };
@@ -77,19 +88,23 @@ const elementwise: KernelCheck = {
 };
 
 const router: KernelCheck = {
-  name: 'router: sigmoid, correction bias, group-limited top-k, normalization, scaling vs reference',
+  name: 'router: sigmoid, correction bias, group-limited top-k, normalization, scaling vs reference (Kimi K2 384 experts top-8, DeepSeek-V3 8 groups, exact ties to the lower index)',
   run(b) {
     return withTensors(b, (track) => {
       const cases = [
         { E: 64, k: 8, nGroup: 1, topkGroup: 1, norm: true, scaling: 2.827 },
         { E: 32, k: 4, nGroup: 8, topkGroup: 3, norm: true, scaling: 2.5 },
         { E: 16, k: 3, nGroup: 4, topkGroup: 2, norm: false, scaling: 1.5 },
+        { E: 384, k: 8, nGroup: 1, topkGroup: 1, norm: true, scaling: 2.827 },
+        { E: 256, k: 8, nGroup: 8, topkGroup: 4, norm: true, scaling: 2.5 },
+        // logits of three values and no bias: ties between experts and between groups everywhere
+        { E: 96, k: 6, nGroup: 4, topkGroup: 2, norm: true, scaling: 1, ties: true },
       ];
       for (const [ci, c] of cases.entries()) {
         const T = 7;
-        const logits = randomF32(T * c.E, 10 + ci, 2);
+        const logits = 'ties' in c ? randomF32(T * c.E, 10 + ci).map((v) => Math.sign(Math.round(v))) : randomF32(T * c.E, 10 + ci, 2);
         const r = rng(20 + ci);
-        const bias = Float32Array.from({ length: c.E }, () => 0.2 * (r.uniform() - 0.3));
+        const bias = Float32Array.from({ length: c.E }, () => ('ties' in c ? 0 : 0.2 * (r.uniform() - 0.3)));
         const ids = track(b.empty('i32', [T, c.k]));
         const weights = track(b.empty('f32', [T, c.k]));
         b.native.router({ logits: track(b.fromArray('f32', [T, c.E], logits)), bias: track(b.fromArray('f32', [c.E], bias)), ids, weights, topk: c.k, nGroup: c.nGroup, topkGroup: c.topkGroup, normTopkProb: c.norm, scaling: c.scaling });
@@ -102,7 +117,7 @@ const router: KernelCheck = {
           expectClose(`case ${ci} token ${t} weights`, gotW.subarray(t * c.k, (t + 1) * c.k), want.weights, 1e-6);
         }
       }
-      return { detail: '3 configurations x 7 tokens: same experts, weights within 1e-6' };
+      return { detail: `${cases.length} configurations x 7 tokens: same experts, weights within 1e-6` };
     });
   },
 };

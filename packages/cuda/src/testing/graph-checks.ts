@@ -1,0 +1,182 @@
+/**
+ * Graphs: a captured sequence of ops replays to the bits of the same ops called directly, reads its
+ * buffers' contents at each launch, keeps its own work space, and misuse throws.
+ */
+import type { DeviceTensor, Graph, KdtreeBackend } from '../backend.js';
+import { KdtreeBackend as Backend } from '../backend.js';
+import { packGateUp, type Track } from './epilogue-checks.js';
+import { int4, trackedInt4 } from './gemm-checks.js';
+import { expectEqual, expectThrows, fail, randomF32, sameBits, withTensors, type KernelCheck } from './harness.js';
+
+// One MoE layer's tail at decode and small-verify sizes: hidden H, E experts of I, top-2.
+const H = 256;
+const E = 8;
+const I = 64;
+const TOPK = 2;
+
+interface LayerBuffers {
+  x: DeviceTensor; // f32 [T, H], the residual stream
+  logits: DeviceTensor; // f32 [T, E], the router's input
+  outputs: DeviceTensor[]; // ids, weights, act, moe, out, copied
+}
+
+/** rms_norm -> router -> gate_up GEMM with SiLU -> down GEMM summed over the experts -> residual add -> copy. */
+function queueLayer(b: KdtreeBackend, w: LayerWeights, l: LayerBuffers, T: number, stream: number): void {
+  const [ids, weights, act, moe, out, copied] = l.outputs;
+  const h = w.scratch(T);
+  b.native.rmsNorm({ x: l.x, weight: w.norm, out: h, eps: 1e-6, stream });
+  b.native.router({ logits: l.logits, bias: w.bias, ids, weights, topk: TOPK, stream });
+  b.native.moeGemm({ x: h, qw: w.gateUp.qw, sc: w.gateUp.sc, ids, y: act, mode: 'gather', epilogue: 'siluMul', stream });
+  b.native.moeGemm({ x: act, qw: w.down.qw, sc: w.down.sc, ids, weights, y: moe, mode: 'sum', stream });
+  b.native.add({ a: l.x, b: moe, out, stream });
+  b.native.copy({ dst: copied.buffer, src: out.buffer, stream });
+}
+
+interface LayerWeights {
+  norm: DeviceTensor;
+  bias: DeviceTensor;
+  gateUp: { qw: DeviceTensor; sc: DeviceTensor };
+  down: { qw: DeviceTensor; sc: DeviceTensor };
+  scratch(T: number): DeviceTensor;
+}
+
+function layerWeights(b: KdtreeBackend, track: Track): LayerWeights {
+  const hs = new Map<number, DeviceTensor>();
+  return {
+    norm: track(b.fromArray('f32', [H], randomF32(H, 70, 0.5).map((v) => 1 + v))),
+    bias: track(b.fromArray('f32', [E], randomF32(E, 72, 0.1))),
+    gateUp: packGateUp(b, track, int4(E * 2 * I, H, 32, 'BF16', 73), E),
+    down: trackedInt4(b, track, int4(E * H, I, 32, 'BF16', 71), E),
+    scratch(T) {
+      if (!hs.has(T)) hs.set(T, track(b.empty('f32', [T, H])));
+      return hs.get(T)!;
+    },
+  };
+}
+
+function layerBuffers(b: KdtreeBackend, track: Track, T: number): LayerBuffers {
+  return {
+    x: track(b.empty('f32', [T, H])),
+    logits: track(b.empty('f32', [T, E])),
+    outputs: [
+      track(b.empty('i32', [T, TOPK])),
+      track(b.empty('f32', [T, TOPK])),
+      track(b.empty('bf16', [T * TOPK, I])),
+      track(b.empty('f32', [T, H])),
+      track(b.empty('f32', [T, H])),
+      track(b.empty('f32', [T, H])),
+    ],
+  };
+}
+
+function uploadInputs(b: KdtreeBackend, l: LayerBuffers, T: number, seed: number): void {
+  b.native.upload(l.x.buffer, randomF32(T * H, seed));
+  b.native.upload(l.logits.buffer, randomF32(T * E, seed + 1));
+}
+
+const NAMES = ['ids', 'weights', 'act', 'moe', 'out', 'copied'];
+
+const replay: KernelCheck = {
+  name: 'graphs: a captured MoE layer tail (rms_norm, router, gate_up GEMM with SiLU, down GEMM summed, add, copy) at T 1 and 5 replays to the bits of direct calls, with new inputs at each launch and the stream\'s own work space outgrown between launches; replays run in order',
+  run(b) {
+    return withTensors(b, (track) => {
+      const w = layerWeights(b, track);
+      const s = b.native.createStream();
+      const graphs: Graph[] = [];
+      try {
+        for (const T of [1, 5]) {
+          const g = layerBuffers(b, track, T);
+          const d = layerBuffers(b, track, T);
+          const graph = b.capture(s, () => queueLayer(b, w, g, T, s));
+          graphs.push(graph);
+          if (graph.calls !== 6) fail(`T=${T}: the graph holds ${graph.calls} calls, expected 6`);
+          for (let round = 0; round < 3; round++) {
+            const seed = 1000 * T + 10 * round;
+            uploadInputs(b, g, T, seed);
+            uploadInputs(b, d, T, seed);
+            b.native.launchGraph(graph, s);
+            queueLayer(b, w, d, T, 0);
+            b.synchronize();
+            for (const [i, name] of NAMES.entries()) {
+              if (!sameBits(b.toArray(g.outputs[i]), b.toArray(d.outputs[i]))) fail(`T=${T}, launch ${round + 1}: ${name} of the graph differs from the direct calls`);
+            }
+            if (round === 1) {
+              // a direct GEMM of 118 tokens on the graph's stream: its staged x outgrows the stream's work space
+              const big = trackedInt4(b, track, int4(512, 1024, 32, 'BF16', 74));
+              b.native.w4a16Gemm({ x: track(b.fromArray('bf16', [118, 1024], new Uint16Array(118 * 1024).fill(0x3f80))), qw: big.qw, sc: big.sc, y: track(b.empty('f32', [118, 512])), stream: s });
+            }
+          }
+        }
+        // replays queue in order behind each other: acc += 1 three times
+        const acc = track(b.zeros('f32', [64]));
+        const one = track(b.fromArray('f32', [64], new Float32Array(64).fill(1)));
+        const inc = b.capture(s, () => b.native.add({ a: acc, b: one, out: acc, stream: s }));
+        graphs.push(inc);
+        for (let i = 0; i < 3; i++) b.native.launchGraph(inc, s);
+        b.synchronize(s);
+        expectEqual('acc after 3 launches', b.toArray(acc) as Float32Array, new Float32Array(64).fill(3));
+        return { detail: 'T 1, 5: 3 launches each equal to direct calls; 3 ordered replays' };
+      } finally {
+        for (const graph of graphs) if (!graph.freed) b.native.freeGraph(graph);
+        b.native.destroyStream(s);
+      }
+    });
+  },
+};
+
+const misuse: KernelCheck = {
+  name: 'graphs: misuse throws (the default stream, nested or missing captures, waits and events inside a capture, launching into a capture, freed buffers and graphs, another backend\'s graph); an op rejected during a capture leaves it going',
+  run(b) {
+    withTensors(b, (track) => {
+      const s = b.native.createStream();
+      const a = track(b.fromArray('f32', [1, 4], new Float32Array([1, 2, 3, 4])));
+      const y = track(b.empty('f32', [1, 4]));
+      const event = b.native.createEvent();
+      const other = new Backend({ ...b.loaded, native: b.loaded.module.createBackend('cpu') });
+      try {
+        expectThrows('default stream', () => b.native.beginCapture(0), /stream 0 \(the default stream\) cannot be captured/);
+        expectThrows('unknown stream', () => b.native.beginCapture(99), /unknown stream 99/);
+        expectThrows('end without begin', () => b.native.endCapture(s), /endCapture: stream \d+ is not capturing/);
+        b.native.beginCapture(s);
+        expectThrows('nested', () => b.native.beginCapture(s), /beginCapture: stream \d+ is already capturing/);
+        expectThrows('synchronize the stream', () => b.native.synchronize(s), /synchronize: stream \d+ is capturing a graph; call endCapture/);
+        expectThrows('synchronize the device', () => b.native.synchronize(), /synchronize: stream \d+ is capturing a graph/);
+        expectThrows('record an event', () => b.native.recordEvent(event, s), /recordEvent: stream \d+ is capturing a graph/);
+        expectThrows('destroy the stream', () => b.native.destroyStream(s), /destroyStream: stream \d+ is capturing a graph/);
+        expectThrows('bad shape inside', () => b.native.add({ a, b: { ...a, shape: [1, 3] }, out: y, stream: s }), /add/);
+        b.native.add({ a, b: a, out: y, stream: s });
+        b.native.add({ a: y, b: a, out: y, stream: s }); // y = 3a
+        const graph = b.native.endCapture(s);
+        if (graph.calls !== 2) fail(`the capture holds ${graph.calls} calls; the rejected op must not count`);
+        b.native.beginCapture(s);
+        expectThrows('launch into a capture', () => b.native.launchGraph(graph, s), /launchGraph: stream \d+ is capturing; a graph is not launched into a capture/);
+        b.native.freeGraph(b.native.endCapture(s));
+        b.native.launchGraph(graph, s);
+        b.synchronize(s);
+        expectEqual('graph of the capture with a rejected op', b.toArray(y) as Float32Array, new Float32Array([3, 6, 9, 12]));
+        expectThrows('capture() whose queue throws', () => b.capture(s, () => b.native.add({ a, b: { ...a, dtype: 'i32' }, out: y, stream: s })), /add/);
+        b.native.freeGraph(b.capture(s, () => b.native.add({ a, b: a, out: y, stream: s }))); // the stream captures again
+        expectThrows('not a graph', () => b.native.launchGraph({} as Graph), /launchGraph: graph must be a Graph from endCapture\(\)/);
+        const os = other.native.createStream();
+        const oa = other.zeros('f32', [4]);
+        const foreign = other.capture(os, () => other.native.add({ a: oa, b: oa, out: oa, stream: os }));
+        expectThrows('another backend\'s graph', () => b.native.launchGraph(foreign), /launchGraph: graph belongs to another backend/);
+        other.native.freeGraph(foreign);
+        other.free(oa);
+        const scratch = b.empty('f32', [1, 4]);
+        const uses = b.capture(s, () => b.native.add({ a, b: a, out: scratch, stream: s }));
+        b.free(scratch);
+        expectThrows('freed buffer', () => b.native.launchGraph(uses, s), /launchGraph: buffer \d+ of the graph \(16 bytes\) was freed after the capture/);
+        b.native.freeGraph(uses);
+        expectThrows('freed graph', () => b.native.launchGraph(uses, s), /launchGraph: use of a freed graph/);
+        expectThrows('double free', () => b.native.freeGraph(uses), /freeGraph: use of a freed graph/);
+        b.native.freeGraph(graph);
+      } finally {
+        b.native.destroyEvent(event);
+        b.native.destroyStream(s);
+      }
+    });
+  },
+};
+
+export const GRAPH_CHECKS: KernelCheck[] = [replay, misuse];
