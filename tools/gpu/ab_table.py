@@ -1,4 +1,4 @@
-"""One table of the W4A16, MoE and MLA times of every build and round of `run.sh ab`.
+"""One table of the W4A16, MoE, MLA and small-op times of every build and round of `run.sh ab`.
 
 usage: python3 ab_table.py OUT   (OUT holds <build>-<round>/bench.txt; prints columns in name order)
 """
@@ -11,8 +11,15 @@ gemm, moe, names = {}, {}, []
 for path in sorted(glob.glob(os.path.join(sys.argv[1], '*', 'bench.txt'))):
     name = os.path.basename(os.path.dirname(path))
     names.append(name)
+    small = False  # inside the small-ops table: op | shape | us | over the floor
     for line in open(path):
-        if line.startswith('|'):
+        if line.startswith('small ops of'):
+            small = True
+        elif small and line.startswith('|'):
+            cells = [c.strip() for c in line.strip().strip('|').split('|')]
+            if re.fullmatch(r'[0-9.]+', cells[2]):
+                gemm.setdefault(f"{cells[0]} {cells[1]}"[:60], {})[name] = cells[2]
+        elif line.startswith('|'):
             cells = [c.strip() for c in line.strip().strip('|').split('|')]
             if len(cells) > 2 and cells[1].isdigit() and 'x' in cells[0]:
                 gemm.setdefault(f"{cells[0]} M={cells[1]}", {})[name] = cells[2]

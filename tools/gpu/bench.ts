@@ -126,10 +126,12 @@ if (!MS.every((m, i) => Number.isInteger(m) && m > 0 && (i === 0 || m > MS[i - 1
 }
 const gemmRows: string[][] = [];
 const gemmReport: unknown[] = [];
-// KDTREE_BENCH_ONLY=gemm stops after the W4A16 and MoE figures, =attention skips them (A/B runs)
+// KDTREE_BENCH_ONLY=gemm runs only the W4A16 and MoE figures, =attention only the attention and
+// DDTree ones, =small only the small ops (A/B runs)
 const only = process.env.KDTREE_BENCH_ONLY;
-if (only !== undefined && only !== 'gemm' && only !== 'attention') throw new Error(`KDTREE_BENCH_ONLY: expected gemm or attention, got ${only}`);
-for (const [n, k, what] of only === 'attention' ? [] : SHAPES) {
+if (only !== undefined && only !== 'gemm' && only !== 'attention' && only !== 'small') throw new Error(`KDTREE_BENCH_ONLY: expected gemm, attention or small, got ${only}`);
+const runs = (section: 'gemm' | 'attention' | 'small') => only === undefined || only === section;
+for (const [n, k, what] of runs('gemm') ? SHAPES : []) {
   const words = (n * k) / 8;
   const groups = (n * k) / 32;
   const weightBytes = words * 4 + groups * 2;
@@ -278,7 +280,7 @@ const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps
 };
 // Tokens of a verify forward in the tree-size sweep: the root + a budget of 0 (decode) to 128 nodes.
 const TREE_TOKENS = [1, 9, 17, 33, 65, 129];
-if (only !== 'attention') {
+if (runs('gemm')) {
   const full = moeWeights(I);
   // builds from before the SiLU epilogue (an A/B against them) skip its rows: they ignore the
   // `epilogue` argument, so a name no build knows passes there and throws here
@@ -304,7 +306,7 @@ if (only !== 'attention') {
   rank.free();
 }
 
-if (only !== 'gemm') {
+if (runs('attention')) {
   // 4. MLA attention of one tensor-parallel rank (8 of Kimi K2's 64 heads) over a 4096-slot latent
   // cache in f32 and in bf16 (the same values): decode (T = 1), tree verifies of 9-129 nodes (the
   // ancestor mask of a binary tree) and a 512-token causal prefill. The floor reads the cache and
@@ -420,6 +422,66 @@ if (only !== 'gemm') {
   log('');
   log(table(['budget', 'depth', 'build us', 'accept us', 'total us'], ddRows));
 
+}
+
+// The small ops of a Kimi K2 decode step at their sizes (one token; attention heads and the cache of
+// one tensor-parallel rank), against the floor of the same chain: an add of 4 floats. Each is a
+// launch or two of little work, so the floor is most of them; what is above it is the op.
+if (runs('small')) {
+  const V = 163840;
+  const H = 7168;
+  const floorArgs = { a: gpu.zeros('f32', [1, 4]), b: gpu.zeros('f32', [1, 4]), out: gpu.empty('f32', [1, 4]) };
+  const table_ = gpu.zeros('bf16', [V, H]);
+  const x = gpu.fromArray('f32', [1, H], Float32Array.from({ length: H }, () => rng.normal()));
+  const t = {
+    ids: gpu.fromArray('i32', [1], Int32Array.from([12345])),
+    embedded: gpu.empty('f32', [1, H]),
+    norm: gpu.fromArray('bf16', [H], randomBf16(H)),
+    normed: gpu.empty('f32', [1, H]),
+    q: gpu.zeros('f32', [1, 8, 192]),
+    positions: gpu.fromArray('i32', [1], Int32Array.from([4000])),
+    invFreq: gpu.fromArray('f64', [32], Float64Array.from({ length: 32 }, (_, i) => 50000 ** (-i / 32))),
+    routerLogits: gpu.fromArray('f32', [1, 384], Float32Array.from({ length: 384 }, () => rng.normal())),
+    routerBias: gpu.zeros('f32', [384]),
+    routerIds: gpu.empty('i32', [1, 8]),
+    routerWeights: gpu.empty('f32', [1, 8]),
+    logits: gpu.fromArray('f32', [1, V], Float32Array.from({ length: V }, () => rng.normal())),
+    argmax: gpu.empty('i32', [1]),
+    topValues: gpu.empty('f32', [1, 8]),
+    topIds: gpu.empty('i32', [1, 8]),
+    gateUp: gpu.fromArray('bf16', [8, 512], randomBf16(8 * 512)),
+    act: gpu.empty('bf16', [8, 256]),
+    sum: gpu.empty('f32', [1, H]),
+    c: gpu.zeros('f32', [1, 512]),
+    kpe: gpu.zeros('f32', [1, 64]),
+    cacheC: gpu.zeros('bf16', [4096, 512]),
+    cacheKpe: gpu.zeros('bf16', [4096, 64]),
+    slots: gpu.fromArray('i32', [1], Int32Array.from([4000])),
+  };
+  const ops: [string, string, () => void][] = [
+    ['embedding', `bf16 table [${V}, ${H}] -> [1, ${H}]`, () => gpu.native.embedding({ table: table_, ids: t.ids, out: t.embedded })],
+    ['rmsNorm', `[1, ${H}]`, () => gpu.native.rmsNorm({ x, weight: t.norm, out: t.normed, eps: 1e-6 })],
+    ['rope', '8 heads x 64 rope dims (YaRN)', () => gpu.native.rope({ x: t.q, positions: t.positions, invFreq: t.invFreq, offset: 128, attentionFactor: 1.1 })],
+    ['router', '384 experts, top-8', () => gpu.native.router({ logits: t.routerLogits, bias: t.routerBias, ids: t.routerIds, weights: t.routerWeights, topk: 8, scaling: 2.827 })],
+    ['siluMul', '8 experts x I 256, bf16', () => gpu.native.siluMul({ x: t.gateUp, out: t.act })],
+    ['add', `[1, ${H}]`, () => gpu.native.add({ a: x, b: t.normed, out: t.sum })],
+    ['kvWrite', 'rank 512 + rope 64 into a bf16 cache', () => gpu.native.kvWrite({ c: t.c, kpe: t.kpe, cacheC: t.cacheC, cacheKpe: t.cacheKpe, slots: t.slots })],
+    ['argmax', `[1, ${V}]`, () => gpu.native.argmax({ x: t.logits, out: t.argmax })],
+    ['topk', `[1, ${V}], k 8`, () => gpu.native.topk({ x: t.logits, values: t.topValues, ids: t.topIds, k: 8 })],
+  ];
+  const floorUs = timeLaunches(gpu, () => gpu.native.add(floorArgs), 50) * 1e3;
+  const smallRows: string[][] = [['add of 4 floats (the floor)', '[1, 4]', floorUs.toFixed(2), '-']];
+  const smallReport: unknown[] = [{ op: 'floor', shape: '[1, 4]', us: floorUs }];
+  for (const [op, shape, call] of ops) {
+    const us = timeLaunches(gpu, call, 50) * 1e3;
+    smallRows.push([op, shape, us.toFixed(2), (us - floorUs).toFixed(2)]);
+    smallReport.push({ op, shape, us });
+  }
+  gpu.free(...Object.values(floorArgs), table_, x, ...Object.values(t));
+  report.smallOps = smallReport;
+  log('');
+  log('small ops of a Kimi K2 decode step (one token; one rank\'s heads and cache), device us per call:');
+  log(table(['op', 'shape', 'us', 'us over the floor'], smallRows));
 }
 
 if (process.env.OUT) {

@@ -214,7 +214,7 @@ Status LaunchRope(const RopeArgs& a, cudaStream_t s);
 Status LaunchSiluMul(const SiluMulArgs& a, cudaStream_t s);
 Status LaunchAdd(const AddArgs& a, cudaStream_t s);
 Status LaunchRouter(const RouterArgs& a, cudaStream_t s);
-Status LaunchArgmax(const ArgmaxArgs& a, cudaStream_t s);
+Status LaunchArgmax(const ArgmaxArgs& a, cudaStream_t s, Scratch& scratch);
 Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch);
 Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s);
 Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch);

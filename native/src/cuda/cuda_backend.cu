@@ -272,7 +272,7 @@ class CudaBackend final : public Backend {
   KDTREE_DISPATCH(SiluMul, LaunchSiluMul)
   KDTREE_DISPATCH(Add, LaunchAdd)
   KDTREE_DISPATCH(Router, LaunchRouter)
-  KDTREE_DISPATCH(Argmax, LaunchArgmax)
+  KDTREE_DISPATCH(Argmax, LaunchArgmax, , scratch_[stream])
   KDTREE_DISPATCH(Topk, LaunchTopk, , scratch_[stream])
   KDTREE_DISPATCH(KvWrite, LaunchKvWrite)
   KDTREE_DISPATCH(DdtreeBuild, LaunchDdtreeBuild, , scratch_[stream])

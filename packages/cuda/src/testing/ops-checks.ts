@@ -1,10 +1,11 @@
 /** The small ops against @kdtree/reference. */
 import { f32ArrayToBf16, bf16ArrayToF32 } from '@kdtree/format';
+import { KdtreeBackend } from '../backend.js';
 import { applyRope, parseModelConfig, rmsNorm, route, ropeTables, silu } from '@kdtree/reference';
 import { expectClose, expectEqual, expectThrows, fail, randomF32, rng, sameBits, withTensors, type KernelCheck } from './harness.js';
 
 const rmsNormCheck: KernelCheck = {
-  name: 'rms_norm (f32 and bf16 weights, H 200 / 203 / 7168 / 9000 / 9002) vs reference; a row\'s bits the same alone, in a batch and off 16-byte alignment',
+  name: 'rms_norm (f32 and bf16 weights, H 200 / 203 / 7168 / 9000 / 9002) vs reference; a row\'s bits the same alone, in a batch, off 16-byte alignment and on the cpu twin',
   run(b) {
     return withTensors(b, (track) => {
       const rows = 5;
@@ -25,6 +26,13 @@ const rmsNormCheck: KernelCheck = {
         const one = track(b.empty('f32', [1, dim]));
         b.native.rmsNorm({ x: { ...track(b.fromArray('f32', [dim + 1], shifted)), shape: [1, dim], offset: 4 }, weight: wF32, out: one, eps: 1e-6 });
         if (!sameBits(b.toArray(one), batch.subarray(3 * dim, 4 * dim))) fail(`H ${dim}: row 3 alone and unaligned differs from row 3 of the batch`);
+        // the cpu twin sums in the same order: the same bits (on the cuda variant, across backends)
+        const twin = new KdtreeBackend({ ...b.loaded, native: b.loaded.module.createBackend('cpu') });
+        withTensors(twin, (keep) => {
+          const twinOut = keep(twin.empty('f32', [rows, dim]));
+          twin.native.rmsNorm({ x: keep(twin.fromArray('f32', [rows, dim], x)), weight: keep(twin.fromArray('f32', [dim], w)), out: twinOut, eps: 1e-6 });
+          if (!sameBits(twin.toArray(twinOut), batch)) fail(`H ${dim}: the cpu twin's bits differ from the ${b.kind} backend's`);
+        });
         detail += `${detail ? '; ' : ''}${d1}; ${d2}`;
       }
       return { detail };
@@ -123,7 +131,7 @@ const router: KernelCheck = {
 };
 
 const argmaxTopk: KernelCheck = {
-  name: 'argmax and top-k: largest first, ties to the lower index, k up to 512 of 5000',
+  name: 'argmax and top-k: largest first, ties to the lower index (argmax also across the segments of 9003- to 163840-wide rows), k up to 512 of 5000',
   run(b) {
     withTensors(b, (track) => {
       const rows = 3;
@@ -132,14 +140,23 @@ const argmaxTopk: KernelCheck = {
       x[2] = 50;
       x[77] = 50; // a tie in row 0: index 2 wins
       for (let i = 0; i < 40; i++) x[V + 1000 + i] = 7; // 40-way tie in row 1
-      const out = track(b.empty('i32', [rows]));
       const xd = track(b.fromArray('f32', [rows, V], x));
-      b.native.argmax({ x: xd, out });
-      const am = b.toArray(out) as Int32Array;
-      for (let r = 0; r < rows; r++) {
-        let best = 0;
-        for (let i = 1; i < V; i++) if (x[r * V + i] > x[r * V + best]) best = i;
-        if (am[r] !== best) fail(`argmax row ${r}: ${am[r]}, expected ${best}`);
+      // argmax also on rows cut into many segments: an odd width (no float4 loads), the Kimi K2
+      // vocabulary, and the maximum tied across segments (at 4095 and 4096: the lower wins)
+      const wide = (n: number, V2: number, seed: number, tie: [number, number]) => {
+        const y = randomF32(n * V2, seed);
+        for (let r = 0; r < n; r++) y[r * V2 + tie[0] + r] = y[r * V2 + tie[1] - r] = 100;
+        return { rows: n, V: V2, x: y };
+      };
+      for (const c of [{ rows, V, x }, wide(2, 9003, 31, [4095, 8200]), wide(1, 163840, 32, [150001, 160000]), wide(2, 65536, 33, [4095, 4096])]) {
+        const out = track(b.empty('i32', [c.rows]));
+        b.native.argmax({ x: c.rows === rows && c.V === V ? xd : track(b.fromArray('f32', [c.rows, c.V], c.x)), out });
+        const am = b.toArray(out) as Int32Array;
+        for (let r = 0; r < c.rows; r++) {
+          let best = 0;
+          for (let i = 1; i < c.V; i++) if (c.x[r * c.V + i] > c.x[r * c.V + best]) best = i;
+          if (am[r] !== best) fail(`argmax of [${c.rows}, ${c.V}] row ${r}: ${am[r]}, expected ${best}`);
+        }
       }
       for (const k of [1, 7, 64, 512]) {
         const values = track(b.empty('f32', [rows, k]));
