@@ -449,6 +449,9 @@ if (runs('small')) {
     argmax: gpu.empty('i32', [1]),
     topValues: gpu.empty('f32', [1, 8]),
     topIds: gpu.empty('i32', [1, 8]),
+    draft: gpu.fromArray('f32', [8, V], Float32Array.from({ length: 8 * V }, () => rng.normal())),
+    draftValues: gpu.empty('f32', [8, 64]),
+    draftIds: gpu.empty('i32', [8, 64]),
     gateUp: gpu.fromArray('bf16', [8, 512], randomBf16(8 * 512)),
     act: gpu.empty('bf16', [8, 256]),
     sum: gpu.empty('f32', [1, H]),
@@ -468,6 +471,7 @@ if (runs('small')) {
     ['kvWrite', 'rank 512 + rope 64 into a bf16 cache', () => gpu.native.kvWrite({ c: t.c, kpe: t.kpe, cacheC: t.cacheC, cacheKpe: t.cacheKpe, slots: t.slots })],
     ['argmax', `[1, ${V}]`, () => gpu.native.argmax({ x: t.logits, out: t.argmax })],
     ['topk', `[1, ${V}], k 8`, () => gpu.native.topk({ x: t.logits, values: t.topValues, ids: t.topIds, k: 8 })],
+    ['topk', `[8, ${V}], k 64 (a DDTree draft, B = 64)`, () => gpu.native.topk({ x: t.draft, values: t.draftValues, ids: t.draftIds, k: 64 })],
   ];
   const floorUs = timeLaunches(gpu, () => gpu.native.add(floorArgs), 50) * 1e3;
   const smallRows: string[][] = [['add of 4 floats (the floor)', '[1, 4]', floorUs.toFixed(2), '-']];

@@ -405,7 +405,9 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Napi::Env env = info.Env();
     const int64_t us = ParseInt(env, info[0], "microseconds", 0);
     if (us > 10'000'000) Throw(env, Code::kInvalidArgument, "hold: microseconds must be at most 10000000 (10 s)");
-    Check(env, be().Hold(us, Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0));
+    NewCall();
+    Backend* backend = &be();
+    Queue(env, Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0, [backend, us](int s) { return backend->Hold(us, s); });
     return env.Undefined();
   }
   Napi::Value CreateStreamJs(const Napi::CallbackInfo& info) {

@@ -24,9 +24,9 @@ struct Scratch {
   void* zeroed = nullptr;
   size_t zeroed_bytes = 0;
   Status Zeroed(size_t need, cudaStream_t stream, void** out);
-  // The work space of a stream capture, which its graph owns: the captured kernels keep the blocks
-  // they were given, so a block outgrown during the capture is kept (in `retired`), not freed, and
-  // nothing waits for the stream (a capturing stream cannot be synchronized).
+  // While any stream captures: the captured kernels keep the blocks they were given, so a block
+  // outgrown meanwhile is kept (in `retired`), not freed, and nothing waits for the stream (a
+  // capturing stream cannot be synchronized; cudaFree would wait for the whole device).
   bool capturing = false;
   std::vector<void*> retired;
   void Release();  // frees every block

@@ -163,7 +163,13 @@ class CudaBackend final : public Backend {
     cudaStreamDestroy(streams_[stream]);
     streams_.erase(stream);
     if (scratch_.count(stream)) {
-      scratch_[stream].Release();
+      Scratch& sc = scratch_[stream];
+      if (saved_scratch_.empty()) {
+        sc.Release();
+      } else {  // another stream captures: free the blocks after it
+        for (void* p : {sc.ptr, sc.zeroed}) if (p != nullptr) deferred_frees_.push_back(p);
+        deferred_frees_.insert(deferred_frees_.end(), sc.retired.begin(), sc.retired.end());
+      }
       scratch_.erase(stream);
     }
     return Status::Ok();
@@ -215,7 +221,6 @@ class CudaBackend final : public Backend {
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "begin_capture"));
     saved_scratch_[stream] = std::move(scratch_[stream]);
     scratch_[stream] = Scratch{};
-    scratch_[stream].capturing = true;
     return Status::Ok();
   }
   Status EndCapture(int stream, int* graph) override {
@@ -263,19 +268,19 @@ class CudaBackend final : public Backend {
     return Launch(a, s __VA_ARGS__);                            \
   }
   KDTREE_DISPATCH(W4A16Pack, LaunchW4A16Pack)
-  KDTREE_DISPATCH(W4A16Gemm, LaunchW4A16Gemm, , scratch_[stream], info_.multiprocessors)
-  KDTREE_DISPATCH(MoeGemm, LaunchMoeGemm, , scratch_[stream], info_.multiprocessors)
-  KDTREE_DISPATCH(MlaAttention, LaunchMlaAttention, , scratch_[stream], info_.multiprocessors)
+  KDTREE_DISPATCH(W4A16Gemm, LaunchW4A16Gemm, , ScratchOf(stream), info_.multiprocessors)
+  KDTREE_DISPATCH(MoeGemm, LaunchMoeGemm, , ScratchOf(stream), info_.multiprocessors)
+  KDTREE_DISPATCH(MlaAttention, LaunchMlaAttention, , ScratchOf(stream), info_.multiprocessors)
   KDTREE_DISPATCH(Embedding, LaunchEmbedding)
   KDTREE_DISPATCH(RmsNorm, LaunchRmsNorm)
   KDTREE_DISPATCH(Rope, LaunchRope)
   KDTREE_DISPATCH(SiluMul, LaunchSiluMul)
   KDTREE_DISPATCH(Add, LaunchAdd)
   KDTREE_DISPATCH(Router, LaunchRouter)
-  KDTREE_DISPATCH(Argmax, LaunchArgmax, , scratch_[stream])
-  KDTREE_DISPATCH(Topk, LaunchTopk, , scratch_[stream])
+  KDTREE_DISPATCH(Argmax, LaunchArgmax, , ScratchOf(stream))
+  KDTREE_DISPATCH(Topk, LaunchTopk, , ScratchOf(stream))
   KDTREE_DISPATCH(KvWrite, LaunchKvWrite)
-  KDTREE_DISPATCH(DdtreeBuild, LaunchDdtreeBuild, , scratch_[stream])
+  KDTREE_DISPATCH(DdtreeBuild, LaunchDdtreeBuild, , ScratchOf(stream))
   KDTREE_DISPATCH(DdtreeAccept, LaunchDdtreeAccept)
   KDTREE_DISPATCH(KvCommit, LaunchKvCommit)
 #undef KDTREE_DISPATCH
@@ -305,11 +310,25 @@ class CudaBackend final : public Backend {
     if (g.graph != nullptr) cudaGraphDestroy(g.graph);
     g.scratch.Release();  // cudaFree waits for launches still running
   }
+  // Every op's work space: during any capture it keeps what it outgrows (Scratch::capturing).
+  Scratch& ScratchOf(int stream) {
+    Scratch& sc = scratch_[stream];
+    sc.capturing = !saved_scratch_.empty();
+    return sc;
+  }
+  // After the last capture: what was freed or outgrown meanwhile (outgrown blocks once their stream
+  // has drained).
   void FreeDeferred() {
     for (Graph& g : deferred_graphs_) DropGraph(g);
     deferred_graphs_.clear();
     for (void* p : deferred_frees_) cudaFree(p);
     deferred_frees_.clear();
+    for (auto& [id, sc] : scratch_) {
+      if (sc.retired.empty()) continue;
+      cudaStreamSynchronize(streams_[id]);
+      for (void* p : sc.retired) cudaFree(p);
+      sc.retired.clear();
+    }
   }
   int device_;
   DeviceInfo info_;

@@ -77,17 +77,32 @@ function uploadInputs(b: KdtreeBackend, l: LayerBuffers, T: number, seed: number
 const NAMES = ['ids', 'weights', 'act', 'moe', 'out', 'copied'];
 
 const replay: KernelCheck = {
-  name: 'graphs: a captured MoE layer tail (rms_norm, router, gate_up GEMM with SiLU, down GEMM summed, add, copy) at T 1 and 5 replays to the bits of direct calls, with new inputs at each launch and the stream\'s own work space outgrown between launches; replays run in order',
+  name: 'graphs: a captured MoE layer tail (rms_norm, router, gate_up GEMM with SiLU, down GEMM summed, add, copy) at T 1 and 5 replays to the bits of direct calls, with new inputs at each launch and the stream\'s own work space outgrown between launches (and another stream\'s during the capture); replays run in order',
   run(b) {
     return withTensors(b, (track) => {
       const w = layerWeights(b, track);
       const s = b.native.createStream();
+      const other = b.native.createStream();
       const graphs: Graph[] = [];
+      // GEMMs of 17 and 118 tokens (staged x) on another stream: the second outgrows that stream's
+      // work space while `s` captures, which must neither wait for nor free anything then
+      const big = trackedInt4(b, track, int4(512, 1024, 32, 'BF16', 74));
+      const xBig = track(b.fromArray('bf16', [118, 1024], new Uint16Array(118 * 1024).fill(0x3f80)));
+      const gemmOn = (stream: number, rows: number, y: DeviceTensor) => b.native.w4a16Gemm({ x: { ...xBig, shape: [rows, 1024] }, qw: big.qw, sc: big.sc, y, stream });
+      gemmOn(other, 17, track(b.empty('f32', [17, 512])));
       try {
         for (const T of [1, 5]) {
           const g = layerBuffers(b, track, T);
           const d = layerBuffers(b, track, T);
-          const graph = b.capture(s, () => queueLayer(b, w, g, T, s));
+          const yOther = track(b.empty('f32', [118, 512]));
+          const graph = b.capture(s, () => {
+            queueLayer(b, w, g, T, s);
+            gemmOn(other, 118, yOther); // not captured: another stream
+          });
+          b.synchronize(other);
+          const yDirect = track(b.empty('f32', [118, 512]));
+          gemmOn(0, 118, yDirect);
+          if (!sameBits(b.toArray(yOther), b.toArray(yDirect))) fail(`T=${T}: the GEMM on another stream during the capture differs from the same GEMM after it`);
           graphs.push(graph);
           if (graph.calls !== 6) fail(`T=${T}: the graph holds ${graph.calls} calls, expected 6`);
           for (let round = 0; round < 3; round++) {
@@ -100,11 +115,8 @@ const replay: KernelCheck = {
             for (const [i, name] of NAMES.entries()) {
               if (!sameBits(b.toArray(g.outputs[i]), b.toArray(d.outputs[i]))) fail(`T=${T}, launch ${round + 1}: ${name} of the graph differs from the direct calls`);
             }
-            if (round === 1) {
-              // a direct GEMM of 118 tokens on the graph's stream: its staged x outgrows the stream's work space
-              const big = trackedInt4(b, track, int4(512, 1024, 32, 'BF16', 74));
-              b.native.w4a16Gemm({ x: track(b.fromArray('bf16', [118, 1024], new Uint16Array(118 * 1024).fill(0x3f80))), qw: big.qw, sc: big.sc, y: track(b.empty('f32', [118, 512])), stream: s });
-            }
+            // a direct GEMM of 118 tokens on the graph's stream: its staged x outgrows the stream's work space
+            if (round === 1) gemmOn(s, 118, track(b.empty('f32', [118, 512])));
           }
         }
         // replays queue in order behind each other: acc += 1 three times
@@ -119,6 +131,7 @@ const replay: KernelCheck = {
       } finally {
         for (const graph of graphs) if (!graph.freed) b.native.freeGraph(graph);
         b.native.destroyStream(s);
+        b.native.destroyStream(other);
       }
     });
   },

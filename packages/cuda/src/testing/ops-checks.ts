@@ -179,7 +179,7 @@ const argmaxTopk: KernelCheck = {
  * boundaries, and equal maxima straddle one; ties must still go to the lowest indices.
  */
 const vocabTopk: KernelCheck = {
-  name: 'top-k over a 163840-logit row (segmented on cuda): many ties across segments, k up to 1024',
+  name: 'top-k over a 163840-logit row (segmented on cuda; up to 512 candidates sorted in one block, more by a second radix select): many ties across segments, k up to 1024',
   run(b) {
     withTensors(b, (track) => {
       const [rows, V] = [2, 163840];
@@ -189,7 +189,7 @@ const vocabTopk: KernelCheck = {
       const orders = Array.from({ length: rows }, (_, r) =>
         Int32Array.from({ length: V }, (_, i) => i).sort((p, q) => x[r * V + q] - x[r * V + p] || p - q),
       );
-      for (const k of [1, 5, 300, 1024]) {
+      for (const k of [1, 5, 25, 64, 300, 1024]) {
         const values = track(b.empty('f32', [rows, k]));
         const ids = track(b.empty('i32', [rows, k]));
         b.native.topk({ x: xd, values, ids, k });
