@@ -23,6 +23,30 @@ __device__ __forceinline__ uint32_t OrderKey(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // larger float -> larger key
 }
 
+// Block-wide bitonic sort of n (a power of two) pairs in shared memory: key descending, then index
+// ascending. The caller has synchronized after writing them; returns synchronized.
+__device__ void BitonicSort(uint32_t* keys, int* idx, int n) {
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool first = keys[i] > keys[j] || (keys[i] == keys[j] && idx[i] < idx[j]);  // i before j?
+          if (((i & size) == 0) != first) {
+            const uint32_t tk = keys[i];
+            keys[i] = keys[j];
+            keys[j] = tk;
+            const int ti = idx[i];
+            idx[i] = idx[j];
+            idx[j] = ti;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
 // Keys of `steps` 32-element steps from i0 (lane-strided, coalesced), all loads issued before use.
 template <int kSteps>
 __device__ __forceinline__ void LoadKeys(const float* row, int64_t i0, int64_t end, int lane, uint32_t* keys) {
@@ -176,26 +200,7 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
   }
   __syncthreads();
   // 3. bitonic sort: key descending, index ascending
-  for (int size = 2; size <= n; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const bool first = keys[i] > keys[j] || (keys[i] == keys[j] && idx[i] < idx[j]);  // i before j?
-          const bool ascending_block = (i & size) == 0;
-          if (ascending_block != first) {
-            const uint32_t tk = keys[i];
-            keys[i] = keys[j];
-            keys[j] = tk;
-            const int ti = idx[i];
-            idx[i] = idx[j];
-            idx[j] = ti;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
+  BitonicSort(keys, idx, n);
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
     values[static_cast<int64_t>(blockIdx.x) * k + i] = row[idx[i]];
     ids[static_cast<int64_t>(blockIdx.x) * k + i] = id_map ? id_map[row_index * stride + start + idx[i]] : static_cast<int32_t>(start + idx[i]);
@@ -212,7 +217,7 @@ __global__ void __launch_bounds__(kTopkThreads) SortCandidatesKernel(const float
   PdlWait();
   PdlLaunchDependents();
   __shared__ uint32_t keys[kSortCandidatesMax];
-  __shared__ int32_t id[kSortCandidatesMax];
+  __shared__ int id[kSortCandidatesMax];
   const int64_t row = blockIdx.x;
   int n = 1;
   while (n < candidates) n <<= 1;
@@ -222,25 +227,7 @@ __global__ void __launch_bounds__(kTopkThreads) SortCandidatesKernel(const float
     id[i] = real ? cand_ids[row * candidates + i] : INT32_MAX;
   }
   __syncthreads();
-  for (int size = 2; size <= n; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const bool first = keys[i] > keys[j] || (keys[i] == keys[j] && id[i] < id[j]);  // i before j?
-          if (((i & size) == 0) != first) {
-            const uint32_t tk = keys[i];
-            keys[i] = keys[j];
-            keys[j] = tk;
-            const int32_t ti = id[i];
-            id[i] = id[j];
-            id[j] = ti;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
+  BitonicSort(keys, id, n);
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
     const uint32_t key = keys[i];
     values[row * k + i] = __uint_as_float(key & 0x80000000u ? key & 0x7FFFFFFFu : ~key);  // OrderKey inverted

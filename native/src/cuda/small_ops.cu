@@ -2,7 +2,7 @@
 // add, the MoE router, argmax and top-k, and the latent-cache write. Reductions use fixed trees
 // (no atomics), so every result is deterministic and independent of the batch.
 #include <algorithm>
-#include <climits>
+#include <cstdint>
 
 #include "common.cuh"
 
