@@ -2,6 +2,7 @@
  * Graphs: a captured sequence of ops replays to the bits of the same ops called directly, reads its
  * buffers' contents at each launch, keeps its own work space, and misuse throws.
  */
+import { f32ArrayToBf16 } from '@kdtree/format';
 import type { DeviceTensor, Graph, KdtreeBackend } from '../backend.js';
 import { KdtreeBackend as Backend } from '../backend.js';
 import { packGateUp, type Track } from './epilogue-checks.js';
@@ -137,6 +138,100 @@ const replay: KernelCheck = {
   },
 };
 
+/** Every tensor of `outs` (graph side) has the bits of its twin in `direct`. */
+function expectSameTensors(b: KdtreeBackend, what: string, outs: Record<string, DeviceTensor>, direct: Record<string, DeviceTensor>): void {
+  for (const name of Object.keys(outs)) {
+    if (!sameBits(b.toArray(outs[name]), b.toArray(direct[name]))) fail(`${what}: ${name} of the graph differs from the direct calls`);
+  }
+}
+
+const attentionAndTree: KernelCheck = {
+  name: "graphs: an attention step at Kimi K2's per-rank dims (kv_write into a bf16 cache, mla_attention decode at a fixed base with a bf16 kv_b) and a DDTree step (build at B 16, accept, kv_commit) replay to the bits of direct calls, with new inputs at each launch",
+  run(b) {
+    return withTensors(b, (track) => {
+      const [h, nope, rope, v, rank, slots, base] = [8, 128, 64, 128, 512, 320, 200];
+      const [depth, vocab, budget, start] = [4, 3000, 16, 250];
+      const n = budget + 1;
+      const s = b.native.createStream();
+      const graphs: Graph[] = [];
+      const kvB = track(b.fromArray('bf16', [h * (nope + v), rank], f32ArrayToBf16(randomF32(h * (nope + v) * rank, 80, 0.05))));
+      const cacheC0 = f32ArrayToBf16(randomF32(slots * rank, 81));
+      const cacheKpe0 = f32ArrayToBf16(randomF32(slots * rope, 82));
+      const commit0 = randomF32(slots * 6, 83);
+      // one set of buffers per side: the graph's and the direct calls'
+      const side = () => ({
+        inputs: {
+          qNope: track(b.empty('f32', [1, h, nope])),
+          qPe: track(b.empty('f32', [1, h, rope])),
+          c: track(b.empty('f32', [1, rank])),
+          kpe: track(b.empty('f32', [1, rope])),
+          draft: track(b.empty('f32', [depth, vocab])),
+          targetArgmax: track(b.empty('i32', [n])),
+        },
+        // zeroed: the ops write a prefix of some (a path of pathLen nodes)
+        outs: {
+          cacheC: track(b.fromArray('bf16', [slots, rank], cacheC0)),
+          cacheKpe: track(b.fromArray('bf16', [slots, rope], cacheKpe0)),
+          out: track(b.zeros('f32', [1, h, v])),
+          tokens: track(b.zeros('i32', [n])),
+          parents: track(b.zeros('i32', [n])),
+          depths: track(b.zeros('i32', [n])),
+          positions: track(b.zeros('i32', [n])),
+          mask: track(b.zeros('u8', [n, n])),
+          size: track(b.zeros('i32', [1])),
+          path: track(b.zeros('i32', [n])),
+          pathLen: track(b.zeros('i32', [1])),
+          bonus: track(b.zeros('i32', [1])),
+          committed: track(b.fromArray('f32', [slots, 6], commit0)),
+        },
+      });
+      const slot = track(b.fromArray('i32', [1], Int32Array.of(base)));
+      const queue = (x: ReturnType<typeof side>, stream: number) => {
+        const { inputs: i, outs: o } = x;
+        b.native.kvWrite({ c: i.c, kpe: i.kpe, cacheC: o.cacheC, cacheKpe: o.cacheKpe, slots: slot, stream });
+        b.native.mlaAttention({ qNope: i.qNope, qPe: i.qPe, kvB, cacheC: o.cacheC, cacheKpe: o.cacheKpe, out: o.out, base, scale: 1 / Math.sqrt(192), stream });
+        b.native.ddtreeBuild({ draftLogits: i.draft, root: 7, budget, start, tokens: o.tokens, parents: o.parents, depths: o.depths, positions: o.positions, mask: o.mask, size: o.size, stream });
+        b.native.ddtreeAccept({ tokens: o.tokens, parents: o.parents, size: o.size, targetArgmax: i.targetArgmax, path: o.path, pathLen: o.pathLen, bonus: o.bonus, stream });
+        b.native.kvCommit({ caches: [o.committed], path: o.path, pathLen: o.pathLen, start, stream });
+      };
+      const g = side();
+      const d = side();
+      try {
+        const graph = b.capture(s, () => queue(g, s));
+        graphs.push(graph);
+        if (graph.calls !== 5) fail(`the graph holds ${graph.calls} calls, expected 5`);
+        for (let round = 0; round < 3; round++) {
+          const seed = 900 + 10 * round;
+          // token `round` leads every depth of the draft and the target agrees: the accepted path is
+          // the whole chain of it (depth + 1 nodes to commit)
+          const draft = randomF32(depth * vocab, seed + 4, 3);
+          for (let dd = 0; dd < depth; dd++) draft[dd * vocab + round] = 20;
+          const argmax = new Int32Array(n).fill(round);
+          for (const x of [g, d]) {
+            const i = x.inputs;
+            b.native.upload(i.qNope.buffer, randomF32(h * nope, seed));
+            b.native.upload(i.qPe.buffer, randomF32(h * rope, seed + 1));
+            b.native.upload(i.c.buffer, randomF32(rank, seed + 2));
+            b.native.upload(i.kpe.buffer, randomF32(rope, seed + 3));
+            b.native.upload(i.draft.buffer, draft);
+            b.native.upload(i.targetArgmax.buffer, argmax);
+          }
+          b.native.launchGraph(graph, s);
+          queue(d, 0);
+          b.synchronize();
+          expectSameTensors(b, `launch ${round + 1}`, g.outs, d.outs);
+          const pathLen = (b.toArray(g.outs.pathLen) as Int32Array)[0];
+          if (pathLen !== depth + 1) fail(`launch ${round + 1}: accepted ${pathLen} nodes, expected the draft's whole chain of ${depth + 1}`);
+        }
+        return { detail: `3 launches equal to direct calls, each committing a path of ${depth + 1} nodes` };
+      } finally {
+        for (const graph of graphs) if (!graph.freed) b.native.freeGraph(graph);
+        b.native.destroyStream(s);
+      }
+    });
+  },
+};
+
 const misuse: KernelCheck = {
   name: 'graphs: misuse throws (the default stream, nested or missing captures, waits and events inside a capture, launching into a capture, freed buffers and graphs, another backend\'s graph); an op rejected during a capture leaves it going',
   run(b) {
@@ -192,4 +287,4 @@ const misuse: KernelCheck = {
   },
 };
 
-export const GRAPH_CHECKS: KernelCheck[] = [replay, misuse];
+export const GRAPH_CHECKS: KernelCheck[] = [replay, attentionAndTree, misuse];
