@@ -468,6 +468,11 @@ if (runs('small')) {
     ['router', '384 experts, top-8', () => gpu.native.router({ logits: t.routerLogits, bias: t.routerBias, ids: t.routerIds, weights: t.routerWeights, topk: 8, scaling: 2.827 })],
     ['siluMul', '8 experts x I 256, bf16', () => gpu.native.siluMul({ x: t.gateUp, out: t.act })],
     ['add', `[1, ${H}]`, () => gpu.native.add({ a: x, b: t.normed, out: t.sum })],
+    ['add, then rmsNorm', `[1, ${H}], two launches`, () => {
+      gpu.native.add({ a: x, b: t.embedded, out: t.sum });
+      gpu.native.rmsNorm({ x: t.sum, weight: t.norm, out: t.normed, eps: 1e-6 });
+    }],
+    ['rmsNorm with the residual add', `[1, ${H}], fused`, () => gpu.native.rmsNorm({ x, residual: t.embedded, sum: t.sum, weight: t.norm, out: t.normed, eps: 1e-6 })],
     ['kvWrite', 'rank 512 + rope 64 into a bf16 cache', () => gpu.native.kvWrite({ c: t.c, kpe: t.kpe, cacheC: t.cacheC, cacheKpe: t.cacheKpe, slots: t.slots })],
     ['argmax', `[1, ${V}]`, () => gpu.native.argmax({ x: t.logits, out: t.argmax })],
     ['topk', `[1, ${V}], k 8`, () => gpu.native.topk({ x: t.logits, values: t.topValues, ids: t.topIds, k: 8 })],

@@ -72,7 +72,14 @@ struct MlaAttentionArgs {
 };
 
 struct EmbeddingArgs { Tensor table, ids, out; };
-struct RmsNormArgs { Tensor x, weight, out; double eps = 1e-6; };
+struct RmsNormArgs {
+  Tensor x, weight, out;
+  double eps = 1e-6;
+  // Optional, f32 like x: the norm is of x + residual, which is also written to `sum` (f32 like x;
+  // it may be x or residual itself): a layer's residual add fused into the next norm, with the bits
+  // of add followed by rms_norm.
+  Tensor residual, sum;
+};
 // A row's sum of squares, in the same order on both backends (same bits): thread t of
 // kRmsNormThreads sums its 4-element chunks t, t + kRmsNormThreads, ...; each warp's 32 partials meet
 // in an xor butterfly; the warp sums are added in order.

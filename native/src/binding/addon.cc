@@ -612,7 +612,8 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   Napi::Value RmsNormJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
-    RmsNormArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "weight"), ParseTensor(env, o, "out"), Num(env, o, "eps", 0)};
+    RmsNormArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "weight"), ParseTensor(env, o, "out"), Num(env, o, "eps", 0), ParseTensor(env, o, "residual", true),
+                  ParseTensor(env, o, "sum", true)};
     return Run(env, o, a, ValidateRmsNorm, &Backend::RmsNorm);
   }
   Napi::Value RopeJs(const Napi::CallbackInfo& info) {

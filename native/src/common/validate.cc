@@ -9,6 +9,7 @@
 namespace kdtree {
 
 std::string Tensor::Describe() const {
+  if (!present()) return name + ": none";
   std::ostringstream os;
   os << name << ": " << DTypeName(dtype) << " [";
   for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
@@ -184,11 +185,18 @@ Status ValidateEmbedding(const EmbeddingArgs& a) {
 }
 
 Status ValidateRmsNorm(const RmsNormArgs& a) {
-  const OpContext ctx("rms_norm", a.x, a.weight, a.out);
+  const OpContext plain("rms_norm", a.x, a.weight, a.out), fused("rms_norm", a.x, a.weight, a.out, a.residual, a.sum);
+  const OpContext& ctx = a.residual.present() || a.sum.present() ? fused : plain;
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.weight, {DType::kF32, DType::kBF16}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 2));
   if (a.weight.dim(0) != a.x.dim(1) || a.out.shape != a.x.shape) return Invalid(ctx, "weight must be [H] and out like x");
+  if (a.residual.present() != a.sum.present()) return Invalid(ctx, "residual and sum go together (the norm of x + residual, which sum receives)");
+  if (a.residual.present()) {
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.residual, {DType::kF32}, 2));
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sum, {DType::kF32}, 2));
+    if (a.residual.shape != a.x.shape || a.sum.shape != a.x.shape) return Invalid(ctx, "residual and sum must be like x");
+  }
   if (!(a.eps > 0)) return Invalid(ctx, "eps must be positive, got ", a.eps);
   return Status::Ok();
 }

@@ -417,8 +417,16 @@ class CpuBackend final : public Backend {
   Status RmsNorm(const RmsNormArgs& a, int) override {
     const int64_t rows = a.x.dim(0), hdim = a.x.dim(1);
     pool_.ParallelFor(rows, [&](int64_t b, int64_t e) {
+      std::vector<float> sum;
       for (int64_t r = b; r < e; ++r) {
         const float* x = a.x.as<const float>() + r * hdim;
+        if (a.residual.present()) {  // the fused residual add: x + residual, also stored to `sum`
+          const float* res = a.residual.as<const float>() + r * hdim;
+          sum.resize(static_cast<size_t>(hdim));
+          for (int64_t j = 0; j < hdim; ++j) sum[j] = x[j] + res[j];
+          std::copy(sum.begin(), sum.end(), a.sum.as<float>() + r * hdim);
+          x = sum.data();
+        }
         const float inv = 1.f / std::sqrt(RmsSumOfSquares(x, hdim) / static_cast<float>(hdim) + static_cast<float>(a.eps));
         for (int64_t j = 0; j < hdim; ++j) a.out.as<float>()[r * hdim + j] = x[j] * inv * LoadF(a.weight, j);
       }

@@ -60,6 +60,18 @@ __device__ __forceinline__ float4 LoadChunk(const float* row, int c, int H) {
     return make_float4(v[0], v[1], v[2], v[3]);
   }
 }
+template <bool kVector>
+__device__ __forceinline__ void StoreChunk(float* row, int c, int H, float4 y) {
+  if constexpr (kVector) {
+    *reinterpret_cast<float4*>(row + 4 * c) = y;
+  } else {
+    const float ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (4 * c + k < H) row[4 * c + k] = ys[k];
+    }
+  }
+}
 __device__ __forceinline__ float4 LoadWeightChunk(const void* w, DType wt, int c, int H) {
   float v[4];
 #pragma unroll
@@ -67,12 +79,13 @@ __device__ __forceinline__ float4 LoadWeightChunk(const void* w, DType wt, int c
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 template <bool kVector>
-__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, const void* w, DType wt, int H, float eps, float* out) {
+__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, const float* residual, float* sum, const void* w, DType wt, int H, float eps, float* out) {
   PdlWait();
   PdlLaunchDependents();
   __shared__ float red[32];
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * H;
-  float* out_row = out + static_cast<int64_t>(blockIdx.x) * H;
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * H;
+  const float* row = x + offset;
+  float* out_row = out + offset;
   const int chunks = (H + 3) / 4;
   constexpr int kRound = kNormUnroll * kNormThreads;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -82,6 +95,16 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, co
     float4 v[kNormUnroll];
 #pragma unroll
     for (int u = 0; u < kNormUnroll; ++u) v[u] = c0 + u * kNormThreads < chunks ? LoadChunk<kVector>(row, c0 + u * kNormThreads, H) : zero;
+    if (residual != nullptr) {  // the fused residual add, element by element as add does it
+#pragma unroll
+      for (int u = 0; u < kNormUnroll; ++u) {
+        const int c = c0 + u * kNormThreads;
+        if (c >= chunks) break;
+        const float4 r = LoadChunk<kVector>(residual + offset, c, H);
+        v[u] = make_float4(v[u].x + r.x, v[u].y + r.y, v[u].z + r.z, v[u].w + r.w);
+        StoreChunk<kVector>(sum + offset, c, H, v[u]);
+      }
+    }
     if (c0 == static_cast<int>(threadIdx.x)) {
 #pragma unroll
       for (int u = 0; u < kNormUnroll; ++u) {
@@ -99,20 +122,15 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, co
   }
   ss = BlockSum(ss, red);
   const float inv = 1.f / sqrtf(ss / static_cast<float>(H) + eps);
+  const float* normed = residual != nullptr ? sum + offset : row;  // past the first round: re-read (sum may be x itself)
   for (int c0 = threadIdx.x; c0 < chunks; c0 += kRound) {
     const bool kept = c0 == static_cast<int>(threadIdx.x);
 #pragma unroll
     for (int u = 0; u < kNormUnroll; ++u) {
       const int c = c0 + u * kNormThreads;
       if (c >= chunks) break;
-      const float4 v = kept ? first[u] : LoadChunk<kVector>(row, c, H), g = kept ? weight[u] : LoadWeightChunk(w, wt, c, H);
-      const float4 y = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
-      if constexpr (kVector) {
-        *reinterpret_cast<float4*>(out_row + 4 * c) = y;
-      } else {
-        const float ys[4] = {y.x, y.y, y.z, y.w};
-        for (int k = 0; k < 4 && 4 * c + k < H; ++k) out_row[4 * c + k] = ys[k];
-      }
+      const float4 v = kept ? first[u] : LoadChunk<kVector>(normed, c, H), g = kept ? weight[u] : LoadWeightChunk(w, wt, c, H);
+      StoreChunk<kVector>(out_row, c, H, make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w));
     }
   }
 }
@@ -390,9 +408,12 @@ Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s) {
 Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t s) {
   if (a.x.dim(0) == 0) return Status::Ok();
   const int H = static_cast<int>(a.x.dim(1));
-  const bool vector = H % 4 == 0 && reinterpret_cast<uintptr_t>(a.x.data) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out.data) % 16 == 0;
+  const bool fused = a.residual.present();
+  const auto aligned = [](const Tensor& t) { return !t.present() || reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  const bool vector = H % 4 == 0 && aligned(a.x) && aligned(a.out) && aligned(a.residual) && aligned(a.sum);
   return LaunchPdl("rms_norm", vector ? RmsNormKernel<true> : RmsNormKernel<false>, dim3(static_cast<unsigned>(a.x.dim(0))), dim3(kNormThreads), 0, s, a.x.as<const float>(),
-                   a.weight.data, a.weight.dtype, H, static_cast<float>(a.eps), a.out.as<float>());
+                   fused ? a.residual.as<const float>() : static_cast<const float*>(nullptr), fused ? a.sum.as<float>() : static_cast<float*>(nullptr), a.weight.data,
+                   a.weight.dtype, H, static_cast<float>(a.eps), a.out.as<float>());
 }
 Status LaunchRope(const RopeArgs& a, cudaStream_t s) {
   const int64_t n = a.x.dim(0) * a.x.dim(1) * a.inv_freq.dim(0);

@@ -103,7 +103,12 @@ export interface NativeBackend {
   /** cacheC [S, R] and cacheKpe [S, rope]: f32 or bf16, both the same. */
   mlaAttention(args: { qNope: TensorArg; qPe: TensorArg; kvB: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; mask?: TensorArg; out: TensorArg; base: number; scale: number; stream?: number }): void;
   embedding(args: { table: TensorArg; ids: TensorArg; out: TensorArg; stream?: number }): void;
-  rmsNorm(args: { x: TensorArg; weight: TensorArg; out: TensorArg; eps: number; stream?: number }): void;
+  /**
+   * out = x * rsqrt(mean(x^2) + eps) * weight, per row. With `residual` (and `sum`, both f32 like x):
+   * the norm of x + residual, which is also written to `sum` (which may be x or residual itself): a
+   * residual add fused into the next norm, with the bits of add followed by rmsNorm.
+   */
+  rmsNorm(args: { x: TensorArg; weight: TensorArg; out: TensorArg; eps: number; residual?: TensorArg; sum?: TensorArg; stream?: number }): void;
   rope(args: { x: TensorArg; positions: TensorArg; invFreq: TensorArg; offset?: number; attentionFactor?: number; interleave?: boolean; stream?: number }): void;
   siluMul(args: { x: TensorArg; out: TensorArg; stream?: number }): void;
   add(args: { a: TensorArg; b: TensorArg; out: TensorArg; stream?: number }): void;

@@ -40,6 +40,41 @@ const rmsNormCheck: KernelCheck = {
   },
 };
 
+const fusedResidualNorm: KernelCheck = {
+  name: 'rms_norm with a residual (H 7168 / 9002, 3 rows): out and sum have the bits of add then rms_norm, also with sum written over x or over residual; a residual without sum (or sum without one) and a misshapen residual are rejected',
+  run(b) {
+    return withTensors(b, (track) => {
+      const rows = 3;
+      for (const dim of [7168, 9002]) {
+        const x = randomF32(rows * dim, 60);
+        const res = randomF32(rows * dim, 61, 3);
+        const weight = track(b.fromArray('bf16', [dim], f32ArrayToBf16(randomF32(dim, 62))));
+        // unfused: add, then the norm of the sum
+        const added = track(b.empty('f32', [rows, dim]));
+        b.native.add({ a: track(b.fromArray('f32', [rows, dim], x)), b: track(b.fromArray('f32', [rows, dim], res)), out: added });
+        const normed = track(b.empty('f32', [rows, dim]));
+        b.native.rmsNorm({ x: added, weight, out: normed, eps: 1e-5 });
+        const [wantSum, wantOut] = [b.toArray(added), b.toArray(normed)];
+        for (const into of ['sum', 'x', 'residual'] as const) {
+          const xd = track(b.fromArray('f32', [rows, dim], x));
+          const rd = track(b.fromArray('f32', [rows, dim], res));
+          const sum = into === 'x' ? xd : into === 'residual' ? rd : track(b.empty('f32', [rows, dim]));
+          const out = track(b.empty('f32', [rows, dim]));
+          b.native.rmsNorm({ x: xd, residual: rd, sum, weight, out, eps: 1e-5 });
+          if (!sameBits(b.toArray(sum), wantSum)) fail(`H ${dim}, sum into ${into}: sum differs from add's`);
+          if (!sameBits(b.toArray(out), wantOut)) fail(`H ${dim}, sum into ${into}: out differs from add then rms_norm`);
+        }
+      }
+      const t = track(b.zeros('f32', [2, 8]));
+      const w = track(b.zeros('f32', [8]));
+      expectThrows('residual without sum', () => b.native.rmsNorm({ x: t, residual: t, weight: w, out: t, eps: 1e-5 }), /residual and sum go together/);
+      expectThrows('sum without residual', () => b.native.rmsNorm({ x: t, sum: t, weight: w, out: t, eps: 1e-5 }), /residual and sum go together/);
+      expectThrows('misshapen residual', () => b.native.rmsNorm({ x: t, residual: { ...t, shape: [1, 8] }, sum: t, weight: w, out: t, eps: 1e-5 }), /rms_norm\(.*residual: f32 \[1, 8\].*\): residual and sum must be like x/);
+      return { detail: 'fused == add + rms_norm bit for bit at H 7168 and 9002, in place on x and on residual' };
+    });
+  },
+};
+
 const ropeCheck: KernelCheck = {
   name: 'rope: YaRN tables of a Kimi K2 config, interleaved and not, long positions, vs reference',
   run(b) {
@@ -205,4 +240,4 @@ const vocabTopk: KernelCheck = {
   },
 };
 
-export const OPS_CHECKS: KernelCheck[] = [rmsNormCheck, ropeCheck, elementwise, router, argmaxTopk, vocabTopk];
+export const OPS_CHECKS: KernelCheck[] = [rmsNormCheck, fusedResidualNorm, ropeCheck, elementwise, router, argmaxTopk, vocabTopk];
