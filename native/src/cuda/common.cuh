@@ -70,6 +70,13 @@ __device__ __forceinline__ uint32_t Bf16Pair(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
+// A float as an unsigned key in the same order (larger float -> larger key; -0 below +0), and back:
+// the top-k radix select and sorts, and the router's warp picks, compare keys.
+__device__ __forceinline__ uint32_t OrderKey(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float FromOrderKey(uint32_t key) { return __uint_as_float(key & 0x80000000u ? key & 0x7FFFFFFFu : ~key); }
 __device__ __forceinline__ float2 Bf16PairToF32(uint32_t v) { return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u)); }
 // Two f32 values as three bf16x2 planes, hi + mid + lo = the values to 24 bits (each residual is
 // exact in f32): the tensor-core operands of f32 data, so that every product with a bf16 operand

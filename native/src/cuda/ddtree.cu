@@ -18,10 +18,6 @@ namespace {
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkWarps = kTopkThreads / 32;
 
-__device__ __forceinline__ uint32_t OrderKey(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // larger float -> larger key
-}
 
 // Block-wide bitonic sort of n (a power of two) pairs in shared memory: key descending, then index
 // ascending. The caller has synchronized after writing them; returns synchronized.
@@ -230,7 +226,7 @@ __global__ void __launch_bounds__(kTopkThreads) SortCandidatesKernel(const float
   BitonicSort(keys, id, n);
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
     const uint32_t key = keys[i];
-    values[row * k + i] = __uint_as_float(key & 0x80000000u ? key & 0x7FFFFFFFu : ~key);  // OrderKey inverted
+    values[row * k + i] = FromOrderKey(key);
     ids[row * k + i] = id[i];
   }
 }

@@ -176,8 +176,7 @@ __global__ void AddKernel(const float* a, const float* b, float* out, int64_t n)
 // value as an order-preserving key (-0 counted as +0, as a float compare does), then the lowest index
 // among the lanes that hold it (run 274: with 10 shuffles and compares, each of 8 picks took ~0.8 us).
 __device__ __forceinline__ int WarpBestIndex(float v, int i) {
-  const uint32_t bits = __float_as_uint(v + 0.f);
-  const uint32_t key = i < 0 ? 0u : bits >> 31 ? ~bits : bits | 0x80000000u;
+  const uint32_t key = i < 0 ? 0u : OrderKey(v + 0.f);
   const uint32_t best_key = __reduce_max_sync(0xffffffffu, key);
   const uint32_t index = i >= 0 && key == best_key ? static_cast<uint32_t>(i) : 0xffffffffu;
   return static_cast<int>(__reduce_min_sync(0xffffffffu, index));

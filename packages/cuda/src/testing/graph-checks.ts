@@ -18,12 +18,12 @@ const TOPK = 2;
 interface LayerBuffers {
   x: DeviceTensor; // f32 [T, H], the residual stream
   logits: DeviceTensor; // f32 [T, E], the router's input
-  outputs: DeviceTensor[]; // ids, weights, act, moe, out, copied
+  outputs: Record<'ids' | 'weights' | 'act' | 'moe' | 'out' | 'copied', DeviceTensor>;
 }
 
 /** rms_norm -> router -> gate_up GEMM with SiLU -> down GEMM summed over the experts -> residual add -> copy. */
 function queueLayer(b: KdtreeBackend, w: LayerWeights, l: LayerBuffers, T: number, stream: number): void {
-  const [ids, weights, act, moe, out, copied] = l.outputs;
+  const { ids, weights, act, moe, out, copied } = l.outputs;
   const h = w.scratch(T);
   b.native.rmsNorm({ x: l.x, weight: w.norm, out: h, eps: 1e-6, stream });
   b.native.router({ logits: l.logits, bias: w.bias, ids, weights, topk: TOPK, stream });
@@ -59,14 +59,14 @@ function layerBuffers(b: KdtreeBackend, track: Track, T: number): LayerBuffers {
   return {
     x: track(b.empty('f32', [T, H])),
     logits: track(b.empty('f32', [T, E])),
-    outputs: [
-      track(b.empty('i32', [T, TOPK])),
-      track(b.empty('f32', [T, TOPK])),
-      track(b.empty('bf16', [T * TOPK, I])),
-      track(b.empty('f32', [T, H])),
-      track(b.empty('f32', [T, H])),
-      track(b.empty('f32', [T, H])),
-    ],
+    outputs: {
+      ids: track(b.empty('i32', [T, TOPK])),
+      weights: track(b.empty('f32', [T, TOPK])),
+      act: track(b.empty('bf16', [T * TOPK, I])),
+      moe: track(b.empty('f32', [T, H])),
+      out: track(b.empty('f32', [T, H])),
+      copied: track(b.empty('f32', [T, H])),
+    },
   };
 }
 
@@ -75,7 +75,12 @@ function uploadInputs(b: KdtreeBackend, l: LayerBuffers, T: number, seed: number
   b.native.upload(l.logits.buffer, randomF32(T * E, seed + 1));
 }
 
-const NAMES = ['ids', 'weights', 'act', 'moe', 'out', 'copied'];
+/** Every tensor of `outs` (graph side) has the bits of its twin in `direct`. */
+function expectSameTensors(b: KdtreeBackend, what: string, outs: Record<string, DeviceTensor>, direct: Record<string, DeviceTensor>): void {
+  for (const name of Object.keys(outs)) {
+    if (!sameBits(b.toArray(outs[name]), b.toArray(direct[name]))) fail(`${what}: ${name} of the graph differs from the direct calls`);
+  }
+}
 
 const replay: KernelCheck = {
   name: 'graphs: a captured MoE layer tail (rms_norm, router, gate_up GEMM with SiLU, down GEMM summed, add, copy) at T 1 and 5 replays to the bits of direct calls, with new inputs at each launch and the stream\'s own work space outgrown between launches (and another stream\'s during the capture); replays run in order',
@@ -113,9 +118,7 @@ const replay: KernelCheck = {
             b.native.launchGraph(graph, s);
             queueLayer(b, w, d, T, 0);
             b.synchronize();
-            for (const [i, name] of NAMES.entries()) {
-              if (!sameBits(b.toArray(g.outputs[i]), b.toArray(d.outputs[i]))) fail(`T=${T}, launch ${round + 1}: ${name} of the graph differs from the direct calls`);
-            }
+            expectSameTensors(b, `T=${T}, launch ${round + 1}`, g.outputs, d.outputs);
             // a direct GEMM of 118 tokens on the graph's stream: its staged x outgrows the stream's work space
             if (round === 1) gemmOn(s, 118, track(b.empty('f32', [118, 512])));
           }
@@ -137,13 +140,6 @@ const replay: KernelCheck = {
     });
   },
 };
-
-/** Every tensor of `outs` (graph side) has the bits of its twin in `direct`. */
-function expectSameTensors(b: KdtreeBackend, what: string, outs: Record<string, DeviceTensor>, direct: Record<string, DeviceTensor>): void {
-  for (const name of Object.keys(outs)) {
-    if (!sameBits(b.toArray(outs[name]), b.toArray(direct[name]))) fail(`${what}: ${name} of the graph differs from the direct calls`);
-  }
-}
 
 const attentionAndTree: KernelCheck = {
   name: "graphs: an attention step at Kimi K2's per-rank dims (kv_write into a bf16 cache, mla_attention decode at a fixed base with a bf16 kv_b) and a DDTree step (build at B 16, accept, kv_commit) replay to the bits of direct calls, with new inputs at each launch",

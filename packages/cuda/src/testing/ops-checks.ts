@@ -10,6 +10,7 @@ const rmsNormCheck: KernelCheck = {
     return withTensors(b, (track) => {
       const rows = 5;
       let detail = '';
+      const twin = new KdtreeBackend({ ...b.loaded, native: b.loaded.module.createBackend('cpu') });
       for (const dim of [200, 203, 7168, 9000, 9002]) {
         const x = randomF32(rows * dim, 1);
         const w = bf16ArrayToF32(f32ArrayToBf16(randomF32(dim, 2)));
@@ -27,7 +28,6 @@ const rmsNormCheck: KernelCheck = {
         b.native.rmsNorm({ x: { ...track(b.fromArray('f32', [dim + 1], shifted)), shape: [1, dim], offset: 4 }, weight: wF32, out: one, eps: 1e-6 });
         if (!sameBits(b.toArray(one), batch.subarray(3 * dim, 4 * dim))) fail(`H ${dim}: row 3 alone and unaligned differs from row 3 of the batch`);
         // the cpu twin sums in the same order: the same bits (on the cuda variant, across backends)
-        const twin = new KdtreeBackend({ ...b.loaded, native: b.loaded.module.createBackend('cpu') });
         withTensors(twin, (keep) => {
           const twinOut = keep(twin.empty('f32', [rows, dim]));
           twin.native.rmsNorm({ x: keep(twin.fromArray('f32', [rows, dim], x)), weight: keep(twin.fromArray('f32', [dim], w)), out: twinOut, eps: 1e-6 });
