@@ -82,6 +82,7 @@ class Backend {
   virtual Status DdtreeBuild(const DdtreeBuildArgs& a, int stream) = 0;
   virtual Status DdtreeAccept(const DdtreeAcceptArgs& a, int stream) = 0;
   virtual Status KvCommit(const KvCommitArgs& a, int stream) = 0;
+  virtual Status Arange(const ArangeArgs& a, int stream) = 0;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend();

@@ -69,6 +69,11 @@ struct MlaAttentionArgs {
   Tensor q_nope, q_pe, kv_b, cache_c, cache_kpe, mask, out;  // mask: u8 [T, T] or empty (causal)
   int64_t base = 0;   // committed slots in the cache; the T new tokens are at [base, base + T)
   double scale = 1.0;
+  // Optional i32 [1]: the committed slots, read on the device when the kernels run, so one captured
+  // graph serves every decode step. `base` then bounds it (the grid and the work space are sized
+  // for `base`; a larger value is clamped on the device, rejected by the cpu twin); the bits are
+  // those of the same call with that value as `base`.
+  Tensor base_on_device;
 };
 
 struct EmbeddingArgs { Tensor table, ids, out; };
@@ -113,8 +118,20 @@ struct DdtreeBuildArgs {
   int budget = 0;
   int64_t start = 0;    // position of the root
   Tensor tokens, parents, depths, positions, mask, size;  // i32 [B+1] x4, u8 [(B+1)^2], i32 [1]
+  // Optional i32 [1] each, read on the device instead of root / start: the last step's bonus token
+  // and the committed length, with no host round trip between steps.
+  Tensor root_on_device, start_on_device;
 };
 struct DdtreeAcceptArgs { Tensor tokens, parents, size, target_argmax, path, path_len, bonus; };
-struct KvCommitArgs { std::vector<Tensor> caches; Tensor path, path_len; int64_t start = 0; };
+struct KvCommitArgs {
+  std::vector<Tensor> caches;
+  Tensor path, path_len;
+  int64_t start = 0;
+  Tensor start_on_device;  // optional i32 [1], read on the device instead of start
+  Tensor next_start;       // optional i32 [1] output: start + path_len (may be start_on_device itself)
+};
+// out[i] = start (+ start_on_device[0]) + i, i32: a step's positions and cache slots from the
+// committed length on the device; out may be start_on_device itself (a length moved on).
+struct ArangeArgs { Tensor start_on_device, out; int64_t start = 0; };
 
 }  // namespace kdtree

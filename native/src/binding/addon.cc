@@ -225,6 +225,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       InstanceMethod<&NativeBackend::DdtreeBuildJs>("ddtreeBuild"),
       InstanceMethod<&NativeBackend::DdtreeAcceptJs>("ddtreeAccept"),
       InstanceMethod<&NativeBackend::KvCommitJs>("kvCommit"),
+      InstanceMethod<&NativeBackend::ArangeJs>("arange"),
     });
     constructor = new Napi::FunctionReference(Napi::Persistent(f));
     return f;
@@ -601,6 +602,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.out = ParseTensor(env, o, "out");
     a.base = Int(env, o, "base", 0, 0);
     a.scale = Num(env, o, "scale", 0);
+    a.base_on_device = ParseTensor(env, o, "baseOnDevice", true);
     return Run(env, o, a, ValidateMlaAttention, &Backend::MlaAttention);
   }
   Napi::Value EmbeddingJs(const Napi::CallbackInfo& info) {
@@ -687,6 +689,8 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.positions = ParseTensor(env, o, "positions");
     a.mask = ParseTensor(env, o, "mask");
     a.size = ParseTensor(env, o, "size");
+    a.root_on_device = ParseTensor(env, o, "rootOnDevice", true);
+    a.start_on_device = ParseTensor(env, o, "startOnDevice", true);
     return Run(env, o, a, ValidateDdtreeBuild, &Backend::DdtreeBuild);
   }
   Napi::Value DdtreeAcceptJs(const Napi::CallbackInfo& info) {
@@ -712,7 +716,15 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.path = ParseTensor(env, o, "path");
     a.path_len = ParseTensor(env, o, "pathLen");
     a.start = Int(env, o, "start", 0, 0);
+    a.start_on_device = ParseTensor(env, o, "startOnDevice", true);
+    a.next_start = ParseTensor(env, o, "nextStart", true);
     return Run(env, o, a, ValidateKvCommit, &Backend::KvCommit);
+  }
+  Napi::Value ArangeJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    ArangeArgs a{ParseTensor(env, o, "startOnDevice", true), ParseTensor(env, o, "out"), Int(env, o, "start", 0)};
+    return Run(env, o, a, ValidateArange, &Backend::Arange);
   }
 
   std::shared_ptr<BackendHandle> handle_;

@@ -19,7 +19,7 @@ std::string Tensor::Describe() const {
 
 namespace {
 
-// "op(x: bf16 [3, 64], qw: i32 [16, 8]): ", written only when a message needs it: every call is
+// "op(x: bf16 [3, 64], qw: i32 [16, 8]): " (optional arguments only when given), written only when a message needs it: every call is
 // validated and few fail, and formatting it up front cost ~0.4 us per tensor of every call.
 class OpContext {
  public:
@@ -29,12 +29,17 @@ class OpContext {
   }
   friend std::ostream& operator<<(std::ostream& os, const OpContext& c) {
     os << c.op_ << "(";
-    for (size_t i = 0; i < c.count_; ++i) os << (i ? ", " : "") << c.tensors_[i]->Describe();
+    bool first = true;
+    for (size_t i = 0; i < c.count_; ++i) {
+      if (!c.tensors_[i]->present()) continue;  // optional arguments not given
+      os << (first ? "" : ", ") << c.tensors_[i]->Describe();
+      first = false;
+    }
     return os << "): ";
   }
 
  private:
-  static constexpr size_t kMaxTensors = 8;
+  static constexpr size_t kMaxTensors = 10;
   const char* op_;
   size_t count_;
   const Tensor* tensors_[kMaxTensors];
@@ -59,6 +64,14 @@ Status CheckTensor(const OpContext& ctx, const Tensor& t, std::initializer_list<
 }
 
 // The packed layout's dimensions for an N x K matrix (w4a16_layout.h).
+// An optional i32 [1] a kernel reads on the device (a committed length, a token).
+Status CheckDeviceScalar(const OpContext& ctx, const Tensor& t) {
+  if (!t.present()) return Status::Ok();
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, t, {DType::kI32}, 1));
+  if (t.dim(0) != 1) return Invalid(ctx, t.name, " must be [1], got [", t.dim(0), "]");
+  return Status::Ok();
+}
+
 Status CheckPacked(const OpContext& ctx, const Tensor& qw, const Tensor& sc, int lead, int64_t experts, int64_t n, int64_t k, int group) {
   const int64_t tiles = w4::Tiles(n), steps = w4::Steps(k), blocks = w4::ScaleBlocks(k, group);
   const auto e = [&] { return lead ? std::to_string(experts) + ", " : std::string(); };
@@ -151,7 +164,7 @@ Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
 }
 
 Status ValidateMlaAttention(const MlaAttentionArgs& a) {
-  const OpContext ctx("mla_attention", a.q_nope, a.q_pe, a.kv_b, a.cache_c, a.cache_kpe, a.out);
+  const OpContext ctx("mla_attention", a.q_nope, a.q_pe, a.kv_b, a.cache_c, a.cache_kpe, a.out, a.mask, a.base_on_device);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_nope, {DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_pe, {DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.kv_b, {DType::kF32, DType::kBF16}, 2));
@@ -165,7 +178,11 @@ Status ValidateMlaAttention(const MlaAttentionArgs& a) {
   if (a.kv_b.dim(0) != h * (dn + dv) || a.kv_b.dim(1) != r) return Invalid(ctx, "kv_b must be [H * (nope + v), R] = [", h * (dn + dv), ", ", r, "]");
   if (a.cache_kpe.dim(0) != s || a.cache_kpe.dim(1) != dr) return Invalid(ctx, "cache_kpe must be [S, rope] = [", s, ", ", dr, "]");
   if (a.out.dim(0) != t || a.out.dim(1) != h) return Invalid(ctx, "out must be [T, H, v] = [", t, ", ", h, ", v]");
-  if (a.base < 0 || a.base + t > s) return Invalid(ctx, "base ", a.base, " + T ", t, " new tokens exceed the cache's ", s, " slots");
+  if (a.base < 0 || a.base + t > s) {
+    if (a.base_on_device.present()) return Invalid(ctx, "base (the bound of ", a.base_on_device.name, ") ", a.base, " + T ", t, " new tokens exceed the cache's ", s, " slots");
+    return Invalid(ctx, "base ", a.base, " + T ", t, " new tokens exceed the cache's ", s, " slots");
+  }
+  KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.base_on_device));
   if (r > 1024 || dr > 256) return Unsupported(ctx, "kv_lora_rank up to 1024 and rope dims up to 256 are supported");
   if (!(a.scale > 0)) return Invalid(ctx, "scale must be positive, got ", a.scale);
   if (a.mask.present()) {
@@ -185,8 +202,7 @@ Status ValidateEmbedding(const EmbeddingArgs& a) {
 }
 
 Status ValidateRmsNorm(const RmsNormArgs& a) {
-  const OpContext plain("rms_norm", a.x, a.weight, a.out), fused("rms_norm", a.x, a.weight, a.out, a.residual, a.sum);
-  const OpContext& ctx = a.residual.present() || a.sum.present() ? fused : plain;
+  const OpContext ctx("rms_norm", a.x, a.weight, a.out, a.residual, a.sum);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.weight, {DType::kF32, DType::kBF16}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 2));
@@ -279,7 +295,7 @@ Status ValidateKvWrite(const KvWriteArgs& a) {
 }
 
 Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
-  const OpContext ctx("ddtree_build", a.draft_logits, a.tokens, a.parents, a.depths, a.positions, a.mask, a.size);
+  const OpContext ctx("ddtree_build", a.draft_logits, a.tokens, a.parents, a.depths, a.positions, a.mask, a.size, a.root_on_device, a.start_on_device);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.draft_logits, {DType::kF32}, 2));
   for (const Tensor* t : {&a.tokens, &a.parents, &a.depths, &a.positions}) KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, *t, {DType::kI32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.mask, {DType::kU8}, 2));
@@ -287,7 +303,9 @@ Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
   const int64_t n = a.budget + 1, v = a.draft_logits.dim(1);
   if (a.budget < 0 || a.budget > kMaxDdtreeBudget) return Invalid(ctx, "budget ", a.budget, " must be in [0, ", kMaxDdtreeBudget, "]");
   if (a.draft_logits.dim(0) < 1) return Invalid(ctx, "needs at least one draft depth");
-  if (a.root < 0 || a.root >= v) return Invalid(ctx, "root token ", a.root, " is outside the vocabulary [0, ", v, ")");
+  if (!a.root_on_device.present() && (a.root < 0 || a.root >= v)) return Invalid(ctx, "root token ", a.root, " is outside the vocabulary [0, ", v, ")");
+  KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.root_on_device));
+  KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.start_on_device));
   for (const Tensor* t : {&a.tokens, &a.parents, &a.depths, &a.positions}) {
     if (t->dim(0) != n) return Invalid(ctx, t->name, " must be [budget + 1] = [", n, "]");
   }
@@ -307,14 +325,27 @@ Status ValidateDdtreeAccept(const DdtreeAcceptArgs& a) {
 }
 
 Status ValidateKvCommit(const KvCommitArgs& a) {
-  const OpContext ctx("kv_commit", a.path, a.path_len);
+  const OpContext ctx("kv_commit", a.path, a.path_len, a.start_on_device, a.next_start);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.path, {DType::kI32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.path_len, {DType::kI32}, 1));
+  KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.start_on_device));
+  KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.next_start));
   if (a.caches.empty()) return Invalid(ctx, "needs at least one cache tensor");
   for (const Tensor& c : a.caches) {
     KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, c, {DType::kF32, DType::kBF16}, 2));
-    if (a.start < 0 || a.start + a.path.dim(0) > c.dim(0)) return Invalid(ctx, c.Describe(), ": start ", a.start, " + ", a.path.dim(0), " path slots exceed its ", c.dim(0), " rows");
+    // a start read on the device is checked there (rows past the cache are not moved)
+    if (!a.start_on_device.present() && (a.start < 0 || a.start + a.path.dim(0) > c.dim(0))) {
+      return Invalid(ctx, c.Describe(), ": start ", a.start, " + ", a.path.dim(0), " path slots exceed its ", c.dim(0), " rows");
+    }
   }
+  return Status::Ok();
+}
+
+Status ValidateArange(const ArangeArgs& a) {
+  const OpContext ctx("arange", a.start_on_device, a.out);
+  KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.start_on_device));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kI32}, 1));
+  if (a.start < INT32_MIN || a.start + a.out.dim(0) > INT32_MAX) return Invalid(ctx, "start ", a.start, " + ", a.out.dim(0), " values leave the i32 range");
   return Status::Ok();
 }
 

@@ -22,5 +22,6 @@ Status ValidateKvWrite(const KvWriteArgs& a);
 Status ValidateDdtreeBuild(const DdtreeBuildArgs& a);
 Status ValidateDdtreeAccept(const DdtreeAcceptArgs& a);
 Status ValidateKvCommit(const KvCommitArgs& a);
+Status ValidateArange(const ArangeArgs& a);
 
 }  // namespace kdtree

@@ -353,6 +353,11 @@ class CpuBackend final : public Backend {
   }
 
   Status MlaAttention(const MlaAttentionArgs& a, int) override {
+    int64_t base = a.base;
+    if (a.base_on_device.present()) {
+      base = a.base_on_device.as<const int32_t>()[0];
+      if (base < 0 || base > a.base) return Invalid("mla_attention: baseOnDevice holds ", base, ", outside [0, base = ", a.base, "] (base bounds it)");
+    }
     const int64_t t = a.q_nope.dim(0), h = a.q_nope.dim(1), dn = a.q_nope.dim(2), dr = a.q_pe.dim(2);
     const int64_t r = a.cache_c.dim(1), dv = a.out.dim(2);
     const bool masked = a.mask.present();
@@ -370,9 +375,9 @@ class CpuBackend final : public Backend {
           q_lat[j] = s;
         }
         keys.clear();
-        for (int64_t s = 0; s < a.base; ++s) keys.push_back(s);
+        for (int64_t s = 0; s < base; ++s) keys.push_back(s);
         for (int64_t j = 0; j < t; ++j) {
-          if (masked ? a.mask.as<const uint8_t>()[ti * t + j] != 0 : j <= ti) keys.push_back(a.base + j);
+          if (masked ? a.mask.as<const uint8_t>()[ti * t + j] != 0 : j <= ti) keys.push_back(base + j);
         }
         scores.assign(keys.size(), 0.f);
         float mx = -INFINITY;
@@ -552,6 +557,10 @@ class CpuBackend final : public Backend {
   Status DdtreeBuild(const DdtreeBuildArgs& a, int) override {
     const int64_t depth = a.draft_logits.dim(0), v = a.draft_logits.dim(1);
     const int64_t k = std::min<int64_t>(a.budget, v), n = a.budget + 1;
+    const int32_t root = a.root_on_device.present() ? a.root_on_device.as<const int32_t>()[0] : a.root;
+    const int64_t start = a.start_on_device.present() ? a.start_on_device.as<const int32_t>()[0] : a.start;
+    if (root < 0 || root >= v) return Invalid("ddtree_build: rootOnDevice holds token ", root, ", outside the vocabulary [0, ", v, ")");
+    if (start < 0) return Invalid("ddtree_build: startOnDevice holds ", start, ", a negative position");
     // per depth: top-K tokens by log-softmax, descending; ties to the lower token id
     std::vector<double> lp(static_cast<size_t>(depth * std::max<int64_t>(k, 1)));
     std::vector<int32_t> tok(lp.size());
@@ -576,7 +585,7 @@ class CpuBackend final : public Backend {
     std::fill(tokens, tokens + n, -1);
     std::fill(parents, parents + n, -1);
     std::fill(depths, depths + n, 0);
-    tokens[0] = a.root;
+    tokens[0] = root;
     int64_t size = 1;
     struct Entry { double w; int32_t parent, depth, rank; int64_t seq; };
     auto worse = [](const Entry& x, const Entry& y) { return x.w < y.w || (x.w == y.w && x.seq > y.seq); };
@@ -597,7 +606,7 @@ class CpuBackend final : public Backend {
     uint8_t* mask = a.mask.as<uint8_t>();
     std::memset(mask, 0, static_cast<size_t>(n * n));
     for (int64_t i = 0; i < n; ++i) {
-      a.positions.as<int32_t>()[i] = static_cast<int32_t>(a.start + depths[i]);
+      a.positions.as<int32_t>()[i] = static_cast<int32_t>(start + depths[i]);
       if (i < size) for (int64_t j = i; j >= 0; j = parents[j]) mask[i * n + j] = 1;
     }
     a.size.as<int32_t>()[0] = static_cast<int32_t>(size);
@@ -629,14 +638,23 @@ class CpuBackend final : public Backend {
   Status KvCommit(const KvCommitArgs& a, int) override {
     const int32_t len = a.path_len.as<const int32_t>()[0];
     if (len < 1 || len > a.path.dim(0)) return Invalid("kv_commit: path_len ", len, " is outside [1, ", a.path.dim(0), "]");
+    const int64_t start = a.start_on_device.present() ? a.start_on_device.as<const int32_t>()[0] : a.start;
+    if (start < 0) return Invalid("kv_commit: startOnDevice holds ", start, ", a negative slot");
     for (const Tensor& c : a.caches) {
       const int64_t row_bytes = c.dim(1) * DTypeSize(c.dtype);
       for (int32_t k = 0; k < len; ++k) {
         const int32_t src = a.path.as<const int32_t>()[k];
-        if (src < k || a.start + src >= c.dim(0)) return Invalid("kv_commit: path[", k, "] = ", src, " is not a slot at or after ", k);
-        std::memmove(c.as<char>() + (a.start + k) * row_bytes, c.as<const char>() + (a.start + src) * row_bytes, row_bytes);
+        if (src < k || start + src >= c.dim(0)) return Invalid("kv_commit: path[", k, "] = ", src, " is not a slot at or after ", k, " inside ", c.Describe(), " from start ", start);
+        std::memmove(c.as<char>() + (start + k) * row_bytes, c.as<const char>() + (start + src) * row_bytes, row_bytes);
       }
     }
+    if (a.next_start.present()) a.next_start.as<int32_t>()[0] = static_cast<int32_t>(start + len);
+    return Status::Ok();
+  }
+
+  Status Arange(const ArangeArgs& a, int) override {
+    const int64_t start = a.start + (a.start_on_device.present() ? a.start_on_device.as<const int32_t>()[0] : 0);  // read before out is written: they may be one
+    for (int64_t i = 0; i < a.out.dim(0); ++i) a.out.as<int32_t>()[i] = static_cast<int32_t>(start + i);
     return Status::Ok();
   }
 

@@ -50,6 +50,11 @@ inline Status LaunchStatus(const char* kernel) { return FromCuda(cudaGetLastErro
 // (Without a PDL launch both are no-ops.)
 __device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void PdlLaunchDependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// A scalar argument given by the host, or left on the device by earlier work (a committed length,
+// a token): read after PdlWait(), so one captured graph serves every step.
+__device__ __forceinline__ int64_t HostOrDevice(int64_t host, const int32_t* on_device) { return on_device ? static_cast<int64_t>(*on_device) : host; }
+// The pointer HostOrDevice reads: the optional i32 [1] tensor's, or null when it is not given.
+inline const int32_t* OnDevice(const Tensor& t) { return t.present() ? t.as<const int32_t>() : nullptr; }
 template <typename... Params, typename... Args>
 Status LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
   cudaLaunchConfig_t config{};
@@ -227,6 +232,7 @@ Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s);
 Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch);
 Status LaunchDdtreeAccept(const DdtreeAcceptArgs& a, cudaStream_t s);
 Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s);
+Status LaunchArange(const ArangeArgs& a, cudaStream_t s);
 
 // Row-wise top-k of f32 rows (descending, ties to the lower index) used by topk and ddtree_build:
 // a radix select of the k-th largest key, then a sort of the <= k survivors, one block per row; a

@@ -283,6 +283,7 @@ class CudaBackend final : public Backend {
   KDTREE_DISPATCH(DdtreeBuild, LaunchDdtreeBuild, , ScratchOf(stream))
   KDTREE_DISPATCH(DdtreeAccept, LaunchDdtreeAccept)
   KDTREE_DISPATCH(KvCommit, LaunchKvCommit)
+  KDTREE_DISPATCH(Arange, LaunchArange)
 #undef KDTREE_DISPATCH
 
  private:

@@ -296,10 +296,12 @@ constexpr int kMaxNodes = static_cast<int>(kMaxDdtreeBudget) + 1;
 // (global memory on every sift step made the first version take milliseconds).
 // Then one warp per row writes the ancestor mask: coalesced zeroing, lane 0 sets the ancestors.
 __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, const int32_t* tok, const double* logz, int depth, int k, int root, int budget,
-                                                        int64_t start, bool lp_in_smem, int32_t* tokens, int32_t* parents, int32_t* depths,
-                                                        int32_t* positions, uint8_t* mask, int32_t* size_out) {
+                                                        int64_t start, const int32_t* root_on_device, const int32_t* start_on_device, bool lp_in_smem,
+                                                        int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask, int32_t* size_out) {
   PdlWait();
   PdlLaunchDependents();
+  root = static_cast<int>(HostOrDevice(root, root_on_device));
+  start = HostOrDevice(start, start_on_device);
   extern __shared__ __align__(16) unsigned char dyn[];
   __shared__ int parents_s[kMaxNodes], depths_s[kMaxNodes], at_s[kMaxNodes];  // at: index into the [depth, k] top-k
   __shared__ int size_s;
@@ -417,9 +419,12 @@ __device__ __forceinline__ void MoveRow(U* data, int64_t width, int64_t to, int6
 
 // One block per cache tensor; k ascending with a barrier between steps (a later step may read a
 // slot an earlier one would otherwise overwrite).
-__global__ void KvCommitKernel(const __grid_constant__ CommitBatch batch, const int32_t* path, const int32_t* path_len, int capacity, int64_t start) {
+__global__ void KvCommitKernel(const __grid_constant__ CommitBatch batch, const int32_t* path, const int32_t* path_len, int capacity, int64_t start,
+                               const int32_t* start_on_device) {
   PdlWait();
   PdlLaunchDependents();
+  start = HostOrDevice(start, start_on_device);
+  if (start < 0) return;  // rejected by the cpu twin; nothing to move here
   void* data = batch.data[blockIdx.x];
   const int64_t rows = batch.rows[blockIdx.x], width = batch.width[blockIdx.x];
   const bool wide = batch.wide[blockIdx.x];
@@ -436,6 +441,13 @@ __global__ void KvCommitKernel(const __grid_constant__ CommitBatch batch, const 
     }
     __syncthreads();
   }
+}
+
+// The committed length after a commit: start + path_len (path_len clamped as KvCommitKernel does).
+__global__ void NextStartKernel(int64_t start, const int32_t* start_on_device, const int32_t* path_len, int capacity, int32_t* next_start) {
+  PdlWait();
+  PdlLaunchDependents();
+  *next_start = static_cast<int32_t>(HostOrDevice(start, start_on_device) + max(0, min(*path_len, capacity)));
 }
 
 }  // namespace
@@ -506,7 +518,7 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(BuildTreeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "ddtree build: shared memory"));
   }
   return LaunchPdl("ddtree build", BuildTreeKernel, dim3(1), dim3(1024), smem, s, static_cast<const float*>(values), static_cast<const int32_t*>(tok), static_cast<const double*>(logz), depth,
-                   k, a.root, a.budget, a.start, lp_in_smem, a.tokens.as<int32_t>(), a.parents.as<int32_t>(), a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(),
+                   k, a.root, a.budget, a.start, OnDevice(a.root_on_device), OnDevice(a.start_on_device), lp_in_smem, a.tokens.as<int32_t>(), a.parents.as<int32_t>(), a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(),
                    a.size.as<int32_t>());
 }
 
@@ -529,7 +541,12 @@ Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s) {
       batch.width[i] = row_bytes / (batch.wide[i] ? 4 : 2);
     }
     KDTREE_RETURN_IF_ERROR(LaunchPdl("kv_commit", KvCommitKernel, dim3(count), dim3(256), 0, s, batch, a.path.as<const int32_t>(), a.path_len.as<const int32_t>(),
-                                     static_cast<int>(a.path.dim(0)), a.start));
+                                     static_cast<int>(a.path.dim(0)), a.start, OnDevice(a.start_on_device)));
+  }
+  // after every batch has read the start: next_start may be start_on_device itself
+  if (a.next_start.present()) {
+    return LaunchPdl("kv_commit: next start", NextStartKernel, dim3(1), dim3(1), 0, s, a.start, OnDevice(a.start_on_device), a.path_len.as<const int32_t>(),
+                     static_cast<int>(a.path.dim(0)), a.next_start.as<int32_t>());
   }
   return Status::Ok();
 }

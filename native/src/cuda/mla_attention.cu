@@ -98,13 +98,15 @@ __global__ void __launch_bounds__(kQLatR * kQLatSplit) QLatentKernel(const float
 
 // Key counts of a call with a mask on the CUDA-core path (KeyCounts): one warp per token; every
 // head of the token gets the count.
-__global__ void KeyCountKernel(const uint8_t* mask, int T, int H, int64_t base, int64_t* key_counts) {
+__global__ void KeyCountKernel(const uint8_t* mask, int T, int H, int64_t base, const int32_t* base_on_device, int64_t* key_counts) {
   PdlWait();
   PdlLaunchDependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * (blockDim.x >> 5) + warp;
   if (t >= T) return;
-  const int64_t count = KeyCounts{nullptr, mask, T, H, base}.Warp(t * H);  // counted from the mask row
+  KeyCounts from_mask{nullptr, mask, T, H, base, base_on_device};
+  from_mask.Resolve();
+  const int64_t count = from_mask.Warp(t * H);  // counted from the mask row
   for (int h = lane; h < H; h += 32) key_counts[static_cast<int64_t>(t) * H + h] = count;
 }
 
@@ -229,7 +231,11 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   int* allowed = reinterpret_cast<int*>(probs + kAttnChunk * L::kPStride);  // [T] (one token's tile)
   __shared__ int64_t slots[kAttnChunk];  // cache slot of each key of the chunk, -1 past the last
   __shared__ int row_keys[ROWS];         // keys of the chunk each row sees
-  const int chunk = chunk0 + blockIdx.x;
+  key_counts.Resolve();
+  base = key_counts.base;
+  const int2 chunks = CallChunks<SHARED>(chunk0, chunk0 + gridDim.x, base, mask);
+  const int chunk = chunks.x + blockIdx.x;
+  if (chunk >= chunks.y) return;
   // rows: SHARED, th = tile * ROWS + i; otherwise token blockIdx.y, heads blockIdx.z * ROWS + i
   const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
   const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
@@ -488,6 +494,7 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, Ke
   static_assert(G <= 8, "a warp per row computes its chunk weights; the MMA projection's tile has 8 rows");
   PdlWait();
   PdlLaunchDependents();
+  key_counts.Resolve();
   extern __shared__ float shared[];
   const int stride = kMma ? R + 4 : R;
   float* ctx = shared;                  // [G][stride]
@@ -530,6 +537,7 @@ constexpr int kContextCols = 32;  // one warp per block: a decode's 8 rows in 12
 __global__ void __launch_bounds__(kContextCols) CombineContextKernel(const float* partial, KeyCounts key_counts, int max_chunks, int R, float* ctx_out) {
   PdlWait();
   PdlLaunchDependents();
+  key_counts.Resolve();
   extern __shared__ float weight[];  // [max_chunks]
   const int th = blockIdx.x, r = blockIdx.y * kContextCols + threadIdx.x;
   const int chunks = RowChunks(key_counts, th);  // the block is one warp
@@ -674,7 +682,11 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   int* allowed = reinterpret_cast<int*>(probs + kAttnChunk * kPStride);  // [T] (one token's tile)
   __shared__ int64_t slots[kAttnChunk];
   __shared__ int row_keys[ROWS];
-  const int chunk = chunk0 + blockIdx.x;
+  key_counts.Resolve();
+  base = key_counts.base;
+  const int2 chunks = CallChunks<SHARED>(chunk0, chunk0 + gridDim.x, base, mask);
+  const int chunk = chunks.x + blockIdx.x;
+  if (chunk >= chunks.y) return;
   // rows: SHARED, th = row0 + tile * tile_rows + i; otherwise token blockIdx.y, heads blockIdx.z * tile_rows + i
   const int th0 = SHARED ? row0 + blockIdx.y * tile_rows : blockIdx.y * H + blockIdx.z * tile_rows;  // tile_rows <= ROWS
   const int rows = SHARED ? min(tile_rows, T * H - th0) : min(tile_rows, H - static_cast<int>(blockIdx.z) * tile_rows);
@@ -826,11 +838,11 @@ bool SmallTileTail(const AttendArgs<CacheT>& a) {
 }
 
 // The attention of every row over its chunks: causal, every chunk is shared by all rows; with a
-// mask, the chunks inside the committed prefix are (the first shared_chunks) and the rest are
-// looked up per token.
+// mask, the chunks inside the committed prefix are (the first shared_chunks) and the next
+// token_chunks are looked up per token.
 template <typename CacheT>
-Status LaunchAttend(const AttendArgs<CacheT>& args, int shared_chunks, int sms, cudaStream_t s) {
-  const int T = args.T, H = args.H, max_chunks = args.max_chunks;
+Status LaunchAttend(const AttendArgs<CacheT>& args, int shared_chunks, int token_chunks, int sms, cudaStream_t s) {
+  const int T = args.T, H = args.H;
   if (shared_chunks > 0) {
     // rows [0, tiled) in 64-row tiles, the rest (a tail of at most 24, or all of up to
     // kSmallTilesMaxRows) in small tiles
@@ -838,9 +850,9 @@ Status LaunchAttend(const AttendArgs<CacheT>& args, int shared_chunks, int sms, 
     if (tiled > 0) KDTREE_RETURN_IF_ERROR((LaunchAttendTile<64, true>(args, dim3(shared_chunks, (tiled + 63) / 64), 0, s)));
     if (tiled < rows) KDTREE_RETURN_IF_ERROR(LaunchSmallTile<true>(args, shared_chunks, 0, sms, s, tiled));
   }
-  if (shared_chunks < max_chunks) {
-    const Status st = H <= ChunkLayout::kRows ? LaunchSmallTile<false>(args, max_chunks - shared_chunks, shared_chunks, sms, s)
-                              : LaunchAttendTile<64, false>(args, dim3(max_chunks - shared_chunks, T, (H + 63) / 64), shared_chunks, s);
+  if (token_chunks > 0) {
+    const Status st = H <= ChunkLayout::kRows ? LaunchSmallTile<false>(args, token_chunks, shared_chunks, sms, s)
+                              : LaunchAttendTile<64, false>(args, dim3(token_chunks, T, (H + 63) / 64), shared_chunks, s);
     KDTREE_RETURN_IF_ERROR(st);
   }
   return Status::Ok();
@@ -875,28 +887,33 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   float* partial = ctx + q_lat_floats;
   // counted by a kernel only with a mask on the CUDA-core path
   int64_t* counts = mask && !tensor_cores ? reinterpret_cast<int64_t*>(static_cast<char*>(scratch.ptr) + counts_offset) : nullptr;
-  const KeyCounts key_counts{counts, mask, T, H, a.base};
+  const int32_t* base_on_device = OnDevice(a.base_on_device);
+  const KeyCounts key_counts{counts, mask, T, H, a.base, base_on_device};
   if (mla::QLatentMmaFits(a.kv_b.data, a.kv_b.dtype, a.q_nope.as<const float>(), dn, R)) {
     KDTREE_RETURN_IF_ERROR(mla::LaunchQLatentMma(a.q_nope.as<const float>(), static_cast<const __nv_bfloat16*>(a.kv_b.data), T, H, dn, dv, R, q_lat, s));
   } else {
     KDTREE_RETURN_IF_ERROR(LaunchPdl("mla q_latent", QLatentKernel, dim3(H, (R + kQLatR - 1) / kQLatR, (T + kQLatTokens - 1) / kQLatTokens), dim3(kQLatR * kQLatSplit), 0, s,
                                    a.q_nope.as<const float>(), static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, T, H, dn, dv, R, q_lat));
   }
-  if (counts) KDTREE_RETURN_IF_ERROR(LaunchPdl("mla key counts", KeyCountKernel, dim3((T + 7) / 8), dim3(256), 0, s, mask, T, H, a.base, counts));
+  if (counts) KDTREE_RETURN_IF_ERROR(LaunchPdl("mla key counts", KeyCountKernel, dim3((T + 7) / 8), dim3(256), 0, s, mask, T, H, a.base, base_on_device, counts));
+  // Causal, every chunk is shared by all rows. With a mask the committed prefix's chunks are, and
+  // the chunks from the committed slots' one are looked up per token: with the committed slots on
+  // the device, as many as T new keys can touch from any start (the kernels find where they begin).
   const int shared_chunks = mask ? static_cast<int>(a.base / kAttnChunk) : max_chunks;
+  const int token_chunks = !mask ? 0 : base_on_device ? std::min(max_chunks, (T + kAttnChunk - 1) / kAttnChunk + 1) : max_chunks - shared_chunks;
   if (tensor_cores) {  // every call on this cache takes the same path: rows keep their bits
     mma.q_lat = q_lat;
     mma.key_counts = key_counts;
     mma.partial = partial;
-    KDTREE_RETURN_IF_ERROR(mla::LaunchAttendMma(mma, shared_chunks, sms, s));
+    KDTREE_RETURN_IF_ERROR(mla::LaunchAttendMma(mma, shared_chunks, token_chunks, sms, s));
   } else if (a.cache_c.dtype == DType::kBF16) {
     const AttendArgs<__nv_bfloat16> args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const __nv_bfloat16>(), a.cache_kpe.as<const __nv_bfloat16>(), mask, T, H, R, dr, a.base,
                                          static_cast<float>(a.scale), max_chunks, key_counts, partial};
-    KDTREE_RETURN_IF_ERROR(LaunchAttend(args, shared_chunks, sms, s));
+    KDTREE_RETURN_IF_ERROR(LaunchAttend(args, shared_chunks, token_chunks, sms, s));
   } else {
     const AttendArgs<float> args{q_lat, a.q_pe.as<const float>(), a.cache_c.as<const float>(), a.cache_kpe.as<const float>(), mask, T, H, R, dr, a.base, static_cast<float>(a.scale),
                                  max_chunks, key_counts, partial};
-    KDTREE_RETURN_IF_ERROR(LaunchAttend(args, shared_chunks, sms, s));
+    KDTREE_RETURN_IF_ERROR(LaunchAttend(args, shared_chunks, token_chunks, sms, s));
   }
   // kv_b rows read 8 values per load when every row starts on 16 bytes
   const bool vector_rows = R % 8 == 0 && reinterpret_cast<uintptr_t>(a.kv_b.data) % 16 == 0;

@@ -131,13 +131,19 @@ __device__ __forceinline__ void CopyKeys(__nv_bfloat16* dst, const int64_t* slot
   }
 }
 
-// A block per (range of chunks, tile of 8 NT slots): SHARED tiles cut the slots of all tokens
+// A block per (every gridDim.x-th chunk, tile of 8 NT slots): SHARED tiles cut the slots of all tokens
 // (every row has the chunk's keys at the same slots), the others one token's heads (grid y =
 // token, z = tile of its heads) with its keys looked up through its mask row. The tile's q is
 // copied once; each chunk's keys are copied while the block computes on the previous one. 16
 // warps: for the scores warp w takes keys 16 (w % 4) .. + 15 over half (w / 4) % 2 of D for column
 // groups w / 8, w / 8 + 2, ...; for the context dims 16 m .. + 15, m = w, w + 16, ...
-template <int NT, bool SHARED>
+// A block walks chunks_per_block chunks from chunk0 + blockIdx.x * chunks_per_block. With the
+// committed slots on the device (kBaseOnDevice) it walks every gridDim.x-th chunk of the range the
+// resolved base leaves instead: contiguous ranges sized for the bound would put a shorter committed
+// prefix's chunks all in the first few blocks (a 17-node verify at 4096 keys 70 -> 279 us with a
+// bound of 32768, run 286). Host calls keep the contiguous walk: strided with the same ranges, and
+// the resolve in the kernel, cost the 65-node verify's kernel 2.2 us (run 289).
+template <int NT, bool SHARED, bool kBaseOnDevice>
 __global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, const float* q_pe, const __nv_bfloat16* cache_c, const __nv_bfloat16* cache_kpe, const uint8_t* mask, int T, int H, int Hp,
                                                             int R, int dr, bool wide, int64_t base, float scale, int max_chunks, int chunk0, int chunk_end,
                                                             int chunks_per_block, KeyCounts key_counts, float* partial) {
@@ -157,7 +163,16 @@ __global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, 
   __shared__ int64_t row_out[2][ROWS];  // where row i's partial of the chunk goes (partial + row_out), or -1
   __shared__ int chunk_keys[2];         // the most keys a row of the tile sees in the chunk
   __shared__ int64_t tile_counts[ROWS];  // the keys each row sees in all
-  const int c_begin = chunk0 + blockIdx.x * chunks_per_block, c_end = min(c_begin + chunks_per_block, chunk_end);
+  int c_begin = chunk0 + blockIdx.x * chunks_per_block, c_end = min(c_begin + chunks_per_block, chunk_end), c_step = 1;
+  if constexpr (kBaseOnDevice) {
+    key_counts.Resolve();
+    base = key_counts.base;
+    const int2 chunks = CallChunks<SHARED>(chunk0, chunk_end, base, mask);
+    c_begin = chunks.x + blockIdx.x;
+    c_end = chunks.y;
+    c_step = gridDim.x;
+    if (c_begin >= c_end) return;
+  }
   const int slot0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * Hp + blockIdx.z * ROWS;
   const SlotRows row_th{slot0, T, H, Hp};
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -178,10 +193,10 @@ __global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, 
   const int g = lane >> 2, t4 = lane & 3;
   const int kt = warp & 3, half = (warp >> 2) & 1, nt0 = warp >> 3;  // the scores' split
   const int s_begin = half ? slices / 2 : 0, s_end = half ? slices : slices / 2;
-  for (int c = c_begin; c < c_end; ++c) {
-    const int b = (c - c_begin) & 1;
-    if (c + 1 < c_end) {
-      fetch(c + 1, b ^ 1);  // its buffer was last read before the previous chunk's closing barrier
+  for (int c = c_begin, i = 0; c < c_end; c += c_step, ++i) {
+    const int b = i & 1;
+    if (c + c_step < c_end) {
+      fetch(c + c_step, b ^ 1);  // its buffer was last read before the previous chunk's closing barrier
       CopyAsyncWait<1>();
     } else {
       CopyAsyncWaitAll();
@@ -298,20 +313,27 @@ int TileGroups(const AttendMmaArgs& a, bool shared) {
 }
 
 // Chunks per block: about one block per SM (a block fills its SM's shared memory), each walking its
-// chunks with the next one's copy in flight; a decode keeps a chunk per block.
+// chunks with the next one's copy in flight; a decode keeps a chunk per block. With the committed
+// slots on the device the blocks stride over the chunks instead, as many ranges as fit in one wave:
+// a second wave for a few blocks costs a whole walk again once the chunks are spread evenly (a
+// 33-node verify, 17 tiles in 136 blocks, 110 -> 147 us, run 287).
 template <int NT, bool SHARED>
 Status Launch(const AttendMmaArgs& a, int chunks, int chunk0, int sms, cudaStream_t s) {
   const int Hp = PaddedHeads(a.H), Dp = PaddedDims(a.R + a.dr);
   const size_t smem = MmaLayout<NT>::Bytes(Dp, a.T, SHARED);
   const int64_t tiles = SHARED ? (static_cast<int64_t>(a.T) * Hp + 8 * NT - 1) / (8 * NT) : static_cast<int64_t>(a.T) * (Hp / (8 * NT));
+  const bool on_device = a.key_counts.base_on_device != nullptr;
   const int per_block = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(chunks, (chunks * tiles + sms - 1) / sms)));
-  const int ranges = (chunks + per_block - 1) / per_block;
+  const int ranges = on_device ? static_cast<int>(std::min<int64_t>(chunks, std::max<int64_t>(1, sms / tiles))) : (chunks + per_block - 1) / per_block;
   const dim3 grid = SHARED ? dim3(ranges, static_cast<unsigned>(tiles)) : dim3(ranges, a.T, Hp / (8 * NT));
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool wide = a.R % 8 == 0 && a.dr % 8 == 0 && aligned16(a.cache_c) && aligned16(a.cache_kpe);
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendMmaKernel<NT, SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend (mma): shared memory"));
-  return LaunchPdl("mla attend (mma)", AttendMmaKernel<NT, SHARED>, grid, dim3(kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, Hp, a.R, a.dr, wide, a.base, a.scale,
-                   a.max_chunks, chunk0, chunk0 + chunks, per_block, a.key_counts, a.partial);
+  const auto launch = [&](auto kernel) -> Status {
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend (mma): shared memory"));
+    return LaunchPdl("mla attend (mma)", kernel, grid, dim3(kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, Hp, a.R, a.dr, wide, a.base, a.scale, a.max_chunks,
+                     chunk0, chunk0 + chunks, per_block, a.key_counts, a.partial);
+  };
+  return on_device ? launch(AttendMmaKernel<NT, SHARED, true>) : launch(AttendMmaKernel<NT, SHARED, false>);
 }
 
 template <bool SHARED>
@@ -330,9 +352,9 @@ bool AttendMmaFits(const AttendMmaArgs& a) {
   return a.R % 4 == 0 && a.dr % 4 == 0 && aligned8(a.cache_c) && aligned8(a.cache_kpe) && MmaLayout<1>::Bytes(PaddedDims(a.R + a.dr), 0, true) <= kMaxSmem;
 }
 
-Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, int sms, cudaStream_t s) {
+Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, int token_chunks, int sms, cudaStream_t s) {
   if (shared_chunks > 0) KDTREE_RETURN_IF_ERROR(LaunchTiles<true>(a, shared_chunks, 0, sms, s));
-  if (shared_chunks < a.max_chunks) KDTREE_RETURN_IF_ERROR(LaunchTiles<false>(a, a.max_chunks - shared_chunks, shared_chunks, sms, s));
+  if (token_chunks > 0) KDTREE_RETURN_IF_ERROR(LaunchTiles<false>(a, token_chunks, shared_chunks, sms, s));
   return Status::Ok();
 }
 

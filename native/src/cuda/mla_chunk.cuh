@@ -22,6 +22,13 @@ struct KeyCounts {
   const uint8_t* mask;    // [T, T], or null: causal
   int T, H;
   int64_t base;
+  const int32_t* base_on_device;  // or null: `base` is the committed slots
+  // Every kernel of a call calls it once, after PdlWait: the committed slots read on the device,
+  // clamped to [0, base] (the host's base bounds them: the grid and the partials are sized for it).
+  __device__ void Resolve() {
+    if (base_on_device) base = min(max(static_cast<int64_t>(*base_on_device), int64_t{0}), base);
+    base_on_device = nullptr;
+  }
   // Whether a single thread can take a count (counted already, or causal).
   __device__ bool Direct() const { return counts != nullptr || mask == nullptr; }
   __device__ int64_t operator()(int th) const { return counts ? counts[th] : base + th / H + 1; }
@@ -110,6 +117,17 @@ __device__ int ChunkKeys(const uint8_t* mask, int T, int64_t base, RowCount row_
 __device__ __forceinline__ float ScaledScore(float s, float scale) { return __fmul_rn(s, scale); }
 __device__ __forceinline__ float KeyWeight(float s, float scale, float m) { return expf(__fsub_rn(ScaledScore(s, scale), m)); }
 
+// The chunks a kernel of one call takes: SHARED kernels (grid.x from chunk0) stop where the
+// committed prefix ends when a mask picks the new keys; per-token kernels start there, at the
+// committed slots' chunk. Both read `base` as resolved on the device, so a graph captured with a
+// bound serves any committed length up to it; host calls launch exactly these ranges.
+template <bool SHARED>
+__device__ __forceinline__ int2 CallChunks(int chunk0, int chunk_end, int64_t base, const uint8_t* mask) {
+  if constexpr (SHARED) return make_int2(chunk0, mask ? min(chunk_end, static_cast<int>(base / kAttnChunk)) : chunk_end);
+  const int first = static_cast<int>(base / kAttnChunk);
+  return make_int2(first, first + (chunk_end - chunk0));
+}
+
 // A chunk's partial for one token-head row: [m, l, R context values] at
 // partial[(th * max_chunks + chunk) * (R + 2)].
 struct AttendMmaArgs {
@@ -126,9 +144,9 @@ struct AttendMmaArgs {
 // Whether the tensor-core kernel takes this call (bf16 cache, rows in whole 8-byte pieces, the
 // chunk and a tile's q in shared memory).
 bool AttendMmaFits(const AttendMmaArgs& a);
-// Runs every row's chunks (the first `shared_chunks` shared by all rows, the rest looked up per
-// token through the mask) on a device of `sms` SMs.
-Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, int sms, cudaStream_t s);
+// Runs every row's chunks (the first `shared_chunks` shared by all rows, the next `token_chunks`
+// looked up per token through the mask) on a device of `sms` SMs.
+Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, int token_chunks, int sms, cudaStream_t s);
 
 // The q absorption on tensor cores (mla_q_absorb_mma.cu): whether it takes this call (bf16 kv_b,
 // dn a multiple of 16 up to 128, R a multiple of 8, aligned rows), and its launch; otherwise

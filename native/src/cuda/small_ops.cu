@@ -395,6 +395,15 @@ __global__ void KvWriteKernel(const float* c, const float* kpe, void* cache_c, v
   for (int j = threadIdx.x; j < dr; j += blockDim.x) StoreFromF32(cache_kpe, cache_dtype, static_cast<int64_t>(slot) * dr + j, kpe[static_cast<int64_t>(t) * dr + j]);
 }
 
+// One block: every thread reads the start before any writes, so out may be start_on_device itself.
+__global__ void __launch_bounds__(1024) ArangeKernel(int64_t start, const int32_t* start_on_device, int32_t* out, int64_t n) {
+  PdlWait();
+  PdlLaunchDependents();
+  start += start_on_device ? *start_on_device : 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = static_cast<int32_t>(start + i);
+}
+
 unsigned Blocks(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) / per); }
 
 }  // namespace
@@ -464,6 +473,11 @@ Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s) {
   return LaunchPdl("kv_write", KvWriteKernel, dim3(static_cast<unsigned>(a.c.dim(0))), dim3(256), 0, s, a.c.as<const float>(), a.kpe.as<const float>(), a.cache_c.data,
                    a.cache_kpe.data, a.cache_c.dtype, a.slots.as<const int32_t>(), static_cast<int>(a.c.dim(0)), static_cast<int>(a.c.dim(1)), static_cast<int>(a.kpe.dim(1)),
                    a.cache_c.dim(0));
+}
+
+Status LaunchArange(const ArangeArgs& a, cudaStream_t s) {
+  if (a.out.dim(0) == 0) return Status::Ok();
+  return LaunchPdl("arange", ArangeKernel, dim3(1), dim3(1024), 0, s, a.start, OnDevice(a.start_on_device), a.out.as<int32_t>(), a.out.dim(0));
 }
 
 }  // namespace cuda

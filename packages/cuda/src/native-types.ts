@@ -100,8 +100,26 @@ export interface NativeBackend {
     minWarpSteps?: number;
     stream?: number;
   }): void;
-  /** cacheC [S, R] and cacheKpe [S, rope]: f32 or bf16, both the same. */
-  mlaAttention(args: { qNope: TensorArg; qPe: TensorArg; kvB: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; mask?: TensorArg; out: TensorArg; base: number; scale: number; stream?: number }): void;
+  /**
+   * cacheC [S, R] and cacheKpe [S, rope]: f32 or bf16, both the same. `base`: the committed slots;
+   * with `baseOnDevice` (i32 [1]) they are read on the device when the kernels run, so one captured
+   * graph serves every step, and `base` bounds them (grid and work space are sized for it; a larger
+   * value is clamped on the GPU and rejected by the cpu backend). The bits are those of the call
+   * with that value as `base`.
+   */
+  mlaAttention(args: {
+    qNope: TensorArg;
+    qPe: TensorArg;
+    kvB: TensorArg;
+    cacheC: TensorArg;
+    cacheKpe: TensorArg;
+    mask?: TensorArg;
+    out: TensorArg;
+    base: number;
+    baseOnDevice?: TensorArg;
+    scale: number;
+    stream?: number;
+  }): void;
   embedding(args: { table: TensorArg; ids: TensorArg; out: TensorArg; stream?: number }): void;
   /**
    * out = x * rsqrt(mean(x^2) + eps) * weight, per row. With `residual` (and `sum`, both f32 like x):
@@ -117,10 +135,33 @@ export interface NativeBackend {
   topk(args: { x: TensorArg; values: TensorArg; ids: TensorArg; k: number; stream?: number }): void;
   /** f32 rows into an f32 or bf16 cache (rounded to nearest even). */
   kvWrite(args: { c: TensorArg; kpe: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; slots: TensorArg; stream?: number }): void;
-  ddtreeBuild(args: { draftLogits: TensorArg; root: number; budget: number; start: number; tokens: TensorArg; parents: TensorArg; depths: TensorArg; positions: TensorArg; mask: TensorArg; size: TensorArg; stream?: number }): void;
+  /** rootOnDevice / startOnDevice (i32 [1] each, e.g. the last accept's bonus and the committed length) replace root / start. */
+  ddtreeBuild(args: {
+    draftLogits: TensorArg;
+    root?: number;
+    rootOnDevice?: TensorArg;
+    budget: number;
+    start?: number;
+    startOnDevice?: TensorArg;
+    tokens: TensorArg;
+    parents: TensorArg;
+    depths: TensorArg;
+    positions: TensorArg;
+    mask: TensorArg;
+    size: TensorArg;
+    stream?: number;
+  }): void;
   ddtreeAccept(args: { tokens: TensorArg; parents: TensorArg; size: TensorArg; targetArgmax: TensorArg; path: TensorArg; pathLen: TensorArg; bonus: TensorArg; stream?: number }): void;
-  /** caches: f32 or bf16 [S, width] each. */
-  kvCommit(args: { caches: TensorArg[]; path: TensorArg; pathLen: TensorArg; start: number; stream?: number }): void;
+  /**
+   * caches: f32 or bf16 [S, width] each. startOnDevice (i32 [1]) replaces start; nextStart (i32 [1],
+   * which may be startOnDevice itself) receives start + pathLen, the next step's committed length.
+   */
+  kvCommit(args: { caches: TensorArg[]; path: TensorArg; pathLen: TensorArg; start?: number; startOnDevice?: TensorArg; nextStart?: TensorArg; stream?: number }): void;
+  /**
+   * out[i] = start + startOnDevice[0] + i (i32; start defaults to 0): a step's positions and cache
+   * slots from the committed length on the device, or that length moved on (out may be startOnDevice).
+   */
+  arange(args: { out: TensorArg; start?: number; startOnDevice?: TensorArg; stream?: number }): void;
 }
 
 export interface CudaProbe {

@@ -2,7 +2,7 @@
 import { bf16ArrayToF32, f32ArrayToBf16 } from '@kdtree/format';
 import { latentAttention } from '@kdtree/reference';
 import type { DeviceTensor, KdtreeBackend } from '../backend.js';
-import { expectClose, expectEqual, expectThrows, fail, randomF32, sameBits, withTensors, type KernelCheck } from './harness.js';
+import { expectClose, expectEqual, expectThrows, fail, randomF32, rng, sameBits, withTensors, type KernelCheck } from './harness.js';
 
 const H = 3;
 const NOPE = 16;
@@ -395,6 +395,75 @@ const kvWrite: KernelCheck = {
   },
 };
 
+/**
+ * The committed slots read on the device (baseOnDevice, with `base` as their bound) give the bits of
+ * the same call with that value as `base`, on every path: f32 cache (CUDA-core tiles) and bf16 cache
+ * (tensor cores), decode, causal prefill and tree verifies whose committed prefix ends inside a
+ * chunk, on a chunk edge or before the first; 8 heads (small per-token tiles) and 32 (64-row ones).
+ * Out-of-bound values are clamped by the GPU kernels and rejected by the cpu backend.
+ */
+const deviceBase: KernelCheck = {
+  name: 'mla_attention: the committed slots read on the device (baseOnDevice, bounded by base) == the same call with that base, bit for bit (f32 and bf16 cache; decode, prefill, 17- and 37-node trees; bases 0, 63, 130, 201; 8 and 32 heads); out-of-bound values clamped (cuda) or rejected (cpu)',
+  run(b) {
+    return withTensors(b, (track) => {
+      const dims = [
+        { h: 8, nope: 128, rope: 64, v: 128, rank: 512, slots: 320 },
+        { h: 32, nope: 16, rope: 8, v: 16, rank: 64, slots: 260 },
+      ];
+      const bases = [0, 63, 130, 201];
+      let calls = 0;
+      for (const [di, dm] of dims.entries()) {
+        const { h, nope, rope, v, rank, slots } = dm;
+        const kvB = track(b.fromArray('bf16', [h * (nope + v), rank], f32ArrayToBf16(randomF32(h * (nope + v) * rank, 110 + di, 0.05))));
+        const cases = di === 0 ? [{ T: 1 }, { T: 5 }, { T: 17, tree: true }, { T: 37, tree: true }] : [{ T: 1 }, { T: 9, tree: true }];
+        for (const cache of CACHES) {
+          const cacheC = track(cacheTensor(b, cache, [slots, rank], randomF32(slots * rank, 112 + di)));
+          const cacheKpe = track(cacheTensor(b, cache, [slots, rope], randomF32(slots * rope, 113 + di)));
+          for (const { T, tree } of cases) {
+            const r = rng(120 + T);
+            const mask = tree ? track(b.fromArray('u8', [T, T], ancestorMask(Array.from({ length: T }, (_, i) => (i === 0 ? -1 : Math.floor(r.uniform() * i)))))) : undefined;
+            const args = {
+              qNope: track(b.fromArray('f32', [T, h, nope], randomF32(T * h * nope, 130 + T))),
+              qPe: track(b.fromArray('f32', [T, h, rope], randomF32(T * h * rope, 131 + T))),
+              kvB,
+              cacheC,
+              cacheKpe,
+              mask,
+              scale: 1 / Math.sqrt(nope + rope),
+            };
+            const bound = slots - T;
+            const attend = (base: number, committed?: number) => {
+              const out = track(b.empty('f32', [T, h, v]));
+              const baseOnDevice = committed === undefined ? undefined : track(b.fromArray('i32', [1], Int32Array.of(committed)));
+              b.native.mlaAttention({ ...args, out, base, baseOnDevice });
+              calls++;
+              return b.toArray(out) as Float32Array;
+            };
+            const what = `${h} heads, ${cache} cache, T ${T}${tree ? ' (tree)' : ''}`;
+            for (const base of bases) {
+              if (!sameBits(attend(bound, base), attend(base))) fail(`${what}: base ${base} read on the device (bound ${bound}) differs from the same call with base ${base}`);
+            }
+            if (di === 0 && T === 17) {
+              if (b.kind === 'cuda') {
+                if (!sameBits(attend(bound, bound + 3), attend(bound))) fail(`${what}: a device base past the bound is not clamped to it`);
+                if (!sameBits(attend(bound, -5), attend(0))) fail(`${what}: a negative device base is not clamped to 0`);
+              } else {
+                expectThrows('device base past its bound', () => attend(bound, bound + 3), new RegExp(`baseOnDevice holds ${bound + 3}, outside \\[0, base = ${bound}\\]`));
+              }
+            }
+          }
+        }
+      }
+      const one = track(b.zeros('f32', [1, H, NOPE]));
+      const small = { qNope: one, qPe: track(b.zeros('f32', [1, H, ROPE])), kvB: track(b.zeros('f32', [H * (NOPE + V), R])), cacheC: track(b.zeros('f32', [S, R])), cacheKpe: track(b.zeros('f32', [S, ROPE])), out: track(b.zeros('f32', [1, H, V])), scale: 0.5 };
+      expectThrows('device base shape', () => b.native.mlaAttention({ ...small, base: 3, baseOnDevice: track(b.zeros('i32', [2])) }), /mla_attention\(.*baseOnDevice: i32 \[2\]\): baseOnDevice must be \[1\], got \[2\]/);
+      expectThrows('device base dtype', () => b.native.mlaAttention({ ...small, base: 3, baseOnDevice: track(b.zeros('f32', [1])) }), /baseOnDevice must be i32, got f32/);
+      expectThrows('bound past the cache', () => b.native.mlaAttention({ ...small, base: 40, baseOnDevice: track(b.zeros('i32', [1])) }), /base \(the bound of baseOnDevice\) 40 \+ T 1 new tokens exceed the cache's 40 slots/);
+      return { detail: `${calls} calls, every device base equal to its host call` };
+    });
+  },
+};
+
 const shapeErrors: KernelCheck = {
   name: 'mla_attention rejects inconsistent shapes, a too-small cache and bad masks',
   run(b) {
@@ -420,4 +489,4 @@ const shapeErrors: KernelCheck = {
   },
 };
 
-export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, bf16Cache, invariance, longPrefill, treeEqualsDecode, kimiRank, kvWrite, shapeErrors];
+export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, bf16Cache, invariance, longPrefill, treeEqualsDecode, kimiRank, deviceBase, kvWrite, shapeErrors];

@@ -3,11 +3,18 @@ import { acceptTree, buildDraftTree, treeMask } from '@kdtree/reference';
 import type { KdtreeBackend } from '../backend.js';
 import { expectEqual, expectThrows, fail, randomF32, rng, withTensors, type KernelCheck } from './harness.js';
 
-function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, vocab: number, budget: number, root: number, start: number) {
+/** onDevice: root and start from i32 [1] buffers (rootOnDevice / startOnDevice), the host's values left out. */
+function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, vocab: number, budget: number, root: number, start: number, onDevice = false) {
   return withTensors(b, (track) => {
     const n = budget + 1;
     const t = { tokens: track(b.empty('i32', [n])), parents: track(b.empty('i32', [n])), depths: track(b.empty('i32', [n])), positions: track(b.empty('i32', [n])), mask: track(b.empty('u8', [n, n])), size: track(b.empty('i32', [1])) };
-    b.native.ddtreeBuild({ draftLogits: track(b.fromArray('f32', [depth, vocab], logits)), root, budget, start, ...t });
+    const draftLogits = track(b.fromArray('f32', [depth, vocab], logits));
+    if (onDevice) {
+      const scalar = (v: number) => track(b.fromArray('i32', [1], Int32Array.of(v)));
+      b.native.ddtreeBuild({ draftLogits, rootOnDevice: scalar(root), budget, startOnDevice: scalar(start), ...t });
+    } else {
+      b.native.ddtreeBuild({ draftLogits, root, budget, start, ...t });
+    }
     const size = (b.toArray(t.size) as Int32Array)[0];
     return {
       size,
@@ -21,7 +28,7 @@ function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, voca
 }
 
 const build: KernelCheck = {
-  name: 'ddtree_build: tokens, parents, depths, positions and mask equal the reference tree (B 0..1024, V 5..4000, L 1..20)',
+  name: 'ddtree_build: tokens, parents, depths, positions and mask equal the reference tree (B 0..1024, V 5..4000, L 1..20), with root and start given by the host or read on the device',
   run(b) {
     const cases = [
       { depth: 1, vocab: 5, budget: 0 },
@@ -37,7 +44,8 @@ const build: KernelCheck = {
     for (const [i, c] of cases.entries()) {
       const logits = randomF32(c.depth * c.vocab, 40 + i, 3);
       const root = (7 * i) % c.vocab;
-      const got = deviceBuild(b, logits, c.depth, c.vocab, c.budget, root, 100);
+      const onDevice = i % 2 === 1;
+      const got = deviceBuild(b, logits, c.depth, c.vocab, c.budget, root, 100, onDevice);
       const want = buildDraftTree(root, logits, c.depth, c.vocab, c.budget);
       if (got.size !== want.size) fail(`case ${i}: size ${got.size}, expected ${want.size}`);
       expectEqual(`case ${i} tokens`, Array.from(got.tokens), Array.from(want.tokens));
@@ -48,12 +56,12 @@ const build: KernelCheck = {
       const wantMask = treeMask(want);
       for (let r = 0; r < want.size; r++) expectEqual(`case ${i} mask row ${r}`, Array.from(got.mask.subarray(r * n, r * n + want.size)), Array.from(wantMask.subarray(r * want.size, (r + 1) * want.size)));
     }
-    return { detail: `${cases.length} trees identical to the reference` };
+    return { detail: `${cases.length} trees identical to the reference (${cases.length / 2} with root and start on the device)` };
   },
 };
 
 const acceptAndCommit: KernelCheck = {
-  name: 'ddtree_accept and kv_commit: accepted path, bonus and compacted KV equal the reference',
+  name: 'ddtree_accept and kv_commit: accepted path, bonus and compacted KV equal the reference; a start read on the device and the next start written in its place',
   run(b) {
     withTensors(b, (track) => {
       const vocab = 32;
@@ -92,15 +100,21 @@ const acceptAndCommit: KernelCheck = {
         if ((b.toArray(bonus) as Int32Array)[0] !== want.bonus) fail(`trial ${trial}: bonus differs`);
         // commit into three cache tensors of different widths, one of them bf16 (an odd width: rows
         // of 10 bytes)
+        // odd trials: the start from the device, moved on in place (nextStart = startOnDevice)
         const start = 5;
         const rows = start + n + 2;
+        const startOnDevice = trial % 2 === 1 ? track(b.fromArray('i32', [1], Int32Array.of(start))) : undefined;
         const c1 = randomF32(rows * 6, 70 + trial);
         const c2 = randomF32(rows * 3, 80 + trial);
         const c3 = Uint16Array.from(randomF32(rows * 5, 90 + trial), (v) => Math.floor((v + 1) * 30000));
         const d1 = track(b.fromArray('f32', [rows, 6], c1));
         const d2 = track(b.fromArray('f32', [rows, 3], c2));
         const d3 = track(b.fromArray('bf16', [rows, 5], c3));
-        b.native.kvCommit({ caches: [d1, d2, d3], path, pathLen, start });
+        b.native.kvCommit(startOnDevice ? { caches: [d1, d2, d3], path, pathLen, startOnDevice, nextStart: startOnDevice } : { caches: [d1, d2, d3], path, pathLen, start });
+        if (startOnDevice) {
+          const next = (b.toArray(startOnDevice) as Int32Array)[0];
+          if (next !== start + want.path.length) fail(`trial ${trial}: nextStart ${next}, expected start ${start} + path length ${want.path.length}`);
+        }
         for (const [dev, host, width] of [[d1, c1, 6], [d2, c2, 3], [d3, c3, 5]] as const) {
           const want2 = host.slice();
           for (let k = 0; k < want.path.length; k++) want2.copyWithin((start + k) * width, (start + want.path[k]) * width, (start + want.path[k] + 1) * width);
@@ -111,9 +125,46 @@ const acceptAndCommit: KernelCheck = {
       expectThrows('budget limit', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [1, 8])), root: 0, budget: 1025, start: 0, tokens: track(b.zeros('i32', [1026])), parents: track(b.zeros('i32', [1026])), depths: track(b.zeros('i32', [1026])), positions: track(b.zeros('i32', [1026])), mask: track(b.zeros('u8', [1026, 1026])), size: track(b.zeros('i32', [1])) }), /budget 1025 must be in \[0, 1024\]/);
       const big = () => track(b.zeros('i32', [1026]));
       expectThrows('accept tree size', () => b.native.ddtreeAccept({ tokens: big(), parents: big(), size: track(b.zeros('i32', [1])), targetArgmax: big(), path: big(), pathLen: track(b.zeros('i32', [1])), bonus: track(b.zeros('i32', [1])) }), /a tree holds at most 1025 nodes \(budget 1024 \+ root\), got 1026/);
+      const one = () => track(b.zeros('i32', [1]));
+      expectThrows('start on device shape', () => b.native.kvCommit({ caches: [track(b.zeros('f32', [4, 2]))], path: one(), pathLen: one(), startOnDevice: track(b.zeros('i32', [2])) }), /kv_commit\(.*startOnDevice: i32 \[2\].*\): startOnDevice must be \[1\], got \[2\]/);
+      expectThrows('next start dtype', () => b.native.kvCommit({ caches: [track(b.zeros('f32', [4, 2]))], path: one(), pathLen: one(), nextStart: track(b.zeros('f32', [1])) }), /nextStart must be i32, got f32/);
+      expectThrows('root on device dtype', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [2, 8])), rootOnDevice: track(b.zeros('f32', [1])), budget: 0, tokens: one(), parents: one(), depths: one(), positions: one(), mask: track(b.zeros('u8', [1, 1])), size: one() }), /rootOnDevice must be i32, got f32/);
+      if (b.kind === 'cpu') {
+        // the cpu backend reads device scalars on the host and rejects what the GPU kernels skip or write as is
+        expectThrows('root on device value', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [2, 8])), rootOnDevice: track(b.fromArray('i32', [1], Int32Array.of(8))), budget: 0, tokens: one(), parents: one(), depths: one(), positions: one(), mask: track(b.zeros('u8', [1, 1])), size: one() }), /rootOnDevice holds token 8, outside the vocabulary \[0, 8\)/);
+        expectThrows('start on device value', () => b.native.kvCommit({ caches: [track(b.zeros('f32', [4, 2]))], path: one(), pathLen: track(b.fromArray('i32', [1], Int32Array.of(1))), startOnDevice: track(b.fromArray('i32', [1], Int32Array.of(4))) }), /kv_commit: path\[0\] = 0 is not a slot at or after 0 inside caches\[0\]: f32 \[4, 2\] from start 4/);
+      }
       expectThrows('root', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [2, 8])), root: 9, budget: 0, start: 0, tokens: track(b.zeros('i32', [1])), parents: track(b.zeros('i32', [1])), depths: track(b.zeros('i32', [1])), positions: track(b.zeros('i32', [1])), mask: track(b.zeros('u8', [1, 1])), size: track(b.zeros('i32', [1])) }), /root token 9 is outside the vocabulary \[0, 8\)/);
     });
   },
 };
 
-export const DDTREE_CHECKS: KernelCheck[] = [build, acceptAndCommit];
+const arange: KernelCheck = {
+  name: 'arange: start + startOnDevice + i (i32), in place over the device start too; bad arguments rejected',
+  run(b) {
+    return withTensors(b, (track) => {
+      const L = track(b.fromArray('i32', [1], Int32Array.of(300)));
+      for (const n of [1, 3, 17, 1500]) {
+        const out = track(b.empty('i32', [n]));
+        b.native.arange({ out, startOnDevice: L, start: -2 });
+        expectEqual(`n ${n}`, Array.from(b.toArray(out) as Int32Array), Array.from({ length: n }, (_, i) => 298 + i));
+      }
+      const plain = track(b.empty('i32', [5]));
+      b.native.arange({ out: plain, start: 7 });
+      expectEqual('host start only', Array.from(b.toArray(plain) as Int32Array), [7, 8, 9, 10, 11]);
+      // a committed length moved on in place: L += 1 three times (a decode step's advance)
+      for (let i = 0; i < 3; i++) b.native.arange({ out: L, startOnDevice: L, start: 1 });
+      if ((b.toArray(L) as Int32Array)[0] !== 303) fail(`L after three in-place advances is ${(b.toArray(L) as Int32Array)[0]}, expected 303`);
+      // in place over a longer out whose first element is the start: every value from the old start
+      const wide = track(b.fromArray('i32', [4], Int32Array.of(50, 0, 0, 0)));
+      b.native.arange({ out: wide, startOnDevice: { ...wide, shape: [1] } });
+      expectEqual('in place, 4 values', Array.from(b.toArray(wide) as Int32Array), [50, 51, 52, 53]);
+      expectThrows('out dtype', () => b.native.arange({ out: track(b.zeros('f32', [2])) }), /arange\(out: f32 \[2\]\): out must be i32, got f32/);
+      expectThrows('start shape', () => b.native.arange({ out: track(b.zeros('i32', [2])), startOnDevice: track(b.zeros('i32', [1, 1])) }), /startOnDevice must have 1 dimensions, got 2/);
+      expectThrows('i32 range', () => b.native.arange({ out: track(b.zeros('i32', [4])), start: 2 ** 31 - 2 }), /start 2147483646 \+ 4 values leave the i32 range/);
+      return { detail: 'n 1, 3, 17, 1500; in place; 3 rejections' };
+    });
+  },
+};
+
+export const DDTREE_CHECKS: KernelCheck[] = [build, acceptAndCommit, arange];

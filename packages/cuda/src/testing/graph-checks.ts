@@ -7,7 +7,7 @@ import type { DeviceTensor, Graph, KdtreeBackend } from '../backend.js';
 import { KdtreeBackend as Backend } from '../backend.js';
 import { packGateUp, type Track } from './epilogue-checks.js';
 import { int4, trackedInt4 } from './gemm-checks.js';
-import { expectEqual, expectThrows, fail, randomF32, sameBits, withTensors, type KernelCheck } from './harness.js';
+import { expectEqual, expectThrows, fail, randomF32, rng, sameBits, withTensors, type KernelCheck } from './harness.js';
 
 // One MoE layer's tail at decode and small-verify sizes: hidden H, E experts of I, top-2.
 const H = 256;
@@ -141,6 +141,20 @@ const replay: KernelCheck = {
   },
 };
 
+/** A DDTree step's trees and accepted path for n nodes, zeroed: the ops write a prefix of some. */
+function treeStepBuffers(b: KdtreeBackend, track: Track, n: number): Record<'tokens' | 'parents' | 'depths' | 'positions' | 'mask' | 'size' | 'path' | 'pathLen', DeviceTensor> {
+  return {
+    tokens: track(b.zeros('i32', [n])),
+    parents: track(b.zeros('i32', [n])),
+    depths: track(b.zeros('i32', [n])),
+    positions: track(b.zeros('i32', [n])),
+    mask: track(b.zeros('u8', [n, n])),
+    size: track(b.zeros('i32', [1])),
+    path: track(b.zeros('i32', [n])),
+    pathLen: track(b.zeros('i32', [1])),
+  };
+}
+
 const attentionAndTree: KernelCheck = {
   name: "graphs: an attention step at Kimi K2's per-rank dims (kv_write into a bf16 cache, mla_attention decode at a fixed base with a bf16 kv_b) and a DDTree step (build at B 16, accept, kv_commit) replay to the bits of direct calls, with new inputs at each launch",
   run(b) {
@@ -169,14 +183,7 @@ const attentionAndTree: KernelCheck = {
           cacheC: track(b.fromArray('bf16', [slots, rank], cacheC0)),
           cacheKpe: track(b.fromArray('bf16', [slots, rope], cacheKpe0)),
           out: track(b.zeros('f32', [1, h, v])),
-          tokens: track(b.zeros('i32', [n])),
-          parents: track(b.zeros('i32', [n])),
-          depths: track(b.zeros('i32', [n])),
-          positions: track(b.zeros('i32', [n])),
-          mask: track(b.zeros('u8', [n, n])),
-          size: track(b.zeros('i32', [1])),
-          path: track(b.zeros('i32', [n])),
-          pathLen: track(b.zeros('i32', [1])),
+          ...treeStepBuffers(b, track, n),
           bonus: track(b.zeros('i32', [1])),
           committed: track(b.fromArray('f32', [slots, 6], commit0)),
         },
@@ -220,6 +227,112 @@ const attentionAndTree: KernelCheck = {
           if (pathLen !== depth + 1) fail(`launch ${round + 1}: accepted ${pathLen} nodes, expected the draft's whole chain of ${depth + 1}`);
         }
         return { detail: `3 launches equal to direct calls, each committing a path of ${depth + 1} nodes` };
+      } finally {
+        for (const graph of graphs) if (!graph.freed) b.native.freeGraph(graph);
+        b.native.destroyStream(s);
+      }
+    });
+  },
+};
+
+/**
+ * A speculative step that never returns to the host: the committed length L and the root token live
+ * on the device, so one graph, captured once, serves every step. Build (root = the last bonus, start
+ * = L), the tree's cache slots (arange from L), kv_write, the tree verify's attention over the
+ * first L slots (read on the device, bounded by the cache), accept, and kv_commit from L, which also
+ * moves L past the accepted path. The direct calls take L and the root from the host, read back
+ * after each step as an engine without device scalars would.
+ */
+const deviceLoop: KernelCheck = {
+  name: "graphs: a DDTree step with the committed length and the root on the device (build, arange slots, kv_write, tree-verify mla_attention at Kimi K2's per-rank dims with a bf16 cache, accept, kv_commit moving the length on) captured once replays 4 steps to the bits of direct calls given the length by the host",
+  run(b) {
+    return withTensors(b, (track) => {
+      const [h, nope, rope, v, rank, slots] = [8, 128, 64, 128, 512, 320];
+      const [depth, vocab, budget, L0, root0] = [4, 3000, 16, 130, 7];
+      const n = budget + 1;
+      const bound = slots - n; // the most committed slots a verify of n nodes may see
+      const s = b.native.createStream();
+      const graphs: Graph[] = [];
+      const kvB = track(b.fromArray('bf16', [h * (nope + v), rank], f32ArrayToBf16(randomF32(h * (nope + v) * rank, 140, 0.05))));
+      const cacheC0 = f32ArrayToBf16(randomF32(slots * rank, 141));
+      const cacheKpe0 = f32ArrayToBf16(randomF32(slots * rope, 142));
+      const side = () => ({
+        inputs: {
+          qNope: track(b.empty('f32', [n, h, nope])),
+          qPe: track(b.empty('f32', [n, h, rope])),
+          c: track(b.empty('f32', [n, rank])),
+          kpe: track(b.empty('f32', [n, rope])),
+          draft: track(b.empty('f32', [depth, vocab])),
+          targetArgmax: track(b.empty('i32', [n])),
+        },
+        outs: {
+          cacheC: track(b.fromArray('bf16', [slots, rank], cacheC0)),
+          cacheKpe: track(b.fromArray('bf16', [slots, rope], cacheKpe0)),
+          out: track(b.zeros('f32', [n, h, v])),
+          ...treeStepBuffers(b, track, n),
+          slots: track(b.zeros('i32', [n])),
+          bonus: track(b.fromArray('i32', [1], Int32Array.of(root0))),
+        },
+      });
+      const scale = 1 / Math.sqrt(nope + rope);
+      const g = side();
+      const d = side();
+      const L = track(b.fromArray('i32', [1], Int32Array.of(L0)));
+      const queueOnDevice = (stream: number) => {
+        const { inputs: i, outs: o } = g;
+        b.native.ddtreeBuild({ draftLogits: i.draft, rootOnDevice: o.bonus, budget, startOnDevice: L, tokens: o.tokens, parents: o.parents, depths: o.depths, positions: o.positions, mask: o.mask, size: o.size, stream });
+        b.native.arange({ startOnDevice: L, out: o.slots, stream });
+        b.native.kvWrite({ c: i.c, kpe: i.kpe, cacheC: o.cacheC, cacheKpe: o.cacheKpe, slots: o.slots, stream });
+        b.native.mlaAttention({ qNope: i.qNope, qPe: i.qPe, kvB, cacheC: o.cacheC, cacheKpe: o.cacheKpe, mask: o.mask, out: o.out, base: bound, baseOnDevice: L, scale, stream });
+        b.native.ddtreeAccept({ tokens: o.tokens, parents: o.parents, size: o.size, targetArgmax: i.targetArgmax, path: o.path, pathLen: o.pathLen, bonus: o.bonus, stream });
+        b.native.kvCommit({ caches: [o.cacheC, o.cacheKpe], path: o.path, pathLen: o.pathLen, startOnDevice: L, nextStart: L, stream });
+      };
+      let committed = L0;
+      let root = root0;
+      const stepFromHost = () => {
+        const { inputs: i, outs: o } = d;
+        b.native.ddtreeBuild({ draftLogits: i.draft, root, budget, start: committed, tokens: o.tokens, parents: o.parents, depths: o.depths, positions: o.positions, mask: o.mask, size: o.size });
+        b.native.upload(o.slots.buffer, Int32Array.from({ length: n }, (_, k) => committed + k));
+        b.native.kvWrite({ c: i.c, kpe: i.kpe, cacheC: o.cacheC, cacheKpe: o.cacheKpe, slots: o.slots });
+        b.native.mlaAttention({ qNope: i.qNope, qPe: i.qPe, kvB, cacheC: o.cacheC, cacheKpe: o.cacheKpe, mask: o.mask, out: o.out, base: committed, scale });
+        b.native.ddtreeAccept({ tokens: o.tokens, parents: o.parents, size: o.size, targetArgmax: i.targetArgmax, path: o.path, pathLen: o.pathLen, bonus: o.bonus });
+        b.native.kvCommit({ caches: [o.cacheC, o.cacheKpe], path: o.path, pathLen: o.pathLen, start: committed });
+        committed += (b.toArray(o.pathLen) as Int32Array)[0];
+        root = (b.toArray(o.bonus) as Int32Array)[0];
+      };
+      try {
+        const graph = b.capture(s, () => queueOnDevice(s));
+        graphs.push(graph);
+        if (graph.calls !== 6) fail(`the graph holds ${graph.calls} calls, expected 6`);
+        const lengths: number[] = [];
+        for (let step = 0; step < 4; step++) {
+          const seed = 1500 + 10 * step;
+          // even steps: the target agrees with the draft's leading token all the way (a path of depth + 1);
+          // odd steps: random targets (most often the root alone)
+          const lead = 100 + step;
+          const draft = randomF32(depth * vocab, seed + 4, 3);
+          for (let dd = 0; dd < depth; dd++) draft[dd * vocab + lead] = 20;
+          const r = rng(seed + 5);
+          const argmax = step % 2 === 0 ? new Int32Array(n).fill(lead) : Int32Array.from({ length: n }, () => Math.floor(r.uniform() * vocab));
+          for (const x of [g, d]) {
+            const i = x.inputs;
+            b.native.upload(i.qNope.buffer, randomF32(n * h * nope, seed));
+            b.native.upload(i.qPe.buffer, randomF32(n * h * rope, seed + 1));
+            b.native.upload(i.c.buffer, randomF32(n * rank, seed + 2));
+            b.native.upload(i.kpe.buffer, randomF32(n * rope, seed + 3));
+            b.native.upload(i.draft.buffer, draft);
+            b.native.upload(i.targetArgmax.buffer, argmax);
+          }
+          b.native.launchGraph(graph, s);
+          b.synchronize(s);
+          stepFromHost();
+          expectSameTensors(b, `step ${step + 1}`, g.outs, d.outs);
+          const onDevice = (b.toArray(L) as Int32Array)[0];
+          if (onDevice !== committed) fail(`step ${step + 1}: the device's committed length is ${onDevice}, the host's ${committed}`);
+          lengths.push(committed);
+        }
+        if (lengths[0] !== L0 + depth + 1) fail(`step 1 committed ${lengths[0] - L0} slots, expected the draft's whole chain of ${depth + 1}`);
+        return { detail: `committed length ${L0} -> ${lengths.join(' -> ')}, every step equal to direct calls` };
       } finally {
         for (const graph of graphs) if (!graph.freed) b.native.freeGraph(graph);
         b.native.destroyStream(s);
@@ -283,4 +396,4 @@ const misuse: KernelCheck = {
   },
 };
 
-export const GRAPH_CHECKS: KernelCheck[] = [replay, attentionAndTree, misuse];
+export const GRAPH_CHECKS: KernelCheck[] = [replay, attentionAndTree, deviceLoop, misuse];
