@@ -2,7 +2,9 @@
 // validation and the launch (cuda) or the tiny op itself (cpu), against the floor of a native call
 // that parses nothing (synchronize() with no stream). The engine issues ~10-15 calls per layer and
 // token; without CUDA graphs their host time adds up against kernels of 3-20 us. The second table
-// times one MoE layer's tail (6 calls) called directly against the same calls captured as a graph.
+// times one MoE layer's tail (6 calls) called directly against the same calls captured as a graph;
+// the third a DDTree step of one attention layer with the committed length and the root on the
+// device (one graph, no read-back) against the same step given them by the host.
 //   node tools/bench/host-cost.mjs [--backend cpu|cuda] [--addon-dir DIR] [--calls 100000] [--steps 2000]
 // --addon-dir loads the addon from DIR (its kdtree_<variant>.node and .json), e.g. an older build.
 import { parseArgs } from 'node:util';
@@ -136,10 +138,14 @@ const launch = () => b.native.launchGraph(graph, stream);
 
 const HOLD_US = 50_000;
 const QUEUED = 100;
-/** Device us per run of `fn`: events around QUEUED runs queued behind a hold; median of 5. */
-const deviceUs = (fn) => median(Array.from({ length: 5 }, () => (b.time(() => { for (let i = 0; i < QUEUED; i++) fn(); }, stream, HOLD_US) * 1e3) / QUEUED));
-/** Host us, device us and wall us per step; medians of 5 rounds. */
-function perStep(step) {
+/** Device us per run of `fn`: events around `queued` runs queued behind a hold; median of 5. */
+const deviceUs = (fn, queued = QUEUED) => median(Array.from({ length: 5 }, () => (b.time(() => { for (let i = 0; i < queued; i++) fn(); }, stream, HOLD_US) * 1e3) / queued));
+/**
+ * Host us, device us and wall us per step; medians of 5 rounds. `queued` steps go behind the hold:
+ * few enough that their kernels fit the device's launch queue (~1000 launches), or the host waits
+ * for the hold and its time is the hold's.
+ */
+function perStep(step, queued = QUEUED) {
   for (let i = 0; i < Math.min(steps, 200); i++) step();
   b.synchronize(stream);
   const host = [];
@@ -147,15 +153,15 @@ function perStep(step) {
   for (let r = 0; r < 5; r++) {
     b.native.hold(HOLD_US, stream);
     const t0 = performance.now();
-    for (let i = 0; i < QUEUED; i++) step();
-    host.push(((performance.now() - t0) * 1e3) / QUEUED);
+    for (let i = 0; i < queued; i++) step();
+    host.push(((performance.now() - t0) * 1e3) / queued);
     b.synchronize(stream);
     const t1 = performance.now();
     for (let i = 0; i < steps; i++) step();
     b.synchronize(stream);
     wall.push(((performance.now() - t1) * 1e3) / steps);
   }
-  return { host: median(host), device: deviceUs(step), wall: median(wall) };
+  return { host: median(host), device: deviceUs(step, queued), wall: median(wall) };
 }
 console.log(`\nMoE block per step (hidden ${H}, ${E} experts of I ${I}, top-${topk}, 1 token): device us per call`);
 console.log(table(['call', 'device us'], blockCalls.map(([name, call]) => [name, deviceUs(call).toFixed(2)])));
@@ -172,3 +178,90 @@ console.log(
   ),
 );
 b.native.freeGraph(graph);
+
+// A DDTree step of one attention layer: build (root = the last bonus, start = the committed length
+// L), the nodes' cache slots, kv_write, the tree verify's attention, accept, commit. cuda: Kimi K2's
+// per-rank attention (8 heads, rank 512 + 64 rope, bf16 cache of 4096 committed slots, bound 8192)
+// and draft (8 depths of 163840 logits), budget 64; cpu: a small one. With the length and the root
+// on the device the step is one graph and nothing is read back; given by the host, each step reads
+// pathLen and bonus back before the next can be queued. The commit writes the next length to a
+// buffer of its own, so L stays where it is and every step does the same work.
+if (typeof b.native.arange !== 'function') {
+  console.log('\n(this build has no device scalars: the DDTree step table is skipped)');
+  process.exit(0);
+}
+const att = b.kind === 'cuda' ? { h: 8, nope: 128, rope: 64, v: 128, rank: 512, committed: 4096, bound: 8192, depth: 8, vocab: 163840, budget: 64 } : { h: 2, nope: 16, rope: 8, v: 16, rank: 32, committed: 200, bound: 400, depth: 4, vocab: 2000, budget: 16 };
+const n = att.budget + 1;
+const a = {
+  draft: b.fromArray('f32', [att.depth, att.vocab], Float32Array.from({ length: att.depth * att.vocab }, (_, i) => Math.sin(i * 0.37))),
+  qNope: b.fromArray('f32', [n, att.h, att.nope], new Float32Array(n * att.h * att.nope).fill(0.01)),
+  qPe: b.fromArray('f32', [n, att.h, att.rope], new Float32Array(n * att.h * att.rope).fill(0.01)),
+  c: f32([n, att.rank]),
+  kpe: f32([n, att.rope]),
+  kvB: b.zeros('bf16', [att.h * (att.nope + att.v), att.rank]),
+  cacheC: b.zeros('bf16', [att.bound + n, att.rank]),
+  cacheKpe: b.zeros('bf16', [att.bound + n, att.rope]),
+  out: f32([n, att.h, att.v]),
+  tree: { tokens: i32([n]), parents: i32([n]), depths: i32([n]), positions: i32([n]), mask: b.zeros('u8', [n, n]), size: i32([1]) },
+  slots: i32([n]),
+  targetArgmax: i32([n]),
+  path: i32([n]),
+  pathLen: i32([1]),
+  bonus: i32([1], [7]),
+  L: i32([1], [att.committed]),
+  nextL: i32([1]),
+};
+const scale = 1 / Math.sqrt(att.nope + att.rope);
+const stepOnDevice = () => {
+  b.native.ddtreeBuild({ draftLogits: a.draft, rootOnDevice: a.bonus, budget: att.budget, startOnDevice: a.L, ...a.tree, stream });
+  b.native.arange({ startOnDevice: a.L, out: a.slots, stream });
+  b.native.kvWrite({ c: a.c, kpe: a.kpe, cacheC: a.cacheC, cacheKpe: a.cacheKpe, slots: a.slots, stream });
+  b.native.mlaAttention({ qNope: a.qNope, qPe: a.qPe, kvB: a.kvB, cacheC: a.cacheC, cacheKpe: a.cacheKpe, mask: a.tree.mask, out: a.out, base: att.bound, baseOnDevice: a.L, scale, stream });
+  b.native.ddtreeAccept({ tokens: a.tree.tokens, parents: a.tree.parents, size: a.tree.size, targetArgmax: a.targetArgmax, path: a.path, pathLen: a.pathLen, bonus: a.bonus, stream });
+  b.native.kvCommit({ caches: [a.cacheC, a.cacheKpe], path: a.path, pathLen: a.pathLen, startOnDevice: a.L, nextStart: a.nextL, stream });
+};
+let root = 7;
+const slotsFromHost = Int32Array.from({ length: n }, (_, k) => att.committed + k);
+const stepFromHost = () => {
+  b.native.ddtreeBuild({ draftLogits: a.draft, root, budget: att.budget, start: att.committed, ...a.tree, stream });
+  b.native.upload(a.slots.buffer, slotsFromHost);
+  b.native.kvWrite({ c: a.c, kpe: a.kpe, cacheC: a.cacheC, cacheKpe: a.cacheKpe, slots: a.slots, stream });
+  b.native.mlaAttention({ qNope: a.qNope, qPe: a.qPe, kvB: a.kvB, cacheC: a.cacheC, cacheKpe: a.cacheKpe, mask: a.tree.mask, out: a.out, base: att.committed, scale, stream });
+  b.native.ddtreeAccept({ tokens: a.tree.tokens, parents: a.tree.parents, size: a.tree.size, targetArgmax: a.targetArgmax, path: a.path, pathLen: a.pathLen, bonus: a.bonus, stream });
+  b.native.kvCommit({ caches: [a.cacheC, a.cacheKpe], path: a.path, pathLen: a.pathLen, start: att.committed, stream });
+  // what the next step needs from this one: the committed length moves by pathLen, the root is the bonus
+  b.synchronize(stream);
+  root = b.toArray(a.bonus)[0];
+  b.toArray(a.pathLen);
+};
+const ddtreeGraph = b.capture(stream, stepOnDevice);
+const launchStep = () => b.native.launchGraph(ddtreeGraph, stream);
+/** Wall us per step of a loop of `steps` steps (a step that reads back cannot be timed with the stream held); median of 5. */
+function wallPerStep(step) {
+  for (let i = 0; i < Math.min(steps, 100); i++) step();
+  b.synchronize(stream);
+  return median(
+    Array.from({ length: 5 }, () => {
+      const t0 = performance.now();
+      for (let i = 0; i < steps; i++) step();
+      b.synchronize(stream);
+      return ((performance.now() - t0) * 1e3) / steps;
+    }),
+  );
+}
+const fromHostWall = wallPerStep(stepFromHost);
+// ~15 kernels a step: 40 steps stay inside the launch queue
+const onDevice = perStep(stepOnDevice, 40);
+const graphStep = perStep(launchStep, 40);
+console.log(`\nDDTree step (budget ${att.budget}, ${att.depth} x ${att.vocab} draft logits; attention ${att.h} heads, rank ${att.rank} + ${att.rope}, ${att.committed} committed slots): us per step`);
+console.log(
+  table(
+    ['step', 'host us per step', 'device us per step', 'wall us per step'],
+    [
+      ['6 calls + read back (host scalars)', '-', '-', fromHostWall.toFixed(2)],
+      ['6 calls (device scalars)', onDevice.host.toFixed(2), onDevice.device.toFixed(2), onDevice.wall.toFixed(2)],
+      ['launchGraph (device scalars)', graphStep.host.toFixed(2), graphStep.device.toFixed(2), graphStep.wall.toFixed(2)],
+    ],
+  ),
+);
+b.native.freeGraph(ddtreeGraph);

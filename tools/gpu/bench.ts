@@ -346,10 +346,45 @@ if (runs('attention')) {
     }
     gpu.free(qNope, qPe, out, ...(mask ? [mask] : []));
   }
-  gpu.free(kvB, caches.f32.c, caches.f32.kpe, caches.bf16.c, caches.bf16.kpe);
+  gpu.free(caches.f32.c, caches.f32.kpe, caches.bf16.c, caches.bf16.kpe);
   report.attention = attReport;
   log('');
   log(table(['MLA attention (8 heads)', 'T', 'keys', 'cache', 'us', 'floor us', 'of floor'], attRows));
+
+  // The committed slots read on the device (baseOnDevice): what a graph captured at a bound pays
+  // for the chunks past the committed length (blocks that find no keys and return), against the
+  // same call given the committed length by the host. bf16 cache, 4096 committed slots. Builds
+  // without device scalars (no arange) would ignore baseOnDevice: left out.
+  if (typeof (gpu.native as { arange?: unknown }).arange === 'function') {
+    const committed = 4096;
+    const bounds = [4096, 8192, 32768];
+    const slots = bounds[bounds.length - 1] + 512;
+    const c = gpu.fromArray('bf16', [slots, ATT.R], randomBf16(slots * ATT.R));
+    const kpe = gpu.fromArray('bf16', [slots, ATT.ROPE], randomBf16(slots * ATT.ROPE));
+    const baseOnDevice = gpu.fromArray('i32', [1], Int32Array.of(committed));
+    const devRows: string[][] = [];
+    const devReport: unknown[] = [];
+    for (const T of [1, 17]) {
+      const qNope = gpu.fromArray('f32', [T, ATT.H, ATT.NOPE], Float32Array.from({ length: T * ATT.H * ATT.NOPE }, () => rng.normal()));
+      const qPe = gpu.fromArray('f32', [T, ATT.H, ATT.ROPE], Float32Array.from({ length: T * ATT.H * ATT.ROPE }, () => rng.normal()));
+      const out = gpu.empty('f32', [T, ATT.H, ATT.V]);
+      const mask = T > 1 ? gpu.fromArray('u8', [T, T], treeMask(T)) : undefined;
+      const args = { qNope, qPe, kvB, cacheC: c, cacheKpe: kpe, mask, out, scale: 1 / Math.sqrt(ATT.NOPE + ATT.ROPE) };
+      const hostUs = timeLaunches(gpu, () => gpu.native.mlaAttention({ ...args, base: committed }), 10) * 1e3;
+      const row = (bound: string, us: number) => {
+        devRows.push([T === 1 ? 'decode' : `tree verify`, String(T), bound, us.toFixed(1), `${((us / hostUs - 1) * 100).toFixed(0)}%`]);
+        devReport.push({ T, committed, bound, us });
+      };
+      row('host base', hostUs);
+      for (const bound of bounds) row(String(bound), timeLaunches(gpu, () => gpu.native.mlaAttention({ ...args, base: bound, baseOnDevice }), 10) * 1e3);
+      gpu.free(qNope, qPe, out, ...(mask ? [mask] : []));
+    }
+    gpu.free(c, kpe, baseOnDevice);
+    report.attentionDeviceBase = devReport;
+    log('');
+    log(table([`MLA, ${committed} committed slots on the device (bf16 cache)`, 'T', 'bound', 'us', 'vs host base'], devRows));
+  }
+  gpu.free(kvB);
 
   // 5. What a verify forward of T tokens (a DDTree budget of T - 1) costs one rank's MoE layer
   // (routed experts) and its attention, against a decode step: a tree pays off only when a verify
