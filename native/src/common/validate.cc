@@ -19,8 +19,9 @@ std::string Tensor::Describe() const {
 
 namespace {
 
-// "op(x: bf16 [3, 64], qw: i32 [16, 8]): " (optional arguments only when given), written only when a message needs it: every call is
-// validated and few fail, and formatting it up front cost ~0.4 us per tensor of every call.
+// "op(x: bf16 [3, 64], qw: i32 [16, 8]): " (optional arguments only when given), written only when
+// a message needs it: every call is validated and few fail, and formatting it up front cost ~0.4 us
+// per tensor of every call.
 class OpContext {
  public:
   template <typename... Ts>

@@ -131,7 +131,7 @@ __device__ __forceinline__ void CopyKeys(__nv_bfloat16* dst, const int64_t* slot
   }
 }
 
-// A block per (every gridDim.x-th chunk, tile of 8 NT slots): SHARED tiles cut the slots of all tokens
+// A block per (range of chunks, tile of 8 NT slots): SHARED tiles cut the slots of all tokens
 // (every row has the chunk's keys at the same slots), the others one token's heads (grid y =
 // token, z = tile of its heads) with its keys looked up through its mask row. The tile's q is
 // copied once; each chunk's keys are copied while the block computes on the previous one. 16
