@@ -141,6 +141,18 @@ const replay: KernelCheck = {
   },
 };
 
+/** A created stream and the graphs made on it (push them to `graphs`): freed and destroyed after `fn`, whatever happens. */
+function onStream<T>(b: KdtreeBackend, fn: (stream: number, graphs: Graph[]) => T): T {
+  const stream = b.native.createStream();
+  const graphs: Graph[] = [];
+  try {
+    return fn(stream, graphs);
+  } finally {
+    for (const graph of graphs) if (!graph.freed) b.native.freeGraph(graph);
+    b.native.destroyStream(stream);
+  }
+}
+
 /** A DDTree step's trees and accepted path for n nodes, zeroed: the ops write a prefix of some. */
 function treeStepBuffers(b: KdtreeBackend, track: Track, n: number): Record<'tokens' | 'parents' | 'depths' | 'positions' | 'mask' | 'size' | 'path' | 'pathLen', DeviceTensor> {
   return {
@@ -162,8 +174,6 @@ const attentionAndTree: KernelCheck = {
       const [h, nope, rope, v, rank, slots, base] = [8, 128, 64, 128, 512, 320, 200];
       const [depth, vocab, budget, start] = [4, 3000, 16, 250];
       const n = budget + 1;
-      const s = b.native.createStream();
-      const graphs: Graph[] = [];
       const kvB = track(b.fromArray('bf16', [h * (nope + v), rank], f32ArrayToBf16(randomF32(h * (nope + v) * rank, 80, 0.05))));
       const cacheC0 = f32ArrayToBf16(randomF32(slots * rank, 81));
       const cacheKpe0 = f32ArrayToBf16(randomF32(slots * rope, 82));
@@ -199,7 +209,7 @@ const attentionAndTree: KernelCheck = {
       };
       const g = side();
       const d = side();
-      try {
+      return onStream(b, (s, graphs) => {
         const graph = b.capture(s, () => queue(g, s));
         graphs.push(graph);
         if (graph.calls !== 5) fail(`the graph holds ${graph.calls} calls, expected 5`);
@@ -227,10 +237,7 @@ const attentionAndTree: KernelCheck = {
           if (pathLen !== depth + 1) fail(`launch ${round + 1}: accepted ${pathLen} nodes, expected the draft's whole chain of ${depth + 1}`);
         }
         return { detail: `3 launches equal to direct calls, each committing a path of ${depth + 1} nodes` };
-      } finally {
-        for (const graph of graphs) if (!graph.freed) b.native.freeGraph(graph);
-        b.native.destroyStream(s);
-      }
+      });
     });
   },
 };
@@ -251,8 +258,6 @@ const deviceLoop: KernelCheck = {
       const [depth, vocab, budget, L0, root0] = [4, 3000, 16, 130, 7];
       const n = budget + 1;
       const bound = slots - n; // the most committed slots a verify of n nodes may see
-      const s = b.native.createStream();
-      const graphs: Graph[] = [];
       const kvB = track(b.fromArray('bf16', [h * (nope + v), rank], f32ArrayToBf16(randomF32(h * (nope + v) * rank, 140, 0.05))));
       const cacheC0 = f32ArrayToBf16(randomF32(slots * rank, 141));
       const cacheKpe0 = f32ArrayToBf16(randomF32(slots * rope, 142));
@@ -300,7 +305,7 @@ const deviceLoop: KernelCheck = {
         committed += (b.toArray(o.pathLen) as Int32Array)[0];
         root = (b.toArray(o.bonus) as Int32Array)[0];
       };
-      try {
+      return onStream(b, (s, graphs) => {
         const graph = b.capture(s, () => queueOnDevice(s));
         graphs.push(graph);
         if (graph.calls !== 6) fail(`the graph holds ${graph.calls} calls, expected 6`);
@@ -333,10 +338,97 @@ const deviceLoop: KernelCheck = {
         }
         if (lengths[0] !== L0 + depth + 1) fail(`step 1 committed ${lengths[0] - L0} slots, expected the draft's whole chain of ${depth + 1}`);
         return { detail: `committed length ${L0} -> ${lengths.join(' -> ')}, every step equal to direct calls` };
-      } finally {
-        for (const graph of graphs) if (!graph.freed) b.native.freeGraph(graph);
-        b.native.destroyStream(s);
-      }
+      });
+    });
+  },
+};
+
+/**
+ * Plain greedy decoding that never returns to the host: a toy one-layer model whose next token is
+ * the argmax of its logits, with the token, the committed length L and the positions on the
+ * device. embedding (x, q, and the new key's c and kpe, all by the current token) -> positions
+ * and slot from L (arange) -> RoPE -> kv_write -> mla_attention over the first L slots read on
+ * the device -> residual add -> rms_norm -> lm_head (W4A16 GEMM) -> argmax into the token buffer
+ * -> L += 1 in place (arange). Captured once, replayed step after step, it must produce the
+ * tokens, caches and logits of the same ops given L by the host; its steps cross a chunk edge.
+ */
+const decodeLoop: KernelCheck = {
+  name: 'graphs: greedy decoding with the token, the committed length and the positions on the device (embedding, arange, rope, kv_write, mla_attention, add, rms_norm, W4A16 lm_head, argmax, L += 1) captured once replays 8 steps to the tokens and bits of direct calls given the length by the host, across a 64-key chunk edge',
+  run(b) {
+    return withTensors(b, (track) => {
+      const [vocab, h, nope, rope, v, rank, slots, L0, steps] = [384, 2, 16, 8, 64, 32, 128, 58, 8];
+      const hidden = h * v; // 128: the lm_head's K
+      const bound = slots - 1;
+      const table = (width: number, seed: number) => track(b.fromArray('f32', [vocab, width], randomF32(vocab * width, seed)));
+      const w = {
+        x: table(hidden, 160),
+        qNope: table(h * nope, 161),
+        qPe: table(h * rope, 162),
+        c: table(rank, 163),
+        kpe: table(rope, 164),
+        kvB: track(b.fromArray('f32', [h * (nope + v), rank], randomF32(h * (nope + v) * rank, 165, 0.2))),
+        norm: track(b.fromArray('f32', [hidden], randomF32(hidden, 166, 0.1).map((x) => 1 + x))),
+        lmHead: trackedInt4(b, track, int4(vocab, hidden, 32, 'BF16', 167)),
+        invFreq: track(b.fromArray('f64', [rope / 2], Float64Array.from({ length: rope / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / rope)))),
+      };
+      const cache0 = { c: randomF32(slots * rank, 168), kpe: randomF32(slots * rope, 169) };
+      const side = () => ({
+        token: track(b.fromArray('i32', [1], Int32Array.of(5))),
+        positions: track(b.zeros('i32', [1])),
+        outs: {
+          cacheC: track(b.fromArray('f32', [slots, rank], cache0.c)),
+          cacheKpe: track(b.fromArray('f32', [slots, rope], cache0.kpe)),
+          x: track(b.zeros('f32', [1, hidden])),
+          qNope: track(b.zeros('f32', [1, h, nope])),
+          qPe: track(b.zeros('f32', [1, h, rope])),
+          c: track(b.zeros('f32', [1, rank])),
+          kpe: track(b.zeros('f32', [1, rope])),
+          attn: track(b.zeros('f32', [1, h, v])),
+          normed: track(b.zeros('f32', [1, hidden])),
+          logits: track(b.zeros('f32', [1, vocab])),
+        },
+      });
+      const L = track(b.fromArray('i32', [1], Int32Array.of(L0)));
+      const queue = (x: ReturnType<typeof side>, base: number | undefined, stream: number) => {
+        const o = x.outs;
+        b.native.embedding({ table: w.x, ids: x.token, out: o.x, stream });
+        b.native.embedding({ table: w.qNope, ids: x.token, out: { ...o.qNope, shape: [1, h * nope] }, stream });
+        b.native.embedding({ table: w.qPe, ids: x.token, out: { ...o.qPe, shape: [1, h * rope] }, stream });
+        b.native.embedding({ table: w.c, ids: x.token, out: o.c, stream });
+        b.native.embedding({ table: w.kpe, ids: x.token, out: o.kpe, stream });
+        if (base === undefined) b.native.arange({ startOnDevice: L, out: x.positions, stream });
+        b.native.rope({ x: o.qPe, positions: x.positions, invFreq: w.invFreq, stream });
+        b.native.rope({ x: { ...o.kpe, shape: [1, 1, rope] }, positions: x.positions, invFreq: w.invFreq, stream });
+        b.native.kvWrite({ c: o.c, kpe: o.kpe, cacheC: o.cacheC, cacheKpe: o.cacheKpe, slots: x.positions, stream });
+        const attention = { qNope: o.qNope, qPe: o.qPe, kvB: w.kvB, cacheC: o.cacheC, cacheKpe: o.cacheKpe, out: o.attn, scale: 1 / Math.sqrt(nope + rope), stream };
+        b.native.mlaAttention(base === undefined ? { ...attention, base: bound, baseOnDevice: L } : { ...attention, base });
+        b.native.add({ a: o.x, b: { ...o.attn, shape: [1, hidden] }, out: o.x, stream });
+        b.native.rmsNorm({ x: o.x, weight: w.norm, out: o.normed, eps: 1e-6, stream });
+        b.native.w4a16Gemm({ x: o.normed, qw: w.lmHead.qw, sc: w.lmHead.sc, y: o.logits, group: 32, stream });
+        b.native.argmax({ x: o.logits, out: x.token, stream });
+        if (base === undefined) b.native.arange({ startOnDevice: L, out: L, start: 1, stream });
+      };
+      const g = side();
+      const d = side();
+      return onStream(b, (s, graphs) => {
+        const graph = b.capture(s, () => queue(g, undefined, s));
+        graphs.push(graph);
+        if (graph.calls !== 15) fail(`the graph holds ${graph.calls} calls, expected 15`);
+        const tokens: number[] = [];
+        for (let step = 0; step < steps; step++) {
+          b.native.launchGraph(graph, s);
+          b.synchronize(s);
+          b.native.upload(d.positions.buffer, Int32Array.of(L0 + step));
+          queue(d, L0 + step, 0);
+          b.synchronize();
+          expectSameTensors(b, `step ${step + 1}`, { token: g.token, ...g.outs }, { token: d.token, ...d.outs });
+          const committed = (b.toArray(L) as Int32Array)[0];
+          if (committed !== L0 + step + 1) fail(`step ${step + 1}: the device's committed length is ${committed}, expected ${L0 + step + 1}`);
+          tokens.push((b.toArray(g.token) as Int32Array)[0]);
+        }
+        if (new Set(tokens).size < 2) fail(`the decoded tokens never change (${tokens.join(' ')}): the loop does not depend on its state`);
+        return { detail: `tokens ${tokens.join(' ')} over slots ${L0}-${L0 + steps - 1}, every step equal to direct calls` };
+      });
     });
   },
 };
@@ -396,4 +488,4 @@ const misuse: KernelCheck = {
   },
 };
 
-export const GRAPH_CHECKS: KernelCheck[] = [replay, attentionAndTree, deviceLoop, misuse];
+export const GRAPH_CHECKS: KernelCheck[] = [replay, attentionAndTree, deviceLoop, decodeLoop, misuse];
