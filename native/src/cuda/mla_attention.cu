@@ -214,7 +214,7 @@ __device__ __forceinline__ void ChunkSoftmax(float* probs, const int* row_keys, 
   }
 }
 
-template <int ROWS, bool SHARED, typename CacheT>
+template <int ROWS, bool SHARED, typename CacheT, bool kBaseOnDevice>
 __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(const float* q_lat, const float* q_pe, const CacheT* cache_c, const CacheT* cache_kpe, const uint8_t* mask,
                                                                  int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
                                                                  KeyCounts key_counts, float* partial) {
@@ -231,11 +231,8 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   int* allowed = reinterpret_cast<int*>(probs + kAttnChunk * L::kPStride);  // [T] (one token's tile)
   __shared__ int64_t slots[kAttnChunk];  // cache slot of each key of the chunk, -1 past the last
   __shared__ int row_keys[ROWS];         // keys of the chunk each row sees
-  key_counts.Resolve();
-  base = key_counts.base;
-  const int2 chunks = CallChunks<SHARED>(chunk0, chunk0 + gridDim.x, base, mask);
-  const int chunk = chunks.x + blockIdx.x;
-  if (chunk >= chunks.y) return;
+  const int chunk = BlockChunk<SHARED, kBaseOnDevice>(chunk0, base, key_counts, mask);
+  if (chunk < 0) return;
   // rows: SHARED, th = tile * ROWS + i; otherwise token blockIdx.y, heads blockIdx.z * ROWS + i
   const int th0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * H + blockIdx.z * ROWS;
   const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
@@ -667,7 +664,7 @@ __device__ __forceinline__ void ChunkContext(const float* probs, const CacheT* k
   }
 }
 
-template <bool SHARED, typename CacheT>
+template <bool SHARED, typename CacheT, bool kBaseOnDevice>
 __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const float* q_lat, const float* q_pe, const CacheT* cache_c, const CacheT* cache_kpe, const uint8_t* mask,
                                                                           int T, int H, int R, int dr, int64_t base, float scale, int max_chunks, int chunk0,
                                                                           KeyCounts key_counts, float* partial, int tile_rows, int row0) {
@@ -682,11 +679,8 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   int* allowed = reinterpret_cast<int*>(probs + kAttnChunk * kPStride);  // [T] (one token's tile)
   __shared__ int64_t slots[kAttnChunk];
   __shared__ int row_keys[ROWS];
-  key_counts.Resolve();
-  base = key_counts.base;
-  const int2 chunks = CallChunks<SHARED>(chunk0, chunk0 + gridDim.x, base, mask);
-  const int chunk = chunks.x + blockIdx.x;
-  if (chunk >= chunks.y) return;
+  const int chunk = BlockChunk<SHARED, kBaseOnDevice>(chunk0, base, key_counts, mask);
+  if (chunk < 0) return;
   // rows: SHARED, th = row0 + tile * tile_rows + i; otherwise token blockIdx.y, heads blockIdx.z * tile_rows + i
   const int th0 = SHARED ? row0 + blockIdx.y * tile_rows : blockIdx.y * H + blockIdx.z * tile_rows;  // tile_rows <= ROWS
   const int rows = SHARED ? min(tile_rows, T * H - th0) : min(tile_rows, H - static_cast<int>(blockIdx.z) * tile_rows);
@@ -795,8 +789,9 @@ template <int ROWS, bool SHARED, typename CacheT>
 Status LaunchAttendTile(const AttendArgs<CacheT>& a, dim3 grid, int chunk0, cudaStream_t s) {
   const size_t smem = TileLayout<ROWS>::Bytes(a.T, SHARED);
   if (smem > 200 * 1024) return Unsupported("mla_attention: ", a.T, " new tokens with a mask need more shared memory than a block has; split the call");
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendTileKernel<ROWS, SHARED, CacheT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
-  return LaunchPdl("mla attend", AttendTileKernel<ROWS, SHARED, CacheT>, grid, dim3(TileLayout<ROWS>::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr,
+  const auto kernel = a.key_counts.base_on_device ? AttendTileKernel<ROWS, SHARED, CacheT, true> : AttendTileKernel<ROWS, SHARED, CacheT, false>;
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
+  return LaunchPdl("mla attend", kernel, grid, dim3(TileLayout<ROWS>::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, a.R, a.dr,
                    a.base, a.scale, a.max_chunks, chunk0, a.key_counts, a.partial);
 }
 
@@ -824,8 +819,9 @@ Status LaunchSmallTile(const AttendArgs<CacheT>& a, int chunks, int chunk0, int 
   int tile_rows = rows <= 16 ? 16 : ChunkLayout::kRows;  // a decode's 8 rows: halves of 16
   const auto blocks = [&](int tr) { return static_cast<int64_t>(chunks) * tokens * ((rows + tr - 1) / tr); };
   while (tile_rows > 4 && blocks(tile_rows / 2) <= sms) tile_rows /= 2;
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(AttendChunkKernel<SHARED, CacheT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
-  return LaunchPdl("mla attend (whole chunk)", AttendChunkKernel<SHARED, CacheT>, grid(tile_rows), dim3(ChunkLayout::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T,
+  const auto kernel = a.key_counts.base_on_device ? AttendChunkKernel<SHARED, CacheT, true> : AttendChunkKernel<SHARED, CacheT, false>;
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend: shared memory"));
+  return LaunchPdl("mla attend (whole chunk)", kernel, grid(tile_rows), dim3(ChunkLayout::kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T,
                    a.H, a.R, a.dr, a.base, a.scale, a.max_chunks, chunk0, a.key_counts, a.partial, tile_rows, row0);
 }
 
