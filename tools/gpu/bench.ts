@@ -5,6 +5,8 @@
  *     bandwidth (weights + scales + x + y), fraction of the copy bandwidth, and speedup over the
  *     dense bf16 GEMM of torch/cuBLAS measured in the same run (dense_baseline.py -> argv[2]), and
  *     against torch's int4 weight-only GEMM (tinygemm, group 32) in the same run (int4_peer.py -> argv[3])
+ *   - gemm (bf16 weights as stored) on the layers Kimi K2 keeps in bf16, against torch's bf16
+ *     linear (cuBLAS) in the same run and the time to read the weights at the copy bandwidth
  *   - the grouped MoE decode step of Kimi K2 (384 experts, 8 per token, gate_up + SiLU + down)
  *   - MLA attention of one tensor-parallel rank (8 heads): decode, tree verifies of 9-129 nodes,
  *     prefill, vs the time to read the cache once at the copy bandwidth
@@ -126,11 +128,11 @@ if (!MS.every((m, i) => Number.isInteger(m) && m > 0 && (i === 0 || m > MS[i - 1
 }
 const gemmRows: string[][] = [];
 const gemmReport: unknown[] = [];
-// KDTREE_BENCH_ONLY=gemm runs only the W4A16 and MoE figures, =attention only the attention and
-// DDTree ones, =small only the small ops (A/B runs)
+// KDTREE_BENCH_ONLY=gemm runs only the W4A16 and MoE figures, =float only the bf16-weight gemm,
+// =attention only the attention and DDTree ones, =small only the small ops (A/B runs)
 const only = process.env.KDTREE_BENCH_ONLY;
-if (only !== undefined && only !== 'gemm' && only !== 'attention' && only !== 'small') throw new Error(`KDTREE_BENCH_ONLY: expected gemm, attention or small, got ${only}`);
-const runs = (section: 'gemm' | 'attention' | 'small') => only === undefined || only === section;
+if (only !== undefined && only !== 'gemm' && only !== 'float' && only !== 'attention' && only !== 'small') throw new Error(`KDTREE_BENCH_ONLY: expected gemm, float, attention or small, got ${only}`);
+const runs = (section: 'gemm' | 'float' | 'attention' | 'small') => only === undefined || only === section;
 for (const [n, k, what] of runs('gemm') ? SHAPES : []) {
   const words = (n * k) / 8;
   const groups = (n * k) / 32;
@@ -192,6 +194,67 @@ log('');
 if (int4Peer) log(`int4 peer: ${int4Peer.kernel}, torch ${int4Peer.torch}${int4Peer.error ? `: not measured (${int4Peer.error})` : ', group 32'}`);
 log(table(['N x K', 'M', 'W4A16 us', 'GB/s', 'of copy', 'dense bf16 us', 'speedup', 'int4 peer us', 'vs peer'], gemmRows));
 log('');
+
+// 2b. gemm (bf16 weights as stored) on the layers a Kimi K2 checkpoint keeps in bf16, one
+// tensor-parallel rank of 8 where the layer is split, against torch's bf16 linear (cuBLAS) on the
+// same shapes and the time to read the weights once at the copy bandwidth
+const FLOAT_SHAPES = [
+  [1536, 7168, 'q_a_proj'],
+  [576, 7168, 'kv_a_proj_with_mqa'],
+  [1536, 1536, 'q_b_proj (rank)'],
+  [7168, 1024, 'o_proj (rank)'],
+  [4608, 7168, 'layer 0 gate_up (rank)'],
+  [7168, 2304, 'layer 0 down (rank)'],
+  [20480, 7168, 'lm_head (rank)'],
+  [18432, 7168, 'dense gate/up (whole)'],
+] as const;
+const floatRows: string[][] = [];
+const floatReport: unknown[] = [];
+for (const [n, k, what] of runs('float') ? FLOAT_SHAPES : []) {
+  const weightBytes = n * k * 2;
+  const copies = Math.max(2, Math.ceil(240e6 / weightBytes));
+  const w0 = randomBf16(n * k);
+  const ws = Array.from({ length: copies }, (_, c) => {
+    if (c === 0) return gpu.fromArray('bf16', [n, k], w0);
+    const t = gpu.empty('bf16', [n, k]);
+    gpu.native.fill(t.buffer, 0x3c);
+    return t;
+  });
+  const mMax = MS[MS.length - 1];
+  const xHost = randomBf16(mMax * k);
+  const x = gpu.fromArray('bf16', [mMax, k], xHost);
+  const y = gpu.empty('bf16', [mMax, n]);
+  {
+    // validation: cuda vs the C++ twin at M = 4, f32 out (both sum exact products in f32)
+    const xc = cpu.fromArray('bf16', [4, k], xHost.subarray(0, 4 * k));
+    const wc = cpu.fromArray('bf16', [n, k], w0);
+    const yc = cpu.empty('f32', [4, n]);
+    cpu.native.gemm({ x: xc, w: wc, y: yc });
+    const yg = gpu.empty('f32', [4, n]);
+    gpu.native.gemm({ x: { ...x, shape: [4, k] }, w: ws[0], y: yg });
+    const e = relError(gpu.toArray(yg) as Float32Array, cpu.toArray(yc) as Float32Array);
+    if (!(e <= 1e-5)) throw new Error(`gemm validation failed for ${n}x${k}: cuda vs cpu twin rel ${e}`);
+    log(`validated gemm ${n}x${k} (${what}): cuda vs C++ twin at M=4, rel ${e.toExponential(1)}`);
+    cpu.free(xc, wc, yc);
+    gpu.free(yg);
+  }
+  for (const m of MS) {
+    const ms = timeLaunches(gpu, (r) => gpu.native.gemm({ x: { ...x, shape: [m, k] }, w: ws[r % copies], y: { ...y, shape: [m, n] } }));
+    const bytes = weightBytes + m * k * 2 + m * n * 2;
+    const gbs = bytes / (ms * 1e-3) / 1e9;
+    const floorMs = (bytes / (copyGBs * 1e9)) * 1e3;
+    const denseMs: number | undefined = dense?.shapes?.[`${n}x${k}`]?.[m];
+    const us = (v: number | undefined) => (v ? (v * 1e3).toFixed(1) : '-');
+    floatRows.push([`${n}x${k}`, what, String(m), us(ms), gbs.toFixed(0), `${((gbs / copyGBs) * 100).toFixed(0)}%`, us(floorMs), us(denseMs), denseMs ? (denseMs / ms).toFixed(2) : '-']);
+    floatReport.push({ n, k, what, m, us: ms * 1e3, gbs, fractionOfCopy: gbs / copyGBs, floorUs: floorMs * 1e3, cublasUs: denseMs ? denseMs * 1e3 : null });
+  }
+  gpu.free(...ws, x, y);
+}
+if (floatRows.length) {
+  report.floatGemm = floatReport;
+  log(table(['N x K', 'layer', 'M', 'gemm us', 'GB/s', 'of copy', 'read floor us', 'cuBLAS bf16 us', 'cuBLAS / gemm'], floatRows));
+  log('');
+}
 
 // 3. grouped MoE decode step of Kimi K2: 384 experts, 8 per token, H 7168, I 2048, group 32; and
 // the same step on one tensor-parallel rank of 8 (each expert's intermediate split: I 256), which

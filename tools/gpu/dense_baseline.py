@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The dense bf16 peer of the W4A16 benchmark, on the GPU host: torch's bf16 linear (cuBLAS) on the
-same shapes and M values, timed with CUDA events over rotating weight copies (so L2 never holds
+"""The dense bf16 peer of the W4A16 and gemm benchmarks, on the GPU host: torch's bf16 linear (cuBLAS)
+on the same shapes and M values, timed with CUDA events over rotating weight copies (so L2 never holds
 them), plus a device-to-device copy bandwidth measured the same way. Writes JSON to argv[1].
 """
 import json
@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from peers import MS, REPS, ROTATE_BYTES, SHAPES, timed
+from peers import FLOAT_SHAPES, MS, REPS, ROTATE_BYTES, SHAPES, timed
 
 torch.manual_seed(0)
 out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
@@ -17,7 +17,7 @@ dst = torch.empty_like(src)
 ms = timed(lambda r: dst.copy_(src), 5)
 out["copy_gbps"] = 2 * src.numel() / (ms * 1e-3) / 1e9
 del src, dst
-for n, k in SHAPES:
+for n, k in SHAPES + FLOAT_SHAPES:
     copies = max(2, -(-ROTATE_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
     x = torch.randn(max(MS), k, dtype=torch.bfloat16, device="cuda")

@@ -8,6 +8,7 @@
 #                               with AB_NCU=<kernel regex> also each build's Nsight kernel times
 #                               (profile.mjs, cold caches) in $OUT/ncu-<build>.txt
 #                               KDTREE_BENCH_ONLY=gemm limits every benchmark to the W4A16 and MoE figures,
+#                               =float to the bf16-weight gemm,
 #                               KDTREE_BENCH_ONLY=attention to the MLA and DDTree ones, =small to the small ops,
 #                               KDTREE_BENCH_MS=512,2048 the W4A16 rows to those token counts;
 #                               $OUT/ab-table.txt has them side by side (ab_table.py)
@@ -35,7 +36,7 @@ if [ "${1:-}" = ab ]; then
   OUT=$out /tmp/node .gpu/selftest.mjs > "$out/selftest.log"; st=$?
   tail -1 "$out/selftest.log"
   peers=()  # the torch peers' JSON, for the W4A16 table (only an A/B with the W4A16 figures has them)
-  if [ -z "${KDTREE_BENCH_ONLY:-}" ] || [ "$KDTREE_BENCH_ONLY" = gemm ]; then
+  if [ -z "${KDTREE_BENCH_ONLY:-}" ] || [ "$KDTREE_BENCH_ONLY" = gemm ] || [ "$KDTREE_BENCH_ONLY" = float ]; then
     python3 .gpu/dense_baseline.py "$out/dense.json" > /dev/null
     python3 .gpu/int4_peer.py "$out/int4.json" > /dev/null
     peers=("$out/dense.json" "$out/int4.json")

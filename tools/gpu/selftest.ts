@@ -3,7 +3,8 @@
  * and on the C++ twin, in one process. Bundled by bundle.mjs into .gpu/selftest.mjs, next to the
  * addon binaries; run there with the carried Node:
  *   xz -dc .gpu/node.xz > /tmp/node && chmod +x /tmp/node && /tmp/node .gpu/selftest.mjs
- * Writes $OUT/selftest.json when OUT is set; exits 1 if any check fails.
+ * Writes $OUT/selftest.json when OUT is set; exits 1 if any check fails. KDTREE_SELFTEST_ONLY=<regex>
+ * runs only the checks whose name matches (a quick run of the kernel under work).
  */
 import { writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -17,7 +18,8 @@ for (const kind of (process.env.KDTREE_SELFTEST_BACKENDS ?? 'cuda,cpu').split(',
   const backend = createBackend({ backend: kind, searchPaths: [here], onlySearchPaths: true, log: (l) => console.log(l) });
   const info = backend.info();
   console.log(`\n== ${kind}: ${info.name} (compute ${info.computeCapability}, ${info.multiprocessors} SMs, driver ${info.driverVersion}, runtime ${info.runtimeVersion})`);
-  for (const check of ALL_CHECKS) {
+  const only = process.env.KDTREE_SELFTEST_ONLY ? new RegExp(process.env.KDTREE_SELFTEST_ONLY) : undefined;
+  for (const check of ALL_CHECKS.filter((c) => !only || only.test(c.name))) {
     const t = performance.now();
     let ok = true;
     let detail = '';

@@ -68,6 +68,7 @@ class Backend {
 
   virtual Status W4A16Pack(const W4A16PackArgs& a, int stream) = 0;
   virtual Status W4A16Gemm(const W4A16GemmArgs& a, int stream) = 0;
+  virtual Status Gemm(const GemmArgs& a, int stream) = 0;
   virtual Status MoeGemm(const MoeGemmArgs& a, int stream) = 0;
   virtual Status MlaAttention(const MlaAttentionArgs& a, int stream) = 0;
   virtual Status Embedding(const EmbeddingArgs& a, int stream) = 0;

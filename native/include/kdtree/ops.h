@@ -13,6 +13,8 @@
 //   W4A16 GEMM   y[M, N] = x[M, K] . dequant(W)^T, W packed (N from y, K from x); with the SiLU
 //                epilogue W is gate_up-packed with 2I rows and y[M, I] = silu(gate) * up, gate and up
 //                first rounded to y's dtype (the bits of the plain GEMM followed by silu_mul)
+//   GEMM         y[M, N] = x[M, K] . W^T, W[N, K] in bf16 or f16 as the checkpoint stores it (the
+//                layers that stay float: attention projections, shared experts, dense MLPs, lm_head)
 //   MoE GEMM     gather: y[T*topk, N] row t*topk+j = x[t] . W[ids[t, j]]^T
 //                sum:    y[T, N] = sum_j weights[t, j] * (x[t*topk+j] . W[ids[t, j]]^T)   (j in order)
 //                gather with the SiLU epilogue: as the W4A16 GEMM's, per (token, expert) row
@@ -50,6 +52,10 @@ struct W4A16GemmArgs {
   Tensor x, qw, sc, y;           // qw, sc packed
   int group = 32;
   Epilogue epilogue = Epilogue::kNone;
+};
+
+struct GemmArgs {
+  Tensor x, w, y;  // x bf16 / f32 (bf16 w) or f16 (f16 w); y f32, bf16 or f16
 };
 
 enum class MoeMode : int { kGather = 0, kSum = 1 };

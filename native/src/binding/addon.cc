@@ -211,6 +211,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       InstanceMethod<&NativeBackend::FreeGraphJs>("freeGraph"),
       InstanceMethod<&NativeBackend::W4A16PackJs>("w4a16Pack"),
       InstanceMethod<&NativeBackend::W4A16GemmJs>("w4a16Gemm"),
+      InstanceMethod<&NativeBackend::GemmJs>("gemm"),
       InstanceMethod<&NativeBackend::MoeGemmJs>("moeGemm"),
       InstanceMethod<&NativeBackend::MlaAttentionJs>("mlaAttention"),
       InstanceMethod<&NativeBackend::EmbeddingJs>("embedding"),
@@ -568,6 +569,12 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     W4A16GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "y"), static_cast<int>(Int(env, o, "group", 32)),
                     ParseEpilogue(env, o, "w4a16_gemm")};
     return Run(env, o, a, ValidateW4A16Gemm, &Backend::W4A16Gemm);
+  }
+  Napi::Value GemmJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Args(info);
+    GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "w"), ParseTensor(env, o, "y")};
+    return Run(env, o, a, ValidateGemm, &Backend::Gemm);
   }
   Napi::Value MoeGemmJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();

@@ -1,5 +1,6 @@
 #include "validate.h"
 
+#include <cstdint>
 #include <initializer_list>
 #include <sstream>
 #include <string>
@@ -133,6 +134,26 @@ Status ValidateW4A16Gemm(const W4A16GemmArgs& a) {
   KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
   if (a.y.dim(0) != m) return Invalid(ctx, "y must be [M, ", a.epilogue == Epilogue::kSiluMul ? "I" : "N", "] with M = ", m, " (x's rows)");
   return CheckPacked(ctx, a.qw, a.sc, 0, 1, n, k, a.group);
+}
+
+Status ValidateGemm(const GemmArgs& a) {
+  const OpContext ctx("gemm", a.x, a.w, a.y);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.w, {DType::kBF16, DType::kF16}, 2));
+  if (a.w.dtype == DType::kBF16) {
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kBF16, DType::kF32}, 2));
+  } else {
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF16}, 2));  // f32 split into f16 pieces would overflow past 65504
+  }
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
+  const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.w.dim(0);
+  if (a.w.dim(1) != k) return Invalid(ctx, "w must be [N, K] with K = ", k, " (x's columns), got K = ", a.w.dim(1));
+  if (k == 0 || k % 8 != 0) return Invalid(ctx, "K = ", k, " must be a positive multiple of 8 (rows of 16-byte units)");
+  if (a.y.dim(0) != m || a.y.dim(1) != n) return Invalid(ctx, "y must be [M, N] = [", m, ", ", n, "]");
+  if (k > (int64_t{1} << 30) || n > (int64_t{1} << 30) || m > (int64_t{1} << 30)) return Invalid(ctx, "M, N and K must each be at most 2^30");
+  for (const Tensor* t : {&a.x, &a.w}) {
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return Invalid(ctx, t->name, " must start 16-byte aligned (its offset into the buffer a multiple of 16)");
+  }
+  return Status::Ok();
 }
 
 Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {

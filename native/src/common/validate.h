@@ -8,6 +8,7 @@ namespace kdtree {
 
 Status ValidateW4A16Pack(const W4A16PackArgs& a);
 Status ValidateW4A16Gemm(const W4A16GemmArgs& a);
+Status ValidateGemm(const GemmArgs& a);
 Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk);
 Status ValidateMlaAttention(const MlaAttentionArgs& a);
 Status ValidateEmbedding(const EmbeddingArgs& a);

@@ -310,6 +310,29 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
+  // Each output is one f32 dot product in a fixed order (8 interleaved partial sums, K being a
+  // multiple of 8, added pairwise), whatever M is: batch-invariant like the CUDA kernel, though not
+  // its bits (a tensor core's sum of products is its own).
+  Status Gemm(const GemmArgs& a, int) override {
+    const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.w.dim(0);
+    const std::vector<float> x = LoadAll(a.x);
+    pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+      std::vector<float> w(static_cast<size_t>(k));
+      for (int64_t row = begin; row < end; ++row) {
+        for (int64_t i = 0; i < k; ++i) w[i] = LoadF(a.w, row * k + i);
+        for (int64_t r = 0; r < m; ++r) {
+          const float* xr = &x[r * k];
+          float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+          for (int64_t i = 0; i < k; i += 8) {
+            for (int j = 0; j < 8; ++j) s[j] = std::fma(xr[i + j], w[i + j], s[j]);
+          }
+          StoreF(a.y, r * n + row, ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+        }
+      }
+    }, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, k)));
+    return Status::Ok();
+  }
+
   Status MoeGemm(const MoeGemmArgs& a, int) override {
     const int64_t e_count = a.qw.dim(0), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1);
     const bool silu = a.epilogue == Epilogue::kSiluMul;

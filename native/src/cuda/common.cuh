@@ -150,6 +150,13 @@ template <int N>
 __device__ __forceinline__ void CopyAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void CopyAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Streaming 16-byte load of weights: read once, so keep it out of L1 (x lives there).
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
 // Asks the copy engine to bring `bytes` (a multiple of 16, from a 16-byte aligned address) into L2:
 // one instruction, no registers, no completion to wait for.
 __device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
@@ -218,6 +225,7 @@ __device__ __forceinline__ int2 BlockExclusiveScan(int2 v, int2* total, int2* wa
 // Launchers (one per op), defined in the .cu file of the op.
 Status LaunchW4A16Pack(const W4A16PackArgs& a, cudaStream_t s);
 Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
+Status LaunchGemm(const GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s);

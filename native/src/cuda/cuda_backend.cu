@@ -269,6 +269,7 @@ class CudaBackend final : public Backend {
   }
   KDTREE_DISPATCH(W4A16Pack, LaunchW4A16Pack)
   KDTREE_DISPATCH(W4A16Gemm, LaunchW4A16Gemm, , ScratchOf(stream), info_.multiprocessors)
+  KDTREE_DISPATCH(Gemm, LaunchGemm, , ScratchOf(stream), info_.multiprocessors)
   KDTREE_DISPATCH(MoeGemm, LaunchMoeGemm, , ScratchOf(stream), info_.multiprocessors)
   KDTREE_DISPATCH(MlaAttention, LaunchMlaAttention, , ScratchOf(stream), info_.multiprocessors)
   KDTREE_DISPATCH(Embedding, LaunchEmbedding)

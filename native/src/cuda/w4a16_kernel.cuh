@@ -71,13 +71,6 @@ struct GemmParams {
   bool silu_mul;           // the SiLU epilogue: gate_up-packed weights (N = 2I rows), y [rows, I]
 };
 
-// Streaming 16-byte load: read once, so keep it out of L1 (x lives there).
-__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // Two codes (nibbles in bits 0-3 and 16-19 of `w`) -> two exact 16-bit floats q = u - 8: one
 // LOP3 ((w & 0x000F000F) | magic: 128 + u in bf16, 1024 + u in f16; the magic passed in a register,
 // as SASS LOP3 takes one immediate) and one HSUB2.

@@ -80,6 +80,13 @@ export interface NativeBackend {
    */
   w4a16Gemm(args: { x: TensorArg; qw: TensorArg; sc: TensorArg; y: TensorArg; group?: number; epilogue?: W4A16Epilogue; stream?: number }): void;
   /**
+   * y [M, N] = x [M, K] . w^T with w [N, K] in 16-bit floats as the checkpoint stores it (no
+   * packing): bf16 w with bf16 or f32 x, or f16 w with f16 x; f32 sums, y f32, bf16 or f16. K must be
+   * a multiple of 8 and x, w must start 16-byte aligned. A row's bits do not depend on M (the K
+   * split depends on N, K and the device only).
+   */
+  gemm(args: { x: TensorArg; w: TensorArg; y: TensorArg; stream?: number }): void;
+  /**
    * minWarpSteps (cuda; default 0): the least weight steps (16 rows x 128 k) in each warp range of
    * the split. Longer ranges mean fewer blocks per expert: slower for a decode step. A row's bits
    * depend on it, so use one value for every call on the same weights (decode and verify then agree

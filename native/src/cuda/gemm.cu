@@ -1,0 +1,351 @@
+// GEMM with 16-bit float weights as the checkpoint stores them: y[M, N] = x[M, K] . W^T, W [N, K]
+// bf16 (x bf16 or f32) or f16 (x f16), f32 sums. These are the layers a Kimi K2 checkpoint keeps
+// in bf16 (attention projections, shared experts, dense layer 0, lm_head), so at decode the kernel
+// is a weight stream of 2 bytes per weight and the design follows the W4A16 decode kernel:
+//  * W rows are the 16-row M side of mma.m16n8k16 and tokens the 8-wide N side.
+//  * No packing: a lane reads 8 consecutive k of weight rows g and g + 8 (two 16-byte loads, a
+//    warp's load is 16 rows x 64 contiguous bytes) and the same 8 k of its token's x row. The MMA
+//    sums over k, so k may be permuted as long as A and B agree: a lane's k 8t + 4h + {0, 1, 2, 3}
+//    of a 32-k chunk fill MMA h's k slots {2t, 2t + 1, 2t + 8, 2t + 9}. f32 x is split into three
+//    bf16 planes (hi + mid + lo = x to 24 bits), three MMAs on the same weights.
+//  * Batch invariance: K is cut into `ranges` of equal chunk counts, chosen from N, K and the
+//    device only. A range's partial is its chunks' MMAs in order from zero; an output is the sum of
+//    its ranges' partials from range 0 up. Both forms below compute exactly that, so an output's
+//    bits do not depend on M, on the token tile or on the form.
+//  * Split form (decode and verify): a block's warps take consecutive ranges of one 16-row tile,
+//    so every SM streams weights even when N has few tiles; the partials meet in shared memory,
+//    or, for a tile cut across blocks, in global work space, where the block that finishes last
+//    (a counter per tile) sums them.
+//  * Rows form (many token tiles): a block's 8 warps take 8 adjacent tiles and walk all ranges,
+//    each keeping its running sum; they read the same x at about the same time (from L1), and no
+//    work space is needed.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace kdtree {
+namespace cuda {
+namespace {
+
+constexpr int kChunkK = 32;         // k per chunk: a lane's 8 k of a row are one 16-byte load
+constexpr int kTileRows = 16;
+constexpr int kBlockWarps = 8;
+constexpr int kMinRangeChunks = 4;  // the shortest range (128 k): a warp's stream of 16 x 256 bytes
+#ifndef KDTREE_GEMM_WARPS_PER_SM
+#define KDTREE_GEMM_WARPS_PER_SM 32
+#endif
+constexpr int kWarpsPerSm = KDTREE_GEMM_WARPS_PER_SM;     // what the split aims to fill at M <= 8
+// Split-form work space per launch: token tiles are launched in chunks that fit.
+constexpr size_t kWorkSpaceMax = size_t{64} << 20;
+constexpr int kMaxGridY = 65535;
+
+struct Params {
+  const void* x;       // [M, K]
+  const uint4* w;      // [N, K] as 16-byte units
+  void* y;             // [M, N]
+  DType y_dtype;
+  int M, N, K;
+  int chunks;          // ceil(K / 32)
+  int ranges, range_chunks;
+  int tiles;           // ceil(N / 16)
+  int token_tile0;     // the launch's first token tile
+  float* partials;     // split form across blocks: [token tiles of the launch][tiles][ranges][NT * 4][32]
+  int* counters;       // [token tiles of the launch][tiles], zero between launches
+};
+
+template <typename X>
+using MmaType = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
+template <typename X>
+constexpr int kPlanes = std::is_same<X, float>::value ? 3 : 1;
+// Chunks whose loads a warp issues before it uses the first: 4 KB of weights in flight per warp at
+// decode, fewer as the x fragments grow (at most 32 registers of them), so that the 64-token
+// instances keep two blocks per SM.
+template <typename X, int NT>
+constexpr int kLoadAhead = std::max(1, std::min(4, 8 / (NT * kPlanes<X>)));
+
+// A lane's B fragments of one token for one chunk: plane p (lo, mid, hi for f32 x), MMA h, regs
+// {b0, b1} = its k 8t + 4h + {0, 1} and {2, 3}.
+template <typename X>
+struct XFrag {
+  uint32_t r[kPlanes<X>][4];
+};
+
+template <typename X>
+__device__ __forceinline__ XFrag<X> LoadX(const Params& p, int token, int k0, bool valid) {
+  XFrag<X> f;
+  if constexpr (std::is_same<X, float>::value) {
+    const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + static_cast<int64_t>(token) * p.K + k0);
+    const float4 a = valid ? __ldg(src) : make_float4(0.f, 0.f, 0.f, 0.f), b = valid ? __ldg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const Bf16Planes s = SplitPair(v[2 * i], v[2 * i + 1]);
+      f.r[0][i] = s.lo;
+      f.r[1][i] = s.mid;
+      f.r[2][i] = s.hi;
+    }
+  } else {
+    const uint4 v = valid ? __ldg(reinterpret_cast<const uint4*>(static_cast<const X*>(p.x) + static_cast<int64_t>(token) * p.K + k0)) : make_uint4(0u, 0u, 0u, 0u);
+    f.r[0][0] = v.x;
+    f.r[0][1] = v.y;
+    f.r[0][2] = v.z;
+    f.r[0][3] = v.w;
+  }
+  return f;
+}
+
+// One range's partial for one 16-row tile and NT token tiles of 8: acc[j] = the lane's C fragment
+// of token tile j (rows g, g + 8; tokens 2t, 2t + 1), the range's chunks summed in order from zero.
+template <typename W, typename X, int NT>
+__device__ __forceinline__ void RangePartial(const Params& p, int tile, int token0, int range, float (&acc)[NT][4]) {
+  using A = MmaType<X>;
+  static_assert(std::is_same<A, W>::value, "the weights' type is the MMA's");
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int row_a = tile * kTileRows + g, row_b = row_a + 8;
+  const bool valid_a = row_a < p.N, valid_b = row_b < p.N;
+  const int64_t row_units = p.K / 8;  // 16-byte units per weight row
+  const uint4* wa = p.w + (valid_a ? row_a : 0) * row_units + t;
+  const uint4* wb = p.w + (valid_b ? row_b : 0) * row_units + t;
+  const int c_begin = range * p.range_chunks, c_end = min(c_begin + p.range_chunks, p.chunks);
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  bool fresh = true;
+  constexpr int kAhead = kLoadAhead<X, NT>;
+  for (int c = c_begin; c < c_end; c += kAhead) {
+    uint4 w[kAhead][2];
+    XFrag<X> xf[kAhead][NT];
+#pragma unroll
+    for (int d = 0; d < kAhead; ++d) {
+      const int k0 = (c + d) * kChunkK + 8 * t;
+      const bool k_ok = c + d < c_end && k0 < p.K;
+      const int64_t unit = static_cast<int64_t>(c + d) * (kChunkK / 8);
+      w[d][0] = k_ok && valid_a ? LoadStream(wa + unit) : make_uint4(0u, 0u, 0u, 0u);
+      w[d][1] = k_ok && valid_b ? LoadStream(wb + unit) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int token = token0 + 8 * j + g;
+        xf[d][j] = LoadX<X>(p, token, k0, k_ok && token < p.M);
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kAhead; ++d) {
+      if (c + d >= c_end) break;
+      const uint32_t wr[2][4] = {{w[d][0].x, w[d][0].y, w[d][0].z, w[d][0].w}, {w[d][1].x, w[d][1].y, w[d][1].z, w[d][1].w}};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a[4] = {wr[0][2 * h], wr[1][2 * h], wr[0][2 * h + 1], wr[1][2 * h + 1]};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+          for (int pl = 0; pl < kPlanes<X>; ++pl) Mma<A>(acc[j], a, xf[d][j].r[pl][2 * h], xf[d][j].r[pl][2 * h + 1], fresh && pl == 0);
+        }
+        fresh = false;
+      }
+    }
+  }
+}
+
+// Element i of token tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
+__device__ __forceinline__ void StoreOut(const Params& p, float v, int tile, int token0, int j, int i, int lane) {
+  const int token = token0 + 8 * j + 2 * (lane & 3) + (i & 1), n = tile * kTileRows + (lane >> 2) + 8 * (i >> 1);
+  if (token < p.M && n < p.N) StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(token) * p.N + n, v);
+}
+
+// Split form: grid (tiles x blocks per tile, token tiles of 8 NT); warp w of block b of a tile
+// computes range kBlockWarps b + w. Partials are stored [idx = 4 j + i][lane], so the final sum's
+// threads read consecutive floats.
+template <typename W, typename X, int NT>
+__global__ void __launch_bounds__(kBlockWarps * 32) GemmSplitKernel(Params p) {
+  extern __shared__ float parked[];  // [warps][NT * 4][32]
+  __shared__ bool last;
+  const int blocks_per_tile = (p.ranges + kBlockWarps - 1) / kBlockWarps;
+  const int tile = blockIdx.x / blocks_per_tile, part = blockIdx.x % blocks_per_tile;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int range = part * kBlockWarps + warp;
+  const int token_tile = blockIdx.y, token0 = (p.token_tile0 + token_tile) * 8 * NT;
+  constexpr int kElems = NT * 4 * 32;
+  PdlWait();
+  if (range < p.ranges) {
+    float acc[NT][4];
+    RangePartial<W, X, NT>(p, tile, token0, range, acc);
+    float* dst = blocks_per_tile == 1 ? parked + warp * kElems : p.partials + ((static_cast<int64_t>(token_tile) * p.tiles + tile) * p.ranges + range) * kElems;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dst[(4 * j + i) * 32 + lane] = acc[j][i];
+    }
+  }
+  PdlLaunchDependents();
+  const float* src = parked;
+  if (blocks_per_tile > 1) {
+    // The last of the tile's blocks to finish sums every range (threadFenceReduction's pattern).
+    __threadfence();
+    __syncthreads();
+    int* counter = p.counters + static_cast<int64_t>(token_tile) * p.tiles + tile;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == blocks_per_tile - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *counter = 0;  // zero again for the next launch
+    src = p.partials + (static_cast<int64_t>(token_tile) * p.tiles + tile) * p.ranges * kElems;
+  } else {
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < kElems; e += warps * 32) {
+    float sum;
+    if (blocks_per_tile > 1) {  // other blocks' stores: read from L2, not a stale L1 line
+      sum = __ldcg(src + e);
+      for (int r = 1; r < p.ranges; ++r) sum += __ldcg(src + r * kElems + e);
+    } else {
+      sum = src[e];
+      for (int r = 1; r < p.ranges; ++r) sum += src[r * kElems + e];
+    }
+    StoreOut(p, sum, tile, token0, (e >> 5) >> 2, (e >> 5) & 3, e & 31);
+  }
+}
+
+// Rows form (many token tiles): grid (token tiles, groups of 8 tiles); warp w of a block takes tile
+// 8 group + w and walks all its ranges, summing the partials in order as it goes (no work space).
+// The block's warps read the same x at about the same time (from L1: 8x less x traffic from L2 than
+// a warp per tile), and the token tile is the grid's fastest index, so the token tiles of one
+// weight group run together and read it from L2 rather than HBM (run 295: 12% faster at 512-2048
+// tokens than tile-major order).
+template <typename W, typename X, int NT>
+__global__ void __launch_bounds__(kBlockWarps * 32, 2) GemmRowsKernel(Params p) {
+  const int tile = blockIdx.y * kBlockWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  const int token0 = (p.token_tile0 + blockIdx.x) * 8 * NT;
+  PdlWait();
+  if (tile >= p.tiles) return;
+  float sum[NT][4];
+  for (int r = 0; r < p.ranges; ++r) {
+    float acc[NT][4];
+    RangePartial<W, X, NT>(p, tile, token0, r, acc);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sum[j][i] = r == 0 ? acc[j][i] : sum[j][i] + acc[j][i];
+    }
+  }
+  PdlLaunchDependents();
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) StoreOut(p, sum[j][i], tile, token0, j, i, lane);
+  }
+}
+
+// The K split: enough ranges that tiles x ranges fills kWarpsPerSm warps per SM, each at least
+// kMinRangeChunks chunks long, and at most one block's worth (8) unless the tiles cannot fill half
+// the SMs: a range sum across blocks (work space, fences, a counter) cost more than the warps it
+// adds (run 296, at most 8 ranges against as many as the split wants: q_a_proj 1536 x 7168 at
+// M = 1 11.8 -> 10.1 us, at M = 512 176 -> 92; 7168 x 2304 at M = 16 19.9 -> 13.8; but
+// kv_a_proj_with_mqa 576 x 7168, 36 tiles, at M = 1 7.5 -> 8.6). A function of N, K and the device
+// only (batch invariance).
+void ChooseRanges(Params* p, int sms) {
+  const int64_t want = (static_cast<int64_t>(sms) * kWarpsPerSm + p->tiles - 1) / p->tiles;
+  const int64_t most = std::max<int64_t>(1, p->chunks / kMinRangeChunks);
+  const int64_t cap = 2 * static_cast<int64_t>(p->tiles) >= sms ? kBlockWarps : most;
+  const int64_t ranges = std::clamp<int64_t>(want, 1, std::min(most, cap));
+  p->range_chunks = static_cast<int>((p->chunks + ranges - 1) / ranges);
+  p->ranges = (p->chunks + p->range_chunks - 1) / p->range_chunks;
+}
+
+enum class Form { kSplit, kRows };
+// KDTREE_GEMM_FORM=split|rows overrides the rule (tests, tuning); read per call.
+Form ChooseForm(const Params& p, int token_tiles, int sms) {
+  if (const char* v = std::getenv("KDTREE_GEMM_FORM")) {
+    if (std::strcmp(v, "split") == 0) return Form::kSplit;
+    if (std::strcmp(v, "rows") == 0 && (p.tiles + kBlockWarps - 1) / kBlockWarps <= kMaxGridY) return Form::kRows;
+  }
+  // The rows form once its blocks fill the device twice over. Below that the split form is faster
+  // even where its warps each read their own x (run 295: a form with the rows form's 8 tiles per
+  // block and one range per block, summed across blocks, took 1.1-5x as long at 32-128 tokens: its
+  // last block per group sums 8 tiles' ranges alone).
+  const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
+  if (groups > kMaxGridY) return Form::kSplit;
+  return groups * token_tiles >= 2 * static_cast<int64_t>(sms) ? Form::kRows : Form::kSplit;
+}
+
+// Work space (floats per token tile) and counters (per token tile) of the split form when it sums
+// ranges across blocks; token tiles are launched in chunks whose work space fits kWorkSpaceMax.
+struct CrossBlock {
+  size_t floats_per_token_tile;
+  int counters_per_token_tile;
+};
+Status LaunchChunks(Params p, int token_tiles, const CrossBlock* cross, Scratch& scratch, cudaStream_t s, const std::function<Status(const Params&, int)>& launch) {
+  int chunk = std::min(token_tiles, kMaxGridY);  // token tiles are grid.y of the split form
+  if (cross) {
+    const size_t per_token_tile = cross->floats_per_token_tile * sizeof(float);
+    chunk = static_cast<int>(std::clamp<size_t>(kWorkSpaceMax / per_token_tile, 1, chunk));
+    KDTREE_RETURN_IF_ERROR(scratch.Reserve(chunk * per_token_tile, s));
+    void* counters = nullptr;
+    KDTREE_RETURN_IF_ERROR(scratch.Zeroed(static_cast<size_t>(chunk) * cross->counters_per_token_tile * sizeof(int), s, &counters));
+    p.partials = static_cast<float*>(scratch.ptr);
+    p.counters = static_cast<int*>(counters);
+  }
+  for (int first = 0; first < token_tiles; first += chunk) {
+    p.token_tile0 = first;
+    KDTREE_RETURN_IF_ERROR(launch(p, std::min(chunk, token_tiles - first)));
+  }
+  return Status::Ok();
+}
+
+template <typename W, typename X, int NT>
+Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
+  const int token_tiles = (p.M + 8 * NT - 1) / (8 * NT);
+  const size_t elems = static_cast<size_t>(NT) * 4 * 32;
+  const int groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
+  const dim3 block(kBlockWarps * 32);
+  if (ChooseForm(p, token_tiles, sms) == Form::kRows) {
+    return LaunchChunks(p, token_tiles, nullptr, scratch, s, [&](const Params& q, int n) { return LaunchPdl("gemm (rows form)", GemmRowsKernel<W, X, NT>, dim3(n, groups), block, 0, s, q); });
+  }
+  const int blocks_per_tile = (p.ranges + kBlockWarps - 1) / kBlockWarps;
+  const int warps = std::min(kBlockWarps, p.ranges);
+  const size_t smem = blocks_per_tile == 1 ? warps * elems * sizeof(float) : 0;
+  const CrossBlock cross{static_cast<size_t>(p.tiles) * p.ranges * elems, p.tiles};
+  return LaunchChunks(p, token_tiles, blocks_per_tile > 1 ? &cross : nullptr, scratch, s, [&](const Params& q, int n) {
+    return LaunchPdl("gemm (split form)", GemmSplitKernel<W, X, NT>, dim3(p.tiles * blocks_per_tile, n), dim3(warps * 32), smem, s, q);
+  });
+}
+
+// Token tiles of 8, 16, 32 or 64 tokens (32 at most for f32 x, whose fragments are 3 planes).
+template <typename W, typename X>
+Status RunTokens(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
+  const int eights = (p.M + 7) / 8;
+  if (eights <= 1) return Run<W, X, 1>(p, scratch, sms, s);
+  if (eights <= 2) return Run<W, X, 2>(p, scratch, sms, s);
+  if constexpr (std::is_same<X, float>::value) {
+    return Run<W, X, 4>(p, scratch, sms, s);
+  } else {
+    if (eights <= 4) return Run<W, X, 4>(p, scratch, sms, s);
+    return Run<W, X, 8>(p, scratch, sms, s);
+  }
+}
+
+}  // namespace
+
+Status LaunchGemm(const GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
+  Params p{};
+  p.x = a.x.data;
+  p.w = static_cast<const uint4*>(a.w.data);
+  p.y = a.y.data;
+  p.y_dtype = a.y.dtype;
+  p.M = static_cast<int>(a.x.dim(0));
+  p.K = static_cast<int>(a.x.dim(1));
+  p.N = static_cast<int>(a.w.dim(0));
+  if (p.M == 0 || p.N == 0) return Status::Ok();
+  p.chunks = (p.K + kChunkK - 1) / kChunkK;
+  p.tiles = (p.N + kTileRows - 1) / kTileRows;
+  if (static_cast<int64_t>(p.tiles) * kTileRows * p.K >= (int64_t{1} << 40)) return Invalid("gemm: N x K = ", p.N, " x ", p.K, " is too large");
+  ChooseRanges(&p, sms);
+  if (a.w.dtype == DType::kF16) return RunTokens<__half, __half>(p, scratch, sms, s);
+  if (a.x.dtype == DType::kF32) return RunTokens<__nv_bfloat16, float>(p, scratch, sms, s);
+  return RunTokens<__nv_bfloat16, __nv_bfloat16>(p, scratch, sms, s);
+}
+
+}  // namespace cuda
+}  // namespace kdtree
