@@ -1,6 +1,6 @@
 // The op set of the addon, with the arguments each one takes. Work space an op needs (the MoE
-// expert sort, MLA's latent query and context, DDTree's top-K table) comes from the backend's
-// per-stream scratch arena, so callers pass only inputs and outputs.
+// expert sort, MLA's latent query and context, DDTree's top-K table, the GEMM's K-range partials)
+// comes from the backend's per-stream scratch arena, so callers pass only inputs and outputs.
 // Every op has a CPU twin and a CUDA
 // version with the same semantics; `ValidateX` (validate.cc) checks dtypes and shapes before
 // either backend sees the arguments, so kernels can trust them.
