@@ -84,6 +84,48 @@ function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: 'rows'): Ker
   };
 }
 
+/**
+ * Graphs: two gemms captured once on a created stream (N 37 x K 2056 at M 3, whose K split crosses
+ * blocks on an H200, so its counters must be back at zero after every launch; N 600 x K 1000 at
+ * M 40 in the rows form), launched 3 times with new x uploaded before each: every launch's outputs
+ * == direct calls on the same x, bit for bit.
+ */
+const graphReplay: KernelCheck = {
+  name: 'gemm in a graph: a K split across blocks (N 37 x K 2056, M 3) and the rows form (N 600 x K 1000, M 40) captured once, launched 3 times with new x == direct calls, bit for bit',
+  run(b) {
+    withTensors(b, (track) => {
+      const cases = SHAPES.slice(0, 2).map(({ n, k }, i) => {
+        const m = i === 0 ? 3 : 40;
+        const { w } = weights(b, 'bf16', n, k, 80 + i);
+        return { n, k, m, w: track(w), x: track(b.empty('bf16', [m, k])), yGraph: track(b.empty('f32', [m, n])), yDirect: track(b.empty('f32', [m, n])) };
+      });
+      const stream = b.native.createStream();
+      try {
+        const split = b.capture(stream, () => b.native.gemm({ x: cases[0].x, w: cases[0].w, y: cases[0].yGraph, stream }));
+        const rows = b.capture(stream, () => withEnv('KDTREE_GEMM_FORM', 'rows', () => b.native.gemm({ x: cases[1].x, w: cases[1].w, y: cases[1].yGraph, stream })));
+        try {
+          for (let launch = 0; launch < 3; launch++) {
+            for (const [i, c] of cases.entries()) b.native.upload(c.x.buffer, f32ArrayToBf16(randomF32(c.m * c.k, 900 + 10 * launch + i)));
+            b.native.launchGraph(split, stream);
+            b.native.launchGraph(rows, stream);
+            b.synchronize(stream);
+            b.native.gemm({ x: cases[0].x, w: cases[0].w, y: cases[0].yDirect });
+            withEnv('KDTREE_GEMM_FORM', 'rows', () => b.native.gemm({ x: cases[1].x, w: cases[1].w, y: cases[1].yDirect }));
+            for (const c of cases) {
+              if (!sameBits(b.toArray(c.yGraph), b.toArray(c.yDirect))) fail(`N=${c.n} K=${c.k} M=${c.m}: launch ${launch + 1} of the graph differs from a direct call`);
+            }
+          }
+        } finally {
+          b.native.freeGraph(split);
+          b.native.freeGraph(rows);
+        }
+      } finally {
+        b.native.destroyStream(stream);
+      }
+    });
+  },
+};
+
 const argumentErrors: KernelCheck = {
   name: 'gemm rejects bad shapes, dtypes and alignment with every shape in the message',
   run(b) {
@@ -117,5 +159,6 @@ export const FLOAT_GEMM_CHECKS: KernelCheck[] = [
   invarianceCheck('bf16', 'bf16', 'rows'),
   invarianceCheck('f32', 'bf16', 'rows'),
   invarianceCheck('f16', 'f16', 'rows'),
+  graphReplay,
   argumentErrors,
 ];
