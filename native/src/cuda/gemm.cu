@@ -100,8 +100,11 @@ __device__ __forceinline__ XFrag<X> LoadX(const Params& p, int token, int k0, bo
 
 // One range's partial for one 16-row tile and NT token tiles of 8: acc[j] = the lane's C fragment
 // of token tile j (rows g, g + 8; tokens 2t, 2t + 1), the range's chunks summed in order from zero.
+// With `wait` the warp waits for the previous kernel (PdlWait) after issuing its first weight
+// loads and before its first x load: weights are not written by the kernels a GEMM follows, so the
+// first kAhead KB of them stream in while that kernel drains (as the W4A16 kernel fills its ring).
 template <typename W, typename X, int NT>
-__device__ __forceinline__ void RangePartial(const Params& p, int tile, int token0, int range, float (&acc)[NT][4]) {
+__device__ __forceinline__ void RangePartial(const Params& p, int tile, int token0, int range, bool wait, float (&acc)[NT][4]) {
   using A = MmaType<X>;
   static_assert(std::is_same<A, W>::value, "the weights' type is the MMA's");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -125,6 +128,15 @@ __device__ __forceinline__ void RangePartial(const Params& p, int tile, int toke
       const int64_t unit = static_cast<int64_t>(c + d) * (kChunkK / 8);
       w[d][0] = k_ok && valid_a ? LoadStream(wa + unit) : make_uint4(0u, 0u, 0u, 0u);
       w[d][1] = k_ok && valid_b ? LoadStream(wb + unit) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (wait) {
+      PdlWait();
+      wait = false;
+    }
+#pragma unroll
+    for (int d = 0; d < kAhead; ++d) {
+      const int k0 = (c + d) * kChunkK + 8 * t;
+      const bool k_ok = c + d < c_end && k0 < p.K;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int token = token0 + 8 * j + g;
@@ -147,6 +159,7 @@ __device__ __forceinline__ void RangePartial(const Params& p, int tile, int toke
       }
     }
   }
+  if (wait) PdlWait();  // an empty range (none are): still ordered after the previous kernel
 }
 
 // Element i of token tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
@@ -168,16 +181,17 @@ __global__ void __launch_bounds__(kBlockWarps * 32) GemmSplitKernel(Params p) {
   const int range = part * kBlockWarps + warp;
   const int token_tile = blockIdx.y, token0 = (p.token_tile0 + token_tile) * 8 * NT;
   constexpr int kElems = NT * 4 * 32;
-  PdlWait();
   if (range < p.ranges) {
     float acc[NT][4];
-    RangePartial<W, X, NT>(p, tile, token0, range, acc);
+    RangePartial<W, X, NT>(p, tile, token0, range, true, acc);  // waits for the previous kernel inside
     float* dst = blocks_per_tile == 1 ? parked + warp * kElems : p.partials + ((static_cast<int64_t>(token_tile) * p.tiles + tile) * p.ranges + range) * kElems;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) dst[(4 * j + i) * 32 + lane] = acc[j][i];
     }
+  } else {
+    PdlWait();  // before this block's sum writes y
   }
   PdlLaunchDependents();
   const float* src = parked;
@@ -218,12 +232,11 @@ template <typename W, typename X, int NT>
 __global__ void __launch_bounds__(kBlockWarps * 32, 2) GemmRowsKernel(Params p) {
   const int tile = blockIdx.y * kBlockWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   const int token0 = (p.token_tile0 + blockIdx.x) * 8 * NT;
-  PdlWait();
   if (tile >= p.tiles) return;
   float sum[NT][4];
   for (int r = 0; r < p.ranges; ++r) {
     float acc[NT][4];
-    RangePartial<W, X, NT>(p, tile, token0, r, acc);
+    RangePartial<W, X, NT>(p, tile, token0, r, r == 0, acc);  // the first range waits for the previous kernel
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll
