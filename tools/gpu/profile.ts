@@ -2,7 +2,7 @@
  * Launches each hot kernel a few times at the Kimi K2 decode shapes, for Nsight Compute
  * (`ncu` on the GPU host; .gpu/run.sh profile), which times every kernel on its own with cold
  * caches; and measures the host cost of a native call (wall clock per call, queue not drained).
- * KDTREE_PROFILE_ONLY=gemm|prefill|moe|moe-verify|mla|ddtree runs one section.
+ * KDTREE_PROFILE_ONLY=gemm|prefill|float|moe|moe-verify|mla|ddtree runs one section.
  */
 import { createBackend, type DeviceTensor } from '../../packages/cuda/src/backend.js';
 import { packedW4A16Shapes } from '../../packages/cuda/src/w4a16-layout.js';
@@ -34,6 +34,18 @@ function w4a16Launches(n: number, k: number, ms: number[]): void {
 for (const [n, k] of want('gemm') ? [[4096, 7168], [18432, 7168], [7168, 2048]] : []) w4a16Launches(n, k, [1, 16]);
 // W4A16 at a 2048-token prefill on the dense shape and an expert shape (the prefill kernel)
 for (const [n, k] of want('prefill') ? [[18432, 7168], [4096, 7168]] : []) w4a16Launches(n, k, [2048]);
+
+// gemm (bf16 weights as stored) at 1, 16 and 64 tokens on q_a_proj, kv_a_proj_with_mqa and one
+// rank's lm_head share
+for (const [n, k] of want('float') ? [[1536, 7168], [576, 7168], [20480, 7168]] : []) {
+  const w = gpu.empty('bf16', [n, k]);
+  fillPattern(w, 0x3c);
+  const x = gpu.empty('bf16', [64, k]);
+  fillPattern(x, 0x3c);
+  const y = gpu.empty('bf16', [64, n]);
+  for (const m of [1, 16, 64]) gpu.native.gemm({ x: { ...x, shape: [m, k] }, w, y: { ...y, shape: [m, n] } });
+  gpu.free(w, x, y);
+}
 
 // Kimi K2 MoE decode step (384 experts, top-8, H 7168): sort + gate_up, SiLU, sort + down + sum;
 // the whole experts (I 2048), then one tensor-parallel rank's share (I 256)
