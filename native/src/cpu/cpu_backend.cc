@@ -329,7 +329,7 @@ class CpuBackend final : public Backend {
           StoreF(a.y, r * n + row, ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
         }
       }
-    }, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, k)));
+    }, std::max<int64_t>(1, 4096 / k));  // rows per chunk: ~4K weights at least (K > 0 is validated)
     return Status::Ok();
   }
 

@@ -17,7 +17,8 @@ function weights(b: KdtreeBackend, dtype: WeightDtype, n: number, k: number, see
 /**
  * Shapes: N not a multiple of 16 (a partial last tile); K a multiple of 8 but not of 32 (a partial
  * last chunk); N 37 x K 2056 has 3 tiles of 65 chunks, which on an H200 cuts K into 13 ranges, two
- * blocks per tile (the cross-block sum); N 600 x K 1000 has 38 tiles, 7 ranges in one block.
+ * blocks per tile (the cross-block sum); N 600 x K 1000 has 38 tiles of 32 chunks, 8 ranges in one
+ * block (the shared-memory sum).
  */
 const SHAPES = [
   { n: 37, k: 2056 },
