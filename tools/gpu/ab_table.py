@@ -1,4 +1,4 @@
-"""One table of the W4A16, MoE, MLA and small-op times of every build and round of `run.sh ab`.
+"""One table of the W4A16, gemm, MoE, MLA and small-op times of every build and round of `run.sh ab`.
 
 usage: python3 ab_table.py OUT   (OUT holds <build>-<round>/bench.txt; prints columns in name order)
 """
@@ -23,6 +23,8 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], '*', 'bench.txt'))):
             cells = [c.strip() for c in line.strip().strip('|').split('|')]
             if len(cells) > 2 and cells[1].isdigit() and 'x' in cells[0]:
                 gemm.setdefault(f"{cells[0]} M={cells[1]}", {})[name] = cells[2]
+            elif len(cells) > 3 and cells[2].isdigit() and 'x' in cells[0]:  # gemm: N x K | layer | M | us
+                gemm.setdefault(f"{cells[0]} {cells[1]} M={cells[2]}"[:60], {})[name] = cells[3]
             elif len(cells) > 4 and cells[1].isdigit() and cells[0] in ('decode', 'tree verify', 'prefill'):
                 gemm.setdefault(f"MLA {cells[0]} T={cells[1]} {cells[3]}", {})[name] = cells[4]
         elif line.startswith('MoE'):
