@@ -55,8 +55,8 @@ __global__ void OneMma(const uint8_t* a, const uint8_t* b, const float* c, float
   D[(g + 8) * kN + 2 * t + 1] = d3;
 }
 
-// Rate: each warp runs `iters` rounds of 4 independent MMA chains (the operands stay in registers;
-// only the issue rate and the tensor pipe are measured).
+// Rate: one block of 8 warps per SM, each warp `iters` rounds of 4 independent MMA chains (the
+// operands stay in registers; only the issue rate and the tensor pipe are measured).
 template <bool kFp8>
 __global__ void MmaRate(int iters, float* sink) {
   uint32_t a0 = threadIdx.x * 0x01010101u & 0x07070707u, a1 = a0 ^ 0x01000100u, a2 = a0 ^ 0x00010001u, a3 = a0 ^ 0x01010000u;
@@ -152,6 +152,8 @@ double MmasPerSmCycle(int sms, int clock_khz) {
   CHECK(cudaEventSynchronize(stop));
   float ms = 0;
   CHECK(cudaEventElapsedTime(&ms, start, stop));
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
   CHECK(cudaFree(sink));
   const double mmas_per_sm = static_cast<double>(iters) * 4 * warps;
   return mmas_per_sm / (ms * 1e-3 * clock_khz * 1e3);
