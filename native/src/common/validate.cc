@@ -65,7 +65,6 @@ Status CheckTensor(const OpContext& ctx, const Tensor& t, std::initializer_list<
   return Status::Ok();
 }
 
-// The packed layout's dimensions for an N x K matrix (w4a16_layout.h).
 // An optional i32 [1] a kernel reads on the device (a committed length, a token).
 Status CheckDeviceScalar(const OpContext& ctx, const Tensor& t) {
   if (!t.present()) return Status::Ok();
@@ -74,6 +73,7 @@ Status CheckDeviceScalar(const OpContext& ctx, const Tensor& t) {
   return Status::Ok();
 }
 
+// The packed layout's dimensions for an N x K matrix (w4a16_layout.h).
 Status CheckPacked(const OpContext& ctx, const Tensor& qw, const Tensor& sc, int lead, int64_t experts, int64_t n, int64_t k, int group) {
   const int64_t tiles = w4::Tiles(n), steps = w4::Steps(k), blocks = w4::ScaleBlocks(k, group);
   const auto e = [&] { return lead ? std::to_string(experts) + ", " : std::string(); };
