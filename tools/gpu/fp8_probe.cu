@@ -1,4 +1,4 @@
-// The FP8 route to 3x over dense bf16 at 16 tokens (docs/gpu/notes.md, session 23) rests on three
+// The FP8 route to 3x over dense bf16 at 16 tokens (docs/gpu/notes.md, session 23) rested on three
 // properties of Hopper's mma.sync.m16n8k32 with e4m3 operands that no document states. This probe
 // measures them, for the owner's decision on the M = 16 target:
 //  1. Codes: an int4 code u in 0..15 as an e4m3 byte is u x 2^-9 (subnormal below 8). With B = 1.0
@@ -6,8 +6,16 @@
 //  2. Accumulation: with random e4m3 B (both signs, every finite exponent) and a C the size of the
 //     per-group correction 8 x sum(x), how far D is from the exact sum, in units of the largest
 //     term (full f32 accumulation: < 2^-23; DeepSeek-V3 reports ~14 bits kept by FP8 GEMMs on H800).
-//  3. Rate: e4m3 m16n8k32 against the bf16 m16n8k16 the W4A16 kernels issue, per SM and cycle.
+//  3. Rate: e4m3 m16n8k32 against the bf16 m16n8k16 the W4A16 kernels issue (and f16), per SM
+//     and cycle, and the latency of each (one dependent chain per warp, one warp per SM
+//     sub-partition).
 // The exact sums are doubles on the host (every product and sum of these operands is exact there).
+// Outcome (runs 308 and 311, session 24): 1 and 2 hold exactly (every output is the exact sum
+// rounded once to f32) because on sm_90 ptxas lowers the e4m3 mma.sync to F2FP.F16.E4M3.UNPACK
+// conversions and two f16 HMMA.16816 (run 310's SASS): there is no FP8 tensor-core path in
+// mma.sync on Hopper, only in wgmma. In a kernel the conversions cost more than the dequantization
+// they replace (run 309: 18432x7168 at 16 tokens 33.7 -> 50 us); the rate row of e4m3 here has them
+// hoisted out of the loop, so it is not the rate a kernel sees.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 tools/gpu/fp8_probe.cu -o /tmp/fp8_probe && /tmp/fp8_probe
 #include <cuda_runtime.h>
@@ -55,29 +63,36 @@ __global__ void OneMma(const uint8_t* a, const uint8_t* b, const float* c, float
   D[(g + 8) * kN + 2 * t + 1] = d3;
 }
 
-// Rate: one block of 8 warps per SM, each warp `iters` rounds of 4 independent MMA chains (the
-// operands stay in registers; only the issue rate and the tensor pipe are measured).
-template <bool kFp8>
-__global__ void MmaRate(int iters, float* sink) {
-  uint32_t a0 = threadIdx.x * 0x01010101u & 0x07070707u, a1 = a0 ^ 0x01000100u, a2 = a0 ^ 0x00010001u, a3 = a0 ^ 0x01010000u;
-  uint32_t b0 = 0x38383838u, b1 = 0x30303030u;  // e4m3 1.0 and 0.25 (finite bf16 pairs too; the values do not change the rate)
-  float acc[4][4] = {};
+// Rate: one block of `warps` warps per SM, each warp `iters` rounds of kChains independent MMA
+// chains (the operands stay in registers, given at run time so that nothing folds; only the issue
+// rate and the tensor pipe are measured). With one chain and 4 warps, cycles per MMA is the MMA's
+// latency. On sm_90 ptxas turns an e4m3 mma.sync into F2FP.F16.E4M3.UNPACK conversions and two f16
+// HMMA.16816 (run 310's SASS); here the conversions of the loop-invariant operands are hoisted.
+enum class Kind { kE4m3, kBf16, kF16 };
+template <Kind kKind, int kChains>
+__global__ void MmaRate(int iters, uint32_t a_bits, uint32_t b_bits, float* sink) {
+  const uint32_t a0 = a_bits, a1 = a_bits ^ (threadIdx.x & 1), a2 = a_bits, a3 = a1, b0 = b_bits, b1 = b_bits;
+  float acc[kChains][4] = {};
   for (int i = 0; i < iters; ++i) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (kFp8) {
+    for (int j = 0; j < kChains; ++j) {
+      if constexpr (kKind == Kind::kE4m3) {
         asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                      : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-      } else {
+      } else if constexpr (kKind == Kind::kBf16) {
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                      : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
       }
     }
   }
   float s = 0.f;
-  for (int j = 0; j < 4; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
+  for (int j = 0; j < kChains; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
   if (s == 1234.5f) *sink = s;  // keeps the MMAs
 }
 
@@ -137,17 +152,17 @@ Result Trial(int trials, CodeFn code, XFn x, OffsetFn offset) {
   return r;
 }
 
-template <bool kFp8>
-double MmasPerSmCycle(int sms, int clock_khz) {
-  const int iters = 1 << 16, warps = 8;
+template <Kind kKind, int kChains = 4>
+double MmasPerSmCycle(int sms, int clock_khz, uint32_t a_bits, uint32_t b_bits, int warps = 8) {
+  const int iters = 1 << 16;
   float* sink;
   CHECK(cudaMalloc(&sink, 4));
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
-  MmaRate<kFp8><<<sms, warps * 32>>>(16, sink);  // warm-up
+  MmaRate<kKind, kChains><<<sms, warps * 32>>>(16, a_bits, b_bits, sink);  // warm-up
   CHECK(cudaEventRecord(start));
-  MmaRate<kFp8><<<sms, warps * 32>>>(iters, sink);
+  MmaRate<kKind, kChains><<<sms, warps * 32>>>(iters, a_bits, b_bits, sink);
   CHECK(cudaEventRecord(stop));
   CHECK(cudaEventSynchronize(stop));
   float ms = 0;
@@ -155,8 +170,17 @@ double MmasPerSmCycle(int sms, int clock_khz) {
   CHECK(cudaEventDestroy(start));
   CHECK(cudaEventDestroy(stop));
   CHECK(cudaFree(sink));
-  const double mmas_per_sm = static_cast<double>(iters) * 4 * warps;
+  const double mmas_per_sm = static_cast<double>(iters) * kChains * warps;
   return mmas_per_sm / (ms * 1e-3 * clock_khz * 1e3);
+}
+
+// One row of the rate table: MMAs per SM and cycle with 4 chains x 8 warps, and the latency of a
+// dependent chain (one warp per sub-partition: 4 MMAs in flight per SM, so latency = 4 / rate).
+template <Kind kKind>
+void RateRow(const char* what, int k, int sms, int clock_khz, uint32_t a_bits, uint32_t b_bits) {
+  const double rate = MmasPerSmCycle<kKind>(sms, clock_khz, a_bits, b_bits);
+  const double latency = 4 / MmasPerSmCycle<kKind, 1>(sms, clock_khz, a_bits, b_bits, 4);
+  std::printf("| %s | %d | %.3f | %.1f |\n", what, k, rate, latency);
 }
 
 }  // namespace
@@ -186,8 +210,10 @@ int main() {
   std::printf("| codes u x 2^-9 times 1.0, C = 0 | %lld | %lld | %.3g |\n", codes.outputs, codes.inexact, codes.worst);
   std::printf("| codes times random e4m3, C = 0 | %lld | %lld | %.3g |\n", wide.outputs, wide.inexact, wide.worst);
   std::printf("| codes times random e4m3, C = +-64 x 2^0..8 | %lld | %lld | %.3g |\n\n", with_c.outputs, with_c.inexact, with_c.worst);
-  const double fp8 = MmasPerSmCycle<true>(sms, clock_khz), bf16 = MmasPerSmCycle<false>(sms, clock_khz);
-  std::printf("| instruction | MMAs per SM per cycle (at the reported %d MHz clock) | k per MMA |\n|---|---|---|\n", clock_khz / 1000);
-  std::printf("| e4m3 m16n8k32 | %.3f | 32 |\n| bf16 m16n8k16 | %.3f | 16 |\n", fp8, bf16);
+  std::printf("| instruction, operands | k per MMA | MMAs per SM per cycle (at the reported %d MHz clock) | latency, cycles (a dependent chain) |\n|---|---|---|---|\n", clock_khz / 1000);
+  RateRow<Kind::kE4m3>("e4m3 m16n8k32, 1.0 x 0.5", 32, sms, clock_khz, 0x38383838u, 0x30303030u);
+  RateRow<Kind::kBf16>("bf16 m16n8k16, 1.0 x 0.5", 16, sms, clock_khz, 0x3F803F80u, 0x3F003F00u);
+  RateRow<Kind::kF16>("f16 m16n8k16, 1.0 x 0.5", 16, sms, clock_khz, 0x3C003C00u, 0x38003800u);
+  RateRow<Kind::kBf16>("bf16 m16n8k16, 2^-113 x 2^-15 (products below f32's normal range)", 16, sms, clock_khz, 0x07070707u, 0x38383838u);
   return 0;
 }
