@@ -10,7 +10,7 @@
 //    bf16 planes (hi + mid + lo = x to 24 bits), three MMAs on the same weights.
 //  * Batch invariance: K is cut into `ranges` of equal chunk counts, chosen from N, K and the
 //    device only. A range's partial is its chunks' MMAs in order from zero; an output is the sum of
-//    its ranges' partials from range 0 up. Both forms below compute exactly that, so an output's
+//    its ranges' partials from range 0 up. Every form below computes exactly that, so an output's
 //    bits do not depend on M, on the token tile or on the form.
 //  * Split form (decode and verify): a block's warps take consecutive ranges of one 16-row tile,
 //    so every SM streams weights even when N has few tiles; the partials meet in shared memory,
@@ -19,6 +19,14 @@
 //  * Rows form (many token tiles): a block's 8 warps take 8 adjacent tiles and walk all ranges,
 //    each keeping its running sum; they read the same x at about the same time (from L1), and no
 //    work space is needed.
+//  * Tiled form (16-bit x, 17+ tokens, many 64-row groups): the split form reads x once per 16-row
+//    tile, 4x the weight bytes at 64 tokens, all from L2 (lm_head at 64 tokens ran at 2.6x its
+//    weight-read floor, run 308). Here a block of 4 warps stages 64 weight rows and the token
+//    tile's x through a shared-memory ring (cp.async) and each warp walks all ranges of its tile
+//    as the rows form does, so x comes from L2 once per 64 rows (run 321: lm_head at 64 tokens
+//    183 -> 92 us, at 512 tokens 898 -> 589 us against the rows form). Its variant with a block
+//    per range (tiled-split, for N with few groups) is bit-identical but not chosen: it measured
+//    slower than the split form (run 321).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -53,7 +61,7 @@ struct Params {
   int ranges, range_chunks;
   int tiles;           // ceil(N / 16)
   int token_tile0;     // the launch's first token tile
-  float* partials;     // split form across blocks: [token tiles of the launch][tiles][ranges][NT * 4][32]
+  float* partials;     // split and tiled forms across blocks: [token tiles of the launch][tiles][ranges][NT * 4][32]
   int* counters;       // [token tiles of the launch][tiles], zero between launches
 };
 
@@ -168,6 +176,38 @@ __device__ __forceinline__ void StoreOut(const Params& p, float v, int tile, int
   if (token < p.M && n < p.N) StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(token) * p.N + n, v);
 }
 
+// The last block of a tile's range blocks (split form) or of a group's (tiled form) sums the
+// partials that every block stored in work space (threadFenceReduction's pattern); false for the
+// others. The counter is zeroed again for the next launch; `last` is a flag in shared memory.
+__device__ __forceinline__ bool LastOfBlocks(int* counter, int blocks, volatile bool* last) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) *last = atomicAdd(counter, 1) == blocks - 1;
+  __syncthreads();
+  if (!*last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0;
+  return true;
+}
+
+// Output elements e0, e0 + step, ... of a tile: its ranges' partials [range][NT * 4][32] summed in
+// range order from range 0. `cross`: other blocks stored them, so read from L2, not a stale L1 line.
+template <int NT>
+__device__ __forceinline__ void SumRanges(const Params& p, const float* src, bool cross, int tile, int token0, int e0, int step) {
+  constexpr int kElems = NT * 4 * 32;
+  for (int e = e0; e < kElems; e += step) {
+    float sum;
+    if (cross) {
+      sum = __ldcg(src + e);
+      for (int r = 1; r < p.ranges; ++r) sum += __ldcg(src + r * kElems + e);
+    } else {
+      sum = src[e];
+      for (int r = 1; r < p.ranges; ++r) sum += src[r * kElems + e];
+    }
+    StoreOut(p, sum, tile, token0, (e >> 5) >> 2, (e >> 5) & 3, e & 31);
+  }
+}
+
 // Split form: grid (tiles x blocks per tile, token tiles of 8 NT); warp w of block b of a tile
 // computes range kBlockWarps b + w. Partials are stored [idx = 4 j + i][lane], so the final sum's
 // threads read consecutive floats.
@@ -196,30 +236,12 @@ __global__ void __launch_bounds__(kBlockWarps * 32) GemmSplitKernel(Params p) {
   PdlLaunchDependents();
   const float* src = parked;
   if (blocks_per_tile > 1) {
-    // The last of the tile's blocks to finish sums every range (threadFenceReduction's pattern).
-    __threadfence();
-    __syncthreads();
-    int* counter = p.counters + static_cast<int64_t>(token_tile) * p.tiles + tile;
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == blocks_per_tile - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x == 0) *counter = 0;  // zero again for the next launch
+    if (!LastOfBlocks(p.counters + static_cast<int64_t>(token_tile) * p.tiles + tile, blocks_per_tile, &last)) return;
     src = p.partials + (static_cast<int64_t>(token_tile) * p.tiles + tile) * p.ranges * kElems;
   } else {
     __syncthreads();
   }
-  for (int e = threadIdx.x; e < kElems; e += warps * 32) {
-    float sum;
-    if (blocks_per_tile > 1) {  // other blocks' stores: read from L2, not a stale L1 line
-      sum = __ldcg(src + e);
-      for (int r = 1; r < p.ranges; ++r) sum += __ldcg(src + r * kElems + e);
-    } else {
-      sum = src[e];
-      for (int r = 1; r < p.ranges; ++r) sum += src[r * kElems + e];
-    }
-    StoreOut(p, sum, tile, token0, (e >> 5) >> 2, (e >> 5) & 3, e & 31);
-  }
+  SumRanges<NT>(p, src, blocks_per_tile > 1, tile, token0, threadIdx.x, warps * 32);
 }
 
 // Rows form (many token tiles): grid (token tiles, groups of 8 tiles); warp w of a block takes tile
@@ -251,6 +273,183 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) GemmRowsKernel(Params p) 
   }
 }
 
+// Tiled form: grid (token tiles of 8 NT, groups of kTiledWarps tiles x range blocks); a stage is kTiledStageK k of
+// the group's 64 weight rows and of the token tile's 8 NT x rows, rows of 128 bytes whose two
+// 64-byte chunk halves swap on odd rows, so that the 8 lanes of an LDS.128 phase (rows g and
+// g + 1, 4 x 16 bytes each) hit all 32 banks once.
+constexpr int kTiledWarps = 4;
+constexpr int kTiledRows = kTiledWarps * kTileRows;
+constexpr int kTiledStageK = 2 * kChunkK;
+constexpr int kTiledStages = 4;
+constexpr int kTiledRowBytes = kTiledStageK * 2;
+template <int NT>
+constexpr int kTiledStageBytes = (kTiledRows + 8 * NT) * kTiledRowBytes;
+template <int NT>
+constexpr size_t kTiledSmem = static_cast<size_t>(kTiledStages) * kTiledStageBytes<NT>;
+
+// Byte offset of k unit u (16 bytes, 0..7) of row r within a stage's row block.
+__host__ __device__ constexpr int TiledOffset(int r, int u) { return r * kTiledRowBytes + (((u >> 2) ^ (r & 1)) << 6) + ((u & 3) << 4); }
+
+__device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// A thread's share of a stage's copies, worked out once: thread i copies k unit i % 8 of rows
+// i / 8 + 16 q (q < kRows / 16), the same rows and unit every stage. Its sources are one 64-bit
+// pointer that advances 128 bytes per stage plus fixed 32-bit offsets (rows past the end point at
+// the first row and copy nothing), so a copy is an add, a select of its size and the LDGSTS (run
+// 317: the previous version's compiler-rematerialized 64-bit row products and selects were ~100
+// of a stage's ~600 instructions).
+template <int kRows>
+struct TiledCopier {
+  static constexpr int kCopies = kRows / 16;
+  const unsigned char* src;  // unit i % 8 of the first row at the current stage
+  uint32_t src_off[kCopies];  // bytes from `src` to row q
+  uint32_t dst[kCopies];      // offset in the stage's row block
+  int bytes[kCopies];         // 16, or 0 for rows past the end
+  __device__ void Init(const void* base, int row_bytes, int first_row, int rows_total, int unit0, int tid) {
+    const int u = tid % 8;
+    src = static_cast<const unsigned char*>(base) + static_cast<int64_t>(first_row) * row_bytes + 16 * (unit0 + u);
+#pragma unroll
+    for (int q = 0; q < kCopies; ++q) {
+      const int r = tid / 8 + 16 * q;
+      const bool ok = first_row + r < rows_total;
+      src_off[q] = ok ? static_cast<uint32_t>(r) * static_cast<uint32_t>(row_bytes) : 0u;
+      bytes[q] = ok ? 16 : 0;
+      dst[q] = TiledOffset(r, u);
+    }
+  }
+  // The next stage into the row block at shared address `block`; `k_ok`: the thread's unit is < K.
+  __device__ __forceinline__ void IssueAndAdvance(uint32_t block, bool k_ok) {
+#pragma unroll
+    for (int q = 0; q < kCopies; ++q) CopyAsync16ZeroFill(block + dst[q], src + src_off[q], k_ok ? bytes[q] : 0);
+    src += kTiledRowBytes;
+  }
+};
+
+// The same MMAs, in the same order per output, as RangePartial: range r's partial starts from zero
+// (an MMA onto zeroed accumulators gives the bits of RangePartial's fresh form, a . b + 0), and
+// every token group runs its MMAs (x rows past M are zero-filled). A block walks every range and
+// keeps the rows form's running sum ((p0 + p1) + p2) + ...; or, kAcrossBlocks (N with few groups),
+// takes one range, and the partials meet in work space, where the group's last block sums them as
+// the split form does. Either way the bits are the split form's. (Two instances, not a runtime
+// switch: with the across-blocks epilogue in the same kernel the one-block form ran 1.8x slower,
+// runs 319-320.)
+template <typename W, typename X, int NT, bool kAcrossBlocks>
+__global__ void __launch_bounds__(kTiledWarps * 32, 3) GemmTiledKernel(Params p) {
+  using A = MmaType<X>;
+  static_assert(std::is_same<A, W>::value && !std::is_same<X, float>::value, "16-bit x and weights of the MMA's type");
+  extern __shared__ __align__(16) unsigned char ring[];  // [kTiledStages][rows 64 + 8 NT][128 B]
+  const uint32_t ring_base = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // token tiles are the fastest grid index: the token tiles of one weight group run together and
+  // read it from L2 rather than HBM (as in the rows form, run 295)
+  const int token_tile = blockIdx.x, token0 = (p.token_tile0 + token_tile) * 8 * NT;
+  const int group = kAcrossBlocks ? blockIdx.y / p.ranges : blockIdx.y;
+  const int row0 = group * kTiledRows, tile = group * kTiledWarps + warp;
+  const int r_begin = kAcrossBlocks ? blockIdx.y % p.ranges : 0, r_end = kAcrossBlocks ? r_begin + 1 : p.ranges;
+  const int c_first = r_begin * p.range_chunks, c_last = min(r_end * p.range_chunks, p.chunks);
+  // stages count from the block's first chunk, in 16-byte k units of the rows
+  const int unit0 = c_first * (kChunkK / 8), row_units = p.K / 8;
+  const int stages = (c_last - c_first + 1) / 2;
+  const int my_unit = unit0 + tid % 8;  // a copy's k unit at stage 0
+  TiledCopier<kTiledRows> wcopy;
+  TiledCopier<8 * NT> xcopy;
+  wcopy.Init(p.w, p.K * 2, row0, p.N, unit0, tid);
+  xcopy.Init(p.x, p.K * 2, token0, p.M, unit0, tid);
+  constexpr uint32_t kXBlock = kTiledRows * kTiledRowBytes;  // x rows follow the weight rows in a stage
+  // the first stages' weights stream in while the previous kernel drains; x only after it
+  for (int s = 0; s < kTiledStages - 1; ++s) {
+    if (s < stages) wcopy.IssueAndAdvance(ring_base + s * kTiledStageBytes<NT>, s * 8 + my_unit < row_units);
+  }
+  PdlWait();
+  for (int s = 0; s < kTiledStages - 1; ++s) {
+    if (s < stages) xcopy.IssueAndAdvance(ring_base + s * kTiledStageBytes<NT> + kXBlock, s * 8 + my_unit < row_units);
+    CopyAsyncCommit();
+  }
+  // A lane's reads of a chunk: 16 bytes of rows g and g + 8 of its tile and of token g of each
+  // token group, at k unit 4 ch + t of the stage; rows g, g + 8 and 8 j + g share their parity,
+  // so the offsets are fixed apart from 1 KB per token group, and chunk 1's are chunk 0's with the
+  // 64-byte halves swapped (xor 64).
+  const uint32_t a_off = TiledOffset(warp * kTileRows + g, t), x_off = kXBlock + TiledOffset(g, t);
+  constexpr uint32_t kRowsOf8 = 8 * kTiledRowBytes;
+  // Ranges outside, chunks inside: the accumulators stay in their registers through the chunk loop
+  // (run 317: a stage loop with per-chunk range checks and per-group exits cost ~130 register moves
+  // per chunk), and the ring is refilled at every even chunk.
+  float sum[NT][4];
+  int c = c_first;
+  for (int r = r_begin; r < r_end; ++r) {
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+    const int c_end = min(c + p.range_chunks, c_last);
+    for (; c < c_end; ++c) {
+      const int lc = c - c_first, st = lc >> 1;
+      if ((lc & 1) == 0) {
+        CopyAsyncWait<kTiledStages - 2>();
+        __syncthreads();  // stage st is in every thread's view, and every warp is done with stage st - 1's slot
+        const int next = st + kTiledStages - 1;
+        if (next < stages) {
+          const uint32_t block = ring_base + (next % kTiledStages) * kTiledStageBytes<NT>;
+          const bool k_ok = next * 8 + my_unit < row_units;
+          wcopy.IssueAndAdvance(block, k_ok);
+          xcopy.IssueAndAdvance(block + kXBlock, k_ok);
+        }
+        CopyAsyncCommit();
+      }
+      const uint32_t slot = ring_base + (st % kTiledStages) * kTiledStageBytes<NT>, half = (lc & 1) << 6;
+      const uint4 wa = LoadShared16(slot + (a_off ^ half));
+      const uint4 wb = LoadShared16(slot + (a_off ^ half) + kRowsOf8);
+      const uint32_t wr[2][4] = {{wa.x, wa.y, wa.z, wa.w}, {wb.x, wb.y, wb.z, wb.w}};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint4 xv = LoadShared16(slot + (x_off ^ half) + j * kRowsOf8);
+        const uint32_t xr[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t a[4] = {wr[0][2 * h], wr[1][2 * h], wr[0][2 * h + 1], wr[1][2 * h + 1]};
+          Mma<A>(acc[j], a, xr[2 * h], xr[2 * h + 1], false);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sum[j][i] = r == r_begin ? acc[j][i] : sum[j][i] + acc[j][i];
+  }
+  CopyAsyncWaitAll();
+  PdlLaunchDependents();
+  if constexpr (!kAcrossBlocks) {
+    if (tile >= p.tiles) return;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) StoreOut(p, sum[j][i], tile, token0, j, i, lane);
+    }
+  } else {
+    // this range's partial of each tile into work space; the group's last block sums them, a warp
+    // per tile
+    constexpr int kElems = NT * 4 * 32;
+    const int64_t tile_base = static_cast<int64_t>(token_tile) * p.tiles;
+    if (tile < p.tiles) {
+      float* dst = p.partials + ((tile_base + tile) * p.ranges + r_begin) * kElems;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dst[(4 * j + i) * 32 + lane] = sum[j][i];
+      }
+    }
+    // the flag in the ring, which every warp is done with (LastOfBlocks syncs before writing it): a
+    // static shared variable would shift the ring by 16 bytes
+    if (!LastOfBlocks(p.counters + tile_base + group, p.ranges, reinterpret_cast<volatile bool*>(ring))) return;
+    if (tile < p.tiles) SumRanges<NT>(p, p.partials + (tile_base + tile) * p.ranges * kElems, true, tile, token0, lane, 32);
+  }
+}
+
 // The K split: enough ranges that tiles x ranges fills kWarpsPerSm warps per SM, each at least
 // kMinRangeChunks chunks long, and at most one block's worth (8) unless the tiles cannot fill half
 // the SMs: a range sum across blocks (work space, fences, a counter) cost more than the warps it
@@ -267,20 +466,31 @@ void ChooseRanges(Params* p, int sms) {
   p->ranges = (p->chunks + p->range_chunks - 1) / p->range_chunks;
 }
 
-enum class Form { kSplit, kRows };
-// KDTREE_GEMM_FORM=split|rows overrides the rule (tests, tuning); read per call.
+enum class Form { kSplit, kRows, kTiled, kTiledSplit };
+// KDTREE_GEMM_FORM=split|rows|tiled|tiled-split overrides the rule (tests, tuning); read per call.
+// The tiled forms take 16-bit x in token tiles of 32 or 64 (NT >= 4).
+template <typename X, int NT>
 Form ChooseForm(const Params& p, int token_tiles, int sms) {
+  const int64_t tiled_groups = (p.tiles + kTiledWarps - 1) / kTiledWarps;
+  const bool tiled_fits = NT >= 4 && !std::is_same<X, float>::value && tiled_groups * p.ranges <= kMaxGridY;
+  const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   if (const char* v = std::getenv("KDTREE_GEMM_FORM")) {
     if (std::strcmp(v, "split") == 0) return Form::kSplit;
-    if (std::strcmp(v, "rows") == 0 && (p.tiles + kBlockWarps - 1) / kBlockWarps <= kMaxGridY) return Form::kRows;
+    if (std::strcmp(v, "rows") == 0 && groups <= kMaxGridY) return Form::kRows;
+    if (std::strcmp(v, "tiled") == 0 && tiled_fits) return Form::kTiled;
+    if (std::strcmp(v, "tiled-split") == 0 && tiled_fits) return Form::kTiledSplit;
   }
-  // The rows form once its blocks fill the device twice over. Below that the split form is faster
+  // The tiled form once its blocks fill the device twice over: from 32 tokens on lm_head and the
+  // dense MLP, 512+ tokens on 4608- and 7168-row shapes (run 321: faster than the rows form
+  // wherever it fills the device; its blocks are 4 warps, so fewer blocks leave SMs idle).
+  const int64_t sm_count = sms;
+  if (tiled_fits && tiled_groups * token_tiles >= 2 * sm_count) return Form::kTiled;
+  // Then the rows form once its blocks fill the device twice over. Below that the split form is faster
   // even where its warps each read their own x (run 295: a form with the rows form's 8 tiles per
   // block and one range per block, summed across blocks, took 1.1-5x as long at 32-128 tokens: its
   // last block per group sums 8 tiles' ranges alone).
-  const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   if (groups > kMaxGridY) return Form::kSplit;
-  return groups * token_tiles >= 2 * static_cast<int64_t>(sms) ? Form::kRows : Form::kSplit;
+  return groups * token_tiles >= 2 * sm_count ? Form::kRows : Form::kSplit;
 }
 
 // Work space (floats per token tile) and counters (per token tile) of the split form when it sums
@@ -313,13 +523,25 @@ Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
   const size_t elems = static_cast<size_t>(NT) * 4 * 32;
   const int groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   const dim3 block(kBlockWarps * 32);
-  if (ChooseForm(p, token_tiles, sms) == Form::kRows) {
+  const Form form = ChooseForm<X, NT>(p, token_tiles, sms);
+  if (form == Form::kRows) {
     return LaunchChunks(p, token_tiles, nullptr, scratch, s, [&](const Params& q, int n) { return LaunchPdl("gemm (rows form)", GemmRowsKernel<W, X, NT>, dim3(n, groups), block, 0, s, q); });
+  }
+  const CrossBlock cross{static_cast<size_t>(p.tiles) * p.ranges * elems, p.tiles};
+  if constexpr (NT >= 4 && !std::is_same<X, float>::value) {
+    if (form == Form::kTiled || form == Form::kTiledSplit) {
+      const bool across = form == Form::kTiledSplit;
+      const auto kernel = across ? GemmTiledKernel<W, X, NT, true> : GemmTiledKernel<W, X, NT, false>;
+      KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTiledSmem<NT>)), "gemm (tiled form): shared memory"));
+      const int blocks_y = (p.tiles + kTiledWarps - 1) / kTiledWarps * (across ? p.ranges : 1);
+      return LaunchChunks(p, token_tiles, across ? &cross : nullptr, scratch, s, [&](const Params& q, int n) {
+        return LaunchPdl("gemm (tiled form)", kernel, dim3(n, blocks_y), dim3(kTiledWarps * 32), kTiledSmem<NT>, s, q);
+      });
+    }
   }
   const int blocks_per_tile = (p.ranges + kBlockWarps - 1) / kBlockWarps;
   const int warps = std::min(kBlockWarps, p.ranges);
   const size_t smem = blocks_per_tile == 1 ? warps * elems * sizeof(float) : 0;
-  const CrossBlock cross{static_cast<size_t>(p.tiles) * p.ranges * elems, p.tiles};
   return LaunchChunks(p, token_tiles, blocks_per_tile > 1 ? &cross : nullptr, scratch, s, [&](const Params& q, int n) {
     return LaunchPdl("gemm (split form)", GemmSplitKernel<W, X, NT>, dim3(p.tiles * blocks_per_tile, n), dim3(warps * 32), smem, s, q);
   });

@@ -57,9 +57,11 @@ function againstReference(xDtype: Dtype, wDtype: WeightDtype, yDtype: Dtype): Ke
  * Rows 0, 5 and M - 1 of M = 17 and 118 == the row alone, bit for bit: on cuda the split form
  * (warps over one tile's K ranges) in 32- and 64-token tiles against one token. With `form` the
  * M-row calls are forced to it (KDTREE_GEMM_FORM; the rows form walks every range of a tile in one
- * warp), while the row alone keeps the split form: both must sum the same ranges in the same order.
+ * warp; the tiled form does so from a shared-memory ring of 64 weight rows and the token tile's x;
+ * tiled-split takes a block per range and sums the ranges across blocks), while the row alone keeps
+ * the split form: all must sum the same ranges in the same order.
  */
-function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: 'rows'): KernelCheck {
+function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: 'rows' | 'tiled' | 'tiled-split'): KernelCheck {
   return {
     name: `gemm w ${wDtype}, x ${xDtype}: a row of M = 17 and 118 == the row alone, bit for bit${form ? ` (M-row calls in the ${form} form on cuda)` : ''}, at N 37 x K 2056 and N 600 x K 1000`,
     run(b) {
@@ -160,6 +162,10 @@ export const FLOAT_GEMM_CHECKS: KernelCheck[] = [
   invarianceCheck('bf16', 'bf16', 'rows'),
   invarianceCheck('f32', 'bf16', 'rows'),
   invarianceCheck('f16', 'f16', 'rows'),
+  invarianceCheck('bf16', 'bf16', 'tiled'),
+  invarianceCheck('f16', 'f16', 'tiled'),
+  invarianceCheck('bf16', 'bf16', 'tiled-split'),
+  invarianceCheck('f16', 'f16', 'tiled-split'),
   graphReplay,
   argumentErrors,
 ];
