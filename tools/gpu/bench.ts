@@ -18,7 +18,7 @@
  * include Kimi K2's per-rank dims.
  * Weights rotate over copies larger than the L2 cache, so timings are HBM timings.
  */
-import { readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { bf16ArrayToF32, f32ArrayToBf16 } from '@kdtree/format';
@@ -592,6 +592,7 @@ if (runs('small')) {
 }
 
 if (process.env.OUT) {
+  mkdirSync(process.env.OUT, { recursive: true }); // a hand run may name a directory run.sh has not made
   writeFileSync(join(process.env.OUT, 'bench.json'), `${JSON.stringify(report, null, 1)}\n`);
   writeFileSync(join(process.env.OUT, 'bench.txt'), `${lines.join('\n')}\n`);
 }

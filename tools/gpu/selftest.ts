@@ -6,7 +6,7 @@
  * Writes $OUT/selftest.json when OUT is set; exits 1 if any check fails. KDTREE_SELFTEST_ONLY=<regex>
  * runs only the checks whose name matches (a quick run of the kernel under work).
  */
-import { writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createBackend } from '../../packages/cuda/src/backend.js';
@@ -37,5 +37,8 @@ for (const kind of (process.env.KDTREE_SELFTEST_BACKENDS ?? 'cuda,cpu').split(',
 }
 const failed = results.filter((r) => !r.ok).length;
 console.log(`\n${results.length - failed} passed, ${failed} failed`);
-if (process.env.OUT) writeFileSync(join(process.env.OUT, 'selftest.json'), `${JSON.stringify(results, null, 1)}\n`);
+if (process.env.OUT) {
+  mkdirSync(process.env.OUT, { recursive: true });
+  writeFileSync(join(process.env.OUT, 'selftest.json'), `${JSON.stringify(results, null, 1)}\n`);
+}
 process.exitCode = failed ? 1 : 0;

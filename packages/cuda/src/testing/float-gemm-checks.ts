@@ -93,34 +93,46 @@ function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: 'rows' | 'ti
  * M 40 in the rows form), launched 3 times with new x uploaded before each: every launch's outputs
  * == direct calls on the same x, bit for bit.
  */
+/**
+ * Each capture is one gemm call in a form that uses the device differently: the split form with a
+ * K split across blocks (work space and counters that the last block zeroes for the next launch),
+ * the rows form, the tiled form (dynamic shared memory) and its block-per-range variant (work space
+ * again). Replayed with new x, a graph must give a direct call's bits.
+ */
+const GRAPH_CASES: { n: number; k: number; m: number; form?: 'rows' | 'tiled' | 'tiled-split' }[] = [
+  { ...SHAPES[0], m: 3 },
+  { ...SHAPES[1], m: 40, form: 'rows' },
+  { ...SHAPES[1], m: 40, form: 'tiled' },
+  { ...SHAPES[0], m: 40, form: 'tiled-split' },
+];
+
 const graphReplay: KernelCheck = {
-  name: 'gemm in a graph: a K split across blocks (N 37 x K 2056, M 3) and the rows form (N 600 x K 1000, M 40) captured once, launched 3 times with new x == direct calls, bit for bit',
+  name: `gemm in a graph: ${GRAPH_CASES.map((c) => `${c.form ?? 'split'} form (N ${c.n} x K ${c.k}, M ${c.m})`).join(', ')} captured once, launched 3 times with new x == direct calls, bit for bit`,
   run(b) {
     withTensors(b, (track) => {
-      const cases = SHAPES.slice(0, 2).map(({ n, k }, i) => {
-        const m = i === 0 ? 3 : 40;
+      const cases = GRAPH_CASES.map(({ n, k, m, form }, i) => {
         const { w } = weights(b, 'bf16', n, k, 80 + i);
-        return { n, k, m, w: track(w), x: track(b.empty('bf16', [m, k])), yGraph: track(b.empty('f32', [m, n])), yDirect: track(b.empty('f32', [m, n])) };
+        return { n, k, m, form, w: track(w), x: track(b.empty('bf16', [m, k])), yGraph: track(b.empty('f32', [m, n])), yDirect: track(b.empty('f32', [m, n])) };
       });
+      const call = (c: (typeof cases)[number], y: DeviceTensor, stream?: number) => {
+        const run = () => b.native.gemm({ x: c.x, w: c.w, y, stream });
+        return c.form ? withEnv('KDTREE_GEMM_FORM', c.form, run) : run();
+      };
       const stream = b.native.createStream();
       try {
-        const split = b.capture(stream, () => b.native.gemm({ x: cases[0].x, w: cases[0].w, y: cases[0].yGraph, stream }));
-        const rows = b.capture(stream, () => withEnv('KDTREE_GEMM_FORM', 'rows', () => b.native.gemm({ x: cases[1].x, w: cases[1].w, y: cases[1].yGraph, stream })));
+        const graphs = cases.map((c) => b.capture(stream, () => call(c, c.yGraph, stream)));
         try {
           for (let launch = 0; launch < 3; launch++) {
             for (const [i, c] of cases.entries()) b.native.upload(c.x.buffer, f32ArrayToBf16(randomF32(c.m * c.k, 900 + 10 * launch + i)));
-            b.native.launchGraph(split, stream);
-            b.native.launchGraph(rows, stream);
+            for (const g of graphs) b.native.launchGraph(g, stream);
             b.synchronize(stream);
-            b.native.gemm({ x: cases[0].x, w: cases[0].w, y: cases[0].yDirect });
-            withEnv('KDTREE_GEMM_FORM', 'rows', () => b.native.gemm({ x: cases[1].x, w: cases[1].w, y: cases[1].yDirect }));
+            for (const c of cases) call(c, c.yDirect);
             for (const c of cases) {
-              if (!sameBits(b.toArray(c.yGraph), b.toArray(c.yDirect))) fail(`N=${c.n} K=${c.k} M=${c.m}: launch ${launch + 1} of the graph differs from a direct call`);
+              if (!sameBits(b.toArray(c.yGraph), b.toArray(c.yDirect))) fail(`${c.form ?? 'split'} form, N=${c.n} K=${c.k} M=${c.m}: launch ${launch + 1} of the graph differs from a direct call`);
             }
           }
         } finally {
-          b.native.freeGraph(split);
-          b.native.freeGraph(rows);
+          for (const g of graphs) b.native.freeGraph(g);
         }
       } finally {
         b.native.destroyStream(stream);
