@@ -472,7 +472,8 @@ enum class Form { kSplit, kRows, kTiled, kTiledSplit };
 template <typename X, int NT>
 Form ChooseForm(const Params& p, int token_tiles, int sms) {
   const int64_t tiled_groups = (p.tiles + kTiledWarps - 1) / kTiledWarps;
-  const bool tiled_fits = NT >= 4 && !std::is_same<X, float>::value && tiled_groups * p.ranges <= kMaxGridY;
+  // (a thread's copy offsets within 64 rows are 32-bit)
+  const bool tiled_fits = NT >= 4 && !std::is_same<X, float>::value && tiled_groups * p.ranges <= kMaxGridY && int64_t{kTiledRows} * p.K * 2 < (int64_t{1} << 32);
   const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   if (const char* v = std::getenv("KDTREE_GEMM_FORM")) {
     if (std::strcmp(v, "split") == 0) return Form::kSplit;
