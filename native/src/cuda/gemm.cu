@@ -273,10 +273,10 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) GemmRowsKernel(Params p) 
   }
 }
 
-// Tiled form: grid (token tiles of 8 NT, groups of kTiledWarps tiles x range blocks); a stage is kTiledStageK k of
-// the group's 64 weight rows and of the token tile's 8 NT x rows, rows of 128 bytes whose two
-// 64-byte chunk halves swap on odd rows, so that the 8 lanes of an LDS.128 phase (rows g and
-// g + 1, 4 x 16 bytes each) hit all 32 banks once.
+// Tiled form: grid (token tiles of 8 NT, groups of kTiledWarps tiles x range blocks); a stage is
+// kTiledStageK k of the group's 64 weight rows and of the token tile's 8 NT x rows, rows of 128
+// bytes whose two 64-byte chunk halves swap on odd rows, so that the 8 lanes of an LDS.128 phase
+// (rows g and g + 1, 4 x 16 bytes each) hit all 32 banks once.
 constexpr int kTiledWarps = 4;
 constexpr int kTiledRows = kTiledWarps * kTileRows;
 constexpr int kTiledStageK = 2 * kChunkK;
