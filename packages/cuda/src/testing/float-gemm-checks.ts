@@ -6,6 +6,8 @@ import { asF32, roundX, TOLERANCE, upload } from './gemm-checks.js';
 import { expectClose, expectThrows, fail, randomF32, relError, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
 
 type WeightDtype = 'bf16' | 'f16';
+/** A cuda kernel form that KDTREE_GEMM_FORM forces (the split form is the default's fallback). */
+type ForcedForm = 'rows' | 'tiled' | 'tiled-split';
 
 /** Random weights [n, k] in `dtype`: the device tensor and the f32 values it holds. */
 function weights(b: KdtreeBackend, dtype: WeightDtype, n: number, k: number, seed: number): { w: DeviceTensor; wf: Float32Array } {
@@ -61,7 +63,7 @@ function againstReference(xDtype: Dtype, wDtype: WeightDtype, yDtype: Dtype): Ke
  * tiled-split takes a block per range and sums the ranges across blocks), while the row alone keeps
  * the split form: all must sum the same ranges in the same order.
  */
-function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: 'rows' | 'tiled' | 'tiled-split'): KernelCheck {
+function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: ForcedForm): KernelCheck {
   return {
     name: `gemm w ${wDtype}, x ${xDtype}: a row of M = 17 and 118 == the row alone, bit for bit${form ? ` (M-row calls in the ${form} form on cuda)` : ''}, at N 37 x K 2056 and N 600 x K 1000`,
     run(b) {
@@ -88,18 +90,13 @@ function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: 'rows' | 'ti
 }
 
 /**
- * Graphs: two gemms captured once on a created stream (N 37 x K 2056 at M 3, whose K split crosses
- * blocks on an H200, so its counters must be back at zero after every launch; N 600 x K 1000 at
- * M 40 in the rows form), launched 3 times with new x uploaded before each: every launch's outputs
- * == direct calls on the same x, bit for bit.
+ * Graphs, on a created stream: each capture is one gemm call in a form that uses the device
+ * differently: the split form with a K split across blocks (work space and counters that the last
+ * block zeroes for the next launch), the rows form, the tiled form (dynamic shared memory) and its
+ * block-per-range variant (work space again). Replayed 3 times with new x uploaded before each, a
+ * graph must give a direct call's bits.
  */
-/**
- * Each capture is one gemm call in a form that uses the device differently: the split form with a
- * K split across blocks (work space and counters that the last block zeroes for the next launch),
- * the rows form, the tiled form (dynamic shared memory) and its block-per-range variant (work space
- * again). Replayed with new x, a graph must give a direct call's bits.
- */
-const GRAPH_CASES: { n: number; k: number; m: number; form?: 'rows' | 'tiled' | 'tiled-split' }[] = [
+const GRAPH_CASES: { n: number; k: number; m: number; form?: ForcedForm }[] = [
   { ...SHAPES[0], m: 3 },
   { ...SHAPES[1], m: 40, form: 'rows' },
   { ...SHAPES[1], m: 40, form: 'tiled' },
