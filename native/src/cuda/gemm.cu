@@ -25,8 +25,8 @@
 //    tile's x through a shared-memory ring (cp.async) and each warp walks all ranges of its tile
 //    as the rows form does, so x comes from L2 once per 64 rows (run 321: lm_head at 64 tokens
 //    183 -> 92 us, at 512 tokens 898 -> 589 us against the rows form). Its variant with a block
-//    per range (tiled-split, for N with few groups) is bit-identical but not chosen: it measured
-//    slower than the split form (run 321).
+//    per range (tiled-split, for N with few groups: q_a_proj, layer 0's MLP) stores its ranges'
+//    partials for a small kernel to sum.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -333,10 +333,11 @@ struct TiledCopier {
 // (an MMA onto zeroed accumulators gives the bits of RangePartial's fresh form, a . b + 0), and
 // every token group runs its MMAs (x rows past M are zero-filled). A block walks every range and
 // keeps the rows form's running sum ((p0 + p1) + p2) + ...; or, kAcrossBlocks (N with few groups),
-// takes one range, and the partials meet in work space, where the group's last block sums them as
-// the split form does. Either way the bits are the split form's. (Two instances, not a runtime
-// switch: with the across-blocks epilogue in the same kernel the one-block form ran 1.8x slower,
-// runs 319-320.)
+// takes one range and stores its partials in work space, which GemmSumRangesKernel then sums in
+// range order, as the split form's last block does. Either way the bits are the split form's.
+// (Two instances, not a runtime switch: with a cross-block sum in the same kernel the one-block
+// form ran 1.8x slower, runs 319-320; the sum is a kernel of its own so that the block-per-range
+// loop keeps the code it had without it, run 320: q_a_proj at 64 tokens 13.1 us.)
 template <typename W, typename X, int NT, bool kAcrossBlocks>
 __global__ void __launch_bounds__(kTiledWarps * 32, 3) GemmTiledKernel(Params p) {
   using A = MmaType<X>;
@@ -431,23 +432,26 @@ __global__ void __launch_bounds__(kTiledWarps * 32, 3) GemmTiledKernel(Params p)
       for (int i = 0; i < 4; ++i) StoreOut(p, sum[j][i], tile, token0, j, i, lane);
     }
   } else {
-    // this range's partial of each tile into work space; the group's last block sums them, a warp
-    // per tile
+    // this range's partial of each tile into work space, [token tile][tile][range][NT * 4][32]
+    if (tile >= p.tiles) return;
     constexpr int kElems = NT * 4 * 32;
-    const int64_t tile_base = static_cast<int64_t>(token_tile) * p.tiles;
-    if (tile < p.tiles) {
-      float* dst = p.partials + ((tile_base + tile) * p.ranges + r_begin) * kElems;
+    float* dst = p.partials + ((static_cast<int64_t>(token_tile) * p.tiles + tile) * p.ranges + r_begin) * kElems;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
+    for (int j = 0; j < NT; ++j) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) dst[(4 * j + i) * 32 + lane] = sum[j][i];
-      }
+      for (int i = 0; i < 4; ++i) dst[(4 * j + i) * 32 + lane] = sum[j][i];
     }
-    // the flag in the ring, which every warp is done with (LastOfBlocks syncs before writing it): a
-    // static shared variable would shift the ring by 16 bytes
-    if (!LastOfBlocks(p.counters + tile_base + group, p.ranges, reinterpret_cast<volatile bool*>(ring))) return;
-    if (tile < p.tiles) SumRanges<NT>(p, p.partials + (tile_base + tile) * p.ranges * kElems, true, tile, token0, lane, 32);
   }
+}
+
+// The block-per-range tiled form's partials summed in range order: grid (tiles, token tiles of the
+// launch), each block one tile's NT * 4 * 32 outputs.
+template <int NT>
+__global__ void __launch_bounds__(128) GemmSumRangesKernel(Params p) {
+  PdlWait();  // the partials are the previous kernel's
+  PdlLaunchDependents();
+  const int tile = blockIdx.x, token_tile = blockIdx.y, token0 = (p.token_tile0 + token_tile) * 8 * NT;
+  SumRanges<NT>(p, p.partials + (static_cast<int64_t>(token_tile) * p.tiles + tile) * p.ranges * (NT * 4 * 32), true, tile, token0, threadIdx.x, blockDim.x);
 }
 
 // The K split: enough ranges that tiles x ranges fills kWarpsPerSm warps per SM, each at least
@@ -467,6 +471,10 @@ void ChooseRanges(Params* p, int sms) {
 }
 
 enum class Form { kSplit, kRows, kTiled, kTiledSplit };
+// The block-per-range tiled form's shortest range: 16 chunks (8 stages of the ring). Ranges of 8
+// lost to the split form at 32-64 tokens (run 322: layer 0's down, 7168 x 2304, 17.4 / 25.6 ->
+// 17.9 / 28.3 us), those of 28 won (q_a_proj 17.7 / 30.9 -> 16.1 / 21.6).
+constexpr int kTiledSplitMinChunks = 16;
 // KDTREE_GEMM_FORM=split|rows|tiled|tiled-split overrides the rule (tests, tuning); read per call.
 // The tiled forms take 16-bit x in token tiles of 32 or 64 (NT >= 4).
 template <typename X, int NT>
@@ -486,6 +494,10 @@ Form ChooseForm(const Params& p, int token_tiles, int sms) {
   // wherever it fills the device; its blocks are 4 warps, so fewer blocks leave SMs idle).
   const int64_t sm_count = sms;
   if (tiled_fits && tiled_groups * token_tiles >= 2 * sm_count) return Form::kTiled;
+  // With fewer groups, a block per range where the ranges are long enough to pay for the ring's
+  // fill and the partials' round trip (run 322 at 32 / 64 / 512 tokens: q_a_proj 17.7 / 30.9 /
+  // 94.9 -> 16.1 / 21.6 / 66.2 us; layer 0's gate_up at 32 / 64 tokens 39.6 / 64.0 -> 29.7 / 35.6).
+  if (tiled_fits && p.ranges > 1 && p.range_chunks >= kTiledSplitMinChunks && tiled_groups * p.ranges * token_tiles >= sm_count) return Form::kTiledSplit;
   // Then the rows form once its blocks fill the device twice over. Below that the split form is faster
   // even where its warps each read their own x (run 295: a form with the rows form's 8 tiles per
   // block and one range per block, summed across blocks, took 1.1-5x as long at 32-128 tokens: its
@@ -535,8 +547,10 @@ Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
       const auto kernel = across ? GemmTiledKernel<W, X, NT, true> : GemmTiledKernel<W, X, NT, false>;
       KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTiledSmem<NT>)), "gemm (tiled form): shared memory"));
       const int blocks_y = (p.tiles + kTiledWarps - 1) / kTiledWarps * (across ? p.ranges : 1);
-      return LaunchChunks(p, token_tiles, across ? &cross : nullptr, scratch, s, [&](const Params& q, int n) {
-        return LaunchPdl("gemm (tiled form)", kernel, dim3(n, blocks_y), dim3(kTiledWarps * 32), kTiledSmem<NT>, s, q);
+      const CrossBlock partials{static_cast<size_t>(p.tiles) * p.ranges * elems, 0};  // no counters: the sum is its own kernel
+      return LaunchChunks(p, token_tiles, across ? &partials : nullptr, scratch, s, [&](const Params& q, int n) {
+        KDTREE_RETURN_IF_ERROR(LaunchPdl("gemm (tiled form)", kernel, dim3(n, blocks_y), dim3(kTiledWarps * 32), kTiledSmem<NT>, s, q));
+        return across ? LaunchPdl("gemm (tiled form): range sums", GemmSumRangesKernel<NT>, dim3(p.tiles, n), dim3(128), 0, s, q) : Status::Ok();
       });
     }
   }
