@@ -35,15 +35,15 @@ for (const [n, k] of want('gemm') ? [[4096, 7168], [18432, 7168], [7168, 2048]] 
 // W4A16 at a 2048-token prefill on the dense shape and an expert shape (the prefill kernel)
 for (const [n, k] of want('prefill') ? [[18432, 7168], [4096, 7168]] : []) w4a16Launches(n, k, [2048]);
 
-// gemm (bf16 weights as stored) at 1, 16 and 64 tokens on q_a_proj, kv_a_proj_with_mqa and one
-// rank's lm_head share
+// gemm (bf16 weights as stored) at 1, 16, 64 and 512 tokens on q_a_proj, kv_a_proj_with_mqa and
+// one rank's lm_head share (at 512 tokens: the tiled-split, split and wgmma forms)
 for (const [n, k] of want('float') ? [[1536, 7168], [576, 7168], [20480, 7168]] : []) {
   const w = gpu.empty('bf16', [n, k]);
   fillPattern(w, 0x3c);
-  const x = gpu.empty('bf16', [64, k]);
+  const x = gpu.empty('bf16', [512, k]);
   fillPattern(x, 0x3c);
-  const y = gpu.empty('bf16', [64, n]);
-  for (const m of [1, 16, 64]) gpu.native.gemm({ x: { ...x, shape: [m, k] }, w, y: { ...y, shape: [m, n] } });
+  const y = gpu.empty('bf16', [512, n]);
+  for (const m of [1, 16, 64, 512]) gpu.native.gemm({ x: { ...x, shape: [m, k] }, w, y: { ...y, shape: [m, n] } });
   gpu.free(w, x, y);
 }
 

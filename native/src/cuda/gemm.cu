@@ -27,20 +27,27 @@
 //    183 -> 92 us, at 512 tokens 898 -> 589 us against the rows form). Its variant with a block
 //    per range (tiled-split, for N with few groups: q_a_proj, layer 0's MLP) stores its ranges'
 //    partials for a small kernel to sum.
+//  * Wgmma form (16-bit x, 128+ tokens, sm_90a; gemm_wgmma.cu): 128 weight rows x 128 tokens per
+//    block on the warpgroup MMA, x staged in its operand order (run 327: lm_head at 512 / 2048
+//    tokens 593 / 2396 -> 399 / 1596 us against the tiled form).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <type_traits>
 
-#include "common.cuh"
+#include "gemm_kernel.cuh"
 
 namespace kdtree {
 namespace cuda {
 namespace {
 
-constexpr int kChunkK = 32;         // k per chunk: a lane's 8 k of a row are one 16-byte load
-constexpr int kTileRows = 16;
+using gemm::kChunkK;
+using gemm::kTileRows;
+using gemm::LoadShared16;
+using gemm::Params;
+using gemm::StoreOut;
+
 constexpr int kBlockWarps = 8;
 constexpr int kMinRangeChunks = 4;  // the shortest range (128 k): a warp's stream of 16 x 256 bytes
 #ifndef KDTREE_GEMM_WARPS_PER_SM
@@ -50,20 +57,6 @@ constexpr int kWarpsPerSm = KDTREE_GEMM_WARPS_PER_SM;     // what the split aims
 // Split-form work space per launch: token tiles are launched in chunks that fit.
 constexpr size_t kWorkSpaceMax = size_t{64} << 20;
 constexpr int kMaxGridY = 65535;
-
-struct Params {
-  const void* x;       // [M, K]
-  const uint4* w;      // [N, K] as 16-byte units
-  void* y;             // [M, N]
-  DType y_dtype;
-  int M, N, K;
-  int chunks;          // ceil(K / 32)
-  int ranges, range_chunks;
-  int tiles;           // ceil(N / 16)
-  int token_tile0;     // the launch's first token tile
-  float* partials;     // split and tiled forms across blocks: [token tiles of the launch][tiles][ranges][NT * 4][32]
-  int* counters;       // [token tiles of the launch][tiles], zero between launches
-};
 
 template <typename X>
 using MmaType = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
@@ -168,12 +161,6 @@ __device__ __forceinline__ void RangePartial(const Params& p, int tile, int toke
     }
   }
   if (wait) PdlWait();  // an empty range (none are): still ordered after the previous kernel
-}
-
-// Element i of token tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
-__device__ __forceinline__ void StoreOut(const Params& p, float v, int tile, int token0, int j, int i, int lane) {
-  const int token = token0 + 8 * j + 2 * (lane & 3) + (i & 1), n = tile * kTileRows + (lane >> 2) + 8 * (i >> 1);
-  if (token < p.M && n < p.N) StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(token) * p.N + n, v);
 }
 
 // The last block of a tile's range blocks (split form) or of a group's (tiled form) sums the
@@ -289,12 +276,6 @@ constexpr size_t kTiledSmem = static_cast<size_t>(kTiledStages) * kTiledStageByt
 
 // Byte offset of k unit u (16 bytes, 0..7) of row r within a stage's row block.
 __host__ __device__ constexpr int TiledOffset(int r, int u) { return r * kTiledRowBytes + (((u >> 2) ^ (r & 1)) << 6) + ((u & 3) << 4); }
-
-__device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
 
 // A thread's share of a stage's copies, worked out once: thread i copies k unit i % 8 of rows
 // i / 8 + 16 q (q < kRows / 16), the same rows and unit every stage. Its sources are one 64-bit
@@ -470,34 +451,49 @@ void ChooseRanges(Params* p, int sms) {
   p->ranges = (p->chunks + p->range_chunks - 1) / p->range_chunks;
 }
 
-enum class Form { kSplit, kRows, kTiled, kTiledSplit };
+enum class Form { kSplit, kRows, kTiled, kTiledSplit, kWgmma };
 // The block-per-range tiled form's shortest range: 16 chunks (8 stages of the ring). Ranges of 8
 // lost to the split form at 32-64 tokens (run 322: layer 0's down, 7168 x 2304, 17.4 / 25.6 ->
 // 17.9 / 28.3 us), those of 28 won (q_a_proj 17.7 / 30.9 -> 16.1 / 21.6).
 constexpr int kTiledSplitMinChunks = 16;
-// KDTREE_GEMM_FORM=split|rows|tiled|tiled-split overrides the rule (tests, tuning); read per call.
-// The tiled forms take 16-bit x in token tiles of 32 or 64 (NT >= 4).
+// KDTREE_GEMM_FORM=split|rows|tiled|tiled-split|wgmma overrides the rule (tests, tuning); read per
+// call. The tiled and wgmma forms take 16-bit x from 17 tokens (NT >= 4), the tiled forms in token
+// tiles of 32 or 64, the wgmma form (sm_90a) in tiles of 128.
 template <typename X, int NT>
 Form ChooseForm(const Params& p, int token_tiles, int sms) {
   const int64_t tiled_groups = (p.tiles + kTiledWarps - 1) / kTiledWarps;
+  const bool sixteen_bit = NT >= 4 && !std::is_same<X, float>::value;
   // (a thread's copy offsets within 64 rows are 32-bit)
-  const bool tiled_fits = NT >= 4 && !std::is_same<X, float>::value && tiled_groups * p.ranges <= kMaxGridY && int64_t{kTiledRows} * p.K * 2 < (int64_t{1} << 32);
+  const bool tiled_fits = sixteen_bit && tiled_groups * p.ranges <= kMaxGridY && int64_t{kTiledRows} * p.K * 2 < (int64_t{1} << 32);
+  const int64_t wgmma_blocks = int64_t{(p.N + gemm::kWgmmaRows - 1) / gemm::kWgmmaRows} * ((p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens);
+  const bool wgmma_fits = sixteen_bit && (p.N + gemm::kWgmmaRows - 1) / gemm::kWgmmaRows <= kMaxGridY && gemm::WgmmaFits(p) && gemm::WgmmaAvailable();
   const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   if (const char* v = std::getenv("KDTREE_GEMM_FORM")) {
     if (std::strcmp(v, "split") == 0) return Form::kSplit;
     if (std::strcmp(v, "rows") == 0 && groups <= kMaxGridY) return Form::kRows;
     if (std::strcmp(v, "tiled") == 0 && tiled_fits) return Form::kTiled;
     if (std::strcmp(v, "tiled-split") == 0 && tiled_fits) return Form::kTiledSplit;
+    if (std::strcmp(v, "wgmma") == 0 && wgmma_fits) return Form::kWgmma;
   }
+  const int64_t sm_count = sms;
+  // The wgmma form from 128 tokens where its blocks (one per SM) fill the device one and a half
+  // times over (run 324: lm_head at 512 / 2048 tokens 601 / 2371 -> 432 / 1708 us against the
+  // tiled form, o_proj and layer 0's down at 512 tokens 42.8 / 82.2 -> 38.3 / 68.2; with fewer
+  // blocks it lost: layer 0's gate_up at 512 tokens, 144 blocks, 166 -> 180).
+  const bool wgmma_prefill = wgmma_fits && p.M >= gemm::kWgmmaTokens;
+  if (wgmma_prefill && 2 * wgmma_blocks >= 3 * sm_count) return Form::kWgmma;
   // The tiled form once its blocks fill the device twice over: from 32 tokens on lm_head and the
   // dense MLP, 512+ tokens on 4608- and 7168-row shapes (run 321: faster than the rows form
   // wherever it fills the device; its blocks are 4 warps, so fewer blocks leave SMs idle).
-  const int64_t sm_count = sms;
   if (tiled_fits && tiled_groups * token_tiles >= 2 * sm_count) return Form::kTiled;
   // With fewer groups, a block per range where the ranges are long enough to pay for the ring's
   // fill and the partials' round trip (run 322 at 32 / 64 / 512 tokens: q_a_proj 17.7 / 30.9 /
   // 94.9 -> 16.1 / 21.6 / 66.2 us; layer 0's gate_up at 32 / 64 tokens 39.6 / 64.0 -> 29.7 / 35.6).
   if (tiled_fits && p.ranges > 1 && p.range_chunks >= kTiledSplitMinChunks && tiled_groups * p.ranges * token_tiles >= sm_count) return Form::kTiledSplit;
+  // Below those, the wgmma form still beats the rows and split forms from 128 tokens once it has a
+  // quarter of the SMs' worth of blocks (run 324 at 128 tokens, 56 blocks: o_proj 27.5 -> 19.6 us,
+  // layer 0's down 48.0 -> 33.8; with 12 or 5 blocks, q_b_proj and kv_a_proj, 2.5-3.6x slower).
+  if (wgmma_prefill && 4 * wgmma_blocks >= sm_count) return Form::kWgmma;
   // Then the rows form once its blocks fill the device twice over. Below that the split form is faster
   // even where its warps each read their own x (run 295: a form with the rows form's 8 tiles per
   // block and one range per block, summed across blocks, took 1.1-5x as long at 32-128 tokens: its
@@ -530,6 +526,20 @@ Status LaunchChunks(Params p, int token_tiles, const CrossBlock* cross, Scratch&
   return Status::Ok();
 }
 
+// The wgmma form: x staged per token tile into work space, in launches whose staged x fits
+// kWorkSpaceMax.
+Status RunWgmma(Params p, bool f16, Scratch& scratch, cudaStream_t s) {
+  const int token_tiles = (p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens;
+  const size_t per_tile = gemm::WgmmaStagedBytes(p);
+  const int chunk = static_cast<int>(std::clamp<size_t>(kWorkSpaceMax / per_tile, 1, std::min(token_tiles, kMaxGridY)));
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(chunk * per_tile, s));
+  for (int first = 0; first < token_tiles; first += chunk) {
+    p.token_tile0 = first;
+    KDTREE_RETURN_IF_ERROR(gemm::LaunchWgmma(p, f16, std::min(chunk, token_tiles - first), scratch.ptr, s));
+  }
+  return Status::Ok();
+}
+
 template <typename W, typename X, int NT>
 Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
   const int token_tiles = (p.M + 8 * NT - 1) / (8 * NT);
@@ -542,6 +552,7 @@ Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
   }
   const CrossBlock cross{static_cast<size_t>(p.tiles) * p.ranges * elems, p.tiles};
   if constexpr (NT >= 4 && !std::is_same<X, float>::value) {
+    if (form == Form::kWgmma) return RunWgmma(p, std::is_same<X, __half>::value, scratch, s);
     if (form == Form::kTiled || form == Form::kTiledSplit) {
       const bool across = form == Form::kTiledSplit;
       const auto kernel = across ? GemmTiledKernel<W, X, NT, true> : GemmTiledKernel<W, X, NT, false>;

@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmPara
           codes[r][1] = LoadStream(w_src + (step + kLookahead) * kUint4PerStep + 32);
         }
         CopyAsyncWait<kXAhead>();  // this step's copies landed (the next ones may still be in flight)
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the tensor cores
+        FenceProxyAsync();  // visible to the tensor cores
         BarrierArrive(&sh.full[stage]);
       }
     }

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, BlocksPerSm(kDequantAhead)) W4A16Wgm
   // The stage of step `step` landed, for every thread, and visible to the tensor cores; the barrier
   // also means every warp has waited for the previous step's wgmmas, so that stage can be refilled.
   auto stage_ready = [&]() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    FenceProxyAsync();
     __syncthreads();
   };
 
@@ -284,23 +284,8 @@ Status LaunchForm(const GemmParams& p, int copies, dim3 grid, int sms, cudaStrea
 }  // namespace
 
 bool WgmmaAvailable() {
-  // The kernel exists only as sm_90a machine code: on any other device there is no image to run.
-  // Asked once per device (the current one: a host may mix GPUs); 0 unknown, 1 yes, 2 no.
-  constexpr int kDevices = 64;
-  static std::atomic<int> known[kDevices];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) {
-    cudaGetLastError();
-    return false;
-  }
-  int state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    cudaFuncAttributes attributes;
-    state = cudaFuncGetAttributes(&attributes, W4A16WgmmaKernel<uint16_t, 32, false, false>) == cudaSuccess ? 1 : 2;
-    cudaGetLastError();  // clear the lookup's error
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  return state == 1;
+  static std::atomic<int> known[kMaxKnownDevices];
+  return DeviceRunsKernel(reinterpret_cast<const void*>(W4A16WgmmaKernel<uint16_t, 32, false, false>), known);
 }
 
 int WgmmaTileGroups(int tiles) { return (tiles + kTileGroup - 1) / kTileGroup; }

@@ -3,6 +3,7 @@
 // kernel's split of a tile (w4a16_gemm.cu), which keeps their results bit-identical to it.
 #pragma once
 #include "w4a16_kernel.cuh"
+#include "wgmma_ops.cuh"
 
 namespace kdtree {
 namespace cuda {
@@ -45,16 +46,6 @@ __global__ void StageWgmmaXKernel(const GemmParams p, int chunk_tiles, int copie
     if (c < copies) xs[c * units * chunk_tiles + i] = value;
 }
 
-// wgmma shared-memory descriptor of a no-swizzle operand: start, leading byte offset (the next
-// core matrix along k), stride byte offset (the next 8 tokens), in 16-byte units.
-__device__ __forceinline__ uint64_t Descriptor(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 | static_cast<uint64_t>(sbo >> 4) << 32;
-}
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Waits until at most N of the warpgroup's committed wgmma groups are still in flight.
-template <int N>
-__device__ __forceinline__ void WgmmaWait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // Of `groups` (<= 4) commit groups issued in order, waits for group q (q compile-time once unrolled).
 template <int kGroups>
 __device__ __forceinline__ void WaitForGroup(int q) {

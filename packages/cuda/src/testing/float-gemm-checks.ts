@@ -7,7 +7,7 @@ import { expectClose, expectThrows, fail, randomF32, relError, sameBits, withEnv
 
 type WeightDtype = 'bf16' | 'f16';
 /** A cuda kernel form that KDTREE_GEMM_FORM forces (the split form is the default's fallback). */
-type ForcedForm = 'rows' | 'tiled' | 'tiled-split';
+type ForcedForm = 'rows' | 'tiled' | 'tiled-split' | 'wgmma';
 
 /** Random weights [n, k] in `dtype`: the device tensor and the f32 values it holds. */
 function weights(b: KdtreeBackend, dtype: WeightDtype, n: number, k: number, seed: number): { w: DeviceTensor; wf: Float32Array } {
@@ -60,8 +60,9 @@ function againstReference(xDtype: Dtype, wDtype: WeightDtype, yDtype: Dtype): Ke
  * (warps over one tile's K ranges) in 32- and 64-token tiles against one token. With `form` the
  * M-row calls are forced to it (KDTREE_GEMM_FORM; the rows form walks every range of a tile in one
  * warp; the tiled form does so from a shared-memory ring of 64 weight rows and the token tile's x;
- * tiled-split takes a block per range and sums the ranges across blocks), while the row alone keeps
- * the split form: all must sum the same ranges in the same order.
+ * tiled-split takes a block per range and sums the ranges across blocks; the wgmma form, on sm_90a,
+ * multiplies 128 weight rows by 128 tokens of staged x on the warpgroup MMA), while the row alone
+ * keeps the split form: all must sum the same ranges in the same order.
  */
 function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: ForcedForm): KernelCheck {
   return {
@@ -92,15 +93,17 @@ function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: ForcedForm):
 /**
  * Graphs, on a created stream: each capture is one gemm call in a form that uses the device
  * differently: the split form with a K split across blocks (work space and counters that the last
- * block zeroes for the next launch), the rows form, the tiled form (dynamic shared memory) and its
- * block-per-range variant (work space again). Replayed 3 times with new x uploaded before each, a
- * graph must give a direct call's bits.
+ * block zeroes for the next launch), the rows form, the tiled form (dynamic shared memory), its
+ * block-per-range variant (work space again) and the wgmma form (x staged into work space by a
+ * kernel of its own). Replayed 3 times with new x uploaded before each, a graph must give a direct
+ * call's bits.
  */
 const GRAPH_CASES: { n: number; k: number; m: number; form?: ForcedForm }[] = [
   { ...SHAPES[0], m: 3 },
   { ...SHAPES[1], m: 40, form: 'rows' },
   { ...SHAPES[1], m: 40, form: 'tiled' },
   { ...SHAPES[0], m: 40, form: 'tiled-split' },
+  { ...SHAPES[1], m: 40, form: 'wgmma' },
 ];
 
 const graphReplay: KernelCheck = {
@@ -175,6 +178,8 @@ export const FLOAT_GEMM_CHECKS: KernelCheck[] = [
   invarianceCheck('f16', 'f16', 'tiled'),
   invarianceCheck('bf16', 'bf16', 'tiled-split'),
   invarianceCheck('f16', 'f16', 'tiled-split'),
+  invarianceCheck('bf16', 'bf16', 'wgmma'),
+  invarianceCheck('f16', 'f16', 'wgmma'),
   graphReplay,
   argumentErrors,
 ];
