@@ -28,8 +28,8 @@
 //    per range (tiled-split, for N with few groups: q_a_proj, layer 0's MLP) stores its ranges'
 //    partials for a small kernel to sum.
 //  * Wgmma form (16-bit x, 128+ tokens, sm_90a; gemm_wgmma.cu): 128 weight rows x 128 tokens per
-//    block on the warpgroup MMA, x staged in its operand order (run 327: lm_head at 512 / 2048
-//    tokens 593 / 2396 -> 399 / 1596 us against the tiled form).
+//    block on the warpgroup MMA, x staged in its operand order, a copy warpgroup feeding two MMA
+//    warpgroups (lm_head at 512 / 2048 tokens 308 / 1225 us, run 328; the tiled form 593 / 2396).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -476,11 +476,14 @@ Form ChooseForm(const Params& p, int token_tiles, int sms) {
     if (std::strcmp(v, "wgmma") == 0 && wgmma_fits) return Form::kWgmma;
   }
   const int64_t sm_count = sms;
-  // The wgmma form from 128 tokens where its blocks (one per SM) fill the device one and a half
-  // times over (run 324: lm_head at 512 / 2048 tokens 601 / 2371 -> 432 / 1708 us against the
-  // tiled form, o_proj and layer 0's down at 512 tokens 42.8 / 82.2 -> 38.3 / 68.2; with fewer
-  // blocks it lost: layer 0's gate_up at 512 tokens, 144 blocks, 166 -> 180).
+  // The wgmma form: from 512 tokens on every shape with 17+ blocks (run 328 against run 327's
+  // forms at 512 / 2048 tokens: lm_head 399 / 1596 -> 308 / 1225 us, kv_a_proj_with_mqa (20 / 80
+  // blocks) 87.5 / 101.9 -> 75.0 / 87.2, q_a_proj 66.1 / 180.0 -> 65.8 / 137.4); from 128 where its
+  // blocks (one per SM) fill the device one and a half times over (run 327, the form with a block
+  // barrier per chunk: it lost where they did not, e.g. layer 0's gate_up at 512 tokens, 144
+  // blocks, 166 -> 180 us).
   const bool wgmma_prefill = wgmma_fits && p.M >= gemm::kWgmmaTokens;
+  if (wgmma_prefill && p.M >= 512 && 8 * wgmma_blocks >= sm_count) return Form::kWgmma;
   if (wgmma_prefill && 2 * wgmma_blocks >= 3 * sm_count) return Form::kWgmma;
   // The tiled form once its blocks fill the device twice over: from 32 tokens on lm_head and the
   // dense MLP, 512+ tokens on 4608- and 7168-row shapes (run 321: faster than the rows form
@@ -491,8 +494,9 @@ Form ChooseForm(const Params& p, int token_tiles, int sms) {
   // 94.9 -> 16.1 / 21.6 / 66.2 us; layer 0's gate_up at 32 / 64 tokens 39.6 / 64.0 -> 29.7 / 35.6).
   if (tiled_fits && p.ranges > 1 && p.range_chunks >= kTiledSplitMinChunks && tiled_groups * p.ranges * token_tiles >= sm_count) return Form::kTiledSplit;
   // Below those, the wgmma form still beats the rows and split forms from 128 tokens once it has a
-  // quarter of the SMs' worth of blocks (run 324 at 128 tokens, 56 blocks: o_proj 27.5 -> 19.6 us,
-  // layer 0's down 48.0 -> 33.8; with 12 or 5 blocks, q_b_proj and kv_a_proj, 2.5-3.6x slower).
+  // quarter of the SMs' worth of blocks (run 327 at 128 tokens, 56 blocks: o_proj 27.4 -> 19.0 us,
+  // layer 0's down 48.0 -> 32.3; with 12 or 5 blocks, q_b_proj and kv_a_proj, 2.5-3.6x slower in
+  // run 323).
   if (wgmma_prefill && 4 * wgmma_blocks >= sm_count) return Form::kWgmma;
   // Then the rows form once its blocks fill the device twice over. Below that the split form is faster
   // even where its warps each read their own x (run 295: a form with the rows form's 8 tiles per

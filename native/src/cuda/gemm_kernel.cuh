@@ -37,7 +37,7 @@ __device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
 }
 
 // The warpgroup form (gemm_wgmma.cu): 16-bit x and weights of one type, blocks of 128 weight
-// rows x 128 tokens.
+// rows x 128 tokens (two MMA warpgroups and a copy warpgroup).
 constexpr int kWgmmaRows = 128;
 constexpr int kWgmmaTokens = 128;
 // Whether this binary and device run it (sm_90a machine code).

@@ -5,21 +5,18 @@
 // warp loading its x fragments from shared memory for every chunk and token group, and through L2
 // it reads the weights once per 64 tokens and x once per 64 rows: lm_head's rank share at 512
 // tokens moved ~4.7 GB through L2 in 589 us, 0.34x of cuBLAS (run 321). Here a block holds 128
-// weight rows (two warpgroups of 64) and 128 tokens, and the tensor cores read x straight from
-// shared memory as wgmma's B operand: a warp's work per 32-k chunk is two LDS.128 of its
+// weight rows (two MMA warpgroups of 64) and 128 tokens, and the tensor cores read x straight from
+// shared memory as wgmma's B operand: an MMA warp's work per 32-k chunk is two LDS.128 of its
 // weight rows and two wgmmas, and the L2 traffic of 128 x 128 tiles is half the tiled form's.
-// Measured (run 325): lm_head at 512 / 2048 tokens 432 / 1696 us (0.47x / 0.46x of cuBLAS, the
-// tiled form 601 / 2371). Nsight (run 326, lm_head at 512 tokens): one block of 8 warps per SM (238
-// registers), 0.31 eligible warps per scheduler, shared-memory pipe 36% busy, L2 34%, DRAM 13%:
-// latency-bound on the block barrier and wgmma waits of each chunk, not on bandwidth. A deeper
-// ring did not help (below); what would is the W4A16 prefill kernel's design: a producer warp and
-// consumer warpgroups that pass stages through mbarriers instead of a block barrier per chunk.
+// Measured (run 328): lm_head at 512 / 2048 tokens 308 / 1225 us (0.65x / 0.71x of cuBLAS; the
+// tiled form 593 / 2396 in run 327).
 //  * x is staged first (GemmWgmmaStageXKernel) in wgmma's B order. The split form's k order (a
 //    lane's k 8t + 4h + {0..3} fill MMA h's k slots {2t, 2t + 1, 2t + 8, 2t + 9}) puts the 8 k of
 //    one 16-byte core-matrix row in 4 words 16 bytes apart in x, which no async copy gathers.
-//  * Weights and the staged x share a ring of kStages chunks in shared memory (cp.async); a lane
-//    loads its A fragments (rows g and g + 8 of its warp's 16) with one LDS.128 each, the registers
-//    the split form's lane holds, which wgmma takes in mma.m16n8k16's fragment layout.
+//  * A copy warpgroup streams weights and the staged x through a ring of kStages chunks in shared
+//    memory (cp.async) and hands them over through mbarriers; an MMA lane loads its A fragments
+//    (rows g and g + 8 of its warp's 16) with one LDS.128 each, the registers the split form's lane
+//    holds, which wgmma takes in mma.m16n8k16's fragment layout.
 //  * Batch invariance: wgmma rounds chained k16 sums as mma.sync does (tools/gpu/wgmma_equiv.cu);
 //    each K range starts fresh (scale-d 0) and the ranges' partials are summed in order, as the
 //    tiled form does, so the bits are the split form's.
@@ -34,18 +31,16 @@ namespace cuda {
 namespace gemm {
 namespace {
 
-constexpr int kWarpgroups = kWgmmaRows / 64;
-constexpr int kThreads = 128 * kWarpgroups;
+constexpr int kWarpgroups = kWgmmaRows / 64;  // MMA warpgroups
+constexpr int kThreads = 128 * kWarpgroups;      // MMA threads
 constexpr int kTokens = kWgmmaTokens;
 constexpr int kChunkBytes = kChunkK * 2;            // one row's (or token's) chunk: 64 bytes
 constexpr int kWBytes = kWgmmaRows * kChunkBytes;   // a chunk's weights, [128 rows][64 B]: 8 KB
 constexpr int kXBytes = kTokens * kChunkBytes;      // a chunk's staged x, [4 units][128 tokens][16 B]: 8 KB
 constexpr int kStageBytes = kWBytes + kXBytes;
-// Chunks in the ring: a chunk's slot is refilled two chunks after its use (one wgmma group stays
-// in flight past the block barrier), so kStages - 2 chunks (96 KB) stream in ahead. 13 stages were
-// 3-7% slower (run 325: lm_head at 512 / 2048 tokens 431.8 / 1696 -> 462.1 / 1803 us).
+// Chunks in the ring (128 KB). With a block barrier per chunk instead of the copy warpgroup, 13
+// were 3-7% slower than 8 (run 325).
 constexpr int kStages = 8;
-constexpr int kAhead = kStages - 2;
 constexpr int kSmem = kStages * kStageBytes;
 
 // x [M, K] -> xs [token tile][chunk][unit q][128 tokens][16 B]. Unit q of a token's chunk holds its
@@ -93,61 +88,117 @@ __device__ __forceinline__ void Wgmma(float (&d)[kTokens / 2], const uint32_t (&
 #undef KDTREE_WGMMA_N128
 #undef KDTREE_F8
 
-// Grid (token tiles of 128, groups of 128 rows); warp w holds rows 16 w .. 16 w + 15 of the group
-// (warpgroup w / 4). A chunk's two wgmmas chain on acc, fresh at a range's first chunk, and stay in
-// flight while the warp issues the next chunk's (one commit group in flight past each chunk); at a
-// range's end acc is folded into the running sum ((p0 + p1) + p2) + ..., as in the tiled form.
-// A fragments are loaded a chunk ahead, before the wgmmas of the current chunk are issued, into
-// three register sets (the loop unrolled by 3 so that they never move): a set is rewritten while
-// the chunk before is in flight, and with A loaded just before its own wgmma ptxas serialized
-// every wgmma of the kernel (C7513), as with two sets.
+// A chunk's copies by kCopyThreads threads: thread i takes k unit i % 4 of weight rows
+// i / 4 + kCopyThreads / 4 q (rows past N copy nothing and are zero-filled) and 16-byte units
+// i + kCopyThreads q of the staged x; its row offsets are 32-bit (WgmmaFits). Set up once: per
+// chunk a copy is an add, a select of its size and the LDGSTS.
+template <int kCopyThreads>
+struct ChunkCopier {
+  static constexpr int kRowStep = kCopyThreads / 4;
+  static constexpr int kWCopies = kWBytes / 16 / kCopyThreads, kXCopies = kXBytes / 16 / kCopyThreads;
+  const unsigned char* w_src;
+  uint32_t w_off[kWCopies];
+  bool w_ok[kWCopies];
+  uint32_t w_dst;
+  int cu;
+  const unsigned char* x_src;
+  uint32_t x_dst;
+  __device__ void Init(const Params& p, const uint4* xs, int row0, int token_tile, int i) {
+    cu = i & 3;
+    const int r = i >> 2;
+    w_src = reinterpret_cast<const unsigned char*>(p.w) + static_cast<int64_t>(row0 + r < p.N ? row0 + r : 0) * p.K * 2 + 16 * cu;
+#pragma unroll
+    for (int q = 0; q < kWCopies; ++q) {
+      w_ok[q] = row0 + r + kRowStep * q < p.N;
+      w_off[q] = w_ok[q] ? static_cast<uint32_t>(kRowStep * q) * static_cast<uint32_t>(p.K) * 2u : 0u;
+    }
+    w_dst = r * kChunkBytes + 16 * cu;
+    x_src = reinterpret_cast<const unsigned char*>(xs) + static_cast<int64_t>(token_tile) * p.chunks * kXBytes + 16 * i;
+    x_dst = kWBytes + 16 * i;
+  }
+  __device__ __forceinline__ void Weights(const Params& p, uint32_t slot, int c) const {
+    const bool k_ok = (4 * c + cu) * 8 < p.K;
+    const unsigned char* src = w_src + static_cast<int64_t>(c) * kChunkBytes;
+#pragma unroll
+    for (int q = 0; q < kWCopies; ++q) CopyAsync16ZeroFill(slot + w_dst + kRowStep * kChunkBytes * q, src + w_off[q], k_ok && w_ok[q] ? 16 : 0);
+  }
+  __device__ __forceinline__ void X(uint32_t slot, int c) const {
+    const unsigned char* src = x_src + static_cast<int64_t>(c) * kXBytes;
+#pragma unroll
+    for (int q = 0; q < kXCopies; ++q) CopyAsync16(slot + x_dst + 16 * kCopyThreads * q, src + 16 * kCopyThreads * q);
+  }
+};
+
+// The ring's mbarriers hand chunks from the copy warpgroup to the two MMA warpgroups (full: its
+// 128 threads' copies of the chunk landed; empty: the MMA warpgroups' 256 threads are done with
+// it). A chunk is published kPublishLag chunks after its copies are issued; the MMA warpgroups
+// release chunk c - 1 once they are past chunk c, and need chunk c + 1 first, so a lag of up to
+// kStages - 3 cannot deadlock.
+constexpr int kPublishLag = 4;
+static_assert(kPublishLag <= kStages - 3, "see kPublishLag");
+
+// Grid (token tiles of 128, groups of 128 rows). Warpgroup 0 makes the copies (40 registers per
+// thread); MMA warp w (warpgroups 1 and 2, 232 registers) holds rows 16 w .. 16 w + 15 of the group.
+// A chunk's two wgmmas chain on acc, fresh at a range's first chunk, and stay in flight while the
+// warp issues the next chunk's (one commit group in flight past each chunk); at a range's end acc
+// is folded into the running sum ((p0 + p1) + p2) + ..., as in the tiled form. A fragments are
+// loaded a chunk ahead, before the wgmmas of the current chunk are issued, into three register sets
+// (the loop unrolled by 3 so that they never move): a set is rewritten while the chunk before is in
+// flight, and with A loaded just before its own wgmma ptxas serialized every wgmma of the kernel
+// (C7513), as with two sets.
+// Why a copy warpgroup (run 328): with all 8 warps copying and meeting at a block barrier per
+// chunk, the warps waited on each other and on the wgmmas (Nsight, run 326: 0.31 eligible warps per
+// scheduler); decoupled, lm_head at 512 / 2048 tokens took 390 / 1549 -> 308 / 1225 us.
 template <typename W>
-__global__ void __launch_bounds__(kThreads, 1) GemmWgmmaKernel(Params p, const uint4* xs) {
-  extern __shared__ __align__(128) unsigned char ring[];  // [kStages][weights 8 KB, staged x 8 KB]
+__global__ void __launch_bounds__(kThreads + 128, 1) GemmWgmmaKernel(Params p, const uint4* xs) {
+  extern __shared__ __align__(128) unsigned char ring[];  // [kStages][weights 8 KB, staged x 8 KB], then [kStages] full and empty
   const uint32_t ring_base = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kSmem);
+  uint64_t* empty = full + kStages;
   // token tiles are the fastest grid index: the token tiles of one weight group run together and
   // read it from L2 rather than HBM (as in the rows and tiled forms)
   const int token_tile = blockIdx.x, row0 = blockIdx.y * kWgmmaRows;
   const int token0 = (p.token_tile0 + token_tile) * kTokens;
-  // A thread's copies of a chunk: k unit tid % 4 of weight rows tid / 4 and tid / 4 + 64 (rows past
-  // N copy nothing and are zero-filled), and 16-byte units tid + kThreads q of the staged x.
-  const int cu = tid & 3, cr = tid >> 2;
-  const bool row_ok0 = row0 + cr < p.N, row_ok1 = row0 + cr + 64 < p.N;
-  const unsigned char* w_src = reinterpret_cast<const unsigned char*>(p.w) + static_cast<int64_t>(row_ok0 ? row0 + cr : 0) * p.K * 2 + 16 * cu;
-  const uint32_t w_src1 = row_ok1 ? 64u * static_cast<uint32_t>(p.K) * 2u : 0u;  // 32-bit: WgmmaFits
-  const uint32_t w_dst = cr * kChunkBytes + 16 * cu;
-  const unsigned char* x_src = reinterpret_cast<const unsigned char*>(xs) + static_cast<int64_t>(token_tile) * p.chunks * kXBytes + 16 * tid;
-  constexpr int kXCopies = kXBytes / 16 / kThreads;
-  // chunk c into its slot; nothing past the last chunk, but a commit group all the same (the group
-  // count stays uniform)
-  auto copy_chunk = [&](int c, bool weights, bool x) {
-    if (c < p.chunks) {
-      const uint32_t slot = ring_base + (c % kStages) * kStageBytes;
-      if (weights) {
-        const bool k_ok = (4 * c + cu) * 8 < p.K;
-        const unsigned char* src = w_src + static_cast<int64_t>(c) * kChunkBytes;
-        CopyAsync16ZeroFill(slot + w_dst, src, k_ok && row_ok0 ? 16 : 0);
-        CopyAsync16ZeroFill(slot + w_dst + 64 * kChunkBytes, src + w_src1, k_ok && row_ok1 ? 16 : 0);
+  auto slot_of = [&](int c) { return ring_base + (c % kStages) * kStageBytes; };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(&full[s], 128);
+      BarrierInit(&empty[s], kThreads);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    ChunkCopier<128> copier;
+    copier.Init(p, xs, row0, token_tile, threadIdx.x);
+    // the first chunks' weights stream in while the previous kernel drains; x only after it
+    for (int c = 0; c < min(kStages, p.chunks); ++c) copier.Weights(p, slot_of(c), c);
+    PdlWait();
+    for (int c = 0; c < p.chunks; ++c) {
+      if (c >= kStages) {
+        BarrierWait(&empty[c % kStages], (c / kStages - 1) & 1);
+        copier.Weights(p, slot_of(c), c);
       }
-      if (x) {
-        const unsigned char* src = x_src + static_cast<int64_t>(c) * kXBytes;
-#pragma unroll
-        for (int q = 0; q < kXCopies; ++q) CopyAsync16(slot + kWBytes + 16 * (tid + kThreads * q), src + 16 * kThreads * q);
+      copier.X(slot_of(c), c);
+      CopyAsyncCommit();
+      if (c >= kPublishLag) {
+        CopyAsyncWait<kPublishLag>();
+        FenceProxyAsync();  // visible to the tensor cores
+        BarrierArrive(&full[(c - kPublishLag) % kStages]);
       }
     }
-  };
-  // the first chunks' weights stream in while the previous kernel drains; x only after it
-  for (int c = 0; c < kAhead; ++c) copy_chunk(c, true, false);
-  PdlWait();
-  for (int c = 0; c < kAhead; ++c) {
-    copy_chunk(c, false, true);
-    CopyAsyncCommit();
+    CopyAsyncWaitAll();
+    FenceProxyAsync();
+    for (int c = max(0, p.chunks - kPublishLag); c < p.chunks; ++c) BarrierArrive(&full[c % kStages]);
+    return;
   }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int tid = threadIdx.x - 128, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  PdlWait();  // they write y, which an earlier kernel may read
   const uint32_t a_off = (warp * kTileRows + g) * kChunkBytes + 16 * t;
   // chunk c's A fragments (rows g and g + 8, k 8 t .. 8 t + 7) as MMA h = 0, 1 takes them
   auto load_a = [&](int c, uint32_t (&a)[2][4]) {
-    const uint32_t slot = ring_base + (c % kStages) * kStageBytes;
+    const uint32_t slot = slot_of(c);
     const uint4 ra = LoadShared16(slot + a_off), rb = LoadShared16(slot + a_off + 8 * kChunkBytes);
     a[0][0] = ra.x;
     a[0][1] = rb.x;
@@ -164,9 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmWgmmaKernel(Params p, const u
   constexpr uint64_t kDescH = 2 * kTokens * 16 >> 4;
   float acc[kTokens / 2], sum[kTokens / 2];
   uint32_t a_sets[3][2][4];
-  CopyAsyncWait<kAhead - 1>();
-  FenceProxyAsync();
-  __syncthreads();
+  BarrierWait(&full[0], 0);
   load_a(0, a_sets[0]);
   int range = 0, range_begin = 0, range_end = min(p.range_chunks, p.chunks);
   for (int base = 0; base < p.chunks; base += 3) {
@@ -175,13 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmWgmmaKernel(Params p, const u
       const int c = base + third;
       if (c >= p.chunks) break;
       if (c + 1 < p.chunks) {
-        // chunk c + 1 landed (kAhead - 2 younger copy groups may still be in flight); every
-        // warpgroup is done with chunk c - 2, whose slot takes chunk c + kAhead
-        CopyAsyncWait<kAhead - 2>();
-        FenceProxyAsync();
-        __syncthreads();
-        copy_chunk(c + kAhead, true, true);
-        CopyAsyncCommit();
+        BarrierWait(&full[(c + 1) % kStages], ((c + 1) / kStages) & 1);
         load_a(c + 1, a_sets[(third + 1) % 3]);
       }
       const uint64_t desc = desc0 + (static_cast<uint64_t>((c % kStages) * kStageBytes) >> 4);
@@ -189,7 +232,8 @@ __global__ void __launch_bounds__(kThreads, 1) GemmWgmmaKernel(Params p, const u
       Wgmma<W>(acc, a_sets[third][0], desc, c != range_begin);
       Wgmma<W>(acc, a_sets[third][1], desc + kDescH, true);
       WgmmaCommit();
-      WgmmaWait<1>();  // chunk c - 1's wgmmas are done
+      WgmmaWait<1>();  // chunk c - 1's wgmmas are done: its slot goes back to the copy warpgroup
+      if (c >= 1) BarrierArrive(&empty[(c - 1) % kStages]);
       if (c + 1 == range_end) {
         WgmmaWait<0>();
 #pragma unroll
@@ -201,7 +245,6 @@ __global__ void __launch_bounds__(kThreads, 1) GemmWgmmaKernel(Params p, const u
     }
   }
   WgmmaWait<0>();  // done already (the last range's fold); said here so that ptxas sees it before the stores
-  CopyAsyncWaitAll();
   PdlLaunchDependents();
   const int tile = row0 / kTileRows + warp;
 #pragma unroll
@@ -217,9 +260,10 @@ Status Launch(const Params& p, int token_tiles, void* xs, cudaStream_t s) {
   KDTREE_RETURN_IF_ERROR(LaunchPdl("gemm (wgmma form): stage x", GemmWgmmaStageXKernel, dim3(static_cast<unsigned>((units + 255) / 256)), dim3(256), 0, s, p, token_tiles,
                                    static_cast<uint4*>(xs)));
   const auto kernel = GemmWgmmaKernel<W>;
-  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "gemm (wgmma form): shared memory"));
+  constexpr int kShared = kSmem + 2 * kStages * static_cast<int>(sizeof(uint64_t));
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "gemm (wgmma form): shared memory"));
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>((p.N + kWgmmaRows - 1) / kWgmmaRows));
-  return LaunchPdl("gemm (wgmma form)", kernel, grid, dim3(kThreads), kSmem, s, p, static_cast<const uint4*>(xs));
+  return LaunchPdl("gemm (wgmma form)", kernel, grid, dim3(kThreads + 128), kShared, s, p, static_cast<const uint4*>(xs));
 }
 
 }  // namespace

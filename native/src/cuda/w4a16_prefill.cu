@@ -72,22 +72,6 @@ struct Shared {
   uint64_t full[kStages<S>], empty[kStages<S>];
 };
 
-__device__ __forceinline__ void BarrierInit(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(count) : "memory");
-}
-__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))) : "memory");
-}
-__device__ __forceinline__ void BarrierWait(uint64_t* bar, int parity) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile(
-      "{\n .reg .pred done;\n wait:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait;\n}\n" ::"r"(addr),
-      "r"(parity)
-      : "memory");
-}
-
 // d (+)= A . B for one k16 slice, both operands in shared memory; d[4 j + i] is what
 // mma.m16n8k16's d[i] is for tokens 8 j .. 8 j + 7 of the warp's 16 rows.
 __device__ __forceinline__ void WgmmaSS(float (&d)[kN], uint64_t desc_a, uint64_t desc_b, bool accumulate) {

@@ -1,6 +1,6 @@
-// Hopper's warpgroup MMA (wgmma, sm_90a only): shared-memory descriptors and the fences and waits
-// around the asynchronous MMAs. The kernels that use them: w4a16_wgmma.cu, w4a16_prefill.cu,
-// gemm_wgmma.cu.
+// Hopper's warpgroup MMA (wgmma, sm_90a only): shared-memory descriptors, the fences and waits
+// around the asynchronous MMAs, and the mbarriers that hand stages between warpgroups. The kernels
+// that use them: w4a16_wgmma.cu, w4a16_prefill.cu, gemm_wgmma.cu.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -23,6 +23,23 @@ __device__ __forceinline__ void WgmmaWait() { asm volatile("wgmma.wait_group.syn
 // Makes this thread's completed shared-memory writes (cp.async included) visible to the tensor
 // cores' reads (the async proxy).
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// mbarriers in shared memory: a stage handed between warps that do not share a block barrier.
+__device__ __forceinline__ void BarrierInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(count) : "memory");
+}
+__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))) : "memory");
+}
+__device__ __forceinline__ void BarrierWait(uint64_t* bar, int parity) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "{\n .reg .pred done;\n wait:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait;\n}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
 
 // Whether the current device runs `kernel`: the wgmma kernels exist only as sm_90a machine code,
 // so on any other device there is no image to run. Asked once per device (a host may mix GPUs)

@@ -103,7 +103,7 @@ const GRAPH_CASES: { n: number; k: number; m: number; form?: ForcedForm }[] = [
   { ...SHAPES[1], m: 40, form: 'rows' },
   { ...SHAPES[1], m: 40, form: 'tiled' },
   { ...SHAPES[0], m: 40, form: 'tiled-split' },
-  { ...SHAPES[1], m: 40, form: 'wgmma' },
+  { ...SHAPES[0], m: 40, form: 'wgmma' },
 ];
 
 const graphReplay: KernelCheck = {
