@@ -88,12 +88,12 @@ __device__ __forceinline__ void Wgmma(float (&d)[kTokens / 2], const uint32_t (&
 #undef KDTREE_WGMMA_N128
 #undef KDTREE_F8
 
-// A chunk's copies by kCopyThreads threads: thread i takes k unit i % 4 of weight rows
-// i / 4 + kCopyThreads / 4 q (rows past N copy nothing and are zero-filled) and 16-byte units
-// i + kCopyThreads q of the staged x; its row offsets are 32-bit (WgmmaFits). Set up once: per
-// chunk a copy is an add, a select of its size and the LDGSTS.
-template <int kCopyThreads>
+// A chunk's copies by the copy warpgroup: thread i takes k unit i % 4 of weight rows i / 4 + 32 q
+// (rows past N copy nothing and are zero-filled) and 16-byte units i + 128 q of the staged x; its
+// row offsets are 32-bit (WgmmaFits). Set up once: per chunk a copy is an add, a select of its
+// size and the LDGSTS.
 struct ChunkCopier {
+  static constexpr int kCopyThreads = 128;
   static constexpr int kRowStep = kCopyThreads / 4;
   static constexpr int kWCopies = kWBytes / 16 / kCopyThreads, kXCopies = kXBytes / 16 / kCopyThreads;
   const unsigned char* w_src;
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1) GemmWgmmaKernel(Params p, c
   __syncthreads();
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    ChunkCopier<128> copier;
+    ChunkCopier copier;
     copier.Init(p, xs, row0, token_tile, threadIdx.x);
     // the first chunks' weights stream in while the previous kernel drains; x only after it
     for (int c = 0; c < min(kStages, p.chunks); ++c) copier.Weights(p, slot_of(c), c);
