@@ -36,7 +36,8 @@ for (const [n, k] of want('gemm') ? [[4096, 7168], [18432, 7168], [7168, 2048]] 
 for (const [n, k] of want('prefill') ? [[18432, 7168], [4096, 7168]] : []) w4a16Launches(n, k, [2048]);
 
 // gemm (bf16 weights as stored) at 1, 16, 64 and 512 tokens on q_a_proj, kv_a_proj_with_mqa and
-// one rank's lm_head share (at 512 tokens: the tiled-split, split and wgmma forms)
+// one rank's lm_head share (at 512 tokens the wgmma form on all three: lm_head's is the third
+// GemmWgmmaKernel launch, `ncu --kernel-name regex:GemmWgmmaKernel --launch-skip 2 --launch-count 1`)
 for (const [n, k] of want('float') ? [[1536, 7168], [576, 7168], [20480, 7168]] : []) {
   const w = gpu.empty('bf16', [n, k]);
   fillPattern(w, 0x3c);
