@@ -465,8 +465,9 @@ Form ChooseForm(const Params& p, int token_tiles, int sms) {
   const bool sixteen_bit = NT >= 4 && !std::is_same<X, float>::value;
   // (a thread's copy offsets within 64 rows are 32-bit)
   const bool tiled_fits = sixteen_bit && tiled_groups * p.ranges <= kMaxGridY && int64_t{kTiledRows} * p.K * 2 < (int64_t{1} << 32);
-  const int64_t wgmma_blocks = int64_t{(p.N + gemm::kWgmmaRows - 1) / gemm::kWgmmaRows} * ((p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens);
-  const bool wgmma_fits = sixteen_bit && (p.N + gemm::kWgmmaRows - 1) / gemm::kWgmmaRows <= kMaxGridY && gemm::WgmmaFits(p) && gemm::WgmmaAvailable();
+  const int64_t wgmma_groups = (p.N + gemm::kWgmmaRows - 1) / gemm::kWgmmaRows;
+  const int64_t wgmma_blocks = wgmma_groups * ((p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens);
+  const bool wgmma_fits = sixteen_bit && wgmma_groups <= kMaxGridY && gemm::WgmmaFits(p) && gemm::WgmmaAvailable();
   const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   if (const char* v = std::getenv("KDTREE_GEMM_FORM")) {
     if (std::strcmp(v, "split") == 0) return Form::kSplit;
