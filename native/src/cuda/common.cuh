@@ -144,6 +144,14 @@ __device__ __forceinline__ void CopyAsync16ZeroFill(uint32_t dst, const void* sr
 __device__ __forceinline__ void CopyAsync8ZeroFill(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// 16 bytes from a shared-memory address (__cvta_generic_to_shared): no generic-to-shared conversion
+// at the load.
+__device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N committed groups are still in flight.
 template <int N>

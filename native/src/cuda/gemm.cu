@@ -44,7 +44,6 @@ namespace {
 
 using gemm::kChunkK;
 using gemm::kTileRows;
-using gemm::LoadShared16;
 using gemm::Params;
 using gemm::StoreOut;
 

@@ -30,12 +30,6 @@ __device__ __forceinline__ void StoreOut(const Params& p, float v, int tile, int
   if (token < p.M && n < p.N) StoreFromF32(p.y, p.y_dtype, static_cast<int64_t>(token) * p.N + n, v);
 }
 
-__device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
 // The warpgroup form (gemm_wgmma.cu): 16-bit x and weights of one type, blocks of 128 weight
 // rows x 128 tokens (two MMA warpgroups and a copy warpgroup).
 constexpr int kWgmmaRows = 128;

@@ -153,42 +153,46 @@ struct BlockB {
 };
 // One slice alone (x[k0 + 4 s .. + 3]): with 4 or more token groups, loading both slices of every
 // group up front costs registers the 128-register budget does not have (spills double at 32 tokens).
-template <typename X, bool kSharedX = false>
+template <typename X>
 __device__ __forceinline__ BFrag<X> LoadSliceB(const X* xk, bool valid) {
   if constexpr (std::is_same<X, float>::value) {
     return SplitF32(valid ? __ldg(reinterpret_cast<const float4*>(xk)) : make_float4(0.f, 0.f, 0.f, 0.f));
   } else {
     uint2 v = make_uint2(0u, 0u);
-    if constexpr (kSharedX) {
-      v = *reinterpret_cast<const uint2*>(xk);
-    } else if (valid) {
-      v = __ldg(reinterpret_cast<const uint2*>(xk));
-    }
+    if (valid) v = __ldg(reinterpret_cast<const uint2*>(xk));
     BFrag<X> f;
     f.r[0][0] = v.x;
     f.r[0][1] = v.y;
     return f;
   }
 }
-template <typename X, bool kSharedX = false>
-__device__ __forceinline__ BlockB<X> LoadBlockB(const X* xk, bool valid) {
+template <typename X>
+__device__ __forceinline__ BlockB<X> BlockFromWords(const uint4 v) {
   BlockB<X> f;
+  f.s[0].r[0][0] = v.x;
+  f.s[0].r[0][1] = v.y;
+  f.s[1].r[0][0] = v.z;
+  f.s[1].r[0][1] = v.w;
+  return f;
+}
+template <typename X>
+__device__ __forceinline__ BlockB<X> LoadBlockB(const X* xk, bool valid) {
   if constexpr (std::is_same<X, float>::value) {
+    BlockB<X> f;
     f.s[0] = LoadSliceB<X>(xk, valid);
     f.s[1] = LoadSliceB<X>(xk + 4, valid);
+    return f;
   } else {
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (kSharedX) {
-      v = *reinterpret_cast<const uint4*>(xk);  // the warp's shared-memory copy (SharedX)
-    } else if (valid) {
-      v = __ldg(reinterpret_cast<const uint4*>(xk));
-    }
-    f.s[0].r[0][0] = v.x;
-    f.s[0].r[0][1] = v.y;
-    f.s[1].r[0][0] = v.z;
-    f.s[1].r[0][1] = v.w;
+    return BlockFromWords<X>(valid ? __ldg(reinterpret_cast<const uint4*>(xk)) : make_uint4(0u, 0u, 0u, 0u));
   }
-  return f;
+}
+// The same from the warp's shared-memory copy of staged 16-bit x (SharedX), by its 32-bit shared
+// address: a generic pointer into shared memory made the compiler rebuild the shared window base
+// (S2R SR_CgaCtaId, LEA) at every step (run 329).
+template <typename X>
+__device__ __forceinline__ BlockB<X> SharedBlockB(uint32_t addr) {
+  static_assert(!std::is_same<X, float>::value, "f32 x is never staged (StagesX)");
+  return BlockFromWords<X>(LoadShared16(addr));
 }
 
 // part (+)= codes . x: the planes smallest first, so the f32 sum keeps f32 precision.
@@ -204,15 +208,19 @@ __device__ __forceinline__ void MmaB(float* part, const uint32_t* a, const BFrag
 template <Form F>
 constexpr bool LiveElement(int i) { return F != Form::kOneToken || (i & 1) == 0; }
 
+// One token group's staged x of a step: 8 k16 slices x 32 lanes x 8 B (StageXKernel's order).
+constexpr int kXStepBytes = 8 * 32 * 8;
+
 // One step (128 k of the lane's two rows): 8 k16 slices per group of 8 tokens, each group's sum
 // scaled into acc as it ends. xs[j] points at this step's x of token 8 j + g (+ 8 t), so every x
-// load is a register + immediate. Only `blocks` 32-k blocks hold real k (a K tail).
+// load is a register + immediate; with shared x (kSharedX) the step's x is at shared address x_shared
+// instead, [group j][32-k block b][lane][16 B]. Only `blocks` 32-k blocks hold real k (a K tail).
 // Straight-line code (no branches): the compiler hoists the x loads and interleaves them with
 // dequantization and MMAs (loading a step's x into registers up front measured no faster and
 // cost 1 block per SM at 16 tokens).
 template <typename X, typename S, int NT, int G, Form F, bool kSharedX>
 __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const ScaleFrag<S>& sf, int step, int blocks,
-                                        const X* const (&xs)[NT], float (&acc)[NT][4], float (&part)[NT][4]) {
+                                        const X* const (&xs)[NT], uint32_t x_shared, float (&acc)[NT][4], float (&part)[NT][4]) {
   using A = CodeT<X>;
   // Staged x (StagesX): block b of the step is 256 elements further, zero-padded past K;
   // otherwise x is read in place, 32 k per block. In place, 16-bit x always has whole steps
@@ -221,6 +229,7 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
   constexpr bool kPredicated = !kStaged && std::is_same<X, float>::value;
   constexpr int kBlockStride = kStaged ? 32 * 8 : 32;
   constexpr bool kWholeBlock = NT <= 2;  // x of both slices in one load (LoadSliceB says why not always)
+  static_assert(!kSharedX || kWholeBlock, "shared x is read a whole block at a time");
   const uint32_t magic = kMagic<A>;
   const uint32_t lo[4] = {w0.x, w0.y, w0.z, w0.w}, hi[4] = {w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
@@ -229,7 +238,13 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
     BlockB<X> xb[kWholeBlock ? NT : 1];
     if constexpr (kWholeBlock) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xb[j] = LoadBlockB<X, kSharedX>(xs[j] + kBlockStride * b, valid);
+      for (int j = 0; j < NT; ++j) {
+        if constexpr (kSharedX) {
+          xb[j] = SharedBlockB<X>(x_shared + j * kXStepBytes + 32 * 16 * b);
+        } else {
+          xb[j] = LoadBlockB<X>(xs[j] + kBlockStride * b, valid);
+        }
+      }
     }
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
@@ -241,7 +256,7 @@ __device__ __forceinline__ void RunStep(const uint4& w0, const uint4& w1, const 
         if constexpr (kWholeBlock) {
           MmaB<X>(part[j], a, xb[j].s[s], fresh);
         } else {
-          MmaB<X>(part[j], a, LoadSliceB<X, kSharedX>(xs[j] + kBlockStride * b + 4 * s, valid), fresh);
+          MmaB<X>(part[j], a, LoadSliceB<X>(xs[j] + kBlockStride * b + 4 * s, valid), fresh);
         }
       }
     }
@@ -393,14 +408,14 @@ template <int NT>
 constexpr int kSlotFloats = NT * 8 * w4::kTileRows;
 // Whether a warp copies its next step's staged x into shared memory (cp.async) while it computes
 // the current one. At 16 tokens the x loads, issued right before their MMAs, were the top stall
-// (long scoreboard, run 57); 2 KB per token group and step, two slots per warp. Only at NT = 2:
-// at NT = 4 the slots leave one block per SM, faster on the dense shapes and slower on the expert
-// ones (run 65).
+// (long scoreboard, run 57); 2 KB per token group and step, two slots per warp (three, copied two
+// steps ahead, were slower: run 331). Only at NT = 2: at NT = 4 the slots leave one block per SM,
+// faster on the dense shapes and slower on the expert ones (run 65).
 template <int NT, Form F>
 constexpr bool SharedX() { return NT == 2 && F != Form::kXInPlace; }
-constexpr int kXStepBytes = 8 * 32 * 8;  // one token group's x of a step: 8 slices x 32 lanes x 8 B
+constexpr int kXSlots = 2;
 template <int NT, Form F>
-constexpr int SharedXBytes() { return SharedX<NT, F>() ? kWarps * 2 * NT * kXStepBytes : 0; }
+constexpr int SharedXBytes() { return SharedX<NT, F>() ? kWarps * kXSlots * NT * kXStepBytes : 0; }
 template <int NT>
 constexpr int RouteBytes() { return NT == 1 ? kRouteSharedBytes : 0; }  // RouteTile: MoE decode only
 template <int NT, Form F>
@@ -543,20 +558,15 @@ __device__ void CombineSplitTiles(const GemmParams& p, int row_start, int rows) 
 // kFlatLoop in W4A16Kernel).
 constexpr bool kFlatLoopFor(int nt) { return nt == 1 || nt == 4; }
 
-// Copies the staged x of step `step` for the NT token groups (2 KB each, from xr[j], which points
-// at this lane's 8 bytes) into a warp's shared-memory slot: 16-byte cp.async, 4 per lane per group.
-template <typename X, int NT>
-__device__ __forceinline__ void CopyXStep(const X* const (&xr)[NT], int step, char* slot, int lane) {
+// Copies one step of staged x for the NT token groups (2 KB each; group j at src + j * group_bytes)
+// into a warp's shared-memory slot: 16-byte cp.async, 4 per lane per group. `src` and `dst` point at
+// the lane's first 16 bytes; its others are 512 bytes apart on both sides, immediates of the copies.
+template <int NT>
+__device__ __forceinline__ void CopyXStep(const char* src, int64_t group_bytes, uint32_t dst) {
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const char* src = reinterpret_cast<const char*>(xr[j] - 8 * lane) + static_cast<int64_t>(step) * kXStepBytes;
-    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot + j * kXStepBytes));
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int q = 0; q < kXStepBytes / 16 / 32; ++q) {
-      const int off = (lane + 32 * q) * 16;
-      CopyAsync16(dst + off, src + off);
-    }
-  }
+    for (int q = 0; q < kXStepBytes / 16 / 32; ++q) CopyAsync16(dst + j * kXStepBytes + 32 * 16 * q, src + j * group_bytes + 32 * 16 * q);
 }
 
 template <typename X, typename S, int NT, int G, Form F, int kPieces, bool kSilu>
@@ -663,12 +673,23 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
     }
   }
 
-  // Shared x (SharedX): two slots of this warp's staged x, [slot][group j][slices][lanes][4]
+  // Shared x (SharedX): two slots of this warp's staged x, [slot][group j][32-k block][lane][16 B].
+  // A lane reads back only the 16-byte units it copied itself (its B fragments), so its own
+  // cp.async.wait_group orders copy and read: no warp barrier. The addressing is set up once: the
+  // copy source advances 2 KB a step, wrapping to step 0 at a tile end (x does not depend on the
+  // weight tile), and the slots alternate by one XOR. Run 330: 259 -> 224 instructions per step,
+  // 18432x7168 at 16 tokens 33.8 -> 31.0 us (a generic pointer into shared memory made the
+  // compiler rebuild the shared window base and both copy addresses at every step).
   constexpr bool kSharedX = SharedX<NT, F>();
-  char* x_smem = reinterpret_cast<char*>(shared_partials) + kWarps * 2 * kSlotFloats<NT> * sizeof(float) + wib * 2 * NT * kXStepBytes;
-  int x_slot = 0;
+  constexpr uint32_t kXSlotBytes = NT * kXStepBytes;
+  const uint32_t x_lane = static_cast<uint32_t>(__cvta_generic_to_shared(shared_partials)) + kWarps * 2 * kSlotFloats<NT> * sizeof(float) + wib * kXSlots * kXSlotBytes + 16 * lane;
+  const char* x_src = reinterpret_cast<const char*>(xr[0]);  // group 0, this lane's first 16 bytes
+  const int64_t x_group_bytes = static_cast<int64_t>(p.slices) * 32 * 4 * sizeof(X);
+  const int x_tile_bytes = p.steps * kXStepBytes;
+  int x_next = (first_step + 1 == p.steps ? 0 : first_step + 1) * kXStepBytes;  // byte offset of the step copied next
+  uint32_t x_read = 0;  // the slot read this step
   if constexpr (kSharedX) {
-    if (f_begin < f_end) CopyXStep(xr, first_step, x_smem, lane);
+    if (f_begin < f_end) CopyXStep<NT>(x_src + static_cast<int64_t>(first_step) * kXStepBytes, x_group_bytes, x_lane);
     CopyAsyncCommit();
   }
   float acc[NT][4], part[NT][4];  // part: the current group's exact sum (each group starts it afresh)
@@ -694,22 +715,17 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
       const ScaleFrag<S> sw = ring_s[s];
       const X* xs[NT];
       if constexpr (kSharedX) {
-        // the next step's x into the other slot, then wait for this step's
-        if (base + s + 1 < f_end) CopyXStep(xr, step + 1 == p.steps ? 0 : step + 1, x_smem + (x_slot ^ 1) * NT * kXStepBytes, lane);
+        // the next step's x into the other slot (past the range's end too: a valid step, never
+        // read), then wait for this step's
+        CopyXStep<NT>(x_src + x_next, x_group_bytes, x_lane + (x_read ^ kXSlotBytes));
         CopyAsyncCommit();
         CopyAsyncWait<1>();
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < NT; ++j) xs[j] = reinterpret_cast<const X*>(x_smem + (x_slot * NT + j) * kXStepBytes) + 8 * lane;
-      } else {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) xs[j] = NT == 1 ? x_step : xr[j] + step * kXPerStep;
+        x_next = x_next + kXStepBytes == x_tile_bytes ? 0 : x_next + kXStepBytes;
       }
-      RunStep<X, S, NT, G, F, kSharedX>(w0, w1, sw, step, (p.K - step * w4::kStepK) / 32, xs, acc, part);
-      if constexpr (kSharedX) {
-        __syncwarp();  // every lane has read the slot before the next copy into it
-        x_slot ^= 1;
-      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xs[j] = NT == 1 ? x_step : xr[j] + step * kXPerStep;
+      RunStep<X, S, NT, G, F, kSharedX>(w0, w1, sw, step, (p.K - step * w4::kStepK) / 32, xs, x_lane + x_read, acc, part);
+      x_read ^= kXSlotBytes;
       x_step += kXPerStep;
       ++step;
       if (kFlatLoop ? base + s + 1 == seg_end : step == p.steps || base + s + 1 == f_end) {
@@ -744,6 +760,7 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
     }
   }
 #undef KDTREE_ISSUE
+  if constexpr (kSharedX) CopyAsyncWait<0>();  // the last (unread) x copy lands before the block ends
   __syncthreads();  // every warp's split tiles are parked
   CombineSplitTiles<NT, F, kSilu, kWarps / kPieces>(p, row_start, rows);
 }
