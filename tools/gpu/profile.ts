@@ -30,8 +30,10 @@ function w4a16Launches(n: number, k: number, ms: number[]): void {
   for (const m of ms) gpu.native.w4a16Gemm({ x: { ...x, shape: [m, k] }, qw, sc, y: { ...y, shape: [m, n] }, group: 32 });
   gpu.free(qw, sc, x, y);
 }
-// W4A16 at M = 1 and 16 on an expert and a dense shape
-for (const [n, k] of want('gemm') ? [[4096, 7168], [18432, 7168], [7168, 2048]] : []) w4a16Launches(n, k, [1, 16]);
+// W4A16 at M = 1 and 16 on the expert shapes and both dense ones (the 16-token launches of the
+// dense shapes are the 4th and 6th W4A16Kernel launches: `ncu --kernel-name regex:W4A16Kernel
+// --launch-skip 3 --launch-count 1`, or --launch-skip 5)
+for (const [n, k] of want('gemm') ? [[4096, 7168], [18432, 7168], [7168, 18432], [7168, 2048]] : []) w4a16Launches(n, k, [1, 16]);
 // W4A16 at a 2048-token prefill on the dense shape and an expert shape (the prefill kernel)
 for (const [n, k] of want('prefill') ? [[18432, 7168], [4096, 7168]] : []) w4a16Launches(n, k, [2048]);
 
