@@ -478,13 +478,15 @@ Form ChooseForm(const Params& p, int token_tiles, int sms) {
   const int64_t sm_count = sms;
   // The wgmma form: from 512 tokens on every shape with 17+ blocks (run 328 against run 327's
   // forms at 512 / 2048 tokens: lm_head 399 / 1596 -> 308 / 1225 us, kv_a_proj_with_mqa (20 / 80
-  // blocks) 87.5 / 101.9 -> 75.0 / 87.2, q_a_proj 66.1 / 180.0 -> 65.8 / 137.4); from 128 where its
-  // blocks (one per SM) fill the device one and a half times over (run 327, the form with a block
-  // barrier per chunk: it lost where they did not, e.g. layer 0's gate_up at 512 tokens, 144
-  // blocks, 166 -> 180 us).
+  // blocks) 87.5 / 101.9 -> 75.0 / 87.2, q_a_proj 66.1 / 180.0 -> 65.8 / 137.4); below 512 from
+  // one block per SM with one token tile and from half of that with two or more (run 335, every
+  // form forced at 128 / 256 tokens: lm_head 177 -> 141 us at 128; at 256 o_proj 26.8 -> 17.2,
+  // layer 0's gate_up 90.4 -> 64.9 and down 51.3 -> 28.5, while q_a_proj's 24 blocks and
+  // kv_a_proj_with_mqa's 10 lost 1.5-1.8x; at 128 the 36-56-block shapes were even or lost).
   const bool wgmma_prefill = wgmma_fits && p.M >= gemm::kWgmmaTokens;
+  const bool several_token_tiles = (p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens >= 2;
   if (wgmma_prefill && p.M >= 512 && 8 * wgmma_blocks >= sm_count) return Form::kWgmma;
-  if (wgmma_prefill && 2 * wgmma_blocks >= 3 * sm_count) return Form::kWgmma;
+  if (wgmma_prefill && (several_token_tiles ? 2 * wgmma_blocks : wgmma_blocks) >= sm_count) return Form::kWgmma;
   // The tiled form once its blocks fill the device twice over: from 32 tokens on lm_head and the
   // dense MLP, 512+ tokens on 4608- and 7168-row shapes (run 321: faster than the rows form
   // wherever it fills the device; its blocks are 4 warps, so fewer blocks leave SMs idle).
