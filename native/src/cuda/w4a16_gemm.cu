@@ -975,7 +975,11 @@ bool UseWgmma(const GemmParams& p, DType x, int sms) {
 // faster or even on every Kimi K2 shape (4096x7168 M = 256 66.6 -> 52.0, 2048 446 -> 387;
 // 7168x2048 M = 1024 129 -> 117; 7168x18432 M = 512 481 -> 443, 1024 1000 -> 779); at 128 tokens
 // it is not (4096x7168 36.9 -> 50.6: 64 blocks; 18432x7168 132 -> 138), though 7168x18432 would
-// gain there (156 -> 114).
+// gain there (156 -> 114). Run 337 measured why: one token tile of the prefill kernel costs about
+// what 4 of the 32-token kernels' tiles do where its blocks make one wave, mostly full (the
+// 7168-row shapes' 112 blocks: 7168x18432 M = 128 155.4 -> 114.2 us, 7168x2048 24.3 -> 22.2), and
+// loses with half a wave (4096x7168: 64 blocks) or two and a bit (18432x7168: 288); at 192 tokens
+// its second, half-empty tile lost everywhere (7168x18432 210.3 -> 220.7).
 constexpr int kPrefillMinTokens = 256;
 constexpr int kPrefillMinBlocksPerFourSms = 3;
 // KDTREE_W4A16_PREFILL=always|never overrides the rule (tests, tuning); read per call, so a
@@ -990,7 +994,10 @@ bool UsePrefill(const GemmParams& p, int group, int sms) {
   if (!PrefillSupports(group, p.sc_f32) || force < 0) return false;
   if (force > 0) return true;
   const int64_t blocks = (p.tiles + 3) / 4 * static_cast<int64_t>((p.M + kPrefillTileTokens - 1) / kPrefillTileTokens);
-  return p.M >= kPrefillMinTokens && 4 * blocks >= kPrefillMinBlocksPerFourSms * static_cast<int64_t>(sms);
+  const bool first_wave_full = 4 * blocks >= kPrefillMinBlocksPerFourSms * static_cast<int64_t>(sms);
+  // one token tile whose 32-token tiles would be 4 (97-128 tokens), in one wave
+  const bool one_wave_tile = p.M > 3 * kWgmmaTileTokens && p.M <= kPrefillTileTokens && blocks <= sms;
+  return first_wave_full && (p.M >= kPrefillMinTokens || one_wave_tile);
 }
 // Token tiles [0, tiles) in launches of `chunk`, each staging its x into `staged_per_tile` bytes of
 // scratch per tile: launch(p, token_tiles, xs) with p.tile_offset set.
