@@ -994,10 +994,10 @@ bool UsePrefill(const GemmParams& p, int group, int sms) {
   if (!PrefillSupports(group, p.sc_f32) || force < 0) return false;
   if (force > 0) return true;
   const int64_t blocks = (p.tiles + 3) / 4 * static_cast<int64_t>((p.M + kPrefillTileTokens - 1) / kPrefillTileTokens);
-  const bool first_wave_full = 4 * blocks >= kPrefillMinBlocksPerFourSms * static_cast<int64_t>(sms);
+  const bool wave_mostly_full = 4 * blocks >= kPrefillMinBlocksPerFourSms * static_cast<int64_t>(sms);
   // one token tile whose 32-token tiles would be 4 (97-128 tokens), in one wave
   const bool one_wave_tile = p.M > 3 * kWgmmaTileTokens && p.M <= kPrefillTileTokens && blocks <= sms;
-  return first_wave_full && (p.M >= kPrefillMinTokens || one_wave_tile);
+  return wave_mostly_full && (p.M >= kPrefillMinTokens || one_wave_tile);
 }
 // Token tiles [0, tiles) in launches of `chunk`, each staging its x into `staged_per_tile` bytes of
 // scratch per tile: launch(p, token_tiles, xs) with p.tile_offset set.
