@@ -162,9 +162,8 @@ __device__ __forceinline__ void RangePartial(const Params& p, int tile, int toke
   if (wait) PdlWait();  // an empty range (none are): still ordered after the previous kernel
 }
 
-// The last block of a tile's range blocks (split form) or of a group's (tiled form) sums the
-// partials that every block stored in work space (threadFenceReduction's pattern); false for the
-// others. The counter is zeroed again for the next launch; `last` is a flag in shared memory.
+// The last of a tile's range blocks (split form) sums the partials that every block stored in
+// work space (threadFenceReduction's pattern); false for the others. The counter is zeroed again for the next launch; `last` is a flag in shared memory.
 __device__ __forceinline__ bool LastOfBlocks(int* counter, int blocks, volatile bool* last) {
   __threadfence();
   __syncthreads();
@@ -564,7 +563,7 @@ Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
       const auto kernel = across ? GemmTiledKernel<W, X, NT, true> : GemmTiledKernel<W, X, NT, false>;
       KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTiledSmem<NT>)), "gemm (tiled form): shared memory"));
       const int blocks_y = (p.tiles + kTiledWarps - 1) / kTiledWarps * (across ? p.ranges : 1);
-      const CrossBlock partials{static_cast<size_t>(p.tiles) * p.ranges * elems, 0};  // no counters: the sum is its own kernel
+      const CrossBlock partials{cross.floats_per_token_tile, 0};  // no counters: the sum is its own kernel
       return LaunchChunks(p, token_tiles, across ? &partials : nullptr, scratch, s, [&](const Params& q, int n) {
         KDTREE_RETURN_IF_ERROR(LaunchPdl("gemm (tiled form)", kernel, dim3(n, blocks_y), dim3(kTiledWarps * 32), kTiledSmem<NT>, s, q));
         return across ? LaunchPdl("gemm (tiled form): range sums", GemmSumRangesKernel<NT>, dim3(p.tiles, n), dim3(128), 0, s, q) : Status::Ok();

@@ -482,21 +482,22 @@ const wgmmaCheck: KernelCheck = {
 /**
  * bf16 x of prefill size, which on an sm_90a device takes the prefill kernel (w4a16_prefill.cu:
  * 128-token tiles, groups 32 and 64). N = 2000 (125 tiles: the last block of 4 tiles has 1) at
- * M = 260 (three token tiles, the last with 4 rows, so its second consumer stores nothing), group
+ * M = 260 (three token tiles, the last with 4 rows, so its second consumer stores nothing) and at
+ * M = 100 (one partly filled tile: the rule takes the kernel for 97-128 tokens in one wave), group
  * 32 with bf16 scales; N = 1000 (63 tiles, the last with 8 rows) x K 448 (a K tail inside a step)
  * at M = 300, group 64 with f32 scales (a 3-stage ring); N = 520 x K 1152 at M = 257 (one row
  * past two token tiles), group 64 with bf16 scales (a 4-stage ring, like group 32); forced with
  * KDTREE_W4A16_PREFILL=always. Rows 0, 5 and M - 1 equal the row alone (the stream-K kernel's bits).
  */
 const prefillCheck: KernelCheck = {
-  name: 'w4a16_gemm bf16: N 2000 x K 640 at M 260 (group 32, bf16 scales), N 1000 x K 448 at M 300 (group 64, f32) and N 520 x K 1152 at M 257 (group 64, bf16) vs reference and batch-invariant (on sm_90a: the prefill kernel)',
+  name: 'w4a16_gemm bf16: N 2000 x K 640 at M 100 and 260 (group 32, bf16 scales), N 1000 x K 448 at M 300 (group 64, f32) and N 520 x K 1152 at M 257 (group 64, bf16) vs reference and batch-invariant (on sm_90a: the prefill kernel)',
   // shapes this small take it only when forced (the rule wants >= 3/4 of a block per SM)
   run: (b) =>
     withEnv('KDTREE_W4A16_PREFILL', 'always', () => ({
       detail: bf16CasesAgainstReference(
         b,
         [
-          { n: 2000, k: 640, group: 32, scales: 'BF16', ms: [260] },
+          { n: 2000, k: 640, group: 32, scales: 'BF16', ms: [100, 260] },
           { n: 1000, k: 448, group: 64, scales: 'F32', ms: [300] },
           { n: 520, k: 1152, group: 64, scales: 'BF16', ms: [257] },
         ],
