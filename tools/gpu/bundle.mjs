@@ -13,7 +13,7 @@
 //   node.xz                   this machine's Node, compressed (../shared/gpu/pack-node.sh)
 //   run.sh                    what to run there (tools/gpu/run.sh)
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { rolldown } from 'rolldown';
@@ -32,10 +32,32 @@ for (const variant of ['cuda', 'cpu']) {
     copyFileSync(file, join(out, `kdtree_${variant}.${ext}`));
   }
 }
+// The GPU host has no node_modules: an import rolldown cannot resolve (a workspace package whose
+// dist/ is not built yet) would be left as a bare import and fail there, so it fails here instead,
+// before anything is written.
 for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'bench/host-cost.mjs']) {
-  const bundle = await rolldown({ input: join(root, 'tools', input), platform: 'node', external: [/^node:/], logLevel: 'warn' });
-  await bundle.write({ file: join(out, `${basename(input).replace(/\.[mt]s$|\.mjs$/, '')}.mjs`), format: 'esm', codeSplitting: false });
+  const unresolved = new Set();
+  const bundle = await rolldown({
+    input: join(root, 'tools', input),
+    platform: 'node',
+    external: [/^node:/],
+    logLevel: 'warn',
+    onLog(level, log, handler) {
+      if (log.code === 'UNRESOLVED_IMPORT') unresolved.add(log.message.split('\n')[0].replace(/\x1b\[[0-9;]*m/g, ''));
+      else handler(level, log);
+    },
+  });
+  const { output } = await bundle.generate({ format: 'esm', codeSplitting: false });
   await bundle.close();
+  const bare = output[0].imports.filter((name) => !name.startsWith('node:'));
+  if (unresolved.size > 0 || bare.length > 0) {
+    console.error(`tools/${input}: imports left unresolved (${bare.join(', ')}):\n  ${[...unresolved].join('\n  ')}`);
+    console.error('Build the workspace packages first: pnpm install && pnpm exec turbo run build (or .ci/run).');
+    process.exit(1);
+  }
+  const file = join(out, `${basename(input).replace(/\.[mt]s$|\.mjs$/, '')}.mjs`);
+  writeFileSync(`${file}.tmp`, output[0].code);
+  renameSync(`${file}.tmp`, file);
 }
 for (const file of ['dense_baseline.py', 'int4_peer.py', 'peers.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'fp8_probe.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
 const pack = spawnSync('bash', [join(root, '..', 'shared', 'gpu', 'pack-node.sh'), out], { stdio: 'inherit' });
