@@ -112,10 +112,13 @@ __device__ __forceinline__ int Quotient(const Divisor& v, int n) {
 // same order, so a row's bits do not depend on the form.
 //  kStandard  x staged (StageXKernel) above one token group; at two groups each warp copies its
 //             next step of it into shared memory
-//  kOneToken  one token per tile (NT = 1): the MMA columns of token 2 t + 1 are not scaled, parked
-//             or exchanged
+//  kEvenColumns  up to 4 tokens per tile (NT = 1), token u in MMA column 2 u (read in place by the
+//             lanes g = 2 u, 2 u + 1): the odd columns are not scaled, parked or exchanged, so a
+//             step has 8 scale FMAs instead of 16, and a tile half the parks and stores
 //  kXInPlace  two groups reading the x rows in place, as one group does (ChooseForm says where)
-enum class Form { kStandard, kOneToken, kXInPlace };
+enum class Form { kStandard, kEvenColumns, kXInPlace };
+// Tokens per tile of the even-column form.
+constexpr int kEvenColumnTokens = 4;
 
 // Whether x is read from the staged copy (StageXKernel): 16-bit x with more than one group of 8
 // tokens in the standard form. With one group the in-place rows are few (one at decode, where
@@ -203,10 +206,10 @@ __device__ __forceinline__ void MmaB(float* part, const uint32_t* a, const BFrag
   for (int pl = 0; pl < BFrag<X>::kPlanes; ++pl) Mma<A>(part, a, b.r[pl][0], b.r[pl][1], fresh && pl == 0);
 }
 
-// Whether acc element i holds a token of the launch: in the one-token form only the MMA columns
+// Whether acc element i holds a token of the launch: in the even-column form only the MMA columns
 // 2 t, elements 0 and 2, do; the others are neither scaled, parked nor exchanged.
 template <Form F>
-constexpr bool LiveElement(int i) { return F != Form::kOneToken || (i & 1) == 0; }
+constexpr bool LiveElement(int i) { return F != Form::kEvenColumns || (i & 1) == 0; }
 
 // One token group's staged x of a step: 8 k16 slices x 32 lanes x 8 B (StageXKernel's order).
 constexpr int kXStepBytes = 8 * 32 * 8;
@@ -305,7 +308,9 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 // longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
 constexpr int kRoutePairsMax = 32;
 constexpr int kRouteSharedBytes = (2 * kRoutePairsMax + 4) * sizeof(int);
-// kTileRows is tile_tokens: 8 (one token group), or 1 in the one-token form (a tile per pair).
+// kTileRows is tile_tokens: 8 (one token group), or 1 in the even-column form (a tile per pair).
+// A compile-time count: with the tile size read at run time a MoE decode step took 0.4 us longer
+// (run 341).
 template <int kTileRows>
 __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* expert, int* row_start, int* rows) {
   int* expert_of = shared;                       // [kRoutePairsMax]
@@ -380,16 +385,19 @@ __global__ void StageXKernel(const GemmParams p, int chunk_tiles, X* xs) {
 // kSilu: the SiLU epilogue (p.silu_mul), a compile-time choice in every kernel that has it: at run
 // time its code raised the registers and stack of the plain instances too (run 261: the prefill
 // kernel 154 -> 168 registers and 1.6-4% slower at 512-2048 tokens, the 1-token expert GEMMs +0.1 us).
-template <int NT, bool kSilu>
+template <int NT, Form F, bool kSilu>
 __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[NT][4], int tile, int row_start, int rows, int g, int t) {
+  constexpr bool kEven = F == Form::kEvenColumns;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     if constexpr (kSilu) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) StoreSilu(p, v[j][i], v[j][i + 2], j, i, tile, row_start, rows, g, t);
+      for (int i = 0; i < 2; ++i)
+        if (LiveElement<F>(i)) StoreSilu<kEven>(p, v[j][i], v[j][i + 2], j, i, tile, row_start, rows, g, t);
     } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) StoreElement(p, v[j][i], j, i, tile, row_start, rows, g, t);
+      for (int i = 0; i < 4; ++i)
+        if (LiveElement<F>(i)) StoreElement<kEven>(p, v[j][i], j, i, tile, row_start, rows, g, t);
     }
   }
 }
@@ -477,7 +485,7 @@ __device__ __forceinline__ void ExchangePairs(const GemmParams& p, const float (
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (other[j][i][0] >> 32) {  // second: finish the pair and leave the slot zero for the next launch
-        StoreSilu(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other[j][i][0])), sum[j][i + 2] + __uint_as_float(static_cast<uint32_t>(other[j][i][1])), j, i, tile,
+        StoreSilu<F == Form::kEvenColumns>(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other[j][i][0])), sum[j][i + 2] + __uint_as_float(static_cast<uint32_t>(other[j][i][1])), j, i, tile,
                   row_start, rows, g, t);
         uint64_t* slot = slots + 2 * ((8 * j + 2 * t + i) * 8 + g);
         slot[0] = slot[1] = 0;
@@ -505,7 +513,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
         if (LiveElement<F>(i)) sum[j][i] += slot[SlotIndex(j, i, g, t)];
   }
   if (inside) {
-    StoreTile<NT, kSilu>(p, sum, tile, row_start, rows, g, t);
+    StoreTile<NT, F, kSilu>(p, sum, tile, row_start, rows, g, t);
     return;
   }
   // The boundary between blocks b and b + 1 has exchange slot b. All of a lane's exchanges are in
@@ -528,7 +536,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (other[j][i] >> 32) {  // second: finish the element and leave the slot zero for the next launch
-        StoreElement(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other[j][i])), j, i, tile, row_start, rows, g, t);
+        StoreElement<F == Form::kEvenColumns>(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other[j][i])), j, i, tile, row_start, rows, g, t);
         slots[SlotIndex(j, i, g, t)] = 0;
       }
     }
@@ -582,7 +590,7 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
   int expert, row_start, rows;
   const int my_tile = p.tile_offset + static_cast<int>(blockIdx.y);
   int* route_shared = reinterpret_cast<int*>(reinterpret_cast<char*>(shared_partials) + SharedBytes<NT, F>() - RouteBytes<NT>());
-  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile<F == Form::kOneToken ? 1 : 8>(p, my_tile, route_shared, &expert, &row_start, &rows)
+  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile<F == Form::kEvenColumns ? 1 : 8>(p, my_tile, route_shared, &expert, &row_start, &rows)
                                           : ResolveTile(p, my_tile, &expert, &row_start, &rows))) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wib = threadIdx.x >> 5;
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
@@ -659,8 +667,8 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
   }
   if (!moe) PdlWait();  // x and the outputs are the previous kernels'
 
-  // B operand: staged x (this lane's 8 bytes of each slice), or x in place at tokens
-  // 8 j + g (tokens past the tile repeat its last; their columns are dropped)
+  // B operand: staged x (this lane's 8 bytes of each slice), or x in place at tokens 8 j + g
+  // (the even-column form: g / 2; tokens past the tile repeat its last; their columns are dropped)
   constexpr bool kStaged = StagesX<X, NT, F>();
   const X* xr[NT];
 #pragma unroll
@@ -668,7 +676,7 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
     if constexpr (kStaged) {
       xr[j] = static_cast<const X*>(p.xs) + (static_cast<int64_t>(blockIdx.y) * NT + j) * p.slices * 32 * 4 + lane * 8;
     } else {
-      const int lr = row_start + min(8 * j + g, rows - 1);
+      const int lr = row_start + min(F == Form::kEvenColumns ? g >> 1 : 8 * j + g, rows - 1);
       xr[j] = static_cast<const X*>(p.x) + static_cast<int64_t>(p.x_row ? p.x_row[lr] : lr) * p.K + 8 * t;
     }
   }
@@ -731,7 +739,7 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
       if (kFlatLoop ? base + s + 1 == seg_end : step == p.steps || base + s + 1 == f_end) {
         const int t0 = tile * p.steps;
         if (t0 >= piece_begin && t0 + p.steps <= piece_end) {
-          StoreTile<NT, kSilu>(p, acc, tile, row_start, rows, g, t);  // whole in this piece
+          StoreTile<NT, F, kSilu>(p, acc, tile, row_start, rows, g, t);  // whole in this piece
         } else {
           ParkPartial<NT, F>(parked + (2 * piece + (tile == piece_first_tile ? 0 : 1)) * kSlotFloats<NT>, acc, g, t);
         }
@@ -893,21 +901,26 @@ Status LaunchNt(const GemmParams& p, int nt, Form form, int pieces, int group, d
   if constexpr (std::is_same<X, __nv_bfloat16>::value) {
     if (nt == 2) return form == Form::kXInPlace ? LaunchS<X, 2, Form::kXInPlace>(p, group, grid, s) : LaunchS<X, 2>(p, group, grid, s);
     if (nt == 4) return LaunchS<X, 4>(p, group, grid, s);
-    if (pieces == kPiecesMax) return LaunchS<X, 1, Form::kStandard, kPiecesMax>(p, group, grid, s);  // PiecesPerWarp
+    if (pieces == kPiecesMax) {  // PiecesPerWarp
+      return form == Form::kEvenColumns ? LaunchS<X, 1, Form::kEvenColumns, kPiecesMax>(p, group, grid, s) : LaunchS<X, 1, Form::kStandard, kPiecesMax>(p, group, grid, s);
+    }
   }
-  if (nt == 1) return form == Form::kOneToken ? LaunchS<X, 1, Form::kOneToken>(p, group, grid, s) : LaunchS<X, 1>(p, group, grid, s);
+  if (nt == 1) return form == Form::kEvenColumns ? LaunchS<X, 1, Form::kEvenColumns>(p, group, grid, s) : LaunchS<X, 1>(p, group, grid, s);
   return LaunchS<X, 8>(p, group, grid, s);
 }
 
-// The kernel's form for a launch (see Form). One token per tile (a decode step): the one-token form
-// drops half of the 16 scale FMAs per step (run 153: 18432x7168 M = 1 20.85 -> 20.6 us, MoE decode
-// step 63.75 -> 63.5). Two token groups of bf16 x read in place on matrices of up to 8192 x 8192
-// (the expert shapes): no staging launch and no per-warp copy, 4096x7168 M = 16 12.55 -> 11.45 us,
-// 7168x2048 8.7 -> 7.5 (run 158); on the dense shapes in place was slower (18432x7168 34.45 ->
-// 34.7, 7168x18432 36.25 -> 39.25, whose 16 rows of x are 590 KB), so they stay staged. In place
-// needs whole steps of K (no K-tail predicates on the x loads).
+// The kernel's form for a launch (see Form). Up to 4 tokens per tile: the even-column form drops
+// half of the 16 scale FMAs per step and half of a tile's parks and stores (run 153, one token:
+// 18432x7168 M = 1 20.85 -> 20.6 us, MoE decode step 63.75 -> 63.5; run 341, 2-4 tokens, from
+// tiles of 8: 18432x7168 M = 2 / 3 / 4 20.5 / 20.6 / 20.7 -> 20.15 / 20.25 / 20.3, 7168x2048
+// 4.85 / 4.9 / 4.95 -> 4.7 / 4.7 / 4.75, 4096x7168 7.1 / 7.2 / 7.2 -> 6.9 / 7.0 / 7.0).
+// Two token groups of bf16 x read in place on matrices of up to 8192 x 8192 (the expert shapes):
+// no staging launch and no per-warp copy, 4096x7168 M = 16 12.55 -> 11.45 us, 7168x2048 8.7 ->
+// 7.5 (run 158); on the dense shapes in place was slower (18432x7168 34.45 -> 34.7, 7168x18432
+// 36.25 -> 39.25, whose 16 rows of x are 590 KB), so they stay staged. In place needs whole steps
+// of K (no K-tail predicates on the x loads).
 Form ChooseForm(const GemmParams& p, DType x, int nt) {
-  if (nt == 1 && p.tile_tokens == 1) return Form::kOneToken;
+  if (nt == 1 && p.tile_tokens <= kEvenColumnTokens) return Form::kEvenColumns;
   if (nt == 2 && x == DType::kBF16 && p.K % w4::kStepK == 0 && p.N <= 8192 && p.K <= 8192) return Form::kXInPlace;
   return Form::kStandard;
 }
@@ -921,7 +934,7 @@ Form ChooseForm(const GemmParams& p, DType x, int nt) {
 // and 4 steps per range): 389.6 -> 318.9 us with 2 pieces, 301.5 with 4, decode unchanged (run 189);
 // `minWarpSteps: 16`, which lengthens the ranges themselves, took 318 and the decode step 24 us.
 int PiecesPerWarp(const GemmParams& p, DType x, int nt, Form form, const Ranges& r) {
-  const bool eligible = x == DType::kBF16 && nt == 1 && form == Form::kStandard && p.moe_tiles != nullptr && p.route_ids == nullptr;
+  const bool eligible = x == DType::kBF16 && nt == 1 && form != Form::kXInPlace && p.moe_tiles != nullptr && p.route_ids == nullptr;
   return eligible && r.steps_per_warp < kPiecesMinSteps ? kPiecesMax : 1;
 }
 
@@ -1100,7 +1113,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, m);
   p.silu_mul = a.epilogue == Epilogue::kSiluMul;
   const int nt = ChooseNt(m, a.x.dtype, p.K);
-  p.tile_tokens = m == 1 && nt == 1 ? 1 : 8 * nt;  // one token: the one-token form (ChooseForm)
+  p.tile_tokens = m <= kEvenColumnTokens && nt == 1 ? kEvenColumnTokens : 8 * nt;  // the even-column form (ChooseForm)
   p.y = a.y.data;
   p.y_dtype = a.y.dtype;
   return RunGemm(p, a.x.dtype, a.group, nt, (m + p.tile_tokens - 1) / p.tile_tokens, 1, 0, sms, scratch, 0, s);
@@ -1119,8 +1132,11 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const int expected_rows = std::min(64, (pairs + experts - 1) / experts);
   const int nt = ChooseNt(expected_rows, a.x.dtype, static_cast<int>(a.x.dim(1)));
   const bool route = nt == 1 && pairs <= kRoutePairsMax;  // routed inside the GEMM (RouteTile)
-  // one token (a decode step): a tile per pair, run in the one-token form (ChooseForm)
-  const int tile_rows = route && t == 1 ? 1 : 8 * nt;
+  // One token routed in the GEMM (a decode step): a tile per pair. Sorted, with at most 2 rows
+  // expected per expert (a verify step): tiles of up to 4 rows. Both run the even-column form
+  // (ChooseForm): half the scale FMAs of an 8-row tile (run 341: one rank's 65-token verify step
+  // 300.8 -> 294.8 us, the whole layer's 1877 -> 1861).
+  const int tile_rows = route ? (t == 1 ? 1 : 8 * nt) : nt == 1 && expected_rows <= 2 ? kEvenColumnTokens : 8 * nt;
   const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
   p.silu_mul = a.epilogue == Epilogue::kSiluMul;  // gather mode only (validated)

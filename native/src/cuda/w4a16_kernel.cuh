@@ -111,9 +111,16 @@ __device__ __forceinline__ void ScalesOf(const ScaleFrag<S>& f, int q, float* s_
   }
 }
 
-// acc element i of n-tile j of a lane: token 8 j + 2 t + (i & 1), row g + 8 (i >> 1) of the tile.
+// The tile token of acc element i of n-tile j of a lane: MMA column 2 t + (i & 1) of token group j.
+// In the even-column form (w4a16_gemm.cu: up to 4 tokens, token u in column 2 u) an even element
+// holds token t; its callers never store the odd ones.
+template <bool kEvenColumns>
+__device__ __forceinline__ int TileToken(int j, int i, int t) { return kEvenColumns ? t : 8 * j + 2 * t + (i & 1); }
+
+// acc element i of n-tile j of a lane: token TileToken, row g + 8 (i >> 1) of the tile.
+template <bool kEvenColumns = false>
 __device__ __forceinline__ void StoreElement(const GemmParams& p, float v, int j, int i, int tile, int row_start, int rows, int g, int t) {
-  const int tok = 8 * j + 2 * t + (i & 1), n = tile * w4::kTileRows + g + 8 * (i >> 1);
+  const int tok = TileToken<kEvenColumns>(j, i, t), n = tile * w4::kTileRows + g + 8 * (i >> 1);
   if (tok < rows && n < p.N) {
     const int lr = row_start + tok;
     const int out = p.out_row ? p.out_row[lr] : lr;
@@ -124,8 +131,9 @@ __device__ __forceinline__ void StoreElement(const GemmParams& p, float v, int j
 // The SiLU epilogue's store of elements i and i + 2 of n-tile j of a lane (a gate_up tile: gate
 // row g, its up row g + 8, one token): their activation at column 8 tile + g of y [rows, N / 2],
 // after rounding each to y's dtype as a stored gate_up output would be.
+template <bool kEvenColumns = false>
 __device__ __forceinline__ void StoreSilu(const GemmParams& p, float gate, float up, int j, int i, int tile, int row_start, int rows, int g, int t) {
-  const int tok = 8 * j + 2 * t + (i & 1), n = tile * 8 + g, width = p.N / 2;
+  const int tok = TileToken<kEvenColumns>(j, i, t), n = tile * 8 + g, width = p.N / 2;
   if (tok < rows && n < width) {
     const int lr = row_start + tok;
     const int out = p.out_row ? p.out_row[lr] : lr;

@@ -155,21 +155,26 @@ function expectRowsAlone(
   }
 }
 
-/** Row m of an M-row call must equal, bit for bit, the same row computed alone. */
+/**
+ * Row m of an M-row call must equal, bit for bit, the same row computed alone. On cuda M = 2 and 4
+ * run the even-column form (token u in MMA column 2 u, like the row alone in column 0), M = 5 the
+ * 8-token tiles, M = 17 and 118 larger tiles.
+ */
 function gemmInvarianceCheck(xDtype: Dtype): KernelCheck {
   return {
-    name: `w4a16_gemm x ${xDtype}: batch invariance (row of M=17 and M=118 == the row alone, bit for bit)`,
+    name: `w4a16_gemm x ${xDtype}: batch invariance (rows of M=2/4/5/17/118 == the row alone, bit for bit)`,
     run(b) {
       const { n, k, group } = { n: 136, k: 256, group: 32 };
       const w = int4(n, k, group, 'BF16', 77);
       withTensors(b, (track) => {
         const { qw, sc } = trackedInt4(b, track, w);
-        for (const m of [17, 118]) {
+        for (const m of [2, 4, 5, 17, 118]) {
           const x = randomF32(m * k, 300 + m);
           const xd = track(upload(b, xDtype, [m, k], x));
           const y = track(b.empty('f32', [m, n]));
           b.native.w4a16Gemm({ x: xd, qw, sc, y, group });
-          expectRowsAlone(b, track, { x, xDtype, k, n, qw, sc, group }, b.toArray(y) as Float32Array, [0, 5, m - 1], `M=${m}`);
+          const rows = [...new Set([0, 1, 5, m - 1])].filter((r) => r < m);
+          expectRowsAlone(b, track, { x, xDtype, k, n, qw, sc, group }, b.toArray(y) as Float32Array, rows, `M=${m}`);
         }
       });
     },
@@ -334,6 +339,25 @@ const moePiecesCheck = () =>
     alone: 29,
   });
 
+/**
+ * A verify-like step with at most 2 rows expected per expert: 80 (token, expert) pairs over 48
+ * experts of 272 x 1280. On cuda the sort cuts tiles of up to 4 rows, run in the even-column form
+ * (token u of a tile in MMA column 2 u) with short ranges streamed 4 per warp; expert 47 gets 6
+ * rows, so two tiles (4 + 2). Token 5 (one of expert 47's rows) alone takes the decode path, and
+ * its rows must agree bit for bit.
+ */
+const moeEvenColumnsCheck = () =>
+  moeGatherCheck("moe_gemm x bf16, N 272 x K 1280, 48 experts, top-2: 40 tokens (tiles of up to 4 rows on cuda, an expert with 6) vs reference; a token's rows == the token alone", {
+    E: 48,
+    n: 272,
+    k: 1280,
+    T: 40,
+    topk: 2,
+    seed: 60,
+    expertOf: (t, j) => (j === 0 ? t % 20 : t < 6 ? 47 : 20 + ((3 * t) % 27)),
+    alone: 5,
+  });
+
 function packCheck(scaleDtype: 'BF16' | 'F32'): KernelCheck {
   return {
     name: `w4a16_pack, scales ${scaleDtype.toLowerCase()}: bit-exact with the layout written out in JS (odd N, K tails, groups 32/64/128, experts)`,
@@ -377,8 +401,8 @@ function packCheck(scaleDtype: 'BF16' | 'F32'): KernelCheck {
  * A shape large enough that the device's stream-K ranges end inside tiles: on cuda, warps of a
  * block share tiles (summed in shared memory) and tiles cross block boundaries (finished by an
  * exchange between the two blocks). N = 14496 (906 tiles), K = 896 (7 steps of 128). Row 5 of the
- * M = 17 call (16-token tiles, x staged) must also equal the row alone (8-token tiles, x in place)
- * bit for bit.
+ * M = 17 call (16-token tiles, x staged) and every row of the M = 3 call (the even-column form,
+ * its parks and exchanges in columns 0, 2 and 4) must also equal the row alone bit for bit.
  */
 const streamKCheck: KernelCheck = {
   name: 'w4a16_gemm bf16: N 14496 x K 896 at M 1/3/17 vs reference, and batch-invariant (on cuda: ranges that end inside tiles and blocks)',
@@ -395,7 +419,7 @@ const streamKCheck: KernelCheck = {
         b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
         const all = b.toArray(y) as Float32Array;
         detail = expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16);
-        if (m === 17) expectRowsAlone(b, track, { x, xDtype: 'bf16', k, n, qw, sc, group }, all, [5], 'M=17');
+        if (m > 1) expectRowsAlone(b, track, { x, xDtype: 'bf16', k, n, qw, sc, group }, all, m === 17 ? [5] : [0, 1, 2], `M=${m}`);
       }
     });
     return { detail };
@@ -568,5 +592,6 @@ export const GEMM_CHECKS: KernelCheck[] = [
   moeManyTilesCheck(),
   moeLongRangesCheck(),
   moePiecesCheck(),
+  moeEvenColumnsCheck(),
   shapeErrors,
 ];
