@@ -112,11 +112,15 @@ __device__ __forceinline__ int Quotient(const Divisor& v, int n) {
 // same order, so a row's bits do not depend on the form.
 //  kStandard  x staged (StageXKernel) above one token group; at two groups each warp copies its
 //             next step of it into shared memory
-//  kEvenColumns  up to 4 tokens per tile (NT = 1), token u in MMA column 2 u (read in place by the
-//             lanes g = 2 u, 2 u + 1): the odd columns are not scaled, parked or exchanged, so a
-//             step has 8 scale FMAs instead of 16, and a tile half the parks and stores
+//  kOneToken  one token per tile (NT = 1): the MMA columns of token 2 t + 1 are not scaled, parked
+//             or exchanged
+//  kEvenColumns  2-4 tokens per tile (NT = 1), token u in MMA column 2 u (read in place by the
+//             lanes g = 2 u, 2 u + 1): as in the one-token form the odd columns are not scaled,
+//             parked or exchanged, so a step has 8 scale FMAs instead of 16. One token keeps a
+//             form of its own: as an even-column tile it measured 0.05-0.2 us slower at M = 1
+//             (runs 341-343), the same arithmetic in a different schedule.
 //  kXInPlace  two groups reading the x rows in place, as one group does (ChooseForm says where)
-enum class Form { kStandard, kEvenColumns, kXInPlace };
+enum class Form { kStandard, kOneToken, kEvenColumns, kXInPlace };
 // Tokens per tile of the even-column form.
 constexpr int kEvenColumnTokens = 4;
 
@@ -206,10 +210,10 @@ __device__ __forceinline__ void MmaB(float* part, const uint32_t* a, const BFrag
   for (int pl = 0; pl < BFrag<X>::kPlanes; ++pl) Mma<A>(part, a, b.r[pl][0], b.r[pl][1], fresh && pl == 0);
 }
 
-// Whether acc element i holds a token of the launch: in the even-column form only the MMA columns
-// 2 t, elements 0 and 2, do; the others are neither scaled, parked nor exchanged.
+// Whether acc element i holds a token of the launch: in the one-token and even-column forms only
+// the MMA columns 2 t, elements 0 and 2, do; the others are neither scaled, parked nor exchanged.
 template <Form F>
-constexpr bool LiveElement(int i) { return F != Form::kEvenColumns || (i & 1) == 0; }
+constexpr bool LiveElement(int i) { return (F != Form::kOneToken && F != Form::kEvenColumns) || (i & 1) == 0; }
 
 // One token group's staged x of a step: 8 k16 slices x 32 lanes x 8 B (StageXKernel's order).
 constexpr int kXStepBytes = 8 * 32 * 8;
@@ -308,7 +312,7 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 // longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
 constexpr int kRoutePairsMax = 32;
 constexpr int kRouteSharedBytes = (2 * kRoutePairsMax + 4) * sizeof(int);
-// kTileRows is tile_tokens: 8 (one token group), or 1 in the even-column form (a tile per pair).
+// kTileRows is tile_tokens: 8 (one token group), or 1 in the one-token form (a tile per pair).
 // A compile-time count: with the tile size read at run time a MoE decode step took 0.4 us longer
 // (run 341).
 template <int kTileRows>
@@ -393,11 +397,11 @@ __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[
     if constexpr (kSilu) {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        if (LiveElement<F>(i)) StoreSilu<kEven>(p, v[j][i], v[j][i + 2], j, i, tile, row_start, rows, g, t);
+        if (!kEven || LiveElement<F>(i)) StoreSilu<kEven>(p, v[j][i], v[j][i + 2], j, i, tile, row_start, rows, g, t);
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (LiveElement<F>(i)) StoreElement<kEven>(p, v[j][i], j, i, tile, row_start, rows, g, t);
+        if (!kEven || LiveElement<F>(i)) StoreElement<kEven>(p, v[j][i], j, i, tile, row_start, rows, g, t);
     }
   }
 }
@@ -590,7 +594,7 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
   int expert, row_start, rows;
   const int my_tile = p.tile_offset + static_cast<int>(blockIdx.y);
   int* route_shared = reinterpret_cast<int*>(reinterpret_cast<char*>(shared_partials) + SharedBytes<NT, F>() - RouteBytes<NT>());
-  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile<F == Form::kEvenColumns ? 1 : 8>(p, my_tile, route_shared, &expert, &row_start, &rows)
+  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile<F == Form::kOneToken ? 1 : 8>(p, my_tile, route_shared, &expert, &row_start, &rows)
                                           : ResolveTile(p, my_tile, &expert, &row_start, &rows))) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wib = threadIdx.x >> 5;
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
@@ -905,12 +909,15 @@ Status LaunchNt(const GemmParams& p, int nt, Form form, int pieces, int group, d
       return form == Form::kEvenColumns ? LaunchS<X, 1, Form::kEvenColumns, kPiecesMax>(p, group, grid, s) : LaunchS<X, 1, Form::kStandard, kPiecesMax>(p, group, grid, s);
     }
   }
-  if (nt == 1) return form == Form::kEvenColumns ? LaunchS<X, 1, Form::kEvenColumns>(p, group, grid, s) : LaunchS<X, 1>(p, group, grid, s);
+  if (nt == 1) {
+    if (form == Form::kOneToken) return LaunchS<X, 1, Form::kOneToken>(p, group, grid, s);
+    return form == Form::kEvenColumns ? LaunchS<X, 1, Form::kEvenColumns>(p, group, grid, s) : LaunchS<X, 1>(p, group, grid, s);
+  }
   return LaunchS<X, 8>(p, group, grid, s);
 }
 
-// The kernel's form for a launch (see Form). Up to 4 tokens per tile: the even-column form drops
-// half of the 16 scale FMAs per step and half of a tile's parks and stores (run 153, one token:
+// The kernel's form for a launch (see Form). Up to 4 tokens per tile: the one-token and even-column
+// forms drop half of the 16 scale FMAs per step and half of a tile's parks (run 153, one token:
 // 18432x7168 M = 1 20.85 -> 20.6 us, MoE decode step 63.75 -> 63.5; run 341, 2-4 tokens, from
 // tiles of 8: 18432x7168 M = 2 / 3 / 4 20.5 / 20.6 / 20.7 -> 20.15 / 20.25 / 20.3, 7168x2048
 // 4.85 / 4.9 / 4.95 -> 4.7 / 4.7 / 4.75, 4096x7168 7.1 / 7.2 / 7.2 -> 6.9 / 7.0 / 7.0).
@@ -920,6 +927,7 @@ Status LaunchNt(const GemmParams& p, int nt, Form form, int pieces, int group, d
 // 36.25 -> 39.25, whose 16 rows of x are 590 KB), so they stay staged. In place needs whole steps
 // of K (no K-tail predicates on the x loads).
 Form ChooseForm(const GemmParams& p, DType x, int nt) {
+  if (nt == 1 && p.tile_tokens == 1) return Form::kOneToken;
   if (nt == 1 && p.tile_tokens <= kEvenColumnTokens) return Form::kEvenColumns;
   if (nt == 2 && x == DType::kBF16 && p.K % w4::kStepK == 0 && p.N <= 8192 && p.K <= 8192) return Form::kXInPlace;
   return Form::kStandard;
@@ -1113,7 +1121,7 @@ Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch,
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, m);
   p.silu_mul = a.epilogue == Epilogue::kSiluMul;
   const int nt = ChooseNt(m, a.x.dtype, p.K);
-  p.tile_tokens = m <= kEvenColumnTokens && nt == 1 ? kEvenColumnTokens : 8 * nt;  // the even-column form (ChooseForm)
+  p.tile_tokens = nt > 1 ? 8 * nt : m == 1 ? 1 : m <= kEvenColumnTokens ? kEvenColumnTokens : 8;  // one token, even columns, 8 (ChooseForm)
   p.y = a.y.data;
   p.y_dtype = a.y.dtype;
   return RunGemm(p, a.x.dtype, a.group, nt, (m + p.tile_tokens - 1) / p.tile_tokens, 1, 0, sms, scratch, 0, s);
@@ -1132,9 +1140,9 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const int expected_rows = std::min(64, (pairs + experts - 1) / experts);
   const int nt = ChooseNt(expected_rows, a.x.dtype, static_cast<int>(a.x.dim(1)));
   const bool route = nt == 1 && pairs <= kRoutePairsMax;  // routed inside the GEMM (RouteTile)
-  // One token routed in the GEMM (a decode step): a tile per pair. Sorted, with at most 2 rows
-  // expected per expert (a verify step): tiles of up to 4 rows. Both run the even-column form
-  // (ChooseForm): half the scale FMAs of an 8-row tile (run 341: one rank's 65-token verify step
+  // One token routed in the GEMM (a decode step): a tile per pair, in the one-token form. Sorted,
+  // with at most 2 rows expected per expert (a verify step): tiles of up to 4 rows in the
+  // even-column form (ChooseForm). Both have half the scale FMAs of an 8-row tile (run 341: one rank's 65-token verify step
   // 300.8 -> 294.8 us, the whole layer's 1877 -> 1861).
   const int tile_rows = route ? (t == 1 ? 1 : 8 * nt) : nt == 1 && expected_rows <= 2 ? kEvenColumnTokens : 8 * nt;
   const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);

@@ -112,7 +112,7 @@ __device__ __forceinline__ void ScalesOf(const ScaleFrag<S>& f, int q, float* s_
 }
 
 // The tile token of acc element i of n-tile j of a lane: MMA column 2 t + (i & 1) of token group j.
-// In the even-column form (w4a16_gemm.cu: up to 4 tokens, token u in column 2 u) an even element
+// In the even-column form (w4a16_gemm.cu: 2-4 tokens, token u in column 2 u) an even element
 // holds token t; its callers never store the odd ones.
 template <bool kEvenColumns>
 __device__ __forceinline__ int TileToken(int j, int i, int t) { return kEvenColumns ? t : 8 * j + 2 * t + (i & 1); }
