@@ -391,6 +391,8 @@ __global__ void StageXKernel(const GemmParams p, int chunk_tiles, X* xs) {
 // kernel 154 -> 168 registers and 1.6-4% slower at 512-2048 tokens, the 1-token expert GEMMs +0.1 us).
 template <int NT, Form F, bool kSilu>
 __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[NT][4], int tile, int row_start, int rows, int g, int t) {
+  // The even-column form skips its dead columns; the one-token form keeps its guarded stores of
+  // them (never taken), the code its M = 1 times were measured with (run 344).
   constexpr bool kEven = F == Form::kEvenColumns;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -1142,8 +1144,9 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const bool route = nt == 1 && pairs <= kRoutePairsMax;  // routed inside the GEMM (RouteTile)
   // One token routed in the GEMM (a decode step): a tile per pair, in the one-token form. Sorted,
   // with at most 2 rows expected per expert (a verify step): tiles of up to 4 rows in the
-  // even-column form (ChooseForm). Both have half the scale FMAs of an 8-row tile (run 341: one rank's 65-token verify step
-  // 300.8 -> 294.8 us, the whole layer's 1877 -> 1861).
+  // even-column form (ChooseForm). Both have half the scale FMAs of an 8-row tile (run 344: one
+  // rank's 65-token verify step 300.1 -> 292.0 us against 8-row tiles, the whole layer's 1874 ->
+  // 1860).
   const int tile_rows = route ? (t == 1 ? 1 : 8 * nt) : nt == 1 && expected_rows <= 2 ? kEvenColumnTokens : 8 * nt;
   const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
