@@ -3,6 +3,9 @@
 // before any kernel runs; every failure becomes a JS Error with a `code`, never a crash.
 #include <napi.h>
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
@@ -174,14 +177,42 @@ DType ParseDType(Napi::Env env, const Napi::Value& v, const char* what) {
   Throw(env, Code::kInvalidArgument, std::string(what) + ".dtype '" + v.As<Napi::String>().Utf8Value() + "' is not one of f32, f16, bf16, i32, u8, f64");
 }
 
+// A number as JavaScript would print it (-16, 0.5, 1e+300, NaN), for messages about bad values:
+// the shortest decimal form that reads back as the same double.
+std::string FormatNumber(double d) {
+  if (std::isnan(d)) return "NaN";
+  if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+  char s[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(s, sizeof(s), "%.*g", digits, d);
+    if (std::strtod(s, nullptr) == d) break;
+  }
+  return s;
+}
+
+// The largest integer a double holds exactly (Number.MAX_SAFE_INTEGER): byte counts and offsets.
+constexpr int64_t kMaxSafeInteger = 9007199254740991;
+
+// An integer argument in [min, max]. Values the native side keeps in an int (streams, events,
+// group sizes, k) take max = INT32_MAX, so that 2^32 + 1 is an error instead of wrapping to 1.
 template <typename Name>
-int64_t ParseInt(Napi::Env env, const Napi::Value& v, const Name& what, int64_t min = INT64_MIN) {
+int64_t ParseInt(Napi::Env env, const Napi::Value& v, const Name& what, int64_t min = INT64_MIN, int64_t max = kMaxSafeInteger) {
   if (!v.IsNumber()) Throw(env, Code::kInvalidArgument, NameOf(what) + " must be a number");
   const double d = v.As<Napi::Number>().DoubleValue();
-  if (d != static_cast<double>(static_cast<int64_t>(d)) || d < static_cast<double>(min) || d > 9007199254740991.0) {
-    Throw(env, Code::kInvalidArgument, NameOf(what) + " must be an integer >= " + std::to_string(min) + ", got " + std::to_string(d));
+  // the range test comes first: casting a double outside int64 is undefined
+  const bool in_range = d >= static_cast<double>(min) && d <= static_cast<double>(max);
+  if (!in_range || d != std::floor(d)) {
+    const bool bounded = max != kMaxSafeInteger;
+    const std::string range = min == INT64_MIN ? (bounded ? " <= " + std::to_string(max) : "")
+                              : bounded       ? " in [" + std::to_string(min) + ", " + std::to_string(max) + "]"
+                                              : " >= " + std::to_string(min) + (d > static_cast<double>(max) ? " and at most 2^53 - 1" : "");
+    Throw(env, Code::kInvalidArgument, NameOf(what) + " must be an integer" + range + ", got " + FormatNumber(d));
   }
   return static_cast<int64_t>(d);
+}
+template <typename Name>
+int ParseInt32(Napi::Env env, const Napi::Value& v, const Name& what, int min = INT32_MIN) {
+  return static_cast<int>(ParseInt(env, v, what, min, INT32_MAX));
 }
 
 class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
@@ -294,7 +325,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   void NewCall() { call_buffers_.clear(); }
   int Stream(Napi::Env env, const Napi::Object& o) {
     const Napi::Value v = o.Get("stream");
-    const int s = v.IsUndefined() ? 0 : static_cast<int>(ParseInt(env, v, "stream", 0));
+    const int s = v.IsUndefined() ? 0 : ParseInt32(env, v, "stream", 0);
     Check(env, be().CheckStream(s));
     return s;
   }
@@ -308,6 +339,10 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   int64_t Int(Napi::Env env, const Napi::Object& o, const char* key, int64_t fallback, int64_t min = INT64_MIN) {
     const Napi::Value v = o.Get(key);
     return v.IsUndefined() ? fallback : ParseInt(env, v, key, min);
+  }
+  int Int32(Napi::Env env, const Napi::Object& o, const char* key, int fallback, int min = INT32_MIN) {
+    const Napi::Value v = o.Get(key);
+    return v.IsUndefined() ? fallback : ParseInt32(env, v, key, min);
   }
   bool Bool(const Napi::Object& o, const char* key, bool fallback) {
     const Napi::Value v = o.Get(key);
@@ -380,8 +415,20 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     DeviceBuffer* dst = Buf(env, o.Get("dst"), "dst");
     DeviceBuffer* src = Buf(env, o.Get("src"), "src");
     const int64_t dOff = Int(env, o, "dstOffset", 0, 0), sOff = Int(env, o, "srcOffset", 0, 0);
-    const int64_t bytes = Int(env, o, "bytes", static_cast<int64_t>(src->bytes()) - sOff, 0);
-    if (dOff + bytes > static_cast<int64_t>(dst->bytes()) || sOff + bytes > static_cast<int64_t>(src->bytes())) Throw(env, Code::kInvalidArgument, "copy: the range does not fit the buffers");
+    const int64_t dst_bytes = static_cast<int64_t>(dst->bytes()), src_bytes = static_cast<int64_t>(src->bytes());
+    // checked before `bytes` defaults to the rest of src, which past its end would be negative
+    if (sOff > src_bytes) Throw(env, Code::kInvalidArgument, "copy: srcOffset " + std::to_string(sOff) + " is past src's " + std::to_string(src_bytes) + " bytes");
+    const int64_t bytes = Int(env, o, "bytes", src_bytes - sOff, 0);
+    if (dOff + bytes > dst_bytes || sOff + bytes > src_bytes) {
+      Throw(env, Code::kInvalidArgument, "copy: " + std::to_string(bytes) + " bytes from srcOffset " + std::to_string(sOff) + " to dstOffset " + std::to_string(dOff) + " do not fit src's " +
+                                             std::to_string(src_bytes) + " and dst's " + std::to_string(dst_bytes) + " bytes");
+    }
+    // cudaMemcpy leaves overlapping ranges undefined; the cpu twin would memmove them: neither is
+    // accepted, so both variants behave the same
+    if (dst == src && dOff != sOff && dOff < sOff + bytes && sOff < dOff + bytes) {
+      Throw(env, Code::kInvalidArgument, "copy: bytes [" + std::to_string(sOff) + ", " + std::to_string(sOff + bytes) + ") and [" + std::to_string(dOff) + ", " + std::to_string(dOff + bytes) +
+                                             ") of one buffer overlap; copy through a second buffer");
+    }
     void* d = static_cast<char*>(dst->ptr()) + dOff;
     const void* from = static_cast<char*>(src->ptr()) + sOff;
     const size_t n = static_cast<size_t>(bytes);
@@ -397,7 +444,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     if (value > 255) Throw(env, Code::kInvalidArgument, "fill: value must be a byte (0..255)");
     void* d = b->ptr();
     const size_t n = b->bytes();
-    const int stream = Given(info, 2) ? static_cast<int>(ParseInt(env, info[2], "stream", 0)) : 0;
+    const int stream = Given(info, 2) ? ParseInt32(env, info[2], "stream", 0) : 0;
     Check(env, be().CheckStream(stream));
     Backend* backend = &be();
     Queue(env, stream, [backend, d, n, value](int s) { return backend->Fill(d, static_cast<uint8_t>(value), n, s); });
@@ -409,7 +456,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     if (us > 10'000'000) Throw(env, Code::kInvalidArgument, "hold: microseconds must be at most 10000000 (10 s)");
     NewCall();
     Backend* backend = &be();
-    Queue(env, Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0, [backend, us](int s) { return backend->Hold(us, s); });
+    Queue(env, Given(info, 1) ? ParseInt32(env, info[1], "stream", 0) : 0, [backend, us](int s) { return backend->Hold(us, s); });
     return env.Undefined();
   }
   Napi::Value CreateStreamJs(const Napi::CallbackInfo& info) {
@@ -418,13 +465,13 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return Napi::Number::New(info.Env(), s);
   }
   Napi::Value DestroyStreamJs(const Napi::CallbackInfo& info) {
-    const int stream = static_cast<int>(ParseInt(info.Env(), info[0], "stream", 1));
+    const int stream = ParseInt32(info.Env(), info[0], "stream", 1);
     NotCapturing(info.Env(), "destroyStream", stream);
     Check(info.Env(), be().DestroyStream(stream));
     return info.Env().Undefined();
   }
   Napi::Value SynchronizeJs(const Napi::CallbackInfo& info) {
-    const int stream = Given(info, 0) ? static_cast<int>(ParseInt(info.Env(), info[0], "stream", -1)) : -1;
+    const int stream = Given(info, 0) ? ParseInt32(info.Env(), info[0], "stream", -1) : -1;
     NotCapturing(info.Env(), "synchronize", stream);
     Check(info.Env(), be().Synchronize(stream));
     return info.Env().Undefined();
@@ -435,13 +482,13 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return Napi::Number::New(info.Env(), e);
   }
   Napi::Value DestroyEventJs(const Napi::CallbackInfo& info) {
-    Check(info.Env(), be().DestroyEvent(static_cast<int>(ParseInt(info.Env(), info[0], "event", 0))));
+    Check(info.Env(), be().DestroyEvent(ParseInt32(info.Env(), info[0], "event", 0)));
     return info.Env().Undefined();
   }
   Napi::Value RecordEventJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    const int event = static_cast<int>(ParseInt(env, info[0], "event", 0));
-    const int stream = Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0;
+    const int event = ParseInt32(env, info[0], "event", 0);
+    const int stream = Given(info, 1) ? ParseInt32(env, info[1], "stream", 0) : 0;
     NotCapturing(env, "recordEvent", stream);
     Check(env, be().RecordEvent(event, stream));
     return env.Undefined();
@@ -449,7 +496,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   Napi::Value ElapsedJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     float ms = 0;
-    Check(env, be().ElapsedMs(static_cast<int>(ParseInt(env, info[0], "start", 0)), static_cast<int>(ParseInt(env, info[1], "end", 0)), &ms));
+    Check(env, be().ElapsedMs(ParseInt32(env, info[0], "start", 0), ParseInt32(env, info[1], "end", 0), &ms));
     return Napi::Number::New(env, ms);
   }
 
@@ -490,7 +537,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   // beginCapture(stream): the ops queued on `stream` from now on are captured, not run.
   Napi::Value BeginCaptureJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    const int stream = static_cast<int>(ParseInt(env, info[0], "stream", 0));
+    const int stream = ParseInt32(env, info[0], "stream", 0);
     Check(env, be().CheckStream(stream));
     if (stream == 0) Throw(env, Code::kInvalidArgument, "beginCapture: stream 0 (the default stream) cannot be captured; capture a stream from createStream()");
     if (captures_.count(stream)) Throw(env, Code::kInvalidArgument, "beginCapture: stream " + std::to_string(stream) + " is already capturing");
@@ -501,7 +548,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   // endCapture(stream) -> Graph
   Napi::Value EndCaptureJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    const int stream = static_cast<int>(ParseInt(env, info[0], "stream", 0));
+    const int stream = ParseInt32(env, info[0], "stream", 0);
     auto it = captures_.find(stream);
     if (it == captures_.end()) Throw(env, Code::kInvalidArgument, "endCapture: stream " + std::to_string(stream) + " is not capturing (beginCapture first)");
     Capture c = std::move(it->second);
@@ -531,7 +578,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       const DeviceBuffer* b = buffers[i].first;
       if (b->freed()) Throw(env, Code::kInvalidArgument, "launchGraph: buffer " + std::to_string(i) + " of the graph (" + std::to_string(b->bytes()) + " bytes) was freed after the capture; the graph's ops use it");
     }
-    const int stream = Given(info, 1) ? static_cast<int>(ParseInt(env, info[1], "stream", 0)) : 0;
+    const int stream = Given(info, 1) ? ParseInt32(env, info[1], "stream", 0) : 0;
     Check(env, be().CheckStream(stream));
     if (captures_.count(stream)) Throw(env, Code::kInvalidArgument, "launchGraph: stream " + std::to_string(stream) + " is capturing; a graph is not launched into a capture");
     Check(env, be().LaunchGraph(g->id(), stream));
@@ -559,14 +606,14 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   Napi::Value W4A16PackJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
-    W4A16PackArgs a{ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "qwPacked"), ParseTensor(env, o, "scPacked"), static_cast<int>(Int(env, o, "group", 32)),
+    W4A16PackArgs a{ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "qwPacked"), ParseTensor(env, o, "scPacked"), Int32(env, o, "group", 32),
                     Bool(o, "interleaveGateUp", false)};
     return Run(env, o, a, ValidateW4A16Pack, &Backend::W4A16Pack);
   }
   Napi::Value W4A16GemmJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
-    W4A16GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "y"), static_cast<int>(Int(env, o, "group", 32)),
+    W4A16GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "y"), Int32(env, o, "group", 32),
                     ParseEpilogue(env, o, "w4a16_gemm")};
     return Run(env, o, a, ValidateW4A16Gemm, &Backend::W4A16Gemm);
   }
@@ -586,7 +633,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.ids = ParseTensor(env, o, "ids");
     a.weights = ParseTensor(env, o, "weights", true);
     a.y = ParseTensor(env, o, "y");
-    a.group = static_cast<int>(Int(env, o, "group", 32));
+    a.group = Int32(env, o, "group", 32);
     const std::string mode = o.Has("mode") ? o.Get("mode").ToString().Utf8Value() : "gather";
     if (mode != "gather" && mode != "sum") Throw(env, Code::kInvalidArgument, "moe_gemm: mode must be 'gather' or 'sum', got '" + mode + "'");
     a.mode = mode == "sum" ? MoeMode::kSum : MoeMode::kGather;
@@ -657,9 +704,9 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.bias = ParseTensor(env, o, "bias");
     a.ids = ParseTensor(env, o, "ids");
     a.weights = ParseTensor(env, o, "weights");
-    a.topk = static_cast<int>(Int(env, o, "topk", 8, 1));
-    a.n_group = static_cast<int>(Int(env, o, "nGroup", 1, 1));
-    a.topk_group = static_cast<int>(Int(env, o, "topkGroup", 1, 1));
+    a.topk = Int32(env, o, "topk", 8, 1);
+    a.n_group = Int32(env, o, "nGroup", 1, 1);
+    a.topk_group = Int32(env, o, "topkGroup", 1, 1);
     a.norm_topk_prob = Bool(o, "normTopkProb", true);
     a.scaling = Num(env, o, "scaling", 1.0);
     return Run(env, o, a, ValidateRouter, &Backend::Router);
@@ -673,7 +720,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   Napi::Value TopkJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Napi::Object o = Args(info);
-    TopkArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "values"), ParseTensor(env, o, "ids"), static_cast<int>(Int(env, o, "k", 1, 1))};
+    TopkArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "values"), ParseTensor(env, o, "ids"), Int32(env, o, "k", 1, 1)};
     return Run(env, o, a, ValidateTopk, &Backend::Topk);
   }
   Napi::Value KvWriteJs(const Napi::CallbackInfo& info) {
@@ -687,8 +734,8 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Napi::Object o = Args(info);
     DdtreeBuildArgs a;
     a.draft_logits = ParseTensor(env, o, "draftLogits");
-    a.root = static_cast<int>(Int(env, o, "root", 0, 0));
-    a.budget = static_cast<int>(Int(env, o, "budget", 0, 0));
+    a.root = Int32(env, o, "root", 0, 0);
+    a.budget = Int32(env, o, "budget", 0, 0);
     a.start = Int(env, o, "start", 0, 0);
     a.tokens = ParseTensor(env, o, "tokens");
     a.parents = ParseTensor(env, o, "parents");
@@ -749,7 +796,7 @@ Napi::Value CreateBackend(const Napi::CallbackInfo& info) {
     backend = MakeCpuBackend();
   } else if (kind == "cuda") {
 #ifdef KDTREE_WITH_CUDA
-    const int device = info.Length() > 1 && !info[1].IsUndefined() ? static_cast<int>(ParseInt(env, info[1], "device", 0)) : 0;
+    const int device = info.Length() > 1 && !info[1].IsUndefined() ? ParseInt32(env, info[1], "device", 0) : 0;
     Check(env, MakeCudaBackend(device, &backend));
 #else
     Throw(env, Code::kUnsupported, "this is the cpu variant of the kdtree addon; it has no cuda backend");

@@ -2,6 +2,7 @@ import { ATTENTION_CHECKS } from './attention-checks.js';
 import { DDTREE_CHECKS } from './ddtree-checks.js';
 import { EPILOGUE_CHECKS } from './epilogue-checks.js';
 import { FLOAT_GEMM_CHECKS } from './float-gemm-checks.js';
+import { FUZZ_CHECKS } from './fuzz-checks.js';
 import { GEMM_CHECKS } from './gemm-checks.js';
 import { GRAPH_CHECKS } from './graph-checks.js';
 import type { KernelCheck } from './harness.js';
@@ -10,5 +11,5 @@ import { OPS_CHECKS } from './ops-checks.js';
 
 export { CheckFailure, type CheckResult, type KernelCheck } from './harness.js';
 
-/** Every kernel check, in the order a report lists them. */
-export const ALL_CHECKS: KernelCheck[] = [...MEMORY_CHECKS, ...GEMM_CHECKS, ...EPILOGUE_CHECKS, ...FLOAT_GEMM_CHECKS, ...ATTENTION_CHECKS, ...OPS_CHECKS, ...DDTREE_CHECKS, ...GRAPH_CHECKS];
+/** Every kernel check, in the order a report lists them; the fuzz last, as a device fault would break the checks after it. */
+export const ALL_CHECKS: KernelCheck[] = [...MEMORY_CHECKS, ...GEMM_CHECKS, ...EPILOGUE_CHECKS, ...FLOAT_GEMM_CHECKS, ...ATTENTION_CHECKS, ...OPS_CHECKS, ...DDTREE_CHECKS, ...GRAPH_CHECKS, ...FUZZ_CHECKS];

@@ -26,7 +26,7 @@ const memory: KernelCheck = {
 };
 
 const misuse: KernelCheck = {
-  name: 'misuse throws JS errors: use after free, another backend\'s buffer, bad offsets and sizes, unknown streams',
+  name: 'misuse throws JS errors: use after free, another backend\'s buffer, bad offsets and sizes, overlapping copies, integers past i32, unknown streams',
   run(b) {
     const t = b.fromArray('f32', [4], new Float32Array(4));
     // a second backend from the same addon: its buffers must not be accepted by this one
@@ -37,6 +37,12 @@ const misuse: KernelCheck = {
     expectThrows('offset', () => b.native.add({ a: { ...t, offset: 64 }, b: t, out: y }), /a\.offset 64 is past the buffer's 16 bytes/);
     expectThrows('upload size', () => b.native.upload(t.buffer, new Float32Array(5)), /20 bytes at offset 0 do not fit the buffer's 16 bytes/);
     expectThrows('stream', () => b.native.add({ a: t, b: t, out: y, stream: 99 }), /unknown stream 99/);
+    // 2^32 + 1 must not wrap to stream 1 or k = 1
+    expectThrows('stream past i32', () => b.native.add({ a: t, b: t, out: y, stream: 2 ** 32 + 1 }), /stream must be an integer in \[0, 2147483647\], got 4294967297/);
+    expectThrows('k past i32', () => b.native.topk({ x: t, values: y, ids: y, k: 2 ** 32 + 1 }), /k must be an integer in \[1, 2147483647\], got 4294967297/);
+    expectThrows('copy srcOffset', () => b.native.copy({ dst: y.buffer, src: t.buffer, srcOffset: 20 }), /copy: srcOffset 20 is past src's 16 bytes/);
+    expectThrows('copy size', () => b.native.copy({ dst: y.buffer, src: t.buffer, bytes: 12, dstOffset: 8 }), /copy: 12 bytes from srcOffset 0 to dstOffset 8 do not fit src's 16 and dst's 16 bytes/);
+    expectThrows('copy overlap', () => b.native.copy({ dst: t.buffer, src: t.buffer, bytes: 8, dstOffset: 4 }), /copy: bytes \[0, 8\) and \[4, 12\) of one buffer overlap/);
     b.native.hold(50);
     b.synchronize();
     expectThrows('hold range', () => b.native.hold(-1), /microseconds must be an integer >= 0/);

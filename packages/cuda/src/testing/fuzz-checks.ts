@@ -1,0 +1,270 @@
+/**
+ * Seeded random calls to every native op: "a native call never crashes the process on bad
+ * arguments". Each call is built well-formed for its op (random sizes), then has a few things made
+ * wrong at random: a dimension, a dtype, an offset, a scalar, or the contents of a tensor (ids past
+ * a table, slots past a cache, a tree size past its nodes). Contents stay in range often enough for
+ * the calls to get past validation into the kernels. Every call must run or throw a KDTREE_ error
+ * (never a crash, a plain Error, or a device fault), and a final call on known data must still get
+ * the right answer: on the cuda variant a kernel's out-of-bounds access would leave the context
+ * broken and fail it.
+ */
+import type { KdtreeBackend } from '../backend.js';
+import type { NativeBackend, NativeBuffer, TensorArg } from '../native-types.js';
+import { expectEqual, fail, rng, type KernelCheck } from './harness.js';
+
+type Random = ReturnType<typeof rng>;
+type FuzzDtype = 'f32' | 'bf16' | 'f16' | 'i32' | 'u8' | 'f64';
+const BYTES: Record<FuzzDtype, number> = { f32: 4, bf16: 2, f16: 2, i32: 4, u8: 1, f64: 8 };
+/** How tensor contents are drawn: indices below a bound, wild 32-bit values, floats, or raw bits. */
+type Fill = number | 'wild' | 'float' | 'bits';
+
+/** Calls per run: about a second on the cpu variant. */
+const CALLS = 5000;
+/** Chance that any one dimension, dtype, offset or scalar of a call is made wrong. */
+const WRONG = 0.06;
+/** Integers that break sizes and indices: negatives, the i32 edges, 2^32 + 1, fractions, NaN. */
+const WILD_NUMBERS = [-1, 0, 1, 3, 0.5, -(2 ** 31), 2 ** 31 - 1, 2 ** 31, 2 ** 32 + 1, 2 ** 53, Number.NaN, Number.POSITIVE_INFINITY];
+const WILD_I32 = [-1, -7, 0, 1, 2, 5, 1000, 2 ** 31 - 1, -(2 ** 31), 65536];
+
+class CallBuilder {
+  readonly buffers: NativeBuffer[] = [];
+  constructor(
+    private readonly native: NativeBackend,
+    readonly r: Random,
+  ) {}
+
+  pick<T>(values: readonly T[]): T {
+    return values[Math.floor(this.r.uniform() * values.length)];
+  }
+  chance(p: number): boolean {
+    return this.r.uniform() < p;
+  }
+  /** A size from the small ones kernels special-case (1, tails) and a few larger. */
+  size(): number {
+    return this.pick([1, 2, 3, 5, 8, 16, 17]);
+  }
+  /** `v`, or now and then a wrong number. */
+  num(v: number): number {
+    return this.chance(WRONG) ? this.pick(WILD_NUMBERS) : v;
+  }
+
+  /** A tensor for `shape`, sometimes with a wrong dtype, dimension or offset; `fill` draws its contents. */
+  tensor(dtype: FuzzDtype, shape: number[], fill?: Fill): TensorArg {
+    if (this.chance(WRONG / 2)) dtype = this.pick(['f32', 'bf16', 'f16', 'i32', 'u8', 'f64'] as const);
+    const dims = shape.map((d) => (this.chance(WRONG / 2) ? this.pick([0, 1, d - 1, d + 1, 2 * d, 2 ** 31]) : d));
+    const elements = dims.reduce((a, d) => a * (Number.isInteger(d) && d >= 0 && d < 4096 ? d : 1), 1);
+    const bytes = elements * BYTES[dtype];
+    const buffer = this.native.alloc(bytes);
+    this.buffers.push(buffer);
+    if (bytes > 0) this.native.upload(buffer, this.contents(bytes, fill ?? this.pick<Fill>([24, 24, 'wild', 'float', 'bits'])));
+    const t: TensorArg = { buffer, dtype: dtype as TensorArg['dtype'], shape: dims };
+    if (this.chance(WRONG / 2)) t.offset = this.pick([4, 16, 48, bytes, bytes + 16]);
+    return t;
+  }
+
+  private contents(bytes: number, fill: Fill): Uint8Array {
+    const words = new Int32Array(Math.ceil(bytes / 4));
+    const floats = new Float32Array(words.buffer);
+    const special = [Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY, 0, 1e30, -1e-40];
+    for (let i = 0; i < words.length; i++) {
+      if (typeof fill === 'number') words[i] = this.chance(0.02) ? this.pick(WILD_I32) : Math.floor(this.r.uniform() * fill);
+      else if (fill === 'wild') words[i] = this.pick(WILD_I32);
+      else if (fill === 'float') floats[i] = this.chance(0.05) ? this.pick(special) : 4 * this.r.uniform() - 2;
+      else words[i] = Math.floor(this.r.uniform() * 2 ** 32) | 0;
+    }
+    return new Uint8Array(words.buffer, 0, bytes);
+  }
+}
+
+type CallMaker = (c: CallBuilder) => Record<string, unknown>;
+const floatDtype = (c: CallBuilder): FuzzDtype => c.pick(['f32', 'bf16']);
+
+/** One maker per op: the arguments of a well-formed call of random size, with CallBuilder's mistakes. */
+const CALLS_BY_OP: Record<string, CallMaker> = {
+  w4a16Pack: (c) => {
+    const n = 16 * c.pick([1, 2]), group = c.pick([32, 64, 128]), k = group * c.pick([1, 4]), sc = floatDtype(c);
+    return { qw: c.tensor('i32', [n, k / 8], 'bits'), sc: c.tensor(sc, [n, k / group], 'float'), qwPacked: c.tensor('i32', [n / 16, Math.ceil(k / 128), 256]), scPacked: c.tensor(sc, [n / 16, Math.ceil((Math.ceil(k / 128) * 128) / group / 4), 64]), group: c.num(group), interleaveGateUp: c.chance(0.3) };
+  },
+  w4a16Gemm: (c) => {
+    const m = c.size(), n = 16 * c.pick([1, 2, 3]), group = c.pick([32, 64, 128]), k = 4 * group * c.pick([1, 2]), silu = c.chance(0.2);
+    return { x: c.tensor(c.pick(['bf16', 'f32', 'f16']), [m, k], 'float'), qw: c.tensor('i32', [n / 16, k / 128, 256], 'bits'), sc: c.tensor(floatDtype(c), [n / 16, k / (4 * group), 64], 'float'), y: c.tensor('f32', [m, silu ? n / 2 : n]), group: c.num(group), epilogue: silu ? 'siluMul' : undefined };
+  },
+  gemm: (c) => {
+    const m = c.size(), n = c.size(), k = 8 * c.pick([1, 2, 5]);
+    return { x: c.tensor('bf16', [m, k], 'float'), w: c.tensor('bf16', [n, k], 'float'), y: c.tensor('f32', [m, n]) };
+  },
+  moeGemm: (c) => {
+    const t = c.size(), topk = c.pick([1, 2]), experts = c.pick([2, 3, 5]), n = 16 * c.pick([1, 2]), k = 128, gather = c.chance(0.5);
+    return {
+      x: c.tensor('bf16', [gather ? t : t * topk, k], 'float'),
+      qw: c.tensor('i32', [experts, n / 16, k / 128, 256], 'bits'),
+      sc: c.tensor('bf16', [experts, n / 16, 1, 64], 'float'),
+      ids: c.tensor('i32', [t, topk], c.chance(0.8) ? experts : undefined),
+      weights: gather ? undefined : c.tensor('f32', [t, topk], 'float'),
+      y: c.tensor('f32', gather ? [t * topk, n] : [t, n]),
+      mode: gather ? 'gather' : 'sum',
+      minWarpSteps: c.chance(0.2) ? c.num(2) : undefined,
+    };
+  },
+  mlaAttention: (c) => {
+    const t = c.size(), h = c.pick([1, 2]), slots = t + c.pick([0, 3, 9]), cache = floatDtype(c);
+    return {
+      qNope: c.tensor('f32', [t, h, 8], 'float'),
+      qPe: c.tensor('f32', [t, h, 8], 'float'),
+      kvB: c.tensor(floatDtype(c), [h * 16, 16], 'float'),
+      cacheC: c.tensor(cache, [slots, 16], 'float'),
+      cacheKpe: c.tensor(cache, [slots, 8], 'float'),
+      mask: c.chance(0.5) ? c.tensor('u8', [t, t], 2) : undefined,
+      out: c.tensor('f32', [t, h, 8]),
+      base: c.num(slots - t),
+      baseOnDevice: c.chance(0.4) ? c.tensor('i32', [1], slots) : undefined,
+      scale: c.num(0.1),
+    };
+  },
+  embedding: (c) => {
+    const t = c.size(), h = c.pick([7, 8, 16]), rows = c.size();
+    return { table: c.tensor(floatDtype(c), [rows, h], 'float'), ids: c.tensor('i32', [t], rows + 1), out: c.tensor('f32', [t, h]) };
+  },
+  rmsNorm: (c) => {
+    const t = c.size(), h = c.pick([4, 7, 64]), fused = c.chance(0.4);
+    return { x: c.tensor('f32', [t, h], 'float'), weight: c.tensor(floatDtype(c), [h], 'float'), out: c.tensor('f32', [t, h]), eps: c.num(1e-6), residual: fused ? c.tensor('f32', [t, h], 'float') : undefined, sum: fused ? c.tensor('f32', [t, h]) : undefined };
+  },
+  rope: (c) => {
+    const t = c.size(), heads = c.size(), dim = c.pick([8, 16, 64]);
+    return { x: c.tensor('f32', [t, heads, dim], 'float'), positions: c.tensor('i32', [t], 4096), invFreq: c.tensor('f64', [dim / 4], 'float'), offset: c.num(c.pick([0, dim / 2])), attentionFactor: c.num(1), interleave: c.chance(0.5) };
+  },
+  siluMul: (c) => {
+    const t = c.size(), i = c.size();
+    return { x: c.tensor('f32', [t, 2 * i], 'float'), out: c.tensor('f32', [t, i]) };
+  },
+  add: (c) => {
+    const shape = [c.size(), c.size()];
+    return { a: c.tensor('f32', shape, 'float'), b: c.tensor('f32', shape, 'float'), out: c.tensor('f32', shape) };
+  },
+  router: (c) => {
+    const t = c.size(), groups = c.pick([1, 2, 4]), experts = groups * c.pick([2, 4, 8]), topk = Math.min(4, experts);
+    return { logits: c.tensor('f32', [t, experts], 'float'), bias: c.tensor('f32', [experts], 'float'), ids: c.tensor('i32', [t, topk]), weights: c.tensor('f32', [t, topk]), topk: c.num(topk), nGroup: c.num(groups), topkGroup: c.num(Math.max(1, groups >> 1)), normTopkProb: c.chance(0.5), scaling: c.num(2.5) };
+  },
+  argmax: (c) => {
+    const t = c.size();
+    return { x: c.tensor('f32', [t, c.size()], 'float'), out: c.tensor('i32', [t]) };
+  },
+  topk: (c) => {
+    const t = c.size(), k = c.pick([1, 2, 4]);
+    return { x: c.tensor('f32', [t, c.pick([4, 16, 33])], 'float'), values: c.tensor('f32', [t, k]), ids: c.tensor('i32', [t, k]), k: c.num(k) };
+  },
+  kvWrite: (c) => {
+    const t = c.size(), slots = t + c.pick([0, 4]), cache = floatDtype(c);
+    return { c: c.tensor('f32', [t, 16], 'float'), kpe: c.tensor('f32', [t, 8], 'float'), cacheC: c.tensor(cache, [slots, 16]), cacheKpe: c.tensor(cache, [slots, 8]), slots: c.tensor('i32', [t], slots + 1) };
+  },
+  ddtreeBuild: (c) => {
+    const depth = c.size(), vocab = c.pick([4, 16, 50]), budget = c.pick([0, 1, 4, 16, 64]), nodes = budget + 1;
+    return {
+      draftLogits: c.tensor('f32', [depth, vocab], 'float'),
+      root: c.num(1),
+      rootOnDevice: c.chance(0.3) ? c.tensor('i32', [1], vocab + 1) : undefined,
+      budget: c.num(budget),
+      start: c.num(0),
+      startOnDevice: c.chance(0.3) ? c.tensor('i32', [1], 64) : undefined,
+      tokens: c.tensor('i32', [nodes]),
+      parents: c.tensor('i32', [nodes]),
+      depths: c.tensor('i32', [nodes]),
+      positions: c.tensor('i32', [nodes]),
+      mask: c.tensor('u8', [nodes, nodes]),
+      size: c.tensor('i32', [1]),
+    };
+  },
+  ddtreeAccept: (c) => {
+    const n = c.size();
+    return { tokens: c.tensor('i32', [n], 4), parents: c.tensor('i32', [n], n), size: c.tensor('i32', [1], n + 1), targetArgmax: c.tensor('i32', [n], 4), path: c.tensor('i32', [n]), pathLen: c.tensor('i32', [1]), bonus: c.tensor('i32', [1]) };
+  },
+  kvCommit: (c) => {
+    const n = c.size(), slots = n + c.pick([0, 8]), start = c.tensor('i32', [1], 4);
+    return {
+      caches: Array.from({ length: c.pick([1, 2]) }, () => c.tensor(floatDtype(c), [slots, c.pick([4, 16])], 'float')),
+      path: c.tensor('i32', [n], slots),
+      pathLen: c.tensor('i32', [1], n + 1),
+      start: c.num(c.pick([0, 2])),
+      startOnDevice: c.chance(0.4) ? start : undefined,
+      nextStart: c.chance(0.3) ? (c.chance(0.5) ? start : c.tensor('i32', [1])) : undefined,
+    };
+  },
+  arange: (c) => ({ out: c.tensor('i32', [c.size()]), start: c.num(c.pick([0, 5])), startOnDevice: c.chance(0.5) ? c.tensor('i32', [1], 64) : undefined }),
+};
+
+/** Device memory calls with random offsets and sizes (host arrays included). */
+function memoryCall(native: NativeBackend, c: CallBuilder): void {
+  const a = native.alloc(c.pick([0, 16, 64]));
+  const b = c.chance(0.3) ? a : native.alloc(c.pick([16, 64]));
+  c.buffers.push(a, b);
+  const offset = () => (c.chance(0.5) ? undefined : c.pick([0, 8, 16, 48, 64, 65, 2 ** 53, -1, 0.5]));
+  switch (c.pick(['copy', 'upload', 'download', 'fill'])) {
+    case 'copy':
+      native.copy({ dst: a, src: b, bytes: offset(), dstOffset: offset(), srcOffset: offset() });
+      break;
+    case 'upload':
+      native.upload(a, new Uint8Array(c.pick([0, 8, 16, 64, 65])), offset());
+      break;
+    case 'download':
+      native.download(a, new Float32Array(c.pick([0, 2, 16, 17])), offset());
+      break;
+    default:
+      native.fill(a, c.num(7));
+  }
+}
+
+/** Every op sometimes gets something that is not an argument object or not a tensor at all. */
+function shapelessArgs(c: CallBuilder, args: Record<string, unknown>): unknown {
+  const junk = [undefined, null, 5, 'x', [], {}, { buffer: {}, dtype: 'f32', shape: [4] }];
+  if (c.chance(0.01)) return c.pick(junk);
+  if (c.chance(0.03)) {
+    const key = c.pick(Object.keys(args));
+    return { ...args, [key]: c.pick(junk) };
+  }
+  return args;
+}
+
+function run(b: KdtreeBackend, seed: number): string {
+  const native = b.native;
+  const ops = Object.keys(CALLS_BY_OP);
+  const counts = { ran: 0, threw: 0 };
+  const c = new CallBuilder(native, rng(seed));
+  for (let i = 0; i < CALLS; i++) {
+    const op = c.chance(0.05) ? 'memory' : c.pick(ops);
+    let described = op;
+    try {
+      if (op === 'memory') {
+        memoryCall(native, c);
+      } else {
+        const args = shapelessArgs(c, CALLS_BY_OP[op](c));
+        described = `${op}(${JSON.stringify(args, (key, v) => (key === 'buffer' ? undefined : v))})`;
+        (native as unknown as Record<string, (a: unknown) => void>)[op](args);
+      }
+      native.synchronize();
+      counts.ran++;
+    } catch (error) {
+      const code = (error as { code?: unknown }).code;
+      if (!(error instanceof Error) || (code !== 'KDTREE_INVALID_ARGUMENT' && code !== 'KDTREE_UNSUPPORTED')) {
+        fail(`call ${i} of seed ${seed}, ${described}: threw ${String(code)} ${error instanceof Error ? error.message : String(error)}`);
+      }
+      counts.threw++;
+    } finally {
+      for (const buffer of c.buffers.splice(0)) if (!buffer.freed) native.free(buffer);
+    }
+  }
+  // the backend still computes: a device fault above would fail this on the cuda variant
+  const x = b.fromArray('f32', [3], Float32Array.of(1, 2, 3));
+  const y = b.empty('f32', [3]);
+  native.add({ a: x, b: x, out: y });
+  expectEqual('add after the fuzzed calls', b.toArray(y) as Float32Array, Float32Array.of(2, 4, 6));
+  b.free(x, y);
+  if (counts.ran < CALLS / 5) fail(`only ${counts.ran} of ${CALLS} calls got past validation: the makers no longer build well-formed calls`);
+  return `${counts.ran} calls ran, ${counts.threw} threw KDTREE_ errors`;
+}
+
+const fuzz: KernelCheck = {
+  name: `fuzz: ${CALLS} seeded random calls to every op run or throw a KDTREE_ error, and the backend still works after`,
+  run: (b) => ({ detail: run(b, 20261201) }),
+};
+
+export const FUZZ_CHECKS: KernelCheck[] = [fuzz];
