@@ -44,8 +44,9 @@ for (const dir of [buildDir, join(buildDir, 'Release'), binDir]) {
   for (const variant of ['cpu', 'cuda']) for (const ext of ['node', 'json']) rmSync(join(dir, `kdtree_${variant}.${ext}`), { force: true });
 }
 const cmakeJs = join(pkgDir, 'node_modules', 'cmake-js', 'bin', 'cmake-js');
-const args = [cmakeJs, 'compile', '--directory', nativeDir, '--out', buildDir, '--config', 'Release', `--CDKDTREE_VERSION=${pkg.version}`];
-args.push(`--CDKDTREE_CUDA=${process.env.KDTREE_CUDA === 'OFF' ? 'OFF' : 'ON'}`); // explicit: CMake caches options
+const definitions = { KDTREE_VERSION: pkg.version, KDTREE_CUDA: process.env.KDTREE_CUDA === 'OFF' ? 'OFF' : 'ON' }; // explicit: CMake caches options
+dropStaleCache(join(buildDir, 'CMakeCache.txt'), definitions);
+const args = [cmakeJs, 'compile', '--directory', nativeDir, '--out', buildDir, '--config', 'Release', ...Object.entries(definitions).map(([k, v]) => `--CD${k}=${v}`)];
 console.log(`@kdtree/cuda: building the native addon (cmake-js, ${platformKey})`);
 const started = Date.now();
 const r = spawnSync(process.execPath, args, { cwd: pkgDir, stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8', env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? '2' } });
@@ -95,6 +96,24 @@ writeFileSync(stamp, hash);
 console.log(`@kdtree/cuda: built ${found.join(' + ')} into ${relative(pkgDir, binDir)} in ${((Date.now() - started) / 1000).toFixed(0)}s`);
 
 /** Deletes the compiled CUDA objects under `dir`, so that the next build compiles every kernel again. */
+// `cmake-js compile` configures only a build directory without a CMakeCache.txt, so in one configured
+// before, the definitions it is given do nothing: after a version bump the binary kept the old
+// version (which the loader then refuses against its metadata), and KDTREE_CUDA=OFF still built
+// the cuda variant. A cache that disagrees with them is removed, so that the build configures
+// again (its objects stay; only what the new definitions change recompiles).
+function dropStaleCache(cache, wanted) {
+  if (!existsSync(cache)) return;
+  const cached = new Map();
+  for (const line of readFileSync(cache, 'utf8').split('\n')) {
+    const m = /^([A-Za-z_][A-Za-z0-9_]*):[A-Z]+=(.*)$/.exec(line);
+    if (m) cached.set(m[1], m[2]);
+  }
+  const stale = Object.entries(wanted).filter(([k, v]) => cached.get(k)?.toUpperCase() !== v.toUpperCase());
+  if (stale.length === 0) return;
+  console.log(`@kdtree/cuda: reconfiguring (${stale.map(([k, v]) => `${k} ${cached.get(k) ?? 'unset'} -> ${v}`).join(', ')})`);
+  rmSync(cache);
+}
+
 function removeCudaObjects(dir) {
   for (const name of readdirSync(dir)) {
     const p = join(dir, name);
