@@ -307,7 +307,7 @@ const moeDecode = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps
 // 65 most of the 384 experts get one or two rows. Routing is uniform at random: the most experts T
 // tokens can touch (a drafted tree shares its context, so a real one touches fewer). Bytes: the
 // experts actually used, once.
-const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0, T = 65, fused = false) => {
+const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps = 0, T = 65, fused = false, step = 'verify step') => {
   const route = new SeededRandom(1000 + T);  // the same routing for every variant of the step
   const sets = Array.from({ length: 4 }, () => {
     const ids = new Int32Array(T * TOPK);
@@ -337,7 +337,7 @@ const moeVerify = (w: ReturnType<typeof moeWeights>, label: string, minWarpSteps
   const used = sets.reduce((n, s) => n + s.used, 0) / sets.length;
   const bytes = (used * w.bytes) / TOPK;
   const gbs = bytes / (ms * 1e-3) / 1e9;
-  log(`MoE verify step (${label}${T} tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used, I ${w.inter}${fused ? ', SiLU in the gate_up epilogue' : ''}): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
+  log(`MoE ${step} (${label}${T} tokens, top-${TOPK}: ${used.toFixed(0)} of ${E} experts used, I ${w.inter}${fused ? ', SiLU in the gate_up epilogue' : ''}): ${(ms * 1e3).toFixed(1)} us, ${(bytes / 1e6).toFixed(0)} MB of expert weights, ${gbs.toFixed(0)} GB/s = ${((gbs / copyGBs) * 100).toFixed(0)}% of copy`);
   gpu.free(...sets.map((s) => s.ids), weights, xs, guV, actV, outV);
   return { tokens: T, us: ms * 1e3, intermediate: w.inter, minWarpSteps, siluEpilogue: fused, expertsUsed: used, bytes, gbs, fractionOfCopy: gbs / copyGBs };
 };
@@ -353,6 +353,8 @@ if (runs('gemm')) {
   report.moe = moeDecode(full, 'Kimi K2');
   if (siluEpilogue) report.moeFused = moeDecode(full, 'Kimi K2', 0, true);
   report.moeVerify = moeVerify(full, '');
+  // several sequences decoding together (no tree): 2-4 tokens, whose <= 32 pairs the GEMM routes itself
+  report.moeBatch = [2, 4].map((T) => moeVerify(full, '', 0, T, false, 'decode step of a batch'));
   if (siluEpilogue) report.moeVerifyFused = moeVerify(full, '', 0, 65, true);
   full.free();
   const rank = moeWeights(I / 8);

@@ -312,7 +312,8 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 // longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
 constexpr int kRoutePairsMax = 32;
 constexpr int kRouteSharedBytes = (2 * kRoutePairsMax + 4) * sizeof(int);
-// kTileRows is tile_tokens: 8 (one token group), or 1 in the one-token form (a tile per pair).
+// kTileRows is tile_tokens: 8 (one token group), 4 in the even-column form, or 1 in the one-token
+// form (a tile per pair).
 // A compile-time count: with the tile size read at run time a MoE decode step took 0.4 us longer
 // (run 341).
 template <int kTileRows>
@@ -529,23 +530,23 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
   uint64_t* slots = p.exchange + (static_cast<int64_t>(blockIdx.y) * p.range_blocks + boundary) * kSlotFloats<NT>;
   if constexpr (kSilu) {
     ExchangePairs<NT, F>(p, sum, slots, tile, row_start, rows, g, t);
-    return;
-  }
-  unsigned long long other[NT][4];
+  } else {  // (not a return above: nvcc warns that the loops below are unreachable in the kSilu instances)
+    unsigned long long other[NT][4];
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      other[j][i] = LiveElement<F>(i) ? atomicExch(reinterpret_cast<unsigned long long*>(slots + SlotIndex(j, i, g, t)), (1ull << 32) | __float_as_uint(sum[j][i])) : 0;
+      for (int i = 0; i < 4; ++i)
+        other[j][i] = LiveElement<F>(i) ? atomicExch(reinterpret_cast<unsigned long long*>(slots + SlotIndex(j, i, g, t)), (1ull << 32) | __float_as_uint(sum[j][i])) : 0;
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (other[j][i] >> 32) {  // second: finish the element and leave the slot zero for the next launch
-        StoreElement<F == Form::kEvenColumns>(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other[j][i])), j, i, tile, row_start, rows, g, t);
-        slots[SlotIndex(j, i, g, t)] = 0;
+      for (int i = 0; i < 4; ++i) {
+        if (other[j][i] >> 32) {  // second: finish the element and leave the slot zero for the next launch
+          StoreElement<F == Form::kEvenColumns>(p, sum[j][i] + __uint_as_float(static_cast<uint32_t>(other[j][i])), j, i, tile, row_start, rows, g, t);
+          slots[SlotIndex(j, i, g, t)] = 0;
+        }
       }
-    }
+  }
 }
 
 // After the block barrier: sum the parked partials of the block's split tiles, store the tiles that
@@ -596,7 +597,8 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
   int expert, row_start, rows;
   const int my_tile = p.tile_offset + static_cast<int>(blockIdx.y);
   int* route_shared = reinterpret_cast<int*>(reinterpret_cast<char*>(shared_partials) + SharedBytes<NT, F>() - RouteBytes<NT>());
-  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile<F == Form::kOneToken ? 1 : 8>(p, my_tile, route_shared, &expert, &row_start, &rows)
+  constexpr int kRouteRows = F == Form::kOneToken ? 1 : F == Form::kEvenColumns ? kEvenColumnTokens : 8;
+  if (!(NT == 1 && p.route_ids != nullptr ? RouteTile<kRouteRows>(p, my_tile, route_shared, &expert, &row_start, &rows)
                                           : ResolveTile(p, my_tile, &expert, &row_start, &rows))) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wib = threadIdx.x >> 5;
   const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
@@ -1142,12 +1144,12 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const int expected_rows = std::min(64, (pairs + experts - 1) / experts);
   const int nt = ChooseNt(expected_rows, a.x.dtype, static_cast<int>(a.x.dim(1)));
   const bool route = nt == 1 && pairs <= kRoutePairsMax;  // routed inside the GEMM (RouteTile)
-  // One token routed in the GEMM (a decode step): a tile per pair, in the one-token form. Sorted,
-  // with at most 2 rows expected per expert (a verify step): tiles of up to 4 rows in the
-  // even-column form (ChooseForm). Both have half the scale FMAs of an 8-row tile (run 344: one
-  // rank's 65-token verify step 300.1 -> 292.0 us against 8-row tiles, the whole layer's 1874 ->
-  // 1860).
-  const int tile_rows = route ? (t == 1 ? 1 : 8 * nt) : nt == 1 && expected_rows <= 2 ? kEvenColumnTokens : 8 * nt;
+  // One token routed in the GEMM (a decode step): a tile per pair, in the one-token form. At most 2
+  // rows expected per expert, routed (a decode batch of 2-4 tokens) or sorted (a verify step): tiles
+  // of up to 4 rows in the even-column form (ChooseForm). Both have half the scale FMAs of an 8-row
+  // tile. Against 8-row tiles: one rank's 65-token verify step 300.1 -> 292.0 us, the whole layer's
+  // 1874 -> 1860 (run 344); a decode batch of 2 / 4 tokens 119.4 / 228.2 -> 117.75 / 224.95 (run 346).
+  const int tile_rows = route && t == 1 ? 1 : nt == 1 && expected_rows <= 2 ? kEvenColumnTokens : 8 * nt;
   const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
   p.silu_mul = a.epilogue == Epilogue::kSiluMul;  // gather mode only (validated)

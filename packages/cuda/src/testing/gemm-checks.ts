@@ -358,6 +358,19 @@ const moeEvenColumnsCheck = () =>
     alone: 5,
   });
 
+/** The same tiles routed inside the GEMM (<= 32 pairs, a decode batch): an expert of 6 rows takes two. */
+const moeRoutedEvenColumnsCheck = () =>
+  moeGatherCheck("moe_gemm x bf16, N 272 x K 1280, 16 experts, top-2: 15 tokens routed in the GEMM (tiles of up to 4 rows on cuda, an expert with 6) vs reference; a token's rows == the token alone", {
+    E: 16,
+    n: 272,
+    k: 1280,
+    T: 15,
+    topk: 2,
+    seed: 61,
+    expertOf: (t, j) => (j === 0 ? (t < 6 ? 15 : t % 15) : (t + 7) % 15),
+    alone: 4,
+  });
+
 function packCheck(scaleDtype: 'BF16' | 'F32'): KernelCheck {
   return {
     name: `w4a16_pack, scales ${scaleDtype.toLowerCase()}: bit-exact with the layout written out in JS (odd N, K tails, groups 32/64/128, experts)`,
@@ -593,5 +606,6 @@ export const GEMM_CHECKS: KernelCheck[] = [
   moeLongRangesCheck(),
   moePiecesCheck(),
   moeEvenColumnsCheck(),
+  moeRoutedEvenColumnsCheck(),
   shapeErrors,
 ];
