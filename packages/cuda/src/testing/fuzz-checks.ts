@@ -9,7 +9,7 @@
  * broken and fail it.
  */
 import type { KdtreeBackend } from '../backend.js';
-import type { NativeBackend, NativeBuffer, TensorArg } from '../native-types.js';
+import type { NativeBackend, NativeBuffer, NativeGraph, TensorArg } from '../native-types.js';
 import { expectEqual, fail, rng, type KernelCheck } from './harness.js';
 
 type Random = ReturnType<typeof rng>;
@@ -252,14 +252,80 @@ function run(b: KdtreeBackend, seed: number): string {
       for (const buffer of c.buffers.splice(0)) if (!buffer.freed) native.free(buffer);
     }
   }
-  // the backend still computes: a device fault above would fail this on the cuda variant
-  const x = b.fromArray('f32', [3], Float32Array.of(1, 2, 3));
-  const y = b.empty('f32', [3]);
-  native.add({ a: x, b: x, out: y });
-  expectEqual('add after the fuzzed calls', b.toArray(y) as Float32Array, Float32Array.of(2, 4, 6));
-  b.free(x, y);
+  expectBackendWorks(b, 'add after the fuzzed calls');
   if (counts.ran < CALLS / 5) fail(`only ${counts.ran} of ${CALLS} calls got past validation: the makers no longer build well-formed calls`);
   return `${counts.ran} calls ran, ${counts.threw} threw KDTREE_ errors`;
+}
+
+/**
+ * Streams, events, captures and graphs in random order: created, destroyed, captured into,
+ * launched and freed while the buffers they use come and go. Every step runs or throws a KDTREE_
+ * error; afterwards the captures still open are ended and everything is released.
+ */
+function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
+  const native = b.native;
+  const c = new CallBuilder(native, rng(seed));
+  const streams = [0];
+  const events: number[] = [];
+  const graphs: NativeGraph[] = [];
+  const buffers: NativeBuffer[] = [native.alloc(16)];
+  const tensor = (): TensorArg => ({ buffer: c.pick(buffers), dtype: 'f32', shape: [4] });
+  const stream = () => c.pick(streams);
+  const event = () => c.pick([...events, 12345]);
+  const actions: Record<string, () => unknown> = {
+    alloc: () => buffers.push(native.alloc(16)),
+    free: () => native.free(c.pick(buffers)),
+    createStream: () => streams.push(native.createStream()),
+    destroyStream: () => native.destroyStream(stream()),
+    createEvent: () => events.push(native.createEvent()),
+    destroyEvent: () => native.destroyEvent(event()),
+    recordEvent: () => native.recordEvent(event(), stream()),
+    elapsedMs: () => native.elapsedMs(event(), event()),
+    synchronize: () => native.synchronize(c.pick([...streams, -1])),
+    beginCapture: () => native.beginCapture(stream()),
+    endCapture: () => graphs.push(native.endCapture(stream())),
+    launchGraph: () => graphs.length > 0 && native.launchGraph(c.pick(graphs), stream()),
+    freeGraph: () => graphs.length > 0 && native.freeGraph(c.pick(graphs)),
+    add: () => native.add({ a: tensor(), b: tensor(), out: tensor(), stream: stream() }),
+    copy: () => native.copy({ dst: c.pick(buffers), src: c.pick(buffers), stream: stream() }),
+    fill: () => native.fill(c.pick(buffers), 1, stream()),
+    hold: () => native.hold(5, stream()),
+    upload: () => native.upload(c.pick(buffers), new Float32Array(4)),
+    download: () => native.download(c.pick(buffers), new Float32Array(4)),
+  };
+  const names = Object.keys(actions);
+  const counts = { ran: 0, threw: 0 };
+  const attempt = (what: string, step: () => unknown) => {
+    try {
+      step();
+      counts.ran++;
+    } catch (error) {
+      const code = (error as { code?: unknown }).code;
+      if (!(error instanceof Error) || typeof code !== 'string' || !code.startsWith('KDTREE_')) fail(`${what}: threw ${String(code)} ${String(error)}`);
+      counts.threw++;
+    }
+  };
+  for (let i = 0; i < steps; i++) {
+    const name = c.pick(names);
+    attempt(`step ${i} (${name}) of seed ${seed}`, actions[name]);
+  }
+  const tally = `${counts.ran} steps ran, ${counts.threw} threw KDTREE_ errors`;
+  for (const s of streams) if (s !== 0) attempt(`ending stream ${s}'s capture`, () => graphs.push(native.endCapture(s)));
+  for (const g of graphs) if (!g.freed) native.freeGraph(g);
+  native.synchronize();
+  for (const s of streams) if (s !== 0) attempt(`destroying stream ${s}`, () => native.destroyStream(s));
+  for (const e of events) attempt(`destroying event ${e}`, () => native.destroyEvent(e));
+  for (const buffer of buffers) if (!buffer.freed) native.free(buffer);
+  return tally;
+}
+
+/** The backend still computes: a device fault or a capture left open would fail this on cuda. */
+function expectBackendWorks(b: KdtreeBackend, what: string): void {
+  const x = b.fromArray('f32', [3], Float32Array.of(1, 2, 3));
+  const y = b.empty('f32', [3]);
+  b.native.add({ a: x, b: x, out: y });
+  expectEqual(what, b.toArray(y) as Float32Array, Float32Array.of(2, 4, 6));
+  b.free(x, y);
 }
 
 const fuzz: KernelCheck = {
@@ -267,4 +333,13 @@ const fuzz: KernelCheck = {
   run: (b) => ({ detail: run(b, 20261201) }),
 };
 
-export const FUZZ_CHECKS: KernelCheck[] = [fuzz];
+const lifetimes: KernelCheck = {
+  name: 'fuzz: 3000 seeded random steps of streams, events, captures, graphs and buffers run or throw a KDTREE_ error, and the backend still works after',
+  run(b) {
+    const detail = runLifetimes(b, 20261202, 3000);
+    expectBackendWorks(b, 'add after the fuzzed lifetimes');
+    return { detail };
+  },
+};
+
+export const FUZZ_CHECKS: KernelCheck[] = [fuzz, lifetimes];
