@@ -9,12 +9,11 @@
  * broken and fail it.
  */
 import type { KdtreeBackend } from '../backend.js';
-import type { NativeBackend, NativeBuffer, NativeGraph, TensorArg } from '../native-types.js';
+import type { NativeBackend, NativeBuffer, NativeDtype, NativeGraph, TensorArg } from '../native-types.js';
 import { expectEqual, fail, rng, type KernelCheck } from './harness.js';
 
 type Random = ReturnType<typeof rng>;
-type FuzzDtype = 'f32' | 'bf16' | 'f16' | 'i32' | 'u8' | 'f64';
-const BYTES: Record<FuzzDtype, number> = { f32: 4, bf16: 2, f16: 2, i32: 4, u8: 1, f64: 8 };
+const BYTES: Record<NativeDtype, number> = { f32: 4, bf16: 2, f16: 2, i32: 4, u8: 1, f64: 8 };
 /** How tensor contents are drawn: indices below a bound, wild 32-bit values, floats, or raw bits. */
 type Fill = number | 'wild' | 'float' | 'bits';
 
@@ -49,7 +48,7 @@ class CallBuilder {
   }
 
   /** A tensor for `shape`, sometimes with a wrong dtype, dimension or offset; `fill` draws its contents. */
-  tensor(dtype: FuzzDtype, shape: number[], fill?: Fill): TensorArg {
+  tensor(dtype: NativeDtype, shape: number[], fill?: Fill): TensorArg {
     if (this.chance(WRONG / 2)) dtype = this.pick(['f32', 'bf16', 'f16', 'i32', 'u8', 'f64'] as const);
     const dims = shape.map((d) => (this.chance(WRONG / 2) ? this.pick([0, 1, d - 1, d + 1, 2 * d, 2 ** 31]) : d));
     const elements = dims.reduce((a, d) => a * (Number.isInteger(d) && d >= 0 && d < 4096 ? d : 1), 1);
@@ -57,7 +56,7 @@ class CallBuilder {
     const buffer = this.native.alloc(bytes);
     this.buffers.push(buffer);
     if (bytes > 0) this.native.upload(buffer, this.contents(bytes, fill ?? this.pick<Fill>([24, 24, 'wild', 'float', 'bits'])));
-    const t: TensorArg = { buffer, dtype: dtype as TensorArg['dtype'], shape: dims };
+    const t: TensorArg = { buffer, dtype, shape: dims };
     if (this.chance(WRONG / 2)) t.offset = this.pick([4, 16, 48, bytes, bytes + 16]);
     return t;
   }
@@ -77,7 +76,7 @@ class CallBuilder {
 }
 
 type CallMaker = (c: CallBuilder) => Record<string, unknown>;
-const floatDtype = (c: CallBuilder): FuzzDtype => c.pick(['f32', 'bf16']);
+const floatDtype = (c: CallBuilder): NativeDtype => c.pick(['f32', 'bf16']);
 
 /** One maker per op: the arguments of a well-formed call of random size, with CallBuilder's mistakes. */
 const CALLS_BY_OP: Record<string, CallMaker> = {
