@@ -264,35 +264,50 @@ function run(b: KdtreeBackend, seed: number): string {
 function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
   const native = b.native;
   const c = new CallBuilder(native, rng(seed));
-  const streams = [0];
+  // live handles, and released ones (kept so that a step sometimes uses one after its release)
+  const streams = { live: [0], gone: [] as number[] };
+  const buffers = { live: [native.alloc(16)], gone: [] as NativeBuffer[] };
   const events: number[] = [];
-  const graphs: NativeGraph[] = [];
-  const buffers: NativeBuffer[] = [native.alloc(16)];
-  const tensor = (): TensorArg => ({ buffer: c.pick(buffers), dtype: 'f32', shape: [4] });
-  const stream = () => c.pick(streams);
+  const graphs = { live: [] as NativeGraph[], gone: [] as NativeGraph[] };
+  const pickFrom = <T,>(pool: { live: T[]; gone: T[] }): T => (pool.gone.length > 0 && (pool.live.length === 0 || c.chance(0.1)) ? c.pick(pool.gone) : c.pick(pool.live));
+  const release = <T,>(pool: { live: T[]; gone: T[] }, item: T, free: (item: T) => void) => {
+    free(item);  // throws for a released one, which then stays where it is
+    const i = pool.live.indexOf(item);
+    if (i >= 0) pool.gone.push(...pool.live.splice(i, 1));
+  };
+  const buffer = () => pickFrom(buffers);
+  const tensor = (): TensorArg => ({ buffer: buffer(), dtype: 'f32', shape: [4] });
+  const stream = () => pickFrom(streams);
   const event = () => c.pick([...events, 12345]);
+  let replayedCalls = 0; // captured calls replayed by a launch that ran
   const actions: Record<string, () => unknown> = {
-    alloc: () => buffers.push(native.alloc(16)),
-    free: () => native.free(c.pick(buffers)),
-    createStream: () => streams.push(native.createStream()),
-    destroyStream: () => native.destroyStream(stream()),
+    alloc: () => buffers.live.push(native.alloc(16)),
+    free: () => release(buffers, buffer(), (x) => native.free(x)),
+    createStream: () => streams.live.push(native.createStream()),
+    destroyStream: () => release(streams, stream(), (x) => native.destroyStream(x)),
     createEvent: () => events.push(native.createEvent()),
     destroyEvent: () => native.destroyEvent(event()),
     recordEvent: () => native.recordEvent(event(), stream()),
     elapsedMs: () => native.elapsedMs(event(), event()),
-    synchronize: () => native.synchronize(c.pick([...streams, -1])),
+    synchronize: () => native.synchronize(c.pick([...streams.live, -1])),
     beginCapture: () => native.beginCapture(stream()),
-    endCapture: () => graphs.push(native.endCapture(stream())),
-    launchGraph: () => graphs.length > 0 && native.launchGraph(c.pick(graphs), stream()),
-    freeGraph: () => graphs.length > 0 && native.freeGraph(c.pick(graphs)),
+    endCapture: () => graphs.live.push(native.endCapture(stream())),
+    launchGraph: () => {
+      if (graphs.live.length + graphs.gone.length === 0) return;
+      const graph = pickFrom(graphs);
+      native.launchGraph(graph, stream());
+      replayedCalls += graph.calls;
+    },
+    freeGraph: () => graphs.live.length + graphs.gone.length > 0 && release(graphs, pickFrom(graphs), (x) => native.freeGraph(x)),
     add: () => native.add({ a: tensor(), b: tensor(), out: tensor(), stream: stream() }),
-    copy: () => native.copy({ dst: c.pick(buffers), src: c.pick(buffers), stream: stream() }),
-    fill: () => native.fill(c.pick(buffers), 1, stream()),
+    copy: () => native.copy({ dst: buffer(), src: buffer(), stream: stream() }),
+    fill: () => native.fill(buffer(), 1, stream()),
     hold: () => native.hold(5, stream()),
-    upload: () => native.upload(c.pick(buffers), new Float32Array(4)),
-    download: () => native.download(c.pick(buffers), new Float32Array(4)),
+    upload: () => native.upload(buffer(), new Float32Array(4)),
+    download: () => native.download(buffer(), new Float32Array(4)),
   };
-  const names = Object.keys(actions);
+  // ops, captures and launches more often than the rest, so that graphs of calls get captured and replayed
+  const names = [...Object.keys(actions), 'add', 'add', 'add', 'beginCapture', 'endCapture', 'launchGraph', 'launchGraph'];
   const counts = { ran: 0, threw: 0 };
   const attempt = (what: string, step: () => unknown) => {
     try {
@@ -308,13 +323,15 @@ function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
     const name = c.pick(names);
     attempt(`step ${i} (${name}) of seed ${seed}`, actions[name]);
   }
-  const tally = `${counts.ran} steps ran, ${counts.threw} threw KDTREE_ errors`;
-  for (const s of streams) if (s !== 0) attempt(`ending stream ${s}'s capture`, () => graphs.push(native.endCapture(s)));
-  for (const g of graphs) if (!g.freed) native.freeGraph(g);
+  // a sequence that never gets a graph of captured calls launched would test only the rejections
+  if (replayedCalls === 0) fail(`seed ${seed}: no launched graph held a captured call in ${steps} steps`);
+  const tally = `${counts.ran} steps ran, ${counts.threw} threw KDTREE_ errors, launches replayed ${replayedCalls} captured calls`;
+  for (const s of streams.live) if (s !== 0) attempt(`ending stream ${s}'s capture`, () => graphs.live.push(native.endCapture(s)));
+  for (const g of graphs.live) native.freeGraph(g);
   native.synchronize();
-  for (const s of streams) if (s !== 0) attempt(`destroying stream ${s}`, () => native.destroyStream(s));
+  for (const s of streams.live) if (s !== 0) native.destroyStream(s);
   for (const e of events) attempt(`destroying event ${e}`, () => native.destroyEvent(e));
-  for (const buffer of buffers) if (!buffer.freed) native.free(buffer);
+  for (const x of buffers.live) native.free(x);
   return tally;
 }
 
