@@ -30,7 +30,7 @@ describe('kdtree CLI', () => {
   it('prints help for the tool and for every command', () => {
     const top = runCli(['--help']);
     expect(top.status).toBe(0);
-    for (const name of ['import', 'export', 'inspect', 'verify', 'demo']) {
+    for (const name of ['import', 'export', 'inspect', 'verify', 'demo', 'backend']) {
       expect(top.stdout).toContain(name);
       const r = runCli([name, '--help']);
       expect(r.status, name).toBe(0);

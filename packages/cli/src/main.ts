@@ -1,8 +1,10 @@
+import { AddonLoadError } from '@kdtree/cuda';
 import { FormatError } from '@kdtree/format';
 import { QuantError } from '@kdtree/quant';
 import { ReferenceError } from '@kdtree/reference';
 import { helpText, parseCommand, type CommandSpec, type Parsed } from './args.js';
 import { CliError } from './cli-error.js';
+import { backendSpec, runBackend } from './commands/backend.js';
 import { demoSpec, runDemo } from './commands/demo.js';
 import { exportSpec, runExport } from './commands/export.js';
 import { genModelSpec, runGenModel } from './commands/gen-model.js';
@@ -27,6 +29,7 @@ export const COMMANDS: Command[] = [
   { spec: genModelSpec, run: runGenModel },
   { spec: goldenSpec, run: runGolden },
   { spec: verifySpec, run: runVerify },
+  { spec: backendSpec, run: runBackend },
 ];
 
 function topHelp(): string {
@@ -73,7 +76,7 @@ export function reportError(error: unknown, io: CommandIO): number {
     io.err(`kdtree: error: ${error.message}`);
     return error.exitCode;
   }
-  if (error instanceof FormatError || error instanceof QuantError || error instanceof ReferenceError) {
+  if (error instanceof FormatError || error instanceof QuantError || error instanceof ReferenceError || error instanceof AddonLoadError) {
     io.err(`kdtree: error: ${error.message}`);
     return 1;
   }

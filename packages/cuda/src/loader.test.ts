@@ -35,6 +35,8 @@ describe('loadAddon', () => {
     const loaded = loadAddon({ backend: 'cpu', searchPaths: [candidateDir('good', builtMeta)], onlySearchPaths: true, log: (l) => lines.push(l) });
     expect(loaded.variant).toBe('cpu');
     expect(loaded.reason).toMatch(/^cpu from search path/);
+    expect(loaded.source).toBe('search path');
+    expect(loaded.skipped).toEqual([]);
     expect(lines.join('\n')).toMatch(/using the cpu backend from search path/);
   });
 
@@ -64,6 +66,7 @@ describe('loadAddon', () => {
     const loaded = loadAddon({ backend: 'auto', searchPaths: [dir], onlySearchPaths: true });
     expect(loaded.variant).toBe('cpu');
     expect(loaded.reason).toMatch(/skipped cuda .*kdtree_cuda\.node.*not built/);
+    expect(loaded.skipped).toEqual([{ candidate: `${join(dir, 'kdtree_cuda.node')} (search path)`, variant: 'cuda', reason: 'not built' }]);
   });
 
   it('rejects an unknown KDTREE_BACKEND', () => {

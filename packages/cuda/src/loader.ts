@@ -37,8 +37,12 @@ export interface LoadedAddon {
   variant: 'cpu' | 'cuda';
   path: string;
   meta: BuildMeta;
+  /** Where the binary came from: 'search path', 'bin/ of @kdtree/cuda' or '@kdtree/cuda-<platform>-<arch>'. */
+  source: string;
   /** Why this one was chosen (and what was skipped before it). */
   reason: string;
+  /** The candidates tried before it and why each was unusable (missing ones included: 'not built'). */
+  skipped: LoadAttempt[];
   probe?: CudaProbe;
 }
 
@@ -107,7 +111,7 @@ function checkProbe(probe: CudaProbe, device: number): string | undefined {
   return undefined;
 }
 
-function tryCandidate(path: string, variant: 'cpu' | 'cuda', options: LoadOptions): LoadedAddon | string {
+function tryCandidate(path: string, variant: 'cpu' | 'cuda', source: string, options: LoadOptions): LoadedAddon | string {
   if (!existsSync(path)) return 'not built';
   const meta = readMeta(path);
   if (typeof meta === 'string') return meta;
@@ -133,7 +137,7 @@ function tryCandidate(path: string, variant: 'cpu' | 'cuda', options: LoadOption
   }
   try {
     const native = module.createBackend(variant, device);
-    return { native, module, variant, path, meta, reason: '', probe };
+    return { native, module, variant, path, meta, source, reason: '', skipped: [], probe };
   } catch (error) {
     return (error as Error).message;
   }
@@ -155,10 +159,11 @@ export function loadAddon(options: LoadOptions = {}): LoadedAddon {
   for (const variant of variants) {
     for (const { dir, source } of candidateDirs(options)) {
       const path = join(dir, `kdtree_${variant}.node`);
-      const result = tryCandidate(path, variant, options);
+      const result = tryCandidate(path, variant, source, options);
       if (typeof result !== 'string') {
         const skipped = attempts.map((a) => `${a.variant} ${a.candidate}: ${a.reason}`).join('; ');
         result.reason = `${variant} from ${source}${skipped ? ` (skipped ${skipped})` : ''}`;
+        result.skipped = attempts;
         options.log?.(`@kdtree/cuda: using the ${variant} backend from ${source} (${path})`);
         return result;
       }

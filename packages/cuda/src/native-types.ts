@@ -195,4 +195,8 @@ export interface BuildMeta {
   napiVersion: number;
   cudaVersion: string | null;
   cudaArchitectures: string[];
+  /** Hash of the native sources the binary was built from (build-native.mjs rebuilds when it changes). */
+  sourceHash?: string;
+  /** When it was built (ISO 8601). */
+  built?: string;
 }

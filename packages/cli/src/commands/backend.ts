@@ -1,0 +1,72 @@
+import { AddonLoadError, BACKEND_KINDS, createBackend, type KdtreeBackend, type NativeDeviceInfo } from '@kdtree/cuda';
+import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
+import { json, type CommandIO } from '../io.js';
+import { formatBytes } from '../output.js';
+
+export const backendSpec: CommandSpec = {
+  name: 'backend',
+  summary:
+    'Show which native backend of @kdtree/cuda loads on this machine (cuda or cpu), from which binary and build, on which device, and why the candidates before it were skipped. Exits 1 listing every candidate and how to fix it when none loads.',
+  usage: 'kdtree backend [--backend auto|cuda|cpu] [--device N] [--json]',
+  help: [
+    '--backend KIND        auto (cuda, else cpu), cuda or cpu; default: $KDTREE_BACKEND, else auto',
+    '--device N            CUDA device ordinal (default 0)',
+    '--json                print a JSON report on stdout (also when nothing loads)',
+  ],
+  options: { backend: { type: 'string' }, device: { type: 'string' }, json: { type: 'boolean' } },
+  positionals: [0, 0],
+};
+
+/** CUDA encodes versions as 1000 x major + 10 x minor (13000 = 13.0). */
+function cudaVersion(v: number): string {
+  return `${Math.floor(v / 1000)}.${Math.floor((v % 1000) / 10)}`;
+}
+
+function deviceLine(index: number, d: NativeDeviceInfo): string {
+  if (d.kind === 'cpu') return d.name;
+  return `${index}: ${d.name}, compute capability ${d.computeCapability}, ${d.multiprocessors} SMs, ${formatBytes(d.totalMemory)}, driver ${cudaVersion(d.driverVersion)}, runtime ${cudaVersion(d.runtimeVersion)}`;
+}
+
+function report(backend: KdtreeBackend, device: number, info: NativeDeviceInfo) {
+  const { loaded } = backend;
+  return {
+    ok: true,
+    backend: backend.kind,
+    source: loaded.source,
+    path: loaded.path,
+    build: loaded.meta,
+    // the cpu twin has no compute capability, memory or driver: only its thread pool
+    device: info.kind === 'cuda' ? { kind: info.kind, index: device, name: info.name, computeCapability: info.computeCapability, multiprocessors: info.multiprocessors, totalMemory: info.totalMemory, driverVersion: info.driverVersion, runtimeVersion: info.runtimeVersion } : { kind: info.kind, name: info.name, threads: info.multiprocessors },
+    skipped: loaded.skipped,
+  };
+}
+
+export async function runBackend(p: Parsed, io: CommandIO): Promise<number> {
+  const kind = parseChoice(p.values.backend as string | undefined, '--backend', BACKEND_KINDS);
+  const device = parseIntArg(p.values.device as string | undefined, '--device', { min: 0, max: 2 ** 31 - 1 }) ?? 0;
+  let backend: KdtreeBackend;
+  try {
+    backend = createBackend({ backend: kind, device });
+  } catch (error) {
+    if (!(error instanceof AddonLoadError) || !p.values.json) throw error;
+    io.out(json({ ok: false, requested: error.requested, platform: error.platformKey, attempts: error.attempts }));
+    return 1;
+  }
+  const info = backend.info();
+  const r = report(backend, device, info);
+  if (p.values.json) {
+    io.out(json(r));
+    return 0;
+  }
+  const b = r.build;
+  const cuda = b.cudaVersion ? `, CUDA ${b.cudaVersion}, ${b.cudaArchitectures.join(' ')}` : '';
+  const lines = [
+    `backend  ${r.backend}, from ${r.source}`,
+    `binary   ${r.path}`,
+    `build    @kdtree/cuda ${b.version} (${b.variant}, ${b.platform}-${b.arch}${cuda}${b.sourceHash ? `, sources ${b.sourceHash}` : ''})`,
+    `device   ${deviceLine(device, info)}`,
+    ...r.skipped.map((a, i) => `${i === 0 ? 'skipped' : '       '}  ${a.variant} ${a.candidate}: ${a.reason}`),
+  ];
+  io.out(lines.join('\n'));
+  return 0;
+}
