@@ -4,6 +4,7 @@ import { runCli } from './test-support/run-cli.js';
 
 /** What `kdtree backend --json` prints when a backend loads. */
 interface BackendReport {
+  schema: 'kdtree.backend/1';
   ok: true;
   backend: 'cpu' | 'cuda';
   source: string;
@@ -18,8 +19,8 @@ describe('kdtree backend', () => {
     const r = runCli(['backend', '--backend', 'cpu', '--json']);
     expect(r.status, r.stderr).toBe(0);
     const report = JSON.parse(r.stdout) as BackendReport;
-    expect(Object.keys(report)).toEqual(['ok', 'backend', 'source', 'path', 'build', 'device', 'skipped']);
-    expect(report).toMatchObject({ ok: true, backend: 'cpu', source: 'bin/ of @kdtree/cuda', skipped: [] });
+    expect(Object.keys(report)).toEqual(['schema', 'ok', 'backend', 'source', 'path', 'build', 'device', 'skipped']);
+    expect(report).toMatchObject({ schema: 'kdtree.backend/1', ok: true, backend: 'cpu', source: 'bin/ of @kdtree/cuda', skipped: [] });
     expect(report.path).toMatch(/kdtree_cpu\.node$/);
     expect(existsSync(report.path)).toBe(true);
     expect(report.build).toMatchObject({ variant: 'cpu', platform: process.platform, arch: process.arch });
@@ -57,7 +58,7 @@ describe('kdtree backend', () => {
   it('lists every candidate and how to fix it when the requested backend does not load', () => {
     const loaded = JSON.parse(runCli(['backend', '--backend', 'cuda', '--json']).stdout) as BackendReport | { ok: false; requested: string; platform: string; attempts: unknown[] };
     if (loaded.ok) return expect(loaded.backend).toBe('cuda'); // a machine with a GPU and a cuda build
-    expect(loaded).toMatchObject({ ok: false, requested: 'cuda', platform: `${process.platform}-${process.arch}` });
+    expect(loaded).toMatchObject({ schema: 'kdtree.backend/1', ok: false, requested: 'cuda', platform: `${process.platform}-${process.arch}` });
     expect(loaded.attempts.length).toBeGreaterThan(0);
     const r = runCli(['backend', '--backend', 'cuda']);
     expect(r.status).toBe(1);

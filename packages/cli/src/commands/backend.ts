@@ -11,7 +11,7 @@ export const backendSpec: CommandSpec = {
   help: [
     '--backend KIND        auto (cuda, else cpu), cuda or cpu; default: $KDTREE_BACKEND, else auto',
     '--device N            CUDA device ordinal (default 0)',
-    '--json                print a JSON report on stdout (also when nothing loads)',
+    '--json                stable JSON (schema "kdtree.backend/1") on stdout, also when nothing loads',
   ],
   options: { backend: { type: 'string' }, device: { type: 'string' }, json: { type: 'boolean' } },
   positionals: [0, 0],
@@ -27,18 +27,15 @@ function deviceLine(index: number, d: NativeDeviceInfo): string {
   return `${index}: ${d.name}, compute capability ${d.computeCapability}, ${d.multiprocessors} SMs, ${formatBytes(d.totalMemory)}, driver ${cudaVersion(d.driverVersion)}, runtime ${cudaVersion(d.runtimeVersion)}`;
 }
 
-function report(backend: KdtreeBackend, device: number, info: NativeDeviceInfo) {
+/** The JSON report (schema "kdtree.backend/1"; fields are only ever added). */
+function report(backend: KdtreeBackend, index: number, info: NativeDeviceInfo) {
   const { loaded } = backend;
-  return {
-    ok: true,
-    backend: backend.kind,
-    source: loaded.source,
-    path: loaded.path,
-    build: loaded.meta,
-    // the cpu twin has no compute capability, memory or driver: only its thread pool
-    device: info.kind === 'cuda' ? { kind: info.kind, index: device, name: info.name, computeCapability: info.computeCapability, multiprocessors: info.multiprocessors, totalMemory: info.totalMemory, driverVersion: info.driverVersion, runtimeVersion: info.runtimeVersion } : { kind: info.kind, name: info.name, threads: info.multiprocessors },
-    skipped: loaded.skipped,
-  };
+  // the cpu twin has no compute capability, memory or driver: only its thread pool
+  const device =
+    info.kind === 'cuda'
+      ? { kind: info.kind, index, name: info.name, computeCapability: info.computeCapability, multiprocessors: info.multiprocessors, totalMemory: info.totalMemory, driverVersion: info.driverVersion, runtimeVersion: info.runtimeVersion }
+      : { kind: info.kind, name: info.name, threads: info.multiprocessors };
+  return { schema: 'kdtree.backend/1', ok: true, backend: backend.kind, source: loaded.source, path: loaded.path, build: loaded.meta, device, skipped: loaded.skipped };
 }
 
 export async function runBackend(p: Parsed, io: CommandIO): Promise<number> {
@@ -49,7 +46,7 @@ export async function runBackend(p: Parsed, io: CommandIO): Promise<number> {
     backend = createBackend({ backend: kind, device });
   } catch (error) {
     if (!(error instanceof AddonLoadError) || !p.values.json) throw error;
-    io.out(json({ ok: false, requested: error.requested, platform: error.platformKey, attempts: error.attempts }));
+    io.out(json({ schema: 'kdtree.backend/1', ok: false, requested: error.requested, platform: error.platformKey, attempts: error.attempts }));
     return 1;
   }
   const info = backend.info();
