@@ -12,6 +12,8 @@ export class AddonLoadError extends Error {
     readonly platformKey: string,
     readonly requested: string,
     readonly attempts: LoadAttempt[],
+    /** How to fix it, where the last attempt knows better than the default (a missing binary). */
+    fix?: string,
   ) {
     const lines = attempts.length
       ? attempts.map((a) => `  - ${a.variant} ${a.candidate}: ${a.reason}`)
@@ -20,10 +22,14 @@ export class AddonLoadError extends Error {
       [
         `@kdtree/cuda: could not load a '${requested}' backend on ${platformKey}. Tried:`,
         ...lines,
-        'Fix: the published @kdtree/cuda carries prebuilt binaries in bin/<platform>-<arch>/ (reinstall it if',
-        'they were removed); on other platforms build from source with `pnpm --filter @kdtree/cuda build:native`',
-        '(needs cmake and a C++17 compiler; nvcc 13 for the cuda variant); or choose another backend with',
-        'KDTREE_BACKEND=cpu|cuda|auto.',
+        ...(fix !== undefined
+          ? [`Fix: ${fix}`]
+          : [
+              'Fix: the published @kdtree/cuda carries prebuilt binaries in bin/<platform>-<arch>/ (reinstall it if',
+              'they were removed); on other platforms build from source with `pnpm --filter @kdtree/cuda build:native`',
+              '(needs cmake and a C++17 compiler; nvcc 13 for the cuda variant); or choose another backend with',
+              'KDTREE_BACKEND=cpu|cuda|auto.',
+            ]),
       ].join('\n'),
     );
     this.name = 'AddonLoadError';

@@ -3,7 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { AddonLoadError } from './errors.js';
-import { loadAddon, PLATFORM_KEY } from './loader.js';
+import { loadAddon, PLATFORM_KEY, probeProblem } from './loader.js';
+import type { CudaProbe } from './native-types.js';
 
 const built = join(import.meta.dirname, '..', 'bin', PLATFORM_KEY);
 const builtMeta = JSON.parse(readFileSync(join(built, 'kdtree_cpu.json'), 'utf8')) as Record<string, unknown>;
@@ -59,6 +60,8 @@ describe('loadAddon', () => {
     expect(error.message).toContain(join(empty, 'kdtree_cpu.node'));
     expect(error.message).toMatch(/build:native/);
     expect(error.message).toMatch(/KDTREE_BACKEND=cpu\|cuda\|auto/);
+    const told = new AddonLoadError(PLATFORM_KEY, 'auto', error.attempts.slice(0, 1), 'name a device from 0 to 1.');
+    expect(told.message.split('\n').slice(-2)).toEqual([`  - cpu ${join(empty, 'kdtree_cpu.node')} (search path): not built`, 'Fix: name a device from 0 to 1.']);
   });
 
   it('auto falls back to cpu when no cuda binary loads, naming what it skipped', () => {
@@ -79,5 +82,32 @@ describe('loadAddon', () => {
       if (saved === undefined) delete process.env.KDTREE_BACKEND;
       else process.env.KDTREE_BACKEND = saved;
     }
+  });
+});
+
+describe('probeProblem', () => {
+  const h200 = { name: 'NVIDIA H200', computeCapability: '9.0', multiprocessors: 132, totalMemory: 150e9 };
+  const probe = (devices: CudaProbe['devices'], ok = true, error = ''): CudaProbe => ({ ok, error, driverVersion: 13000, runtimeVersion: 13000, deviceCount: devices.length, devices });
+
+  it('accepts a device of compute capability 9.0 or newer', () => {
+    expect(probeProblem(probe([h200, h200]), 1, true)).toBeUndefined();
+  });
+
+  it('lets auto fall back to cpu where no usable GPU is found', () => {
+    expect(probeProblem(probe([], false, 'no NVIDIA driver found'), 0, false)).toEqual({ reason: 'no NVIDIA driver found' });
+    expect(probeProblem(probe([], false), 0, true)).toEqual({ reason: 'no usable CUDA device' });
+    expect(probeProblem(probe([{ ...h200, name: 'NVIDIA A100', computeCapability: '8.0' }]), 0, true)).toEqual({
+      reason: 'device 0 (NVIDIA A100) has compute capability 8.0; this binary has sm_90 code (needs 9.0 or newer)',
+    });
+  });
+
+  it('stops the search when the caller named a device that a machine with GPUs does not have', () => {
+    expect(probeProblem(probe([h200, h200]), 2, true)).toEqual({
+      reason: 'device 2 does not exist (2 visible)',
+      final: true,
+      fix: 'name a device from 0 to 1 (CUDA_VISIBLE_DEVICES decides which GPUs this process sees), or choose the cpu backend with KDTREE_BACKEND=cpu.',
+    });
+    expect(probeProblem(probe([h200]), 1, false)).toEqual({ reason: 'device 1 does not exist (1 visible)', final: false });
+    expect(probeProblem(probe([h200]), 1, true)?.fix).toMatch(/^name device 0 \(CUDA_VISIBLE_DEVICES/);
   });
 });

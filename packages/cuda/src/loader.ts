@@ -5,7 +5,8 @@
  * A binary is accepted only with a build-metadata file of the same package version and variant.
  * A cuda binary is first probed in a child process (an incompatible binary or driver can take
  * down only the probe), and must see a device of compute capability >= 9.0 with a driver at
- * least as new as its runtime. `auto` tries cuda, then cpu, logging each fallback.
+ * least as new as its runtime. `auto` tries cuda, then cpu, logging each fallback; a device
+ * ordinal the caller named that a machine with GPUs does not have is an error, not a fallback.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
@@ -102,27 +103,44 @@ function probeInChild(path: string): CudaProbe | string {
   }
 }
 
-function checkProbe(probe: CudaProbe, device: number): string | undefined {
-  if (!probe.ok) return probe.error || 'no usable CUDA device';
+/** Why a candidate cannot be used; `final` stops the search (falling back to cpu would hide a mistake), and `fix` says what to do instead. */
+interface Unusable {
+  reason: string;
+  final?: boolean;
+  fix?: string;
+}
+
+/**
+ * Why a probed cuda binary cannot serve `device`. A machine without a usable GPU falls back to
+ * cpu under `auto`; a machine with GPUs but not the ordinal the caller named does not (a rank
+ * started on device 3 of 2 would otherwise run on the cpu twin, thousands of times slower).
+ */
+export function probeProblem(probe: CudaProbe, device: number, deviceNamed: boolean): Unusable | undefined {
+  if (!probe.ok) return { reason: probe.error || 'no usable CUDA device' };
   const d = probe.devices[device];
-  if (d === undefined) return `device ${device} does not exist (${probe.deviceCount} visible)`;
+  if (d === undefined) {
+    const final = deviceNamed && probe.deviceCount > 0;
+    const valid = probe.deviceCount === 1 ? 'device 0' : `a device from 0 to ${probe.deviceCount - 1}`;
+    const fix = `name ${valid} (CUDA_VISIBLE_DEVICES decides which GPUs this process sees), or choose the cpu backend with KDTREE_BACKEND=cpu.`;
+    return { reason: `device ${device} does not exist (${probe.deviceCount} visible)`, final, ...(final ? { fix } : {}) };
+  }
   const [major] = d.computeCapability.split('.').map(Number);
-  if (major < 9) return `device ${device} (${d.name}) has compute capability ${d.computeCapability}; this binary has sm_90 code (needs 9.0 or newer)`;
+  if (major < 9) return { reason: `device ${device} (${d.name}) has compute capability ${d.computeCapability}; this binary has sm_90 code (needs 9.0 or newer)` };
   return undefined;
 }
 
-function tryCandidate(path: string, variant: 'cpu' | 'cuda', source: string, options: LoadOptions): LoadedAddon | string {
-  if (!existsSync(path)) return 'not built';
+function tryCandidate(path: string, variant: 'cpu' | 'cuda', source: string, options: LoadOptions): LoadedAddon | Unusable {
+  if (!existsSync(path)) return { reason: 'not built' };
   const meta = readMeta(path);
-  if (typeof meta === 'string') return meta;
-  if (PACKAGE_VERSION !== undefined && meta.version !== PACKAGE_VERSION) return `built for @kdtree/cuda ${meta.version}, this is ${PACKAGE_VERSION} (rebuild it)`;
-  if (meta.variant !== variant || meta.platform !== process.platform || meta.arch !== process.arch) return `metadata says ${meta.variant} ${meta.platform}-${meta.arch}`;
+  if (typeof meta === 'string') return { reason: meta };
+  if (PACKAGE_VERSION !== undefined && meta.version !== PACKAGE_VERSION) return { reason: `built for @kdtree/cuda ${meta.version}, this is ${PACKAGE_VERSION} (rebuild it)` };
+  if (meta.variant !== variant || meta.platform !== process.platform || meta.arch !== process.arch) return { reason: `metadata says ${meta.variant} ${meta.platform}-${meta.arch}` };
   let probe: CudaProbe | undefined;
   const device = options.device ?? 0;
   if (variant === 'cuda') {
     const p = probeInChild(path);
-    if (typeof p === 'string') return p;
-    const problem = checkProbe(p, device);
+    if (typeof p === 'string') return { reason: p };
+    const problem = probeProblem(p, device, options.device !== undefined);
     if (problem) return problem;
     probe = p;
   }
@@ -130,16 +148,16 @@ function tryCandidate(path: string, variant: 'cpu' | 'cuda', source: string, opt
   try {
     module = require(path) as NativeModule;
   } catch (error) {
-    return `cannot load: ${(error as Error).message.split('\n')[0]}`;
+    return { reason: `cannot load: ${(error as Error).message.split('\n')[0]}` };
   }
   if (module.build.version !== meta.version || module.build.variant !== variant) {
-    return `binary reports ${module.build.variant} ${module.build.version}, its metadata ${meta.variant} ${meta.version}`;
+    return { reason: `binary reports ${module.build.variant} ${module.build.version}, its metadata ${meta.variant} ${meta.version}` };
   }
   try {
     const native = module.createBackend(variant, device);
     return { native, module, variant, path, meta, source, reason: '', skipped: [], probe };
   } catch (error) {
-    return (error as Error).message;
+    return { reason: (error as Error).message };
   }
 }
 
@@ -160,15 +178,16 @@ export function loadAddon(options: LoadOptions = {}): LoadedAddon {
     for (const { dir, source } of candidateDirs(options)) {
       const path = join(dir, `kdtree_${variant}.node`);
       const result = tryCandidate(path, variant, source, options);
-      if (typeof result !== 'string') {
+      if ('native' in result) {
         const skipped = attempts.map((a) => `${a.variant} ${a.candidate}: ${a.reason}`).join('; ');
         result.reason = `${variant} from ${source}${skipped ? ` (skipped ${skipped})` : ''}`;
         result.skipped = attempts;
         options.log?.(`@kdtree/cuda: using the ${variant} backend from ${source} (${path})`);
         return result;
       }
-      attempts.push({ candidate: `${path} (${source})`, variant, reason: result });
-      if (existsSync(path)) options.log?.(`@kdtree/cuda: ${variant} from ${source} unusable: ${result}`);
+      attempts.push({ candidate: `${path} (${source})`, variant, reason: result.reason });
+      if (result.final) throw new AddonLoadError(PLATFORM_KEY, requested, attempts, result.fix);
+      if (existsSync(path)) options.log?.(`@kdtree/cuda: ${variant} from ${source} unusable: ${result.reason}`);
     }
   }
   throw new AddonLoadError(PLATFORM_KEY, requested, attempts);

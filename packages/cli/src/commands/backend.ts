@@ -10,7 +10,7 @@ export const backendSpec: CommandSpec = {
   usage: 'kdtree backend [--backend auto|cuda|cpu] [--device N] [--json]',
   help: [
     '--backend KIND        auto (cuda, else cpu), cuda or cpu; default: $KDTREE_BACKEND, else auto',
-    '--device N            CUDA device ordinal (default 0)',
+    '--device N            CUDA device ordinal (default 0); one the machine lacks is an error, not a cpu fallback',
     '--json                stable JSON (schema "kdtree.backend/1") on stdout, also when nothing loads',
   ],
   options: { backend: { type: 'string' }, device: { type: 'string' }, json: { type: 'boolean' } },
@@ -40,10 +40,11 @@ function report(backend: KdtreeBackend, index: number, info: NativeDeviceInfo) {
 
 export async function runBackend(p: Parsed, io: CommandIO): Promise<number> {
   const kind = parseChoice(p.values.backend as string | undefined, '--backend', BACKEND_KINDS);
-  const device = parseIntArg(p.values.device as string | undefined, '--device', { min: 0, max: 2 ** 31 - 1 }) ?? 0;
+  const named = parseIntArg(p.values.device as string | undefined, '--device', { min: 0, max: 2 ** 31 - 1 });
+  const device = named ?? 0;
   let backend: KdtreeBackend;
   try {
-    backend = createBackend({ backend: kind, device });
+    backend = createBackend({ backend: kind, device: named });
   } catch (error) {
     if (!(error instanceof AddonLoadError) || !p.values.json) throw error;
     io.out(json({ schema: 'kdtree.backend/1', ok: false, requested: error.requested, platform: error.platformKey, attempts: error.attempts }));
