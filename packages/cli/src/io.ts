@@ -4,6 +4,8 @@ import { Progress, type ProgressOptions } from './progress.js';
 /** Where a command writes: injectable so tests can run commands in-process. */
 export interface CommandIO {
   out(text: string): void;
+  /** stdout without a newline (tokens streaming as they are decoded). */
+  write(text: string): void;
   err(text: string): void;
   progress(label: string, total: number, options?: ProgressOptions): Progress;
 }
@@ -11,6 +13,7 @@ export interface CommandIO {
 export function processIO(options: { quiet?: boolean } = {}): CommandIO {
   return {
     out: (text) => process.stdout.write(`${text}\n`),
+    write: (text) => process.stdout.write(text),
     err: (text) => process.stderr.write(`${text}\n`),
     progress: (label, total, progressOptions) => new Progress(label, total, { enabled: !options.quiet, ...progressOptions }),
   };

@@ -3,6 +3,7 @@ import { ddtreeDecode, greedyDecode, loadModel, modelDrafter, teacherForcedLogit
 import { parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
 import type { CommandIO } from '../io.js';
+import { tokenList } from '../token-list.js';
 
 export const goldenSpec: CommandSpec = {
   name: 'golden',
@@ -33,14 +34,6 @@ export const goldenSpec: CommandSpec = {
   positionals: [1, 1],
 };
 
-function tokenList(text: string, flag: string): number[] {
-  if (text.trim() === '') return [];
-  return text.split(',').map((s) => {
-    const n = Number(s.trim());
-    if (!Number.isInteger(n) || n < 0) throw new CliUsageError(`${flag}: expected comma-separated non-negative token ids, got '${s.trim()}'`);
-    return n;
-  });
-}
 
 export async function runGolden(p: Parsed, io: CommandIO): Promise<number> {
   if (p.values.prompt === undefined) throw new CliUsageError('golden: --prompt is required', 'golden');
