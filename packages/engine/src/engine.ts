@@ -19,7 +19,7 @@ import type { CacheDtype } from './kv-cache.js';
 import { view } from './linear.js';
 import { checkFits, estimateMemory, type MemoryEstimate } from './memory.js';
 import { DeviceModel, type LoadProgress } from './model.js';
-import { ModelSource } from './model-source.js';
+import { ModelSource, type WeightReader } from './model-source.js';
 import { Runner, type TreeBuffers } from './runner.js';
 
 export type Spec = 'greedy' | 'chain' | 'ddtree';
@@ -29,8 +29,8 @@ export const SPECS: readonly Spec[] = ['greedy', 'chain', 'ddtree'];
 export type DrafterSpec = string | Drafter;
 
 export interface EngineOptions {
-  /** A KDTR bundle, a HuggingFace directory, or a safetensors checkpoint with a config.json. */
-  model: string;
+  /** A KDTR bundle, a HuggingFace directory, a safetensors checkpoint with a config.json, or weights made in memory (SeededSource). */
+  model: string | WeightReader;
   /** A config.json for a checkpoint that has none beside it. */
   config?: string;
   /** Default: KDTREE_BACKEND, else 'auto' (cuda where a usable GPU is, else the cpu twin). */
@@ -172,21 +172,26 @@ export class Engine {
     const V = this.config.vocabSize;
     if (spec === 'ngram') return new NgramDrafter(this.backend, V, this.options.maxDepth);
     if (spec.startsWith('model:')) {
-      const path = spec.slice('model:'.length);
-      const source = await ModelSource.open(path);
+      const source = await ModelSource.open(spec.slice('model:'.length));
       try {
-        if (source.config.vocabSize !== V) {
-          throw new EngineError('KDTREE_ENGINE_DRAFTER', `draft model ${path} has a vocabulary of ${source.config.vocabSize} tokens, the target ${V}: a drafter must share the target's vocabulary`, 'drafter');
-        }
-        const rows = Math.max(this.options.maxDepth + 1, Math.min(this.options.prefillChunk, 64));
-        checkFits(this.backend, estimateMemory(source, { capacity: this.options.cacheTokens, cacheDtype: 'bf16', rows, nodes: 0, depth: 0 }), `draft model ${path}`);
-        const model = await DeviceModel.load(this.backend, source, { rows });
-        return new ModelDrafter(this.backend, model, spec, this.options.cacheTokens, this.options.maxDepth);
+        return await this.modelDrafter(source, spec);
       } finally {
         await source.close();
       }
     }
     throw argumentError('drafter', `expected 'ngram' or 'model:PATH', got '${spec}'`);
+  }
+
+  /** A draft model's drafter from any weight reader (a bundle, seeded weights), on this engine's backend. */
+  async modelDrafter(source: WeightReader, name = `model:${source.path}`): Promise<ModelDrafter> {
+    const V = this.config.vocabSize;
+    if (source.config.vocabSize !== V) {
+      throw new EngineError('KDTREE_ENGINE_DRAFTER', `draft model ${source.path} has a vocabulary of ${source.config.vocabSize} tokens, the target ${V}: a drafter must share the target's vocabulary`, 'drafter');
+    }
+    const rows = Math.max(this.options.maxDepth + 1, Math.min(this.options.prefillChunk, 64));
+    checkFits(this.backend, estimateMemory(source, { capacity: this.options.cacheTokens, cacheDtype: 'bf16', rows, nodes: 0, depth: 0 }), `draft model ${source.path}`);
+    const model = await DeviceModel.load(this.backend, source, { rows });
+    return new ModelDrafter(this.backend, model, name, this.options.cacheTokens, this.options.maxDepth);
   }
 
   private async lock(): Promise<() => void> {
@@ -471,9 +476,12 @@ export class Engine {
 
 /** Opens the model, checks it fits, loads it on the chosen backend. */
 export async function createEngine(options: EngineOptions): Promise<Engine> {
-  if (typeof options?.model !== 'string' || options.model === '') throw argumentError('model', 'expected the path of a bundle or checkpoint');
+  const given = options?.model;
+  if (!(typeof given === 'string' && given !== '') && !(typeof given === 'object' && given !== null && 'config' in given)) {
+    throw argumentError('model', 'expected the path of a bundle or checkpoint, or a WeightReader');
+  }
   const backend = createBackend({ backend: options.backend, device: options.device, log: options.log });
-  const source = await ModelSource.open(options.model, { config: options.config });
+  const source = typeof given === 'string' ? await ModelSource.open(given, { config: options.config }) : given;
   try {
     const c = source.config;
     const cacheTokens = checkInt('cacheTokens', options.cacheTokens ?? Math.min(4096, c.maxPositionEmbeddings), 2, c.maxPositionEmbeddings);

@@ -17,7 +17,7 @@ import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
 import { qkHeadDim, type ModelConfig } from '@kdtree/reference';
 import { modelError } from './errors.js';
 import { applyLinear, linearBytes, linearTensors, loadLinear, view, type DeviceLinear, type LinearSpec } from './linear.js';
-import type { ModelSource } from './model-source.js';
+import type { WeightReader } from './model-source.js';
 import type { Workspace } from './workspace.js';
 
 /** What one forward pass over T new tokens of one sequence needs beyond the activations. */
@@ -97,7 +97,7 @@ export class MlaAttention {
     };
   }
 
-  static bytes(source: ModelSource, c: ModelConfig, layer: number): number {
+  static bytes(source: WeightReader, c: ModelConfig, layer: number): number {
     const s = MlaAttention.specs(c, layer);
     let total = 0;
     for (const spec of [s.qA, s.qNope, s.qPe, s.kvAC, s.kvAPe, s.o]) if (spec) total += linearBytes(source, spec);
@@ -105,7 +105,7 @@ export class MlaAttention {
     return total + n * k * (source.int4(s.kvB.name) ? 4 : 2) + 4 * ((c.qLoraRank ?? 0) + c.kvLoraRank);
   }
 
-  static async load(b: KdtreeBackend, source: ModelSource, c: ModelConfig, layer: number): Promise<MlaAttention> {
+  static async load(b: KdtreeBackend, source: WeightReader, c: ModelConfig, layer: number): Promise<MlaAttention> {
     const s = MlaAttention.specs(c, layer);
     const loaded: Partial<MlaAttention['w']> = {};
     try {
@@ -196,12 +196,12 @@ export class Mlp {
     private readonly down: DeviceLinear,
   ) {}
 
-  static bytes(source: ModelSource, prefix: string, inter: number, hidden: number): number {
+  static bytes(source: WeightReader, prefix: string, inter: number, hidden: number): number {
     const s = mlpSpecs(prefix, inter, hidden);
     return linearBytes(source, s.gateUp) + linearBytes(source, s.down);
   }
 
-  static async load(b: KdtreeBackend, source: ModelSource, prefix: string, inter: number, hidden: number): Promise<Mlp> {
+  static async load(b: KdtreeBackend, source: WeightReader, prefix: string, inter: number, hidden: number): Promise<Mlp> {
     const s = mlpSpecs(prefix, inter, hidden);
     const gateUp = await loadLinear(b, source, [s.gateUp], { gateUp: true });
     try {
@@ -253,7 +253,7 @@ export class Moe {
     };
   }
 
-  static bytes(source: ModelSource, c: ModelConfig, layer: number): number {
+  static bytes(source: WeightReader, c: ModelConfig, layer: number): number {
     const s = Moe.specs(c, layer);
     let total = linearBytes(source, s.router) + 4 * c.nRoutedExperts;
     total += linearBytes(source, s.gateUp[0], c.nRoutedExperts) + linearBytes(source, s.down[0], c.nRoutedExperts);
@@ -261,7 +261,7 @@ export class Moe {
     return total;
   }
 
-  static async load(b: KdtreeBackend, source: ModelSource, c: ModelConfig, layer: number): Promise<Moe> {
+  static async load(b: KdtreeBackend, source: WeightReader, c: ModelConfig, layer: number): Promise<Moe> {
     const s = Moe.specs(c, layer);
     const done: DeviceLinear[] = [];
     const tensors: DeviceTensor[] = [];

@@ -6,7 +6,7 @@
  * silu(gate) * up directly; bf16 as [gate; up], followed by the silu_mul op.
  */
 import { numel, packedW4A16Shapes, type DeviceTensor, type KdtreeBackend } from '@kdtree/cuda';
-import type { HostBf16, HostInt4, ModelSource } from './model-source.js';
+import type { HostBf16, HostInt4, WeightReader } from './model-source.js';
 import { modelError } from './errors.js';
 
 export type DeviceLinear =
@@ -30,14 +30,14 @@ function rowsOf(spec: LinearSpec, i: number): number {
 }
 
 /** Whether every part of `spec` is INT4 (a mix is rejected: one GEMM applies the whole weight). */
-function isInt4(source: ModelSource, spec: LinearSpec): boolean {
+function isInt4(source: WeightReader, spec: LinearSpec): boolean {
   const kinds = spec.names.map((n) => source.int4(n) !== undefined);
   if (kinds.some((k) => k !== kinds[0])) throw modelError(spec.names.join(' + '), 'mixes INT4 and float parts; quantize them alike', source.path);
   return kinds[0];
 }
 
 /** Device bytes of the weight once loaded, without loading it (the memory estimate). */
-export function linearBytes(source: ModelSource, spec: LinearSpec, experts = 1): number {
+export function linearBytes(source: WeightReader, spec: LinearSpec, experts = 1): number {
   const n = spec.names.reduce((s, _, i) => s + rowsOf(spec, i), 0);
   const k = spec.shapes[0][1];
   if (!isInt4(source, spec)) return experts * n * k * 2;
@@ -46,7 +46,7 @@ export function linearBytes(source: ModelSource, spec: LinearSpec, experts = 1):
   return experts * (numel(shapes.qw) * 4 + numel(shapes.sc) * (d.scale_dtype === 'BF16' ? 2 : 4));
 }
 
-async function readParts(source: ModelSource, spec: LinearSpec): Promise<HostInt4[] | HostBf16[]> {
+async function readParts(source: WeightReader, spec: LinearSpec): Promise<HostInt4[] | HostBf16[]> {
   if (isInt4(source, spec)) return Promise.all(spec.names.map((n, i) => source.readInt4(n, spec.shapes[i] as [number, number], spec.rows?.[i])));
   return Promise.all(spec.names.map((n, i) => source.readBf16(n, spec.shapes[i] as [number, number], spec.rows?.[i])));
 }
@@ -55,7 +55,7 @@ async function readParts(source: ModelSource, spec: LinearSpec): Promise<HostInt
  * Loads one linear weight, or E experts' weights stacked ([E, N, K]) when `specs` has several: each
  * expert's parts are uploaded into one staging tensor in the checkpoint layout, then packed once.
  */
-export async function loadLinear(b: KdtreeBackend, source: ModelSource, specs: readonly LinearSpec[], options: { gateUp?: boolean } = {}): Promise<DeviceLinear> {
+export async function loadLinear(b: KdtreeBackend, source: WeightReader, specs: readonly LinearSpec[], options: { gateUp?: boolean } = {}): Promise<DeviceLinear> {
   const experts = specs.length;
   const first = specs[0];
   const n = first.names.reduce((s, _, i) => s + rowsOf(first, i), 0);

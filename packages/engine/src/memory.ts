@@ -10,7 +10,7 @@ import type { ModelConfig } from '@kdtree/reference';
 import { EngineError } from './errors.js';
 import { KvCache, type CacheDtype } from './kv-cache.js';
 import { weightBytes } from './model.js';
-import type { ModelSource } from './model-source.js';
+import type { WeightReader } from './model-source.js';
 import { Workspace } from './workspace.js';
 
 export interface MemoryEstimate {
@@ -23,7 +23,7 @@ export interface MemoryEstimate {
 }
 
 /** Device memory of a loaded model (`rows`: its workspace; `nodes`: its largest tree). */
-export function estimateMemory(source: ModelSource, options: { capacity: number; cacheDtype: CacheDtype; rows: number; nodes: number; depth: number }): MemoryEstimate {
+export function estimateMemory(source: WeightReader, options: { capacity: number; cacheDtype: CacheDtype; rows: number; nodes: number; depth: number }): MemoryEstimate {
   const c: ModelConfig = source.config;
   const parts = weightBytes(source, c);
   const weights = parts.reduce((s, p) => s + p.bytes, 0);

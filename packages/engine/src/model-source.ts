@@ -28,7 +28,22 @@ export interface HostBf16 {
   bits: Uint16Array;
 }
 
-export class ModelSource {
+/** The weight reads a layer makes: a checkpoint (ModelSource), or weights made in memory (SeededSource). */
+export interface WeightReader {
+  /** Names the source in errors. */
+  readonly path: string;
+  readonly config: ModelConfig;
+  /** The HF config.json object the config was parsed from. */
+  readonly configJson: Record<string, unknown>;
+  /** The INT4 descriptor of a weight, or undefined when it is a float tensor. */
+  int4(name: string): Pick<Int4Descriptor, 'shape' | 'group_size' | 'scale_dtype'> | undefined;
+  readF32(name: string, shape: readonly number[]): Promise<Float32Array>;
+  readBf16(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostBf16>;
+  readInt4(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostInt4>;
+  close(): Promise<void>;
+}
+
+export class ModelSource implements WeightReader {
   private constructor(
     readonly path: string,
     readonly store: AnyTensorStore,

@@ -14,7 +14,7 @@ import { isMoeLayer, ropeTables, softmaxScale, type ModelConfig } from '@kdtree/
 import { EngineError } from './errors.js';
 import { MlaAttention, Mlp, Moe, type AttentionConstants, type Pass } from './layers.js';
 import { applyLinear, linearBytes, linearTensors, loadLinear, view, type DeviceLinear } from './linear.js';
-import type { ModelSource } from './model-source.js';
+import type { WeightReader } from './model-source.js';
 import { Workspace } from './workspace.js';
 
 export interface LoadProgress {
@@ -40,7 +40,7 @@ export interface LogitRows {
 }
 
 /** Device bytes of every weight of the model, by part (the memory estimate, and load progress). */
-export function weightBytes(source: ModelSource, c: ModelConfig): { part: string; bytes: number }[] {
+export function weightBytes(source: WeightReader, c: ModelConfig): { part: string; bytes: number }[] {
   const parts = [{ part: 'embeddings', bytes: c.vocabSize * c.hiddenSize * 2 }];
   for (let l = 0; l < c.numLayers; l++) {
     const mlp = isMoeLayer(c, l) ? Moe.bytes(source, c, l) : Mlp.bytes(source, `model.layers.${l}.mlp.`, c.intermediateSize, c.hiddenSize);
@@ -67,7 +67,7 @@ export class DeviceModel {
    * Loads every weight (streamed tensor by tensor) and allocates a workspace for passes of up to
    * `rows` tokens. Throws without leaking device memory if anything fails or `signal` aborts.
    */
-  static async load(b: KdtreeBackend, source: ModelSource, options: { rows: number; onProgress?: (p: LoadProgress) => void; signal?: AbortSignal }): Promise<DeviceModel> {
+  static async load(b: KdtreeBackend, source: WeightReader, options: { rows: number; onProgress?: (p: LoadProgress) => void; signal?: AbortSignal }): Promise<DeviceModel> {
     const c = source.config;
     const sizes = weightBytes(source, c);
     const total = sizes.reduce((s, p) => s + p.bytes, 0);
