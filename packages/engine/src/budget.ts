@@ -4,7 +4,8 @@
  *   E(b)    = 1 + sum_{i=1..b} p_i     expected tokens a step emits (the bonus, plus each draft node
  *                                      accepted with the probability the drafter gave its path)
  *   cost(b) = verify(b + 1 nodes)      measured on this backend, per bucket of tree sizes
- *   b*      = argmax_b E(b) / cost(b)  over the buckets, and b = 0 (a plain decode step) too
+ *   b*      = argmax_b E(b) / (draft + cost(b)) over the buckets, against 1 / decode for b = 0:
+ *             decoding without drafting, which the engine then does for a while
  *
  * The heap pops nodes best-first, so the first b nodes of the tree built with the largest budget
  * are the best tree of budget b, and their cumulative probabilities p_i are the tree's own output.
@@ -52,18 +53,23 @@ export class BudgetPolicy {
    * The budget for a tree whose nodes (in pop order, root excluded) have these cumulative draft
    * log-probabilities; 0 means a plain decode step pays more than any tree.
    */
-  choose(logProbs: ArrayLike<number>): { budget: number; expected: number } {
+  choose(logProbs: ArrayLike<number>): { budget: number; expected: number; treeVsDecode: number } {
     const cal = this.calibration;
-    let best = { budget: 0, expected: 1, rate: 1 / (this.curve.decodeMs + this.draftMs) };
+    // budget 0 stands for decoding without a drafter (see the engine's idle steps): no draft cost
+    let best = { budget: 0, expected: 1, rate: 1 / this.curve.decodeMs };
+    const decodeRate = best.rate;
+    let bestTree = 0;
     let sum = 0;
     let i = 0;
     for (const [b, ms] of [...this.curve.verifyMs].sort((x, y) => x[0] - y[0])) {
       for (; i < Math.min(b, logProbs.length); i++) sum += Math.exp(logProbs[i]);
       const expected = 1 + cal * sum;
       const rate = expected / (ms + this.draftMs);
+      bestTree = Math.max(bestTree, rate);
       if (rate > best.rate) best = { budget: b, expected, rate };
     }
-    return { budget: best.budget, expected: best.expected };
+    /** the best tree's rate over plain decoding's: below 1 the step decodes */
+    return { budget: best.budget, expected: best.expected, treeVsDecode: bestTree / decodeRate };
   }
 
   /** What a step with `budget` expected and actually accepted (draft tokens, bonus excluded). */

@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { greedyDecode, loadModel, modelDrafter, argmax } from '@kdtree/reference';
-import { createEngine, EngineError, type Engine, type GenerateOptions } from './index.js';
+import { BUDGET_BUCKETS, createEngine, EngineError, type Engine, type GenerateOptions } from './index.js';
 import { syntheticPair, tempDir, TEST_BACKEND, type ModelPair } from './test-support/models.js';
 
 const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
@@ -54,7 +54,7 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
 
       for (const drafter of ['ngram', 'model']) {
         for (const spec of ['chain', 'ddtree'] as const) {
-          it(`${spec} with the ${drafter} drafter equals greedy at budgets 1..128 and depths 1..16`, async () => {
+          it(`${spec} with the ${drafter} drafter equals greedy at budgets 1..128${spec === 'ddtree' ? ' and auto' : ''} and depths 1..16`, async () => {
             const { engine, greedy, pair } = setups[quant];
             const d = drafter === 'model' ? `model:${pair.draft}` : 'ngram';
             const accepted: number[] = [];
@@ -65,6 +65,13 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
                 expect(r.tokens, `budget ${budget}, depth ${depth}`).toEqual(greedy);
                 expect(r.stats.steps).toBeLessThanOrEqual(MAX_NEW - 1);
                 accepted.push(r.stats.meanAcceptedLength);
+              }
+            }
+            if (spec === 'ddtree') {
+              for (const depth of [1, 4, 16]) {
+                const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec, drafter: d, budget: 'auto', depth, trace: true });
+                expect(r.tokens, `auto, depth ${depth}`).toEqual(greedy);
+                expect(r.steps.every((s) => s.budget === 0 || BUDGET_BUCKETS.includes(s.budget))).toBe(true);
               }
             }
             // the drafters predict something: some configuration accepts more than the bonus alone
@@ -112,6 +119,7 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       ['empty prompt', () => engine.complete([], { maxNew: 4 }), /prompt: needs at least one token/],
       ['beyond the cache', () => engine.complete(PROMPT, { maxNew: 250 }), /exceed the KV cache of 256 tokens/],
       ['budget out of range', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', budget: 129 }), /budget: expected an integer in \[1, 128\], got 129/],
+      ['auto for a chain', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', budget: 'auto' }), /budget: 'auto' chooses a DDTree budget/],
       ['depth out of range', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', depth: 17 }), /depth: expected an integer in \[1, 16\], got 17/],
       ['unknown spec', () => engine.complete(PROMPT, { maxNew: 4, spec: 'beam' as 'greedy' }), /spec: expected one of greedy, chain, ddtree/],
       ['unknown drafter', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', drafter: 'oracle' }), /drafter: expected 'ngram' or 'model:PATH'/],

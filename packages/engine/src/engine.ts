@@ -117,6 +117,9 @@ interface SpecState {
   depth: number;
   budget: number | 'auto';
   policy?: BudgetPolicy;
+  /** Auto: plain decode steps left before the next draft, and the wait after the next plain choice (doubling or more, to 256). */
+  skip: number;
+  backoff: number;
 }
 
 export class Engine {
@@ -235,7 +238,7 @@ export class Engine {
       if (budget === 'auto') {
         if (spec !== 'ddtree') throw argumentError('budget', "'auto' chooses a DDTree budget; chain decoding takes a number");
       } else checkInt('budget', budget, 1, this.options.maxBudget);
-      state = { drafter, depth, budget };
+      state = { drafter, depth, budget, skip: 0, backoff: 1 };
     }
     const lookahead = state ? Math.max(state.depth, state.budget === 'auto' ? this.options.maxBudget : state.budget) + 1 : 1;
     if (tokens.length + maxNew + lookahead > cap) {
@@ -418,14 +421,45 @@ export class Engine {
     const r = this.runner;
     const b = this.backend;
     const V = this.config.vocabSize;
-    const { drafter, depth } = state;
-    drafter.draft({ tokens: context, depth, out: view(this.draftLogits, [depth, V]) });
+    const { drafter, depth, policy } = state;
+    if (policy !== undefined && state.skip > 0) {
+      // drafting did not pay at the last tries: plain decode steps until the next try
+      state.skip--;
+      const step = this.greedyStep();
+      return { emitted: step.emitted, trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
+    }
+    const draftLogits = view(this.draftLogits, [depth, V]);
+    const draftMs = b.time(() => drafter.draft({ tokens: context, depth, out: draftLogits }));
     let draftTop1: number[] = [];
     if (trace) {
-      b.native.argmax({ x: view(this.draftLogits, [depth, V]), out: view(this.draftTop1, [depth]) });
+      b.native.argmax({ x: draftLogits, out: view(this.draftTop1, [depth]) });
       draftTop1 = Array.from((b.toArray(this.draftTop1) as Int32Array).subarray(0, depth));
     }
-    const budget = state.budget === 'auto' ? this.options.maxBudget : state.budget;
+    let budget: number;
+    let logProbs: Float32Array | undefined;
+    if (policy !== undefined) {
+      // the best tree of the largest budget, only for its nodes' probabilities: its prefixes are the best smaller trees
+      policy.updateDraftMs(draftMs);
+      const largest = Math.max(...policy.curve.verifyMs.keys());
+      const t = this.tree;
+      const nodes = (x: DeviceTensor) => view(x, [largest + 1]);
+      b.native.ddtreeBuild({
+        draftLogits, rootOnDevice: r.token, budget: largest, startOnDevice: r.cache.length[0],
+        tokens: nodes(t.tokens), parents: nodes(t.parents), depths: nodes(t.depths), positions: nodes(t.positions), mask: view(t.mask, [largest + 1, largest + 1]), size: t.size, logProbs: nodes(t.logProbs),
+      });
+      logProbs = (b.toArray(t.logProbs) as Float32Array).subarray(1, largest + 1);
+      const choice = policy.choose(logProbs);
+      budget = choice.budget;
+      if (budget === 0) {
+        // wait longer the further the best tree was from paying
+        state.skip = state.backoff;
+        state.backoff = Math.min(256, state.backoff * (choice.treeVsDecode < 0.5 ? 4 : 2));
+        policy.record(logProbs, 0, 0);
+        const step = this.greedyStep();
+        return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
+      }
+      state.backoff = 1;
+    } else budget = state.budget as number;
     let n: number;
     if (spec === 'chain') {
       const length = Math.min(budget, depth);
@@ -440,13 +474,66 @@ export class Engine {
     const nodes = b.toArray(this.tree.tokens) as Int32Array;
     const emitted = [...Array.from(path.subarray(1), (i) => nodes[i]), r.readToken()];
     r.advance(pathLen);
-    return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget: n - 1 } : undefined };
+    if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1);
+    return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
   }
 
-  /** The verify cost curve on this backend (measured once per depth) and a policy over it. */
+  /**
+   * The verify cost curve on this backend at this depth (measured once: each bucket's captured tree
+   * step timed on a scratch sequence, before the generation's prefill overwrites it) and a policy
+   * over it.
+   */
   private async budgetPolicy(state: SpecState): Promise<BudgetPolicy> {
-    void state;
-    throw new EngineError('KDTREE_ENGINE_ARGUMENT', "budget 'auto' is not available yet", 'budget');
+    let curve = this.costs.get(state.depth);
+    if (curve === undefined) {
+      curve = this.measureCosts(state.depth);
+      this.costs.set(state.depth, curve);
+    }
+    return new BudgetPolicy(curve, 0);
+  }
+
+  /** Median device milliseconds of `launch` over a few runs, each on a fresh scratch sequence of 64 tokens. */
+  private timeStep(launch: () => void): number {
+    const r = this.runner;
+    const times: number[] = [];
+    // cuda: a warm-up, then four timed runs; the cpu twin has nothing to warm and one run is steady
+    const cuda = this.backend.kind === 'cuda';
+    for (let rep = 0; rep < (cuda ? 5 : 1); rep++) {
+      r.committed = Math.min(64, this.options.cacheTokens - this.options.maxBudget - 2);
+      const ms = this.backend.time(launch);
+      if (rep > 0 || !cuda) times.push(ms);
+    }
+    return times.sort((a, b) => a - b)[Math.floor(times.length / 2)];
+  }
+
+  measureCosts(depth: number): CostCurve {
+    const r = this.runner;
+    const V = this.config.vocabSize;
+    // draft logits that spread the tree over many tokens, as a real draft's alternatives do
+    const noise = new Float32Array(depth * V);
+    let x = 0x2545f491;
+    for (let i = 0; i < noise.length; i++) {
+      x ^= x << 13;
+      x ^= x >>> 17;
+      x ^= x << 5;
+      noise[i] = ((x >>> 0) / 2 ** 32) * 4;
+    }
+    this.backend.native.upload(this.draftLogits.buffer, noise);
+    const decodeMs = this.timeStep(() => r.launch(r.decodeGraph()));
+    const verifyMs = new Map<number, number>();
+    const buckets = bucketsUpTo(this.options.maxBudget);
+    // the cpu twin's steps are compute-bound, nearly linear in the nodes: every third bucket and
+    // the last are timed, the others interpolated (a verify of 65 nodes there takes most of a second)
+    const timed = this.backend.kind === 'cuda' ? buckets : buckets.filter((_, i) => i % 3 === 0 || i === buckets.length - 1);
+    for (const budget of timed) verifyMs.set(budget, this.timeStep(() => r.launch(this.treeGraph(budget, depth))));
+    for (const budget of buckets) {
+      if (verifyMs.has(budget)) continue;
+      const lo = Math.max(...timed.filter((t) => t < budget));
+      const hi = Math.min(...timed.filter((t) => t > budget));
+      verifyMs.set(budget, verifyMs.get(lo)! + ((verifyMs.get(hi)! - verifyMs.get(lo)!) * (budget - lo)) / (hi - lo));
+    }
+    r.committed = 0;
+    return { decodeMs, verifyMs };
   }
 
   async dispose(): Promise<void> {

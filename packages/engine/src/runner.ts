@@ -31,6 +31,8 @@ export interface TreeBuffers {
   /** f32 [nodes, vocab] and i32 [nodes]: the verify's logits and argmax. */
   logits: DeviceTensor;
   argmax: DeviceTensor;
+  /** f32 [nodes]: the nodes' cumulative draft log-probabilities (what budget 'auto' reads). */
+  logProbs: DeviceTensor;
 }
 
 export class Runner {
@@ -183,6 +185,7 @@ export class Runner {
       pathLen: this.own(b.zeros('i32', [1])),
       logits: this.own(b.empty('f32', [nodes, this.model.config.vocabSize])),
       argmax: i32(),
+      logProbs: this.own(b.zeros('f32', [nodes])),
     };
   }
 
