@@ -1,6 +1,9 @@
 #!/usr/bin/env node
 // Builds the GPU payload in .gpu/ (git-ignored; carried to the GPU host by the device runner):
 //   selftest.mjs, bench.mjs   the kernel suite and benchmark, bundled (no node_modules needed)
+//   engine-check.mjs          the engine's exactness suite on cuda (chain / DDTree == greedy, forward vs reference)
+//   engine-bench.mjs          the engine's benchmark at Kimi K2's dimensions (docs/benchmarks/engine.md)
+//   hf_peer.py                transformers' DeepseekV3 in bf16 on the same architecture, its peer
 //   profile.mjs               the hot kernels once each, for Nsight Compute (run.sh profile)
 //   host-cost.mjs             host time per native call (tools/bench/host-cost.mjs; --backend cuda)
 //   kdtree_{cuda,cpu}.node    the addon binaries with their build metadata (.json)
@@ -35,7 +38,7 @@ for (const variant of ['cuda', 'cpu']) {
 // The GPU host has no node_modules: an import rolldown cannot resolve (a workspace package whose
 // dist/ is not built yet) would be left as a bare import and fail there, so it fails here instead,
 // before that bundle is written (each bundle lands whole, through a temp file and a rename).
-for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'bench/host-cost.mjs']) {
+for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'gpu/engine-check.ts', 'gpu/engine-bench.ts', 'bench/host-cost.mjs']) {
   const unresolved = new Set();
   const bundle = await rolldown({
     input: join(root, 'tools', input),
@@ -59,7 +62,7 @@ for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'bench
   writeFileSync(`${file}.tmp`, output[0].code);
   renameSync(`${file}.tmp`, file);
 }
-for (const file of ['dense_baseline.py', 'int4_peer.py', 'peers.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'fp8_probe.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
+for (const file of ['dense_baseline.py', 'int4_peer.py', 'hf_peer.py', 'peers.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'fp8_probe.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
 const pack = spawnSync('bash', [join(root, '..', 'shared', 'gpu', 'pack-node.sh'), out], { stdio: 'inherit' });
 if (pack.status !== 0) process.exit(pack.status ?? 1);
 copyFileSync(join(root, 'tools', 'gpu', 'run.sh'), join(out, 'run.sh'));

@@ -2,6 +2,7 @@
 # On the GPU host, from the repository root (the payload of `node tools/gpu/bundle.mjs` in .gpu/):
 #   bash .gpu/run.sh            the kernel self-test, the torch peers (dense bf16, int4), the pure-read floor, wgmma vs
 #                               mma.sync rounding (wgmma_equiv.cu), then the benchmark
+#   bash .gpu/run.sh engine     the engine's exactness suite on cuda, its benchmark and transformers' (engine-*.mjs, hf_peer.py)
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
 #   bash .gpu/run.sh ab         same-run A/B: the self-test of this binary, then the benchmark of it and
 #                               of every other build in .gpu/v*/kdtree_cuda.node, interleaved, twice;
@@ -21,6 +22,16 @@ set -u
 out=${OUT:-/tmp}
 mkdir -p "$out"
 xz -dc .gpu/node.xz > /tmp/node && chmod +x /tmp/node
+if [ "${1:-}" = engine ]; then
+  # the engine: its exactness suite on cuda, then its benchmark and transformers' in the same run
+  OUT=$out /tmp/node .gpu/engine-check.mjs > "$out/engine-check.log" 2>&1; ec=$?
+  tail -3 "$out/engine-check.log"
+  OUT=$out /tmp/node .gpu/engine-bench.mjs > "$out/engine-bench.log" 2>&1; eb=$?
+  tail -40 "$out/engine-bench.log"
+  python3 .gpu/hf_peer.py "$out/hf-peer.json" "${KDTREE_HF_EXPERTS:-384,64}" > "$out/hf-peer.log" 2>&1; hp=$?
+  tail -5 "$out/hf-peer.log"
+  exit $(( ec || eb || hp ))
+fi
 if [ "${1:-}" = profile ]; then
   /tmp/node .gpu/profile.mjs
   KDTREE_PROFILE_SKIP_HOST=1 ncu --csv --page raw \

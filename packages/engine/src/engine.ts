@@ -11,7 +11,7 @@
  * Generations on one engine run one after another (a call waits for the previous one to finish).
  * Speculative decoding (chain, ddtree) emits exactly the tokens of greedy decoding of the target.
  */
-import { createBackend, type BackendKind, type DeviceTensor, type Graph, type KdtreeBackend } from '@kdtree/cuda';
+import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor, type Graph } from '@kdtree/cuda';
 import { bucketsUpTo, BudgetPolicy, type CostCurve } from './budget.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
 import { argumentError, checkInt, EngineError } from './errors.js';
@@ -33,8 +33,8 @@ export interface EngineOptions {
   model: string | WeightReader;
   /** A config.json for a checkpoint that has none beside it. */
   config?: string;
-  /** Default: KDTREE_BACKEND, else 'auto' (cuda where a usable GPU is, else the cpu twin). */
-  backend?: BackendKind;
+  /** Default: KDTREE_BACKEND, else 'auto' (cuda where a usable GPU is, else the cpu twin); or a backend already loaded (engines may share one). */
+  backend?: BackendKind | KdtreeBackend;
   device?: number;
   /** KV cache capacity in tokens: prompt + generated + the largest tree (default 4096, at most max_position_embeddings). */
   cacheTokens?: number;
@@ -275,6 +275,24 @@ export class Engine {
       return { logits: b.toArray(logits) as Float32Array, hidden: [...taps.values()].map((t) => b.toArray(t) as Float32Array) };
     } finally {
       b.free(...taps.values(), ...(logits ? [logits] : []));
+      release();
+    }
+  }
+
+  /**
+   * Where a decode step's device time goes, by part of the forward (embedding, each layer's
+   * attention and MLP or MoE, lm_head), after a prefill of `prompt`; the ops run directly with an
+   * event between parts. Leaves no sequence behind.
+   */
+  async profileDecode(prompt: readonly number[]): Promise<{ part: string; ms: number }[]> {
+    const tokens = this.checkPrompt(prompt);
+    if (tokens.length + 2 > this.options.cacheTokens) throw argumentError('prompt', `needs ${tokens.length + 2} cache slots, the cache has ${this.options.cacheTokens}`);
+    const release = await this.lock();
+    try {
+      this.runner.prefill(tokens, 0);
+      return this.runner.profileDecode();
+    } finally {
+      this.runner.committed = 0;
       release();
     }
   }
@@ -567,7 +585,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
   if (!(typeof given === 'string' && given !== '') && !(typeof given === 'object' && given !== null && 'config' in given)) {
     throw argumentError('model', 'expected the path of a bundle or checkpoint, or a WeightReader');
   }
-  const backend = createBackend({ backend: options.backend, device: options.device, log: options.log });
+  const backend = options.backend instanceof KdtreeBackend ? options.backend : createBackend({ backend: options.backend, device: options.device, log: options.log });
   const source = typeof given === 'string' ? await ModelSource.open(given, { config: options.config }) : given;
   try {
     const c = source.config;

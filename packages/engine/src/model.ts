@@ -117,9 +117,11 @@ export class DeviceModel {
   /**
    * Queues one forward pass of `pass.t` tokens (`ids`, i32 [T]) and, when `logits` is given, the
    * final norm and lm_head of its rows. `taps`: layer -> f32 [T, hidden] receiving the residual
-   * stream after that layer (what a drafter of hidden states, or a test, reads).
+   * stream after that layer (what a drafter of hidden states, or a test, reads). `mark(part)` is
+   * called after each part's ops are queued ('embedding', 'attention L', 'moe L' or 'mlp L',
+   * 'lm_head'): a profiler records an event there.
    */
-  forward(pass: Pass, ids: DeviceTensor, logits?: LogitRows, taps?: ReadonlyMap<number, DeviceTensor>): void {
+  forward(pass: Pass, ids: DeviceTensor, logits?: LogitRows, taps?: ReadonlyMap<number, DeviceTensor>, mark?: (part: string) => void): void {
     const { b, config: c, workspace: ws } = this;
     const { t: T, stream } = pass;
     if (T > ws.rows) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `a pass of ${T} tokens exceeds the workspace of ${ws.rows} rows`, 'tokens');
@@ -128,13 +130,16 @@ export class DeviceModel {
     const attnOut = ws.get('attnOut', T);
     const mlpOut = ws.get('mlpOut', T);
     b.native.embedding({ table: this.embed, ids, out: x, stream });
+    mark?.('embedding');
     let pending = false; // mlpOut of the previous layer not yet added into x
     for (let l = 0; l < this.layers.length; l++) {
       const layer = this.layers[l];
       b.native.rmsNorm({ x, weight: layer.inputNorm, out: h, eps: c.rmsNormEps, ...(pending ? { residual: mlpOut, sum: x } : {}), stream });
       layer.attn.forward(b, ws, pass, l, this.constants, attnOut);
+      mark?.(`attention ${l}`);
       b.native.rmsNorm({ x, weight: layer.postNorm, out: h, eps: c.rmsNormEps, residual: attnOut, sum: x, stream });
       layer.mlp.forward(b, ws, h, mlpOut, stream);
+      mark?.(`${layer.mlp instanceof Moe ? 'moe' : 'mlp'} ${l}`);
       pending = true;
       const tap = taps?.get(l);
       if (tap !== undefined) {
@@ -152,6 +157,7 @@ export class DeviceModel {
     const hs = ws.rowsOf('h', first, count);
     b.native.rmsNorm({ x: xs, weight: this.norm, out: hs, eps: c.rmsNormEps, ...(pending ? { residual: ws.rowsOf('mlpOut', first, count), sum: xs } : {}), stream });
     applyLinear(b, this.lmHead, hs, view(out, [count, c.vocabSize]), stream);
+    mark?.('lm_head');
   }
 
   dispose(): void {

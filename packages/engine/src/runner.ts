@@ -155,14 +155,37 @@ export class Runner {
    * Queues `t` tokens (`ids`, i32 [t]) at positions and slots L.. (L on the device), their last
    * row's logits into `logits` [1, vocab] and its argmax into `token`, then L += t.
    */
-  queueAppend(t: number, ids: DeviceTensor, logits: DeviceTensor, stream: number, logitRow = t - 1): void {
+  queueAppend(t: number, ids: DeviceTensor, logits: DeviceTensor, stream: number, logitRow = t - 1, mark?: (part: string) => void): void {
     const b = this.b;
     const L = this.cache.length[0];
     const positions = view(this.positions, [t]);
     b.native.arange({ out: positions, startOnDevice: L, stream });
-    this.model.forward(this.pass(t, positions, positions, this.capacity - t, stream, { baseOnDevice: L }), ids, { first: logitRow, count: 1, out: logits });
+    this.model.forward(this.pass(t, positions, positions, this.capacity - t, stream, { baseOnDevice: L }), ids, { first: logitRow, count: 1, out: logits }, undefined, mark);
     b.native.argmax({ x: view(logits, [1, this.model.config.vocabSize]), out: this.token, stream });
     b.native.arange({ out: L, startOnDevice: L, start: t, stream });
+  }
+
+  /**
+   * One decode step's ops called directly, with an event recorded after each part of the forward:
+   * the device milliseconds of each part (the stream is held while the step queues, so the times
+   * are the device's, not the host's launch rate).
+   */
+  profileDecode(): { part: string; ms: number }[] {
+    const b = this.b;
+    const events: { part: string; event: number }[] = [{ part: 'start', event: b.native.createEvent() }];
+    try {
+      b.native.hold(20_000, 0);
+      b.native.recordEvent(events[0].event, 0);
+      this.queueAppend(1, this.token, this.prefillLogits, 0, 0, (part) => {
+        const event = b.native.createEvent();
+        b.native.recordEvent(event, 0);
+        events.push({ part, event });
+      });
+      b.synchronize();
+      return events.slice(1).map((e, i) => ({ part: e.part, ms: b.native.elapsedMs(events[i].event, e.event) }));
+    } finally {
+      for (const e of events) b.native.destroyEvent(e.event);
+    }
   }
 
   /** One greedy decode step as a graph: the token at L -> its successor in `token`, L += 1. */

@@ -47,6 +47,8 @@ export class SeededSource implements WeightReader {
   private readonly quant: 'kimi-k2' | 'seed' | 'none';
   private readonly distinctRows: number;
   private readonly distinctExperts: number;
+  /** The last whole INT4 tensors made, by canonical name: experts past distinctExperts reuse them. */
+  private readonly made = new Map<string, HostInt4>();
 
   constructor(
     readonly configJson: Record<string, unknown>,
@@ -109,6 +111,18 @@ export class SeededSource implements WeightReader {
   }
 
   async readInt4(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostInt4> {
+    const canonical = name.replace(EXPERT, (_, e: string) => `.experts.${Number(e) % this.distinctExperts}.`);
+    const hit = rows === undefined ? this.made.get(canonical) : undefined;
+    if (hit !== undefined) return hit;
+    const made = this.makeInt4(name, shape, rows);
+    if (rows === undefined && EXPERT.test(name)) {
+      if (this.made.size >= 3 * this.distinctExperts) this.made.delete(this.made.keys().next().value!);
+      this.made.set(canonical, made);
+    }
+    return made;
+  }
+
+  private makeInt4(name: string, shape: readonly [number, number], rows?: readonly number[]): HostInt4 {
     const [r, k] = shape;
     const list = rows ?? Array.from({ length: r }, (_, i) => i);
     const group = 32;

@@ -1,0 +1,175 @@
+/**
+ * The engine's benchmark on one GPU (bundled into .gpu/engine-bench.mjs; docs/benchmarks/engine.md):
+ * a model with Kimi K2's real dimensions and quantization scheme (hidden 7168, 64 heads, q_lora
+ * 1536, kv_lora 512, 384 experts top-8 INT4 g32 + a shared expert, attention bf16, vocab 163840),
+ * `KDTREE_BENCH_LAYERS` layers (default 4: one dense, the rest MoE), seeded weights made in memory.
+ * In one run:
+ *   - the copy bandwidth, and the floor: the bytes a decode step must read / that bandwidth
+ *   - greedy decode tokens/s, and where a step's device time goes (attention, MoE, MLP, lm_head)
+ *     against the host's share (the wall time of a step beyond its device time)
+ *   - the verify cost curve: a tree step of 1..256 nodes against a decode step
+ *   - chain and DDTree (fixed budgets 4..64 and auto) with a draft model and with ngram
+ *   - prefill of a 2048-token prompt
+ *   - the same model with 64 experts (what fits transformers' bf16 experts on one GPU)
+ * Writes $OUT/engine-bench.json. Transformers' figures come from hf_peer.py in the same run.
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { createBackend, type KdtreeBackend } from '@kdtree/cuda';
+import { createEngine, SeededSource, weightBytes, type Engine, type GenerateOptions } from '@kdtree/engine';
+import { presetConfigJson } from '@kdtree/reference';
+
+const here = dirname(fileURLToPath(import.meta.url));
+// KDTREE_BENCH_SMOKE=1: the same run on the cpu twin at toy sizes, to check the script itself
+const smoke = process.env.KDTREE_BENCH_SMOKE === '1';
+const b = smoke ? createBackend({ backend: 'cpu', searchPaths: [here], onlySearchPaths: true }) : createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPaths: true });
+const layers = Number(process.env.KDTREE_BENCH_LAYERS ?? 4);
+const report: Record<string, unknown> = { device: b.info(), layers };
+const log = (s: string) => console.log(s);
+
+export function k2Config(numLayers: number, experts: number, hidden = 7168): Record<string, unknown> {
+  if (smoke) {
+    return {
+      ...presetConfigJson('small'), num_hidden_layers: numLayers, n_routed_experts: Math.min(experts, 16), num_experts_per_tok: 4,
+      hidden_size: hidden === 7168 ? 256 : 128, vocab_size: 4096, max_position_embeddings: 8192,
+    };
+  }
+  return {
+    architectures: ['DeepseekV3ForCausalLM'], model_type: 'kimi_k2',
+    vocab_size: 163840, hidden_size: hidden, intermediate_size: 18432, moe_intermediate_size: 2048,
+    num_hidden_layers: numLayers, first_k_dense_replace: 1, num_attention_heads: 64, num_key_value_heads: 64,
+    q_lora_rank: 1536, kv_lora_rank: 512, qk_nope_head_dim: 128, qk_rope_head_dim: 64, v_head_dim: 128,
+    n_routed_experts: experts, num_experts_per_tok: 8, n_shared_experts: 1, n_group: 1, topk_group: 1,
+    norm_topk_prob: true, routed_scaling_factor: 2.827, scoring_func: 'sigmoid', topk_method: 'noaux_tc', hidden_act: 'silu',
+    rms_norm_eps: 1e-5, rope_theta: 50000, max_position_embeddings: 262144,
+    rope_scaling: { type: 'yarn', factor: 64, original_max_position_embeddings: 4096, beta_fast: 32, beta_slow: 1, mscale: 1, mscale_all_dim: 1 },
+    tie_word_embeddings: false, eos_token_id: null,
+  };
+}
+
+/** A small draft of the same vocabulary: 2 layers (dense + 16-expert MoE), hidden 1024. */
+function draftConfig(): Record<string, unknown> {
+  if (smoke) return { ...k2Config(2, 16, 128), num_experts_per_tok: 4 };
+  return {
+    ...k2Config(2, 16, 1024), intermediate_size: 2816, moe_intermediate_size: 256, num_attention_heads: 8, num_key_value_heads: 8,
+    q_lora_rank: 256, kv_lora_rank: 128, qk_nope_head_dim: 64, qk_rope_head_dim: 32, v_head_dim: 64, num_experts_per_tok: 4,
+  };
+}
+
+/** Device-to-device copy of 1 GiB: bytes read + written per second, median of 5. */
+function copyBandwidth(k: KdtreeBackend): number {
+  const bytes = smoke ? 2 ** 24 : 2 ** 30;
+  const src = k.native.alloc(bytes);
+  const dst = k.native.alloc(bytes);
+  try {
+    const times: number[] = [];
+    for (let i = 0; i < 6; i++) times.push(k.time(() => k.native.copy({ dst, src, bytes })));
+    const ms = times.slice(1).sort((x, y) => x - y)[2];
+    return (2 * bytes) / (ms / 1000);
+  } finally {
+    k.native.free(src);
+    k.native.free(dst);
+  }
+}
+
+/** The bytes one decode step reads: every weight but the embedding table and the unrouted experts, plus one embedding row and the KV cache so far. */
+function decodeBytes(source: SeededSource, contextTokens: number): number {
+  const c = source.config;
+  const parts = weightBytes(source, c);
+  const total = parts.reduce((s, p) => s + p.bytes, 0);
+  const embed = c.vocabSize * c.hiddenSize * 2;
+  const perExpert = 3 * (c.hiddenSize * c.moeIntermediateSize * 0.5 + (c.hiddenSize * c.moeIntermediateSize * 2) / 32);
+  const moeLayers = c.numLayers - c.firstKDenseReplace;
+  const experts = moeLayers * c.nRoutedExperts * perExpert;
+  const cache = c.numLayers * contextTokens * (c.kvLoraRank + c.qkRopeDim) * 2;
+  return total - embed + c.hiddenSize * 2 - experts + moeLayers * c.numExpertsPerTok * perExpert + cache;
+}
+
+function promptOf(n: number, seed: number, vocab: number): number[] {
+  let x = seed;
+  return Array.from({ length: n }, () => {
+    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+    return x % vocab;
+  });
+}
+
+async function median<T>(runs: number, fn: () => Promise<T>, key: (t: T) => number): Promise<T> {
+  const out: T[] = [];
+  for (let i = 0; i < runs; i++) out.push(await fn());
+  return out.sort((x, y) => key(x) - key(y))[Math.floor(runs / 2)];
+}
+
+async function benchModel(experts: number, full: boolean): Promise<Record<string, unknown>> {
+  const json = k2Config(layers, experts);
+  const source = new SeededSource(json, { seed: 7 });
+  const t0 = performance.now();
+  const engine: Engine = await createEngine({ model: source, backend: b, cacheTokens: 4096, maxBudget: full ? 256 : 64, prefillChunk: 256 });
+  const loadS = (performance.now() - t0) / 1000;
+  const out: Record<string, unknown> = { experts, loadSeconds: loadS, memory: engine.memory };
+  log(`\n== ${layers} layers, ${experts} experts: loaded in ${loadS.toFixed(1)} s (${(engine.memory.total / 2 ** 30).toFixed(1)} GiB)`);
+  try {
+    const V = source.config.vocabSize;
+    const prompt = promptOf(64, 1, V);
+    const maxNew = 128;
+    const greedy = await median(3, () => engine.complete(prompt, { maxNew, eos: [] }), (r) => r.stats.tokensPerSecond);
+    const bytes = decodeBytes(source, prompt.length + maxNew / 2);
+    const stepMs = 1000 / greedy.stats.tokensPerSecond;
+    out.greedy = { tokensPerSecond: greedy.stats.tokensPerSecond, stepMs, bytesPerToken: bytes };
+    log(`greedy: ${greedy.stats.tokensPerSecond.toFixed(1)} tokens/s (${stepMs.toFixed(3)} ms a token), ${(bytes / 1e9).toFixed(3)} GB read a token`);
+    const profile = await engine.profileDecode(prompt);
+    const sum = (re: RegExp) => profile.filter((p) => re.test(p.part)).reduce((s, p) => s + p.ms, 0);
+    const device = profile.reduce((s, p) => s + p.ms, 0);
+    out.breakdown = { attention: sum(/^attention/), moe: sum(/^moe/), denseMlp: sum(/^mlp/), lmHead: sum(/^lm_head/), embedding: sum(/^embedding/), deviceMs: device, hostMs: Math.max(0, stepMs - device), parts: profile };
+    log(`step: device ${device.toFixed(3)} ms = attention ${sum(/^attention/).toFixed(3)} + MoE ${sum(/^moe/).toFixed(3)} + dense MLP ${sum(/^mlp/).toFixed(3)} + lm_head ${sum(/^lm_head/).toFixed(3)}; host and sync ${Math.max(0, stepMs - device).toFixed(3)} ms`);
+    if (!full) return out;
+    const curve = engine.measureCosts(4);
+    out.verifyCurve = { decodeMs: curve.decodeMs, verifyMs: Object.fromEntries(curve.verifyMs) };
+    log(`verify curve (depth 4): decode ${curve.decodeMs.toFixed(3)} ms; ${[...curve.verifyMs].map(([k, v]) => `${k + 1} nodes ${v.toFixed(3)} ms`).join(', ')}`);
+    const draft = await engine.modelDrafter(new SeededSource(draftConfig(), { seed: 8 }), 'model:seeded 2-layer draft (hidden 1024)');
+    const modes: [string, Partial<GenerateOptions>][] = [
+      ['chain, model, 4', { spec: 'chain', drafter: draft, budget: 4, depth: 4 }],
+      ...[4, 8, 16, 32, 64].map((budget): [string, Partial<GenerateOptions>] => [`ddtree, model, B ${budget}`, { spec: 'ddtree', drafter: draft, budget, depth: 4 }]),
+      ['ddtree, model, auto', { spec: 'ddtree', drafter: draft, budget: 'auto', depth: 4 }],
+      ['chain, ngram, 4', { spec: 'chain', drafter: 'ngram', budget: 4, depth: 4 }],
+      ...[8, 32].map((budget): [string, Partial<GenerateOptions>] => [`ddtree, ngram, B ${budget}`, { spec: 'ddtree', drafter: 'ngram', budget, depth: 4 }]),
+      ['ddtree, ngram, auto', { spec: 'ddtree', drafter: 'ngram', budget: 'auto', depth: 4 }],
+    ];
+    const rows: Record<string, unknown>[] = [];
+    for (const [label, options] of modes) {
+      const r = await engine.complete(prompt, { maxNew, eos: [], ...options });
+      const exact = r.tokens.join() === greedy.tokens.join();
+      rows.push({ mode: label, tokensPerSecond: r.stats.tokensPerSecond, meanAcceptedLength: r.stats.meanAcceptedLength, targetForwards: r.stats.targetForwards, exact });
+      log(`${label}: ${r.stats.tokensPerSecond.toFixed(1)} tokens/s, ${r.stats.meanAcceptedLength.toFixed(2)} tokens a step, ${exact ? 'exact' : 'DIFFERENT FROM GREEDY'}`);
+    }
+    out.speculative = rows;
+    draft.dispose();
+    out.greedyTokensRepeat = new Set(greedy.tokens.slice(64)).size;
+    const long = promptOf(2048, 3, V);
+    const prefill = await median(3, () => engine.complete(long, { maxNew: 1, eos: [] }), (r) => r.stats.prefillMs);
+    out.prefill2048Ms = prefill.stats.prefillMs;
+    log(`prefill of 2048 tokens: ${prefill.stats.prefillMs.toFixed(1)} ms`);
+  } finally {
+    await engine.dispose();
+  }
+  return out;
+}
+
+const bandwidth = copyBandwidth(b);
+report.copyBandwidth = bandwidth;
+log(`copy bandwidth: ${(bandwidth / 1e12).toFixed(3)} TB/s (bytes read + written)`);
+const models: Record<string, unknown>[] = [];
+for (const experts of (process.env.KDTREE_BENCH_EXPERTS ?? '384,64').split(',').map(Number)) {
+  const m = await benchModel(experts, experts === 384 || process.env.KDTREE_BENCH_FULL === '1');
+  const g = m.greedy as { bytesPerToken: number; tokensPerSecond: number };
+  const floorMs = (g.bytesPerToken / bandwidth) * 1000;
+  m.floorMs = floorMs;
+  m.fractionOfFloor = floorMs / (1000 / g.tokensPerSecond);
+  log(`floor: ${floorMs.toFixed(3)} ms a token at the copy bandwidth; greedy runs at ${(100 * (m.fractionOfFloor as number)).toFixed(1)}% of it`);
+  models.push(m);
+}
+report.models = models;
+if (process.env.OUT) {
+  mkdirSync(process.env.OUT, { recursive: true });
+  writeFileSync(join(process.env.OUT, 'engine-bench.json'), `${JSON.stringify(report, null, 1)}\n`);
+}

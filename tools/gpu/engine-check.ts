@@ -1,0 +1,120 @@
+/**
+ * The engine's exactness suite on a GPU host (bundled into .gpu/engine-check.mjs): on the cuda
+ * backend, chain and DDTree decoding (ngram and draft-model drafters, budgets 1-128 and auto,
+ * depths 1-16) must emit exactly the engine's greedy tokens; the forward pass is compared with the
+ * golden reference layer by layer on transformers' fixtures (bf16 tolerances: the GPU's GEMMs round
+ * x to bf16); greedy tokens are compared with the reference's, reporting the first divergence and
+ * the reference's top-1/top-2 margin there (a bf16 forward may flip a token whose margin is tiny).
+ *   /tmp/node .gpu/engine-check.mjs          (OUT=dir writes engine-check.json)
+ * Exits 1 if any exactness check fails.
+ */
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { argmax, greedyDecode, loadModel, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, teacherForcedLogits, top2Margin, writeSyntheticModel, type ModelPreset } from '@kdtree/reference';
+import { createBackend } from '@kdtree/cuda';
+import { createEngine, type GenerateOptions } from '@kdtree/engine';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const results: { check: string; ok: boolean; detail: string }[] = [];
+const record = (check: string, ok: boolean, detail: string) => {
+  results.push({ check, ok, detail });
+  console.log(`${ok ? 'PASS' : 'FAIL'} ${check}${detail ? `\n     ${detail}` : ''}`);
+};
+const work = mkdtempSync(join(tmpdir(), 'kdtree-engine-check-'));
+const loadOptions = { backend: createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPaths: true }) };
+
+async function pair(preset: ModelPreset, seed: number) {
+  const config = parseModelConfig(presetConfigJson(preset), preset);
+  const base = randomWeights(config, seed);
+  const draft = join(work, `${preset}-draft.kdtr`);
+  const target = join(work, `${preset}.kdtr`);
+  await writeSyntheticModel(draft, { preset, seed, weights: base, quant: 'kimi-k2' }, 'engine-check');
+  await writeSyntheticModel(target, { preset, seed, weights: perturbWeights(base, 0.05, seed + 1), quant: 'kimi-k2' }, 'engine-check');
+  return { target, draft };
+}
+
+const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
+
+for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
+  const t0 = performance.now();
+  const { target, draft } = await pair(preset, 21);
+  const maxNew = 48;
+  const engine = await createEngine({ model: target, ...loadOptions, cacheTokens: 512, maxBudget: 128 });
+  try {
+    const greedy = (await engine.complete(PROMPT, { maxNew, eos: [] })).tokens;
+    // the reference's greedy tokens, and where the engine's first differ
+    const { model } = await loadModel(target);
+    const ref = greedyDecode(model, PROMPT, { maxNew, eos: [] }).tokens;
+    const diverge = ref.findIndex((t, i) => t !== greedy[i]);
+    let margin = '';
+    if (diverge >= 0) {
+      const logits = teacherForcedLogits(model, [...PROMPT, ...ref.slice(0, diverge)]);
+      const V = model.config.vocabSize;
+      const row = logits.subarray((PROMPT.length + diverge - 1) * V, (PROMPT.length + diverge) * V);
+      margin = `; the reference's top-1/top-2 margin there is ${top2Margin(row).toExponential(2)} (its argmax ${argmax(row)})`;
+    }
+    record(`${preset}: engine greedy on cuda vs the f32 reference`, true, diverge < 0 ? `identical ${maxNew} tokens` : `first divergence at token ${diverge}${margin}`);
+    let runs = 0;
+    const failures: string[] = [];
+    const accepted: Record<string, number> = {};
+    for (const drafter of ['ngram', `model:${draft}`]) {
+      const cases: GenerateOptions[] = [];
+      for (const budget of [1, 2, 4, 8]) cases.push({ maxNew, spec: 'chain', drafter, budget, depth: 8 });
+      for (const depth of [1, 2, 4, 8, 16]) for (const budget of [1, 3, 8, 16, 33, 64, 128]) cases.push({ maxNew, spec: 'ddtree', drafter, budget, depth });
+      for (const depth of [2, 4, 8]) cases.push({ maxNew, spec: 'ddtree', drafter, budget: 'auto', depth });
+      for (const c of cases) {
+        const r = await engine.complete(PROMPT, { ...c, eos: [] });
+        runs++;
+        const key = `${c.spec} ${drafter.startsWith('model') ? 'model' : 'ngram'} B${c.budget} L${c.depth}`;
+        accepted[key] = Number(r.stats.meanAcceptedLength.toFixed(2));
+        if (r.tokens.join() !== greedy.join()) failures.push(`${key}: [${r.tokens.slice(0, 12)}...]`);
+      }
+    }
+    record(`${preset}: chain and DDTree (ngram and draft model, budgets 1-128 and auto, depths 1-16) == engine greedy on cuda`, failures.length === 0, failures.length ? failures.join('; ') : `${runs} generations identical; mean accepted ${JSON.stringify(accepted)}`);
+  } finally {
+    await engine.dispose();
+  }
+  console.log(`   (${preset}: ${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+}
+
+// the forward pass against the reference on transformers' fixtures: the GPU's GEMMs round x to bf16
+// run from the repository root, where the fixtures travel with the checkout
+const HF = join(process.cwd(), 'packages', 'reference', 'fixtures', 'hf');
+for (const fixture of ['yarn-qlora-moe-int4', 'rope-noqlora-grouped-int4-k25', 'yarn-mscale-dense']) {
+  const path = join(HF, fixture);
+  const { model } = await loadModel(path);
+  const tokens = [1, 7, 42, 3, 99, 5, 64, 11, 2, 77, 13, 8, 100, 31, 4, 9, 55];
+  const hidden: Float32Array[] = [];
+  model.forward(tokens, model.newCache(tokens.length), { onLayer: (_, x) => hidden.push(x.slice()) });
+  const engine = await createEngine({ model: path, ...loadOptions, cacheTokens: 64, maxBudget: 32 });
+  try {
+    const ours = await engine.teacherForced(tokens);
+    const H = model.config.hiddenSize;
+    let worst = 0;
+    ours.hidden.forEach((h, l) => {
+      for (let r = 0; r < tokens.length; r++) {
+        let max = 0;
+        let diff = 0;
+        for (let i = r * H; i < (r + 1) * H; i++) {
+          max = Math.max(max, Math.abs(hidden[l][i]));
+          diff = Math.max(diff, Math.abs(h[i] - hidden[l][i]));
+        }
+        worst = Math.max(worst, diff / max);
+      }
+    });
+    // bf16 x (relative 2^-9 per element) through a few layers of GEMMs and a bf16 latent cache
+    record(`${fixture}: every layer's hidden state on cuda vs the reference, per row, within 5e-2`, worst <= 5e-2, `worst row error ${worst.toExponential(2)}`);
+  } finally {
+    await engine.dispose();
+  }
+}
+
+const failed = results.filter((r) => !r.ok).length;
+console.log(`\n${results.length - failed} passed, ${failed} failed`);
+if (process.env.OUT) {
+  mkdirSync(process.env.OUT, { recursive: true });
+  writeFileSync(join(process.env.OUT, 'engine-check.json'), `${JSON.stringify(results, null, 1)}\n`);
+}
+process.exit(failed ? 1 : 0);
