@@ -1,6 +1,18 @@
 // The Node-API binding: backends, device buffers and every op. Arguments from JavaScript are
-// checked here (types, buffer liveness, ownership, offsets) and by validate.cc (dtypes, shapes)
-// before any kernel runs; every failure becomes a JS Error with a `code`, never a crash.
+// checked here (types, buffer liveness, ownership, offsets, scalar ranges) and by validate.cc
+// (dtypes, shapes) before any kernel runs; every failure becomes a JS Error with a `code`, never a
+// crash.
+//
+// Whatever JavaScript passes, a call runs in three phases:
+//   1. read: every argument is read into plain C++ values (Tensor, ints, doubles, flags). This is
+//      the only phase that runs JavaScript (getters, proxies), and every buffer it names is pinned
+//      (free() refuses it) until the call returns, so a getter cannot free or reuse a buffer that
+//      the call already holds.
+//   2. validate: ranges, shapes, streams; no JavaScript runs, so nothing checked can change.
+//   3. run (or, on a capturing stream, capture: the call's own list of buffers goes to the graph).
+// Per-call state lives on the stack (CallArgs), never in the backend object, so a getter that
+// makes other native calls, even on the same backend, cannot disturb the call that runs it.
+// Methods and accessors check their receiver (`this`) by a Node-API type tag before touching it.
 #include <napi.h>
 
 #include <cmath>
@@ -8,6 +20,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <new>
 #include <set>
 #include <string>
 #include <string_view>
@@ -40,14 +53,83 @@ const char* CodeName(Code c) {
   return "KDTREE_ERROR";
 }
 
-[[noreturn]] void Throw(Napi::Env env, Code code, const std::string& message) {
+Napi::Error CodedError(Napi::Env env, Code code, const std::string& message) {
   Napi::Error e = Napi::Error::New(env, message);
   e.Set("code", Napi::String::New(env, CodeName(code)));
-  throw e;
+  return e;
 }
+
+[[noreturn]] void Throw(Napi::Env env, Code code, const std::string& message) { throw CodedError(env, code, message); }
 
 void Check(Napi::Env env, const Status& s) {
   if (!s.ok()) Throw(env, s.code, s.message);
+}
+
+// Type tags mark the objects this copy of the addon made and what they are. Each holds the address
+// of a static of this copy: a process may load the cpu and the cuda variant side by side, and each
+// must reject the other's objects without reading them as its own. Checking a tag is cheaper than
+// instanceof, which walks the prototype chain for every tensor of every call.
+const napi_type_tag* DeviceBufferTag() {
+  static const napi_type_tag tag = {reinterpret_cast<uintptr_t>(&tag) ^ 0x6b64747262756621ull, 0x9e3779b97f4a7c15ull};
+  return &tag;
+}
+const napi_type_tag* GraphTag() {
+  static const napi_type_tag tag = {reinterpret_cast<uintptr_t>(&tag) ^ 0x6b64747267726170ull, 0x7f4a7c159e3779b9ull};
+  return &tag;
+}
+const napi_type_tag* BackendTag() {
+  static const napi_type_tag tag = {reinterpret_cast<uintptr_t>(&tag) ^ 0x6b647472626b6e64ull, 0x3c6ef372a54ff53aull};
+  return &tag;
+}
+
+bool HasTag(napi_env env, napi_value v, const napi_type_tag* tag) {
+  napi_valuetype type;
+  bool tagged = false;
+  if (napi_typeof(env, v, &type) != napi_ok || type != napi_object) return false;
+  return napi_check_object_type_tag(env, v, tag, &tagged) == napi_ok && tagged;
+}
+
+// The constructors are reachable from JavaScript (Object.getPrototypeOf(x).constructor); only the
+// addon's own factories hold this token, so `new` from JavaScript throws instead of making an
+// object with nothing behind it.
+struct ConstructToken {};
+ConstructToken construct_token;
+Napi::Value Token(Napi::Env env) { return Napi::External<ConstructToken>::New(env, &construct_token); }
+void RequireToken(const Napi::CallbackInfo& info, const char* cls, const char* factory) {
+  const bool ok = info.Length() == 1 && info[0].IsExternal() && info[0].As<Napi::External<ConstructToken>>().Data() == &construct_token;
+  if (!ok) Throw(info.Env(), Code::kInvalidArgument, std::string(cls) + " cannot be constructed from JavaScript; use " + factory);
+}
+
+// A method or accessor callback that checks `this` before using it: T::kTag marks the objects T's
+// factory made (after they were attached to their native state), so neither an object made with
+// `new` nor one of another class can reach T's code. C++ exceptions become JS errors here.
+template <typename T, Napi::Value (T::*Member)(const Napi::CallbackInfo&)>
+napi_value Invoke(napi_env raw_env, napi_callback_info raw_info) {
+  Napi::Env env(raw_env);
+  try {
+    Napi::CallbackInfo info(raw_env, raw_info);
+    const char* name = static_cast<const char*>(info.Data());
+    if (!HasTag(raw_env, info.This(), T::Tag())) {
+      Throw(env, Code::kInvalidArgument, std::string(T::kClassName) + "." + name + ": `this` is not a " + T::kWhat + "; call it on the object itself");
+    }
+    T* self = T::Unwrap(info.This().As<Napi::Object>());
+    return (self->*Member)(info);
+  } catch (const Napi::Error& e) {
+    e.ThrowAsJavaScriptException();
+  } catch (const std::bad_alloc&) {
+    CodedError(env, Code::kOutOfMemory, "out of host memory").ThrowAsJavaScriptException();
+  } catch (const std::exception& e) {
+    CodedError(env, Code::kDeviceError, std::string("native error: ") + e.what()).ThrowAsJavaScriptException();
+  }
+  return nullptr;
+}
+template <typename T, Napi::Value (T::*Member)(const Napi::CallbackInfo&)>
+Napi::ClassPropertyDescriptor<T> Method(const char* name) {
+  return napi_property_descriptor{name, nullptr, Invoke<T, Member>, nullptr, nullptr, nullptr, napi_default, const_cast<char*>(name)};
+}
+template <typename T, Napi::Value (T::*Member)(const Napi::CallbackInfo&)>
+Napi::ClassPropertyDescriptor<T> Getter(const char* name) {
+  return napi_property_descriptor{name, nullptr, nullptr, Invoke<T, Member>, nullptr, nullptr, napi_default, const_cast<char*>(name)};
 }
 
 struct BackendHandle {
@@ -57,17 +139,20 @@ struct BackendHandle {
 
 class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
  public:
+  static constexpr const char* kClassName = "DeviceBuffer";
+  static constexpr const char* kWhat = "buffer from alloc()";
+  static const napi_type_tag* Tag() { return DeviceBufferTag(); }
   static Napi::FunctionReference* constructor;
   static Napi::Function Init(Napi::Env env) {
-    Napi::Function f = DefineClass(env, "DeviceBuffer", {
-      InstanceAccessor<&DeviceBuffer::Bytes>("bytes"),
-      InstanceAccessor<&DeviceBuffer::Freed>("freed"),
-      InstanceAccessor<&DeviceBuffer::Kind>("backend"),
+    Napi::Function f = DefineClass(env, kClassName, {
+      Getter<DeviceBuffer, &DeviceBuffer::Bytes>("bytes"),
+      Getter<DeviceBuffer, &DeviceBuffer::Freed>("freed"),
+      Getter<DeviceBuffer, &DeviceBuffer::Kind>("backend"),
     });
     constructor = new Napi::FunctionReference(Napi::Persistent(f));
     return f;
   }
-  explicit DeviceBuffer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<DeviceBuffer>(info) {}
+  explicit DeviceBuffer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<DeviceBuffer>(info) { RequireToken(info, kClassName, "backend.alloc()"); }
   ~DeviceBuffer() override { Release(); }
 
   void Attach(std::shared_ptr<BackendHandle> owner, void* ptr, size_t bytes) {
@@ -83,6 +168,10 @@ class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
   void* ptr() const { return ptr_; }
   size_t bytes() const { return bytes_; }
   const BackendHandle* owner() const { return owner_.get(); }
+  // Pinned: named by a call still reading its arguments, which holds its address.
+  void Pin() { ++pins_; }
+  void Unpin() { --pins_; }
+  bool pinned() const { return pins_ > 0; }
 
  private:
   Napi::Value Bytes(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), static_cast<double>(bytes_)); }
@@ -91,33 +180,49 @@ class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
   std::shared_ptr<BackendHandle> owner_;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  int pins_ = 0;
 };
 Napi::FunctionReference* DeviceBuffer::constructor = nullptr;
 
-// Marks the DeviceBuffer objects that this copy of the addon's alloc() made. Checking the tag is
-// cheaper than instanceof, which walks the prototype chain for every tensor of every call. The tag
-// holds the address of a static of this copy: a process may load the cpu and the cuda variant side
-// by side, and each must reject the other's buffers without reading them as its own.
-const napi_type_tag* DeviceBufferTag() {
-  static const napi_type_tag tag = {reinterpret_cast<uintptr_t>(&tag) ^ 0x6b64747262756621ull, 0x9e3779b97f4a7c15ull};
-  return &tag;
-}
+// The buffers one call names, with their JS objects: pinned from the moment the call reads them
+// until it returns (the destructor runs on every exit, a throw included), and handed to the graph
+// when the call is captured. One per call, on the stack: a getter's own native calls have theirs.
+class CallBuffers {
+ public:
+  CallBuffers() = default;
+  CallBuffers(const CallBuffers&) = delete;
+  CallBuffers& operator=(const CallBuffers&) = delete;
+  ~CallBuffers() {
+    for (const auto& entry : list_) entry.first->Unpin();
+  }
+  void Add(DeviceBuffer* b, napi_value object) {
+    b->Pin();
+    list_.emplace_back(b, object);
+  }
+  const std::vector<std::pair<DeviceBuffer*, napi_value>>& list() const { return list_; }
+
+ private:
+  std::vector<std::pair<DeviceBuffer*, napi_value>> list_;
+};
 
 // A captured graph (Backend::BeginCapture): its id in the backend, and references to every buffer
 // its ops read or write, which keep them from being collected while it lives.
 class Graph : public Napi::ObjectWrap<Graph> {
  public:
+  static constexpr const char* kClassName = "Graph";
+  static constexpr const char* kWhat = "graph from endCapture()";
+  static const napi_type_tag* Tag() { return GraphTag(); }
   static Napi::FunctionReference* constructor;
   static Napi::Function Init(Napi::Env env) {
-    Napi::Function f = DefineClass(env, "Graph", {
-      InstanceAccessor<&Graph::Calls>("calls"),
-      InstanceAccessor<&Graph::Freed>("freed"),
-      InstanceAccessor<&Graph::Kind>("backend"),
+    Napi::Function f = DefineClass(env, kClassName, {
+      Getter<Graph, &Graph::Calls>("calls"),
+      Getter<Graph, &Graph::Freed>("freed"),
+      Getter<Graph, &Graph::Kind>("backend"),
     });
     constructor = new Napi::FunctionReference(Napi::Persistent(f));
     return f;
   }
-  explicit Graph(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Graph>(info) {}
+  explicit Graph(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Graph>(info) { RequireToken(info, kClassName, "backend.endCapture()"); }
   ~Graph() override { Release(); }
 
   void Attach(std::shared_ptr<BackendHandle> owner, int id, int calls, std::vector<std::pair<const DeviceBuffer*, Napi::ObjectReference>> buffers) {
@@ -146,35 +251,16 @@ class Graph : public Napi::ObjectWrap<Graph> {
 };
 Napi::FunctionReference* Graph::constructor = nullptr;
 
-const napi_type_tag* GraphTag() {
-  static const napi_type_tag tag = {reinterpret_cast<uintptr_t>(&tag) ^ 0x6b64747267726170ull, 0x7f4a7c159e3779b9ull};
-  return &tag;
-}
-
 int next_backend_id = 1;
 
 // Argument names are C strings, or for parts of a tensor a callable that builds one: messages are
 // only written for failures, while every op parses several tensors per call (building each name
 // up front cost ~1 us per tensor of every call).
 inline std::string NameOf(const char* name) { return name; }
+inline std::string NameOf(const std::string& name) { return name; }
 template <typename Build>
 std::string NameOf(const Build& build) {
   return build();
-}
-
-DType ParseDType(Napi::Env env, const Napi::Value& v, const char* what) {
-  if (!v.IsString()) Throw(env, Code::kInvalidArgument, std::string(what) + ".dtype must be a string (f32, f16, bf16, i32, u8, f64)");
-  char s[8];  // every dtype name fits; a longer string arrives cut and matches none
-  size_t length = 0;
-  if (napi_get_value_string_utf8(env, v, s, sizeof(s), &length) != napi_ok) Throw(env, Code::kInvalidArgument, std::string(what) + ".dtype could not be read");
-  const std::string_view name(s, length);
-  if (name == "f32") return DType::kF32;
-  if (name == "f16") return DType::kF16;
-  if (name == "bf16") return DType::kBF16;
-  if (name == "i32") return DType::kI32;
-  if (name == "u8") return DType::kU8;
-  if (name == "f64") return DType::kF64;
-  Throw(env, Code::kInvalidArgument, std::string(what) + ".dtype '" + v.As<Napi::String>().Utf8Value() + "' is not one of f32, f16, bf16, i32, u8, f64");
 }
 
 // A number as JavaScript would print it (-16, 0.5, 1e+300, NaN), for messages about bad values:
@@ -190,14 +276,50 @@ std::string FormatNumber(double d) {
   return s;
 }
 
+// What a value is, for messages about a wrong type, read without running any JavaScript (no
+// toString): `a string ('x')`, `a number (5)`, `null`, `an object`.
+std::string Describe(const Napi::Value& v) {
+  switch (v.Type()) {
+    case napi_undefined: return "undefined";
+    case napi_null: return "null";
+    case napi_boolean: return v.As<Napi::Boolean>().Value() ? "true" : "false";
+    case napi_number: return "the number " + FormatNumber(v.As<Napi::Number>().DoubleValue());
+    case napi_string: {
+      std::string s = v.As<Napi::String>().Utf8Value();
+      if (s.size() > 40) s = s.substr(0, 40) + "...";
+      return "the string '" + s + "'";
+    }
+    case napi_symbol: return "a symbol";
+    case napi_function: return "a function";
+    case napi_bigint: return "a bigint";
+    default: return "an object";
+  }
+}
+
+DType ParseDType(Napi::Env env, const Napi::Value& v, const std::string& what) {
+  if (!v.IsString()) Throw(env, Code::kInvalidArgument, what + ".dtype must be a string (f32, f16, bf16, i32, u8, f64), got " + Describe(v));
+  char s[8];  // every dtype name fits; a longer string arrives cut and matches none
+  size_t length = 0;
+  if (napi_get_value_string_utf8(env, v, s, sizeof(s), &length) != napi_ok) Throw(env, Code::kInvalidArgument, what + ".dtype could not be read");
+  const std::string_view name(s, length);
+  if (name == "f32") return DType::kF32;
+  if (name == "f16") return DType::kF16;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "i32") return DType::kI32;
+  if (name == "u8") return DType::kU8;
+  if (name == "f64") return DType::kF64;
+  Throw(env, Code::kInvalidArgument, what + ".dtype '" + v.As<Napi::String>().Utf8Value() + "' is not one of f32, f16, bf16, i32, u8, f64");
+}
+
 // The largest integer a double holds exactly (Number.MAX_SAFE_INTEGER): byte counts and offsets.
 constexpr int64_t kMaxSafeInteger = 9007199254740991;
 
 // An integer argument in [min, max]. Values the native side keeps in an int (streams, events,
-// group sizes, k) take max = INT32_MAX, so that 2^32 + 1 is an error instead of wrapping to 1.
+// group sizes, k, positions) take max = INT32_MAX, so that 2^32 + 1 is an error instead of
+// wrapping to 1.
 template <typename Name>
 int64_t ParseInt(Napi::Env env, const Napi::Value& v, const Name& what, int64_t min = INT64_MIN, int64_t max = kMaxSafeInteger) {
-  if (!v.IsNumber()) Throw(env, Code::kInvalidArgument, NameOf(what) + " must be a number");
+  if (!v.IsNumber()) Throw(env, Code::kInvalidArgument, NameOf(what) + " must be a number, got " + Describe(v));
   const double d = v.As<Napi::Number>().DoubleValue();
   // the range test comes first: casting a double outside int64 is undefined
   const bool in_range = d >= static_cast<double>(min) && d <= static_cast<double>(max);
@@ -215,145 +337,178 @@ int ParseInt32(Napi::Env env, const Napi::Value& v, const Name& what, int min = 
   return static_cast<int>(ParseInt(env, v, what, min, INT32_MAX));
 }
 
+bool Given(const Napi::CallbackInfo& info, size_t i) { return info.Length() > i && !info[i].IsUndefined(); }
+
 class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
  public:
+  static constexpr const char* kClassName = "NativeBackend";
+  static constexpr const char* kWhat = "backend from createBackend()";
+  static const napi_type_tag* Tag() { return BackendTag(); }
   static Napi::FunctionReference* constructor;
   static Napi::Function Init(Napi::Env env) {
-    Napi::Function f = DefineClass(env, "NativeBackend", {
-      InstanceAccessor<&NativeBackend::Kind>("kind"),
-      InstanceMethod<&NativeBackend::Info>("info"),
-      InstanceMethod<&NativeBackend::AllocJs>("alloc"),
-      InstanceMethod<&NativeBackend::FreeJs>("free"),
-      InstanceMethod<&NativeBackend::Upload>("upload"),
-      InstanceMethod<&NativeBackend::Download>("download"),
-      InstanceMethod<&NativeBackend::CopyJs>("copy"),
-      InstanceMethod<&NativeBackend::FillJs>("fill"),
-      InstanceMethod<&NativeBackend::HoldJs>("hold"),
-      InstanceMethod<&NativeBackend::CreateStreamJs>("createStream"),
-      InstanceMethod<&NativeBackend::DestroyStreamJs>("destroyStream"),
-      InstanceMethod<&NativeBackend::SynchronizeJs>("synchronize"),
-      InstanceMethod<&NativeBackend::CreateEventJs>("createEvent"),
-      InstanceMethod<&NativeBackend::DestroyEventJs>("destroyEvent"),
-      InstanceMethod<&NativeBackend::RecordEventJs>("recordEvent"),
-      InstanceMethod<&NativeBackend::ElapsedJs>("elapsedMs"),
-      InstanceMethod<&NativeBackend::BeginCaptureJs>("beginCapture"),
-      InstanceMethod<&NativeBackend::EndCaptureJs>("endCapture"),
-      InstanceMethod<&NativeBackend::LaunchGraphJs>("launchGraph"),
-      InstanceMethod<&NativeBackend::FreeGraphJs>("freeGraph"),
-      InstanceMethod<&NativeBackend::W4A16PackJs>("w4a16Pack"),
-      InstanceMethod<&NativeBackend::W4A16GemmJs>("w4a16Gemm"),
-      InstanceMethod<&NativeBackend::GemmJs>("gemm"),
-      InstanceMethod<&NativeBackend::MoeGemmJs>("moeGemm"),
-      InstanceMethod<&NativeBackend::MlaAttentionJs>("mlaAttention"),
-      InstanceMethod<&NativeBackend::EmbeddingJs>("embedding"),
-      InstanceMethod<&NativeBackend::RmsNormJs>("rmsNorm"),
-      InstanceMethod<&NativeBackend::RopeJs>("rope"),
-      InstanceMethod<&NativeBackend::SiluMulJs>("siluMul"),
-      InstanceMethod<&NativeBackend::AddJs>("add"),
-      InstanceMethod<&NativeBackend::RouterJs>("router"),
-      InstanceMethod<&NativeBackend::ArgmaxJs>("argmax"),
-      InstanceMethod<&NativeBackend::TopkJs>("topk"),
-      InstanceMethod<&NativeBackend::KvWriteJs>("kvWrite"),
-      InstanceMethod<&NativeBackend::DdtreeBuildJs>("ddtreeBuild"),
-      InstanceMethod<&NativeBackend::DdtreeAcceptJs>("ddtreeAccept"),
-      InstanceMethod<&NativeBackend::KvCommitJs>("kvCommit"),
-      InstanceMethod<&NativeBackend::ArangeJs>("arange"),
+    using B = NativeBackend;
+    Napi::Function f = DefineClass(env, kClassName, {
+      Getter<B, &B::Kind>("kind"),
+      Method<B, &B::Info>("info"),
+      Method<B, &B::AllocJs>("alloc"),
+      Method<B, &B::FreeJs>("free"),
+      Method<B, &B::Upload>("upload"),
+      Method<B, &B::Download>("download"),
+      Method<B, &B::CopyJs>("copy"),
+      Method<B, &B::FillJs>("fill"),
+      Method<B, &B::HoldJs>("hold"),
+      Method<B, &B::CreateStreamJs>("createStream"),
+      Method<B, &B::DestroyStreamJs>("destroyStream"),
+      Method<B, &B::SynchronizeJs>("synchronize"),
+      Method<B, &B::CreateEventJs>("createEvent"),
+      Method<B, &B::DestroyEventJs>("destroyEvent"),
+      Method<B, &B::RecordEventJs>("recordEvent"),
+      Method<B, &B::ElapsedJs>("elapsedMs"),
+      Method<B, &B::BeginCaptureJs>("beginCapture"),
+      Method<B, &B::EndCaptureJs>("endCapture"),
+      Method<B, &B::LaunchGraphJs>("launchGraph"),
+      Method<B, &B::FreeGraphJs>("freeGraph"),
+      Method<B, &B::W4A16PackJs>("w4a16Pack"),
+      Method<B, &B::W4A16GemmJs>("w4a16Gemm"),
+      Method<B, &B::GemmJs>("gemm"),
+      Method<B, &B::MoeGemmJs>("moeGemm"),
+      Method<B, &B::MlaAttentionJs>("mlaAttention"),
+      Method<B, &B::EmbeddingJs>("embedding"),
+      Method<B, &B::RmsNormJs>("rmsNorm"),
+      Method<B, &B::RopeJs>("rope"),
+      Method<B, &B::SiluMulJs>("siluMul"),
+      Method<B, &B::AddJs>("add"),
+      Method<B, &B::RouterJs>("router"),
+      Method<B, &B::ArgmaxJs>("argmax"),
+      Method<B, &B::TopkJs>("topk"),
+      Method<B, &B::KvWriteJs>("kvWrite"),
+      Method<B, &B::DdtreeBuildJs>("ddtreeBuild"),
+      Method<B, &B::DdtreeAcceptJs>("ddtreeAccept"),
+      Method<B, &B::KvCommitJs>("kvCommit"),
+      Method<B, &B::ArangeJs>("arange"),
     });
     constructor = new Napi::FunctionReference(Napi::Persistent(f));
     return f;
   }
-  explicit NativeBackend(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeBackend>(info) {}
+  explicit NativeBackend(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeBackend>(info) { RequireToken(info, kClassName, "createBackend()"); }
   void Attach(std::unique_ptr<Backend> b) { handle_ = std::make_shared<BackendHandle>(BackendHandle{std::move(b), next_backend_id++}); }
 
  private:
   Backend& be() { return *handle_->backend; }
 
+  // One op call's arguments while they are read: the argument object and the buffers named so far.
+  struct Call {
+    Napi::Env env;
+    Napi::Object args;
+    CallBuffers buffers;
+  };
+  // Every op taking an argument object starts here.
+  static Napi::Object ArgsObject(const Napi::CallbackInfo& info) {
+    if (info.Length() < 1 || !info[0].IsObject()) Throw(info.Env(), Code::kInvalidArgument, "expected one argument object, got " + (info.Length() < 1 ? std::string("nothing") : Describe(info[0])));
+    return info[0].As<Napi::Object>();
+  }
+
+  // A DeviceBuffer of this backend, alive; not pinned (free() and the lookups of pinning calls).
   template <typename Name>
-  DeviceBuffer* Buf(Napi::Env env, const Napi::Value& v, const Name& what) {
-    bool tagged = false;
-    if (v.IsObject() && napi_check_object_type_tag(env, v, DeviceBufferTag(), &tagged) != napi_ok) tagged = false;
-    if (!tagged) Throw(env, Code::kInvalidArgument, NameOf(what) + " must be a DeviceBuffer from alloc()");
+  DeviceBuffer* Lookup(Napi::Env env, const Napi::Value& v, const Name& what) {
+    if (!HasTag(env, v, DeviceBufferTag())) Throw(env, Code::kInvalidArgument, NameOf(what) + " must be a DeviceBuffer from alloc(), got " + Describe(v));
     DeviceBuffer* b = DeviceBuffer::Unwrap(v.As<Napi::Object>());
     if (b->freed()) Throw(env, Code::kInvalidArgument, NameOf(what) + ": use of a freed buffer");
     if (b->owner() != handle_.get()) {
       Throw(env, Code::kInvalidArgument, NameOf(what) + ": buffer belongs to another backend (" + std::string(b->owner()->backend->kind()) + " #" + std::to_string(b->owner()->id) + "), not this " + be().kind() +
                                              " #" + std::to_string(handle_->id));
     }
-    if (!captures_.empty()) call_buffers_.emplace_back(b, v);  // the graph keeps them if this call is captured
+    return b;
+  }
+  // A buffer the call uses: looked up, then pinned for the rest of the call.
+  template <typename Name>
+  DeviceBuffer* Buf(Napi::Env env, CallBuffers& buffers, const Napi::Value& v, const Name& what) {
+    DeviceBuffer* b = Lookup(env, v, what);
+    buffers.Add(b, v);
     return b;
   }
 
-  // {buffer, dtype, shape, offset?} -> Tensor (buffer checked alive and ours; offset in range)
-  Tensor ParseTensor(Napi::Env env, const Napi::Object& args, const char* key, bool optional = false) {
+  // {buffer, dtype, shape, offset?} -> Tensor (buffer alive, ours and pinned; offset in range)
+  template <typename Name>
+  Tensor ParseTensor(Call& c, const Napi::Value& v, const Name& what, bool optional) {
+    Napi::Env env = c.env;
     Tensor t;
-    t.name = key;
-    Napi::Value v = args.Get(key);
+    t.name = NameOf(what);  // an absent optional tensor is named in messages too
     if (v.IsUndefined() || v.IsNull()) {
       if (optional) return t;
-      Throw(env, Code::kInvalidArgument, std::string(key) + " is required");
+      Throw(env, Code::kInvalidArgument, NameOf(what) + " is required");
     }
-    if (!v.IsObject()) Throw(env, Code::kInvalidArgument, std::string(key) + " must be a tensor {buffer, dtype, shape}");
+    if (!v.IsObject()) Throw(env, Code::kInvalidArgument, NameOf(what) + " must be a tensor {buffer, dtype, shape}, got " + Describe(v));
     Napi::Object o = v.As<Napi::Object>();
-    DeviceBuffer* b = Buf(env, o.Get("buffer"), [key] { return std::string(key) + ".buffer"; });
-    t.dtype = ParseDType(env, o.Get("dtype"), key);
+    DeviceBuffer* b = Buf(env, c.buffers, o.Get("buffer"), [&] { return NameOf(what) + ".buffer"; });
+    t.dtype = ParseDType(env, o.Get("dtype"), NameOf(what));
     Napi::Value shape = o.Get("shape");
-    if (!shape.IsArray()) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape must be an array");
+    if (!shape.IsArray()) Throw(env, Code::kInvalidArgument, NameOf(what) + ".shape must be an array, got " + Describe(shape));
     Napi::Array arr = shape.As<Napi::Array>();
     const uint32_t rank = arr.Length();
-    if (rank > 8) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape has more than 8 dimensions");
+    if (rank > 8) Throw(env, Code::kInvalidArgument, NameOf(what) + ".shape has more than 8 dimensions");
     int64_t numel = 1;
     for (uint32_t i = 0; i < rank; ++i) {
-      const int64_t d = ParseInt(env, arr.Get(i), [key, i] { return std::string(key) + ".shape[" + std::to_string(i) + "]"; }, 0);
+      const int64_t d = ParseInt(env, arr.Get(i), [&] { return NameOf(what) + ".shape[" + std::to_string(i) + "]"; }, 0);
       t.shape.push_back(d);
-      if (d > 0 && numel > (int64_t{1} << 50) / d) Throw(env, Code::kInvalidArgument, std::string(key) + ".shape is too large");
+      if (d > 0 && numel > (int64_t{1} << 50) / d) Throw(env, Code::kInvalidArgument, NameOf(what) + ".shape is too large");
       numel *= d;
     }
     const Napi::Value offset_v = o.Get("offset");
-    const int64_t offset = offset_v.IsUndefined() ? 0 : ParseInt(env, offset_v, [key] { return std::string(key) + ".offset"; }, 0);
-    if (offset > static_cast<int64_t>(b->bytes())) Throw(env, Code::kInvalidArgument, std::string(key) + ".offset " + std::to_string(offset) + " is past the buffer's " + std::to_string(b->bytes()) + " bytes");
+    const int64_t offset = offset_v.IsUndefined() ? 0 : ParseInt(env, offset_v, [&] { return NameOf(what) + ".offset"; }, 0);
+    // the buffer is pinned: its size and address cannot have changed while the getters above ran
+    if (offset > static_cast<int64_t>(b->bytes())) Throw(env, Code::kInvalidArgument, NameOf(what) + ".offset " + std::to_string(offset) + " is past the buffer's " + std::to_string(b->bytes()) + " bytes");
     t.data = static_cast<char*>(b->ptr()) + offset;
     t.bytes = static_cast<int64_t>(b->bytes()) - offset;
     return t;
   }
+  Tensor TensorArg(Call& c, const char* key, bool optional = false) { return ParseTensor(c, c.args.Get(key), key, optional); }
 
-  // Every op starts here (or in NewCall): the buffers of an earlier call that threw are not this one's.
-  Napi::Object Args(const Napi::CallbackInfo& info) {
-    NewCall();
-    if (info.Length() < 1 || !info[0].IsObject()) Throw(info.Env(), Code::kInvalidArgument, "expected one argument object");
-    return info[0].As<Napi::Object>();
-  }
-  void NewCall() { call_buffers_.clear(); }
-  int Stream(Napi::Env env, const Napi::Object& o) {
-    const Napi::Value v = o.Get("stream");
-    const int s = v.IsUndefined() ? 0 : ParseInt32(env, v, "stream", 0);
-    Check(env, be().CheckStream(s));
-    return s;
-  }
-  static bool Given(const Napi::CallbackInfo& info, size_t i) { return info.Length() > i && !info[i].IsUndefined(); }
-  double Num(Napi::Env env, const Napi::Object& o, const char* key, double fallback) {
-    const Napi::Value v = o.Get(key);
+  // Scalars: undefined takes the default; anything else must be of the right type and range.
+  double Num(Call& c, const char* key, double fallback) {
+    const Napi::Value v = c.args.Get(key);
     if (v.IsUndefined()) return fallback;
-    if (!v.IsNumber()) Throw(env, Code::kInvalidArgument, std::string(key) + " must be a number");
-    return v.As<Napi::Number>().DoubleValue();
+    const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : NAN;
+    if (!v.IsNumber() || !std::isfinite(d)) Throw(c.env, Code::kInvalidArgument, std::string(key) + " must be a finite number, got " + Describe(v));
+    return d;
   }
-  int64_t Int(Napi::Env env, const Napi::Object& o, const char* key, int64_t fallback, int64_t min = INT64_MIN) {
-    const Napi::Value v = o.Get(key);
-    return v.IsUndefined() ? fallback : ParseInt(env, v, key, min);
+  int64_t Int(Call& c, const char* key, int64_t fallback, int64_t min = INT64_MIN, int64_t max = kMaxSafeInteger) {
+    const Napi::Value v = c.args.Get(key);
+    return v.IsUndefined() ? fallback : ParseInt(c.env, v, key, min, max);
   }
-  int Int32(Napi::Env env, const Napi::Object& o, const char* key, int fallback, int min = INT32_MIN) {
-    const Napi::Value v = o.Get(key);
-    return v.IsUndefined() ? fallback : ParseInt32(env, v, key, min);
+  int Int32(Call& c, const char* key, int fallback, int min = INT32_MIN) {
+    const Napi::Value v = c.args.Get(key);
+    return v.IsUndefined() ? fallback : ParseInt32(c.env, v, key, min);
   }
-  bool Bool(const Napi::Object& o, const char* key, bool fallback) {
-    const Napi::Value v = o.Get(key);
-    return v.IsUndefined() ? fallback : v.ToBoolean();
+  bool Bool(Call& c, const char* key, bool fallback) {
+    const Napi::Value v = c.args.Get(key);
+    if (v.IsUndefined()) return fallback;
+    if (!v.IsBoolean()) Throw(c.env, Code::kInvalidArgument, std::string(key) + " must be a boolean (true or false), got " + Describe(v));
+    return v.As<Napi::Boolean>().Value();
   }
-
-  static Epilogue ParseEpilogue(Napi::Env env, const Napi::Object& o, const char* op) {
-    const Napi::Value given = o.Get("epilogue");
-    const std::string v = given.IsUndefined() ? "none" : given.ToString().Utf8Value();
-    if (v != "none" && v != "siluMul") Throw(env, Code::kInvalidArgument, std::string(op) + ": epilogue must be 'none' or 'siluMul', got '" + v + "'");
-    return v == "siluMul" ? Epilogue::kSiluMul : Epilogue::kNone;
+  // A string option, one of `choices` (comma-separated in messages).
+  std::string Choice(Call& c, const char* op, const char* key, const char* fallback, std::initializer_list<const char*> choices) {
+    const Napi::Value v = c.args.Get(key);
+    if (v.IsUndefined()) return fallback;
+    std::string list;  // 'a' or 'b', or 'a', 'b' or 'c'
+    size_t i = 0;
+    for (const char* s : choices) {
+      list += i == 0 ? "'" : i + 1 == choices.size() ? " or '" : ", '";
+      list += std::string(s) + "'";
+      ++i;
+    }
+    if (!v.IsString()) Throw(c.env, Code::kInvalidArgument, std::string(op) + ": " + key + " must be " + list + ", got " + Describe(v));
+    const std::string s = v.As<Napi::String>().Utf8Value();
+    for (const char* choice : choices) {
+      if (s == choice) return s;
+    }
+    Throw(c.env, Code::kInvalidArgument, std::string(op) + ": " + key + " must be " + list + ", got '" + s + "'");
+  }
+  Epilogue ParseEpilogue(Call& c, const char* op) { return Choice(c, op, "epilogue", "none", {"none", "siluMul"}) == "siluMul" ? Epilogue::kSiluMul : Epilogue::kNone; }
+  // The call's stream: read with the other arguments, checked with them (after every getter ran).
+  int StreamArg(Call& c) {
+    const Napi::Value v = c.args.Get("stream");
+    return v.IsUndefined() ? 0 : ParseInt32(c.env, v, "stream", 0);
   }
 
   Napi::Value Kind(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), be().kind()); }
@@ -374,9 +529,9 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Napi::Env env = info.Env();
     const int64_t bytes = Given(info, 0) ? ParseInt(env, info[0], "bytes", 0) : -1;
     if (bytes < 0) Throw(env, Code::kInvalidArgument, "alloc(bytes): bytes must be a non-negative integer");
+    Napi::Object obj = DeviceBuffer::constructor->New({Token(env)});
     void* ptr = nullptr;
     Check(env, be().Alloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)), &ptr));
-    Napi::Object obj = DeviceBuffer::constructor->New({});
     DeviceBuffer::Unwrap(obj)->Attach(handle_, ptr, static_cast<size_t>(bytes));
     if (napi_type_tag_object(env, obj, DeviceBufferTag()) != napi_ok) Throw(env, Code::kDeviceError, "alloc: could not tag the new buffer");
     return obj;
@@ -384,7 +539,11 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   Napi::Value FreeJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (info.Length() < 1) Throw(env, Code::kInvalidArgument, "free(buffer): missing buffer");
-    Buf(env, info[0], "buffer")->Release();
+    DeviceBuffer* b = Lookup(env, info[0], "free: buffer");
+    if (b->pinned()) {
+      Throw(env, Code::kInvalidArgument, "free: the buffer is in use by a call that is still reading its arguments (a getter may not free a buffer that call already named); free it after the call returns");
+    }
+    b->Release();
     return env.Undefined();
   }
 
@@ -395,8 +554,9 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   Napi::Value HostCopy(const Napi::CallbackInfo& info, bool up) {
     Napi::Env env = info.Env();
     const char* op = up ? "upload" : "download";
+    CallBuffers buffers;
+    DeviceBuffer* b = Buf(env, buffers, info[0], [op] { return std::string(op) + ": buffer"; });
     if (info.Length() < 2 || !info[1].IsTypedArray()) Throw(env, Code::kInvalidArgument, std::string(op) + "(buffer, typedArray, offset?): the second argument must be a TypedArray or Buffer");
-    DeviceBuffer* b = Buf(env, info[0], "buffer");
     Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
     const int64_t offset = Given(info, 2) ? ParseInt(env, info[2], "offset", 0) : 0;
     const size_t bytes = ta.ByteLength();
@@ -410,15 +570,17 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   }
   // copy({dst, src, bytes, dstOffset, srcOffset, stream}): device -> device, asynchronous
   Napi::Value CopyJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    DeviceBuffer* dst = Buf(env, o.Get("dst"), "dst");
-    DeviceBuffer* src = Buf(env, o.Get("src"), "src");
-    const int64_t dOff = Int(env, o, "dstOffset", 0, 0), sOff = Int(env, o, "srcOffset", 0, 0);
+    Call c{info.Env(), ArgsObject(info), {}};
+    Napi::Env env = c.env;
+    DeviceBuffer* dst = Buf(env, c.buffers, c.args.Get("dst"), "dst");
+    DeviceBuffer* src = Buf(env, c.buffers, c.args.Get("src"), "src");
+    const int64_t dOff = Int(c, "dstOffset", 0, 0), sOff = Int(c, "srcOffset", 0, 0);
+    const int64_t given_bytes = Int(c, "bytes", -1, 0);
+    const int stream = StreamArg(c);
     const int64_t dst_bytes = static_cast<int64_t>(dst->bytes()), src_bytes = static_cast<int64_t>(src->bytes());
     // checked before `bytes` defaults to the rest of src, which past its end would be negative
     if (sOff > src_bytes) Throw(env, Code::kInvalidArgument, "copy: srcOffset " + std::to_string(sOff) + " is past src's " + std::to_string(src_bytes) + " bytes");
-    const int64_t bytes = Int(env, o, "bytes", src_bytes - sOff, 0);
+    const int64_t bytes = given_bytes >= 0 ? given_bytes : src_bytes - sOff;
     if (dOff + bytes > dst_bytes || sOff + bytes > src_bytes) {
       Throw(env, Code::kInvalidArgument, "copy: " + std::to_string(bytes) + " bytes from srcOffset " + std::to_string(sOff) + " to dstOffset " + std::to_string(dOff) + " do not fit src's " +
                                              std::to_string(src_bytes) + " and dst's " + std::to_string(dst_bytes) + " bytes");
@@ -429,34 +591,37 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Throw(env, Code::kInvalidArgument, "copy: bytes [" + std::to_string(sOff) + ", " + std::to_string(sOff + bytes) + ") and [" + std::to_string(dOff) + ", " + std::to_string(dOff + bytes) +
                                              ") of one buffer overlap; copy through a second buffer");
     }
+    Check(env, be().CheckStream(stream));
     void* d = static_cast<char*>(dst->ptr()) + dOff;
     const void* from = static_cast<char*>(src->ptr()) + sOff;
     const size_t n = static_cast<size_t>(bytes);
     Backend* backend = &be();
-    Queue(env, Stream(env, o), [backend, d, from, n](int stream) { return backend->CopyDeviceToDevice(d, from, n, stream); });
+    Queue(env, c.buffers, stream, [backend, d, from, n](int s) { return backend->CopyDeviceToDevice(d, from, n, s); });
     return env.Undefined();
   }
   Napi::Value FillJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    NewCall();
-    DeviceBuffer* b = Buf(env, info[0], "buffer");
+    CallBuffers buffers;
+    DeviceBuffer* b = Buf(env, buffers, info[0], "fill: buffer");
     const int64_t value = Given(info, 1) ? ParseInt(env, info[1], "value", 0) : 0;
     if (value > 255) Throw(env, Code::kInvalidArgument, "fill: value must be a byte (0..255)");
-    void* d = b->ptr();
-    const size_t n = b->bytes();
     const int stream = Given(info, 2) ? ParseInt32(env, info[2], "stream", 0) : 0;
     Check(env, be().CheckStream(stream));
+    void* d = b->ptr();
+    const size_t n = b->bytes();
     Backend* backend = &be();
-    Queue(env, stream, [backend, d, n, value](int s) { return backend->Fill(d, static_cast<uint8_t>(value), n, s); });
+    Queue(env, buffers, stream, [backend, d, n, value](int s) { return backend->Fill(d, static_cast<uint8_t>(value), n, s); });
     return env.Undefined();
   }
   Napi::Value HoldJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     const int64_t us = ParseInt(env, info[0], "microseconds", 0);
     if (us > 10'000'000) Throw(env, Code::kInvalidArgument, "hold: microseconds must be at most 10000000 (10 s)");
-    NewCall();
+    const int stream = Given(info, 1) ? ParseInt32(env, info[1], "stream", 0) : 0;
+    Check(env, be().CheckStream(stream));
+    CallBuffers none;
     Backend* backend = &be();
-    Queue(env, Given(info, 1) ? ParseInt32(env, info[1], "stream", 0) : 0, [backend, us](int s) { return backend->Hold(us, s); });
+    Queue(env, none, stream, [backend, us](int s) { return backend->Hold(us, s); });
     return env.Undefined();
   }
   Napi::Value CreateStreamJs(const Napi::CallbackInfo& info) {
@@ -490,13 +655,15 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     const int event = ParseInt32(env, info[0], "event", 0);
     const int stream = Given(info, 1) ? ParseInt32(env, info[1], "stream", 0) : 0;
     NotCapturing(env, "recordEvent", stream);
+    Check(env, be().CheckStream(stream));
     Check(env, be().RecordEvent(event, stream));
     return env.Undefined();
   }
   Napi::Value ElapsedJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
+    const int start = ParseInt32(env, info[0], "start", 0), end = ParseInt32(env, info[1], "end", 0);
     float ms = 0;
-    Check(env, be().ElapsedMs(ParseInt32(env, info[0], "start", 0), ParseInt32(env, info[1], "end", 0), &ms));
+    Check(env, be().ElapsedMs(start, end, &ms));
     return Napi::Number::New(env, ms);
   }
 
@@ -516,10 +683,11 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Throw(env, Code::kInvalidArgument, std::string(op) + ": stream " + std::to_string(capturing) + " is capturing a graph; call endCapture(" + std::to_string(capturing) + ") first");
   }
 
-  // Queues one op on `stream`. On a capturing stream the call's buffers go to the capture, and the
-  // cpu twin records the call (`op` copied, with what it captured by value) instead of running it.
+  // Queues one op on `stream` (checked). On a capturing stream the call's buffers go to the
+  // capture, and the cpu twin records the call (`op` copied, with what it captured by value)
+  // instead of running it.
   template <typename Op>
-  void Queue(Napi::Env env, int stream, const Op& op) {
+  void Queue(Napi::Env env, const CallBuffers& buffers, int stream, const Op& op) {
     auto it = captures_.empty() ? captures_.end() : captures_.find(stream);
     if (it == captures_.end()) {
       Check(env, op(stream));
@@ -528,10 +696,9 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Check(env, be().RecordsCalls() ? be().RecordCall(stream, [op] { return op(0); }) : op(stream));
     Capture& c = it->second;
     ++c.calls;
-    for (const auto& [buffer, value] : call_buffers_) {
+    for (const auto& [buffer, value] : buffers.list()) {
       if (c.seen.insert(buffer).second) c.buffers.emplace_back(buffer, Napi::Persistent(Napi::Object(env, value)));
     }
-    call_buffers_.clear();
   }
 
   // beginCapture(stream): the ops queued on `stream` from now on are captured, not run.
@@ -551,19 +718,17 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     const int stream = ParseInt32(env, info[0], "stream", 0);
     auto it = captures_.find(stream);
     if (it == captures_.end()) Throw(env, Code::kInvalidArgument, "endCapture: stream " + std::to_string(stream) + " is not capturing (beginCapture first)");
+    Napi::Object obj = Graph::constructor->New({Token(env)});
     Capture c = std::move(it->second);
     captures_.erase(it);
     int id = 0;
     Check(env, be().EndCapture(stream, &id));
-    Napi::Object obj = Graph::constructor->New({});
     Graph::Unwrap(obj)->Attach(handle_, id, c.calls, std::move(c.buffers));
     if (napi_type_tag_object(env, obj, GraphTag()) != napi_ok) Throw(env, Code::kDeviceError, "endCapture: could not tag the graph");
     return obj;
   }
   Graph* GraphArg(Napi::Env env, const Napi::Value& v, const char* op) {
-    bool tagged = false;
-    if (v.IsObject() && napi_check_object_type_tag(env, v, GraphTag(), &tagged) != napi_ok) tagged = false;
-    if (!tagged) Throw(env, Code::kInvalidArgument, std::string(op) + ": graph must be a Graph from endCapture()");
+    if (!HasTag(env, v, GraphTag())) Throw(env, Code::kInvalidArgument, std::string(op) + ": graph must be a Graph from endCapture(), got " + Describe(v));
     Graph* g = Graph::Unwrap(v.As<Napi::Object>());
     if (g->freed()) Throw(env, Code::kInvalidArgument, std::string(op) + ": use of a freed graph");
     if (g->owner() != handle_.get()) Throw(env, Code::kInvalidArgument, std::string(op) + ": graph belongs to another backend (#" + std::to_string(g->owner()->id) + "), not this " + be().kind() + " #" + std::to_string(handle_->id));
@@ -573,12 +738,12 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   Napi::Value LaunchGraphJs(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Graph* g = GraphArg(env, info[0], "launchGraph");
+    const int stream = Given(info, 1) ? ParseInt32(env, info[1], "stream", 0) : 0;
     const auto& buffers = g->buffers();
     for (size_t i = 0; i < buffers.size(); ++i) {
       const DeviceBuffer* b = buffers[i].first;
       if (b->freed()) Throw(env, Code::kInvalidArgument, "launchGraph: buffer " + std::to_string(i) + " of the graph (" + std::to_string(b->bytes()) + " bytes) was freed after the capture; the graph's ops use it");
     }
-    const int stream = Given(info, 1) ? ParseInt32(env, info[1], "stream", 0) : 0;
     Check(env, be().CheckStream(stream));
     if (captures_.count(stream)) Throw(env, Code::kInvalidArgument, "launchGraph: stream " + std::to_string(stream) + " is capturing; a graph is not launched into a capture");
     Check(env, be().LaunchGraph(g->id(), stream));
@@ -589,202 +754,179 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return info.Env().Undefined();
   }
 
-  // Validates the parsed arguments, then queues the op on the call's stream.
+  // The end of every op: the stream is the last argument read; then, with no JavaScript left to
+  // run, the arguments are validated and the op queued on the stream.
   template <typename Args>
-  Napi::Value Run(Napi::Env env, const Napi::Object& o, const Args& a, Status (*validate)(const Args&), Status (Backend::*op)(const Args&, int)) {
+  Napi::Value Run(Call& c, const Args& a, Status (*validate)(const Args&), Status (Backend::*op)(const Args&, int)) {
+    Napi::Env env = c.env;
+    const int stream = StreamArg(c);
     Check(env, validate(a));
-    const int stream = Stream(env, o);
+    Check(env, be().CheckStream(stream));
     if (captures_.empty()) {  // the common case: no copy of the arguments
       Check(env, (be().*op)(a, stream));
       return env.Undefined();
     }
     Backend* backend = &be();
-    Queue(env, stream, [backend, a, op](int s) { return (backend->*op)(a, s); });
+    Queue(env, c.buffers, stream, [backend, a, op](int s) { return (backend->*op)(a, s); });
     return env.Undefined();
   }
 
   Napi::Value W4A16PackJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    W4A16PackArgs a{ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "qwPacked"), ParseTensor(env, o, "scPacked"), Int32(env, o, "group", 32),
-                    Bool(o, "interleaveGateUp", false)};
-    return Run(env, o, a, ValidateW4A16Pack, &Backend::W4A16Pack);
+    Call c{info.Env(), ArgsObject(info), {}};
+    W4A16PackArgs a{TensorArg(c, "qw"), TensorArg(c, "sc"), TensorArg(c, "qwPacked"), TensorArg(c, "scPacked"), Int32(c, "group", 32), Bool(c, "interleaveGateUp", false)};
+    return Run(c, a, ValidateW4A16Pack, &Backend::W4A16Pack);
   }
   Napi::Value W4A16GemmJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    W4A16GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "qw"), ParseTensor(env, o, "sc"), ParseTensor(env, o, "y"), Int32(env, o, "group", 32),
-                    ParseEpilogue(env, o, "w4a16_gemm")};
-    return Run(env, o, a, ValidateW4A16Gemm, &Backend::W4A16Gemm);
+    Call c{info.Env(), ArgsObject(info), {}};
+    W4A16GemmArgs a{TensorArg(c, "x"), TensorArg(c, "qw"), TensorArg(c, "sc"), TensorArg(c, "y"), Int32(c, "group", 32), ParseEpilogue(c, "w4a16_gemm")};
+    return Run(c, a, ValidateW4A16Gemm, &Backend::W4A16Gemm);
   }
   Napi::Value GemmJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    GemmArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "w"), ParseTensor(env, o, "y")};
-    return Run(env, o, a, ValidateGemm, &Backend::Gemm);
+    Call c{info.Env(), ArgsObject(info), {}};
+    GemmArgs a{TensorArg(c, "x"), TensorArg(c, "w"), TensorArg(c, "y")};
+    return Run(c, a, ValidateGemm, &Backend::Gemm);
+  }
+  static Status ValidateMoe(const MoeGemmArgs& a) {
+    int64_t e = 0, k = 0;
+    return ValidateMoeGemm(a, &e, &k);
   }
   Napi::Value MoeGemmJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
+    Call c{info.Env(), ArgsObject(info), {}};
     MoeGemmArgs a;
-    a.x = ParseTensor(env, o, "x");
-    a.qw = ParseTensor(env, o, "qw");
-    a.sc = ParseTensor(env, o, "sc");
-    a.ids = ParseTensor(env, o, "ids");
-    a.weights = ParseTensor(env, o, "weights", true);
-    a.y = ParseTensor(env, o, "y");
-    a.group = Int32(env, o, "group", 32);
-    const std::string mode = o.Has("mode") ? o.Get("mode").ToString().Utf8Value() : "gather";
-    if (mode != "gather" && mode != "sum") Throw(env, Code::kInvalidArgument, "moe_gemm: mode must be 'gather' or 'sum', got '" + mode + "'");
-    a.mode = mode == "sum" ? MoeMode::kSum : MoeMode::kGather;
-    a.min_warp_steps = Int(env, o, "minWarpSteps", 0, 0);
-    a.epilogue = ParseEpilogue(env, o, "moe_gemm");
-    int64_t e = 0, k = 0;
-    Check(env, ValidateMoeGemm(a, &e, &k));
-    return Run(env, o, a, +[](const MoeGemmArgs&) { return Status::Ok(); }, &Backend::MoeGemm);  // validated above
+    a.x = TensorArg(c, "x");
+    a.qw = TensorArg(c, "qw");
+    a.sc = TensorArg(c, "sc");
+    a.ids = TensorArg(c, "ids");
+    a.weights = TensorArg(c, "weights", true);
+    a.y = TensorArg(c, "y");
+    a.group = Int32(c, "group", 32);
+    a.mode = Choice(c, "moe_gemm", "mode", "gather", {"gather", "sum"}) == "sum" ? MoeMode::kSum : MoeMode::kGather;
+    a.min_warp_steps = Int(c, "minWarpSteps", 0, 0);
+    a.epilogue = ParseEpilogue(c, "moe_gemm");
+    return Run(c, a, ValidateMoe, &Backend::MoeGemm);
   }
   Napi::Value MlaAttentionJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
+    Call c{info.Env(), ArgsObject(info), {}};
     MlaAttentionArgs a;
-    a.q_nope = ParseTensor(env, o, "qNope");
-    a.q_pe = ParseTensor(env, o, "qPe");
-    a.kv_b = ParseTensor(env, o, "kvB");
-    a.cache_c = ParseTensor(env, o, "cacheC");
-    a.cache_kpe = ParseTensor(env, o, "cacheKpe");
-    a.mask = ParseTensor(env, o, "mask", true);
-    a.out = ParseTensor(env, o, "out");
-    a.base = Int(env, o, "base", 0, 0);
-    a.scale = Num(env, o, "scale", 0);
-    a.base_on_device = ParseTensor(env, o, "baseOnDevice", true);
-    return Run(env, o, a, ValidateMlaAttention, &Backend::MlaAttention);
+    a.q_nope = TensorArg(c, "qNope");
+    a.q_pe = TensorArg(c, "qPe");
+    a.kv_b = TensorArg(c, "kvB");
+    a.cache_c = TensorArg(c, "cacheC");
+    a.cache_kpe = TensorArg(c, "cacheKpe");
+    a.mask = TensorArg(c, "mask", true);
+    a.out = TensorArg(c, "out");
+    a.base = Int(c, "base", 0, 0, INT32_MAX);
+    a.scale = Num(c, "scale", 0);
+    a.base_on_device = TensorArg(c, "baseOnDevice", true);
+    return Run(c, a, ValidateMlaAttention, &Backend::MlaAttention);
   }
   Napi::Value EmbeddingJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    EmbeddingArgs a{ParseTensor(env, o, "table"), ParseTensor(env, o, "ids"), ParseTensor(env, o, "out")};
-    return Run(env, o, a, ValidateEmbedding, &Backend::Embedding);
+    Call c{info.Env(), ArgsObject(info), {}};
+    EmbeddingArgs a{TensorArg(c, "table"), TensorArg(c, "ids"), TensorArg(c, "out")};
+    return Run(c, a, ValidateEmbedding, &Backend::Embedding);
   }
   Napi::Value RmsNormJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    RmsNormArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "weight"), ParseTensor(env, o, "out"), Num(env, o, "eps", 0), ParseTensor(env, o, "residual", true),
-                  ParseTensor(env, o, "sum", true)};
-    return Run(env, o, a, ValidateRmsNorm, &Backend::RmsNorm);
+    Call c{info.Env(), ArgsObject(info), {}};
+    RmsNormArgs a{TensorArg(c, "x"), TensorArg(c, "weight"), TensorArg(c, "out"), Num(c, "eps", 0), TensorArg(c, "residual", true), TensorArg(c, "sum", true)};
+    return Run(c, a, ValidateRmsNorm, &Backend::RmsNorm);
   }
   Napi::Value RopeJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
+    Call c{info.Env(), ArgsObject(info), {}};
     RopeArgs a;
-    a.x = ParseTensor(env, o, "x");
-    a.positions = ParseTensor(env, o, "positions");
-    a.inv_freq = ParseTensor(env, o, "invFreq");
-    a.offset = Int(env, o, "offset", 0, 0);
-    a.attention_factor = Num(env, o, "attentionFactor", 1.0);
-    a.interleave = Bool(o, "interleave", true);
-    return Run(env, o, a, ValidateRope, &Backend::Rope);
+    a.x = TensorArg(c, "x");
+    a.positions = TensorArg(c, "positions");
+    a.inv_freq = TensorArg(c, "invFreq");
+    a.offset = Int(c, "offset", 0, 0, INT32_MAX);
+    a.attention_factor = Num(c, "attentionFactor", 1.0);
+    a.interleave = Bool(c, "interleave", true);
+    return Run(c, a, ValidateRope, &Backend::Rope);
   }
   Napi::Value SiluMulJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    SiluMulArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "out")};
-    return Run(env, o, a, ValidateSiluMul, &Backend::SiluMul);
+    Call c{info.Env(), ArgsObject(info), {}};
+    SiluMulArgs a{TensorArg(c, "x"), TensorArg(c, "out")};
+    return Run(c, a, ValidateSiluMul, &Backend::SiluMul);
   }
   Napi::Value AddJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    AddArgs a{ParseTensor(env, o, "a"), ParseTensor(env, o, "b"), ParseTensor(env, o, "out")};
-    return Run(env, o, a, ValidateAdd, &Backend::Add);
+    Call c{info.Env(), ArgsObject(info), {}};
+    AddArgs a{TensorArg(c, "a"), TensorArg(c, "b"), TensorArg(c, "out")};
+    return Run(c, a, ValidateAdd, &Backend::Add);
   }
   Napi::Value RouterJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
+    Call c{info.Env(), ArgsObject(info), {}};
     RouterArgs a;
-    a.logits = ParseTensor(env, o, "logits");
-    a.bias = ParseTensor(env, o, "bias");
-    a.ids = ParseTensor(env, o, "ids");
-    a.weights = ParseTensor(env, o, "weights");
-    a.topk = Int32(env, o, "topk", 8, 1);
-    a.n_group = Int32(env, o, "nGroup", 1, 1);
-    a.topk_group = Int32(env, o, "topkGroup", 1, 1);
-    a.norm_topk_prob = Bool(o, "normTopkProb", true);
-    a.scaling = Num(env, o, "scaling", 1.0);
-    return Run(env, o, a, ValidateRouter, &Backend::Router);
+    a.logits = TensorArg(c, "logits");
+    a.bias = TensorArg(c, "bias");
+    a.ids = TensorArg(c, "ids");
+    a.weights = TensorArg(c, "weights");
+    a.topk = Int32(c, "topk", 8, 1);
+    a.n_group = Int32(c, "nGroup", 1, 1);
+    a.topk_group = Int32(c, "topkGroup", 1, 1);
+    a.norm_topk_prob = Bool(c, "normTopkProb", true);
+    a.scaling = Num(c, "scaling", 1.0);
+    return Run(c, a, ValidateRouter, &Backend::Router);
   }
   Napi::Value ArgmaxJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    ArgmaxArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "out")};
-    return Run(env, o, a, ValidateArgmax, &Backend::Argmax);
+    Call c{info.Env(), ArgsObject(info), {}};
+    ArgmaxArgs a{TensorArg(c, "x"), TensorArg(c, "out")};
+    return Run(c, a, ValidateArgmax, &Backend::Argmax);
   }
   Napi::Value TopkJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    TopkArgs a{ParseTensor(env, o, "x"), ParseTensor(env, o, "values"), ParseTensor(env, o, "ids"), Int32(env, o, "k", 1, 1)};
-    return Run(env, o, a, ValidateTopk, &Backend::Topk);
+    Call c{info.Env(), ArgsObject(info), {}};
+    TopkArgs a{TensorArg(c, "x"), TensorArg(c, "values"), TensorArg(c, "ids"), Int32(c, "k", 1, 1)};
+    return Run(c, a, ValidateTopk, &Backend::Topk);
   }
   Napi::Value KvWriteJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    KvWriteArgs a{ParseTensor(env, o, "c"), ParseTensor(env, o, "kpe"), ParseTensor(env, o, "cacheC"), ParseTensor(env, o, "cacheKpe"), ParseTensor(env, o, "slots")};
-    return Run(env, o, a, ValidateKvWrite, &Backend::KvWrite);
+    Call c{info.Env(), ArgsObject(info), {}};
+    KvWriteArgs a{TensorArg(c, "c"), TensorArg(c, "kpe"), TensorArg(c, "cacheC"), TensorArg(c, "cacheKpe"), TensorArg(c, "slots")};
+    return Run(c, a, ValidateKvWrite, &Backend::KvWrite);
   }
   Napi::Value DdtreeBuildJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
+    Call c{info.Env(), ArgsObject(info), {}};
     DdtreeBuildArgs a;
-    a.draft_logits = ParseTensor(env, o, "draftLogits");
-    a.root = Int32(env, o, "root", 0, 0);
-    a.budget = Int32(env, o, "budget", 0, 0);
-    a.start = Int(env, o, "start", 0, 0);
-    a.tokens = ParseTensor(env, o, "tokens");
-    a.parents = ParseTensor(env, o, "parents");
-    a.depths = ParseTensor(env, o, "depths");
-    a.positions = ParseTensor(env, o, "positions");
-    a.mask = ParseTensor(env, o, "mask");
-    a.size = ParseTensor(env, o, "size");
-    a.root_on_device = ParseTensor(env, o, "rootOnDevice", true);
-    a.start_on_device = ParseTensor(env, o, "startOnDevice", true);
-    a.log_probs = ParseTensor(env, o, "logProbs", true);
-    return Run(env, o, a, ValidateDdtreeBuild, &Backend::DdtreeBuild);
+    a.draft_logits = TensorArg(c, "draftLogits");
+    a.root = Int32(c, "root", 0, 0);
+    a.budget = Int32(c, "budget", 0, 0);
+    a.start = Int(c, "start", 0, 0, INT32_MAX);  // the kernels write i32 positions start + depth
+    a.tokens = TensorArg(c, "tokens");
+    a.parents = TensorArg(c, "parents");
+    a.depths = TensorArg(c, "depths");
+    a.positions = TensorArg(c, "positions");
+    a.mask = TensorArg(c, "mask");
+    a.size = TensorArg(c, "size");
+    a.root_on_device = TensorArg(c, "rootOnDevice", true);
+    a.start_on_device = TensorArg(c, "startOnDevice", true);
+    a.log_probs = TensorArg(c, "logProbs", true);
+    return Run(c, a, ValidateDdtreeBuild, &Backend::DdtreeBuild);
   }
   Napi::Value DdtreeAcceptJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    DdtreeAcceptArgs a{ParseTensor(env, o, "tokens"), ParseTensor(env, o, "parents"), ParseTensor(env, o, "size"), ParseTensor(env, o, "targetArgmax"), ParseTensor(env, o, "path"), ParseTensor(env, o, "pathLen"), ParseTensor(env, o, "bonus")};
-    return Run(env, o, a, ValidateDdtreeAccept, &Backend::DdtreeAccept);
+    Call c{info.Env(), ArgsObject(info), {}};
+    DdtreeAcceptArgs a{TensorArg(c, "tokens"), TensorArg(c, "parents"), TensorArg(c, "size"), TensorArg(c, "targetArgmax"), TensorArg(c, "path"), TensorArg(c, "pathLen"), TensorArg(c, "bonus")};
+    return Run(c, a, ValidateDdtreeAccept, &Backend::DdtreeAccept);
   }
   Napi::Value KvCommitJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
+    Call c{info.Env(), ArgsObject(info), {}};
+    Napi::Env env = c.env;
     KvCommitArgs a;
-    Napi::Value caches = o.Get("caches");
-    if (!caches.IsArray()) Throw(env, Code::kInvalidArgument, "kv_commit: caches must be an array of tensors");
+    Napi::Value caches = c.args.Get("caches");
+    if (!caches.IsArray()) Throw(env, Code::kInvalidArgument, "kv_commit: caches must be an array of tensors, got " + Describe(caches));
     Napi::Array arr = caches.As<Napi::Array>();
-    for (uint32_t i = 0; i < arr.Length(); ++i) {
-      Napi::Object holder = Napi::Object::New(env);
-      holder.Set("cache", arr.Get(i));
-      Tensor t = ParseTensor(env, holder, "cache");
-      t.name = "caches[" + std::to_string(i) + "]";
-      a.caches.push_back(t);
-    }
-    a.path = ParseTensor(env, o, "path");
-    a.path_len = ParseTensor(env, o, "pathLen");
-    a.start = Int(env, o, "start", 0, 0);
-    a.start_on_device = ParseTensor(env, o, "startOnDevice", true);
-    a.next_start = ParseTensor(env, o, "nextStart", true);
-    return Run(env, o, a, ValidateKvCommit, &Backend::KvCommit);
+    const uint32_t count = arr.Length();
+    for (uint32_t i = 0; i < count; ++i) a.caches.push_back(ParseTensor(c, arr.Get(i), [i] { return "caches[" + std::to_string(i) + "]"; }, false));
+    a.path = TensorArg(c, "path");
+    a.path_len = TensorArg(c, "pathLen");
+    a.start = Int(c, "start", 0, 0, INT32_MAX);  // next_start is written as an i32
+    a.start_on_device = TensorArg(c, "startOnDevice", true);
+    a.next_start = TensorArg(c, "nextStart", true);
+    return Run(c, a, ValidateKvCommit, &Backend::KvCommit);
   }
   Napi::Value ArangeJs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Args(info);
-    ArangeArgs a{ParseTensor(env, o, "startOnDevice", true), ParseTensor(env, o, "out"), Int(env, o, "start", 0)};
-    return Run(env, o, a, ValidateArange, &Backend::Arange);
+    Call c{info.Env(), ArgsObject(info), {}};
+    ArangeArgs a{TensorArg(c, "startOnDevice", true), TensorArg(c, "out"), Int(c, "start", 0, INT32_MIN, INT32_MAX)};
+    return Run(c, a, ValidateArange, &Backend::Arange);
   }
 
   std::shared_ptr<BackendHandle> handle_;
-  std::map<int, Capture> captures_;                               // capturing stream -> its capture
-  std::vector<std::pair<DeviceBuffer*, napi_value>> call_buffers_;  // this call's buffers, during captures
+  std::map<int, Capture> captures_;  // capturing stream -> its capture
 };
 Napi::FunctionReference* NativeBackend::constructor = nullptr;
 
@@ -805,8 +947,9 @@ Napi::Value CreateBackend(const Napi::CallbackInfo& info) {
   } else {
     Throw(env, Code::kInvalidArgument, "createBackend(kind): kind must be 'cpu' or 'cuda'");
   }
-  Napi::Object obj = NativeBackend::constructor->New({});
+  Napi::Object obj = NativeBackend::constructor->New({Token(env)});
   NativeBackend::Unwrap(obj)->Attach(std::move(backend));
+  if (napi_type_tag_object(env, obj, BackendTag()) != napi_ok) Throw(env, Code::kDeviceError, "createBackend: could not tag the new backend");
   return obj;
 }
 

@@ -1,5 +1,6 @@
 #include "validate.h"
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <sstream>
@@ -200,13 +201,14 @@ Status ValidateMlaAttention(const MlaAttentionArgs& a) {
   if (a.kv_b.dim(0) != h * (dn + dv) || a.kv_b.dim(1) != r) return Invalid(ctx, "kv_b must be [H * (nope + v), R] = [", h * (dn + dv), ", ", r, "]");
   if (a.cache_kpe.dim(0) != s || a.cache_kpe.dim(1) != dr) return Invalid(ctx, "cache_kpe must be [S, rope] = [", s, ", ", dr, "]");
   if (a.out.dim(0) != t || a.out.dim(1) != h) return Invalid(ctx, "out must be [T, H, v] = [", t, ", ", h, ", v]");
-  if (a.base < 0 || a.base + t > s) {
+  if (a.base < 0 || a.base + t > INT32_MAX) return Invalid(ctx, "base ", a.base, " + T ", t, " new tokens leave the i32 positions (at most 2^31 - 1)");
+  if (a.base + t > s) {
     if (a.base_on_device.present()) return Invalid(ctx, "base (the bound of ", a.base_on_device.name, ") ", a.base, " + T ", t, " new tokens exceed the cache's ", s, " slots");
     return Invalid(ctx, "base ", a.base, " + T ", t, " new tokens exceed the cache's ", s, " slots");
   }
   KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.base_on_device));
   if (r > 1024 || dr > 256) return Unsupported(ctx, "kv_lora_rank up to 1024 and rope dims up to 256 are supported");
-  if (!(a.scale > 0)) return Invalid(ctx, "scale must be positive, got ", a.scale);
+  if (!(a.scale > 0) || !std::isfinite(a.scale)) return Invalid(ctx, "scale must be positive and finite, got ", a.scale);
   if (a.mask.present()) {
     KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.mask, {DType::kU8}, 2));
     if (a.mask.dim(0) != t || a.mask.dim(1) != t) return Invalid(ctx, "mask must be [T, T] = [", t, ", ", t, "]");
@@ -235,7 +237,7 @@ Status ValidateRmsNorm(const RmsNormArgs& a) {
     KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sum, {DType::kF32}, 2));
     if (a.residual.shape != a.x.shape || a.sum.shape != a.x.shape) return Invalid(ctx, "residual and sum must be like x");
   }
-  if (!(a.eps > 0)) return Invalid(ctx, "eps must be positive, got ", a.eps);
+  if (!(a.eps > 0) || !std::isfinite(a.eps)) return Invalid(ctx, "eps must be positive and finite, got ", a.eps);
   return Status::Ok();
 }
 
@@ -246,6 +248,7 @@ Status ValidateRope(const RopeArgs& a) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.inv_freq, {DType::kF64}, 1));
   if (a.positions.dim(0) != a.x.dim(0)) return Invalid(ctx, "positions must have one entry per row of x (", a.x.dim(0), ")");
   if (a.offset < 0 || a.offset + 2 * a.inv_freq.dim(0) > a.x.dim(2)) return Invalid(ctx, "rotated dims [", a.offset, ", ", a.offset + 2 * a.inv_freq.dim(0), ") exceed the head dim ", a.x.dim(2));
+  if (!std::isfinite(a.attention_factor)) return Invalid(ctx, "attentionFactor must be finite, got ", a.attention_factor);
   return Status::Ok();
 }
 
@@ -279,6 +282,7 @@ Status ValidateRouter(const RouterArgs& a) {
   if (a.topk_group < 1 || a.topk_group > a.n_group) return Invalid(ctx, "topk_group ", a.topk_group, " must be in [1, n_group = ", a.n_group, "]");
   if (a.n_group > 1 && e / a.n_group < 2) return Invalid(ctx, "groups need at least 2 experts");
   if (a.topk < 1 || a.topk > a.topk_group * (e / a.n_group)) return Invalid(ctx, "topk ", a.topk, " cannot be chosen from ", a.topk_group, " groups of ", e / a.n_group);
+  if (!std::isfinite(a.scaling)) return Invalid(ctx, "scaling must be finite, got ", a.scaling);
   if (e > 1024 || a.topk > 32) return Unsupported(ctx, "up to 1024 experts and 32 per token are supported");
   return Status::Ok();
 }
@@ -325,6 +329,8 @@ Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
   const int64_t n = a.budget + 1, v = a.draft_logits.dim(1);
   if (a.budget < 0 || a.budget > kMaxDdtreeBudget) return Invalid(ctx, "budget ", a.budget, " must be in [0, ", kMaxDdtreeBudget, "]");
   if (a.draft_logits.dim(0) < 1) return Invalid(ctx, "needs at least one draft depth");
+  // positions are i32 start + depth, depth <= L
+  if (a.start < 0 || a.start + a.draft_logits.dim(0) > INT32_MAX) return Invalid(ctx, "start ", a.start, " + ", a.draft_logits.dim(0), " draft depths leave the i32 positions (at most 2^31 - 1)");
   if (!a.root_on_device.present() && (a.root < 0 || a.root >= v)) return Invalid(ctx, "root token ", a.root, " is outside the vocabulary [0, ", v, ")");
   KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.root_on_device));
   KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.start_on_device));
@@ -357,6 +363,8 @@ Status ValidateKvCommit(const KvCommitArgs& a) {
   KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.start_on_device));
   KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.next_start));
   if (a.caches.empty()) return Invalid(ctx, "needs at least one cache tensor");
+  // the committed length after the commit is written as an i32
+  if (a.start < 0 || a.start + a.path.dim(0) > INT32_MAX) return Invalid(ctx, "start ", a.start, " + ", a.path.dim(0), " path slots leave the i32 range (at most 2^31 - 1)");
   for (const Tensor& c : a.caches) {
     KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, c, {DType::kF32, DType::kBF16}, 2));
     // a start read on the device is checked there (rows past the cache are not moved)

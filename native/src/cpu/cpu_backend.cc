@@ -231,20 +231,25 @@ class CpuBackend final : public Backend {
   }
   Status CreateEvent(int* event) override {
     *event = next_event_++;
-    events_[*event] = 0;
+    events_[*event] = kNeverRecorded;
     return Status::Ok();
   }
   Status DestroyEvent(int event) override {
-    events_.erase(event);
+    if (events_.erase(event) == 0) return Invalid("destroy_event: unknown event ", event);
     return Status::Ok();
   }
-  Status RecordEvent(int event, int) override {
+  Status RecordEvent(int event, int stream) override {
     if (!events_.count(event)) return Invalid("record_event: unknown event ", event);
+    KDTREE_RETURN_IF_ERROR(CheckStream(stream));
     events_[event] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
     return Status::Ok();
   }
   Status ElapsedMs(int start, int end, float* ms) override {
-    if (!events_.count(start) || !events_.count(end)) return Invalid("elapsed_ms: unknown event");
+    for (const int e : {start, end}) {
+      auto it = events_.find(e);
+      if (it == events_.end()) return Invalid("elapsed_ms: unknown event ", e);
+      if (it->second == kNeverRecorded) return Invalid("elapsed_ms: event ", e, " was never recorded (recordEvent first)");
+    }
     *ms = static_cast<float>(events_[end] - events_[start]);
     return Status::Ok();
   }
@@ -695,7 +700,8 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   int next_stream_ = 1, next_event_ = 1;
   std::set<int> streams_;
-  std::map<int, double> events_;
+  static constexpr double kNeverRecorded = -1;  // an event's time before its first record
+  std::map<int, double> events_;  // event -> the steady-clock ms of its last record
   int next_graph_ = 1;
   std::map<int, std::vector<std::function<Status()>>> recording_;  // capturing stream -> its calls so far
   std::map<int, std::vector<std::function<Status()>>> graphs_;

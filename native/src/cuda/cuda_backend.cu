@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -196,16 +197,23 @@ class CudaBackend final : public Backend {
     if (!events_.count(event)) return Invalid("destroy_event: unknown event ", event);
     cudaEventDestroy(events_[event]);
     events_.erase(event);
+    recorded_events_.erase(event);
     return Status::Ok();
   }
   Status RecordEvent(int event, int stream) override {
     if (!events_.count(event)) return Invalid("record_event: unknown event ", event);
     cudaStream_t s;
     KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
-    return FromCuda(cudaEventRecord(events_[event], s), "cudaEventRecord");
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaEventRecord(events_[event], s), "cudaEventRecord"));
+    recorded_events_.insert(event);
+    return Status::Ok();
   }
   Status ElapsedMs(int start, int end, float* ms) override {
-    if (!events_.count(start) || !events_.count(end)) return Invalid("elapsed_ms: unknown event");
+    for (const int e : {start, end}) {
+      if (!events_.count(e)) return Invalid("elapsed_ms: unknown event ", e);
+      // cudaEventElapsedTime would fail with a device error; say what is wrong instead
+      if (!recorded_events_.count(e)) return Invalid("elapsed_ms: event ", e, " was never recorded (recordEvent first)");
+    }
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaEventSynchronize(events_[end]), "cudaEventSynchronize"));
     return FromCuda(cudaEventElapsedTime(ms, events_[start], events_[end]), "cudaEventElapsedTime");
   }
@@ -341,6 +349,7 @@ class CudaBackend final : public Backend {
   int next_graph_ = 1;
   std::map<int, cudaStream_t> streams_;
   std::map<int, cudaEvent_t> events_;
+  std::set<int> recorded_events_;  // events recorded at least once: only those can be timed
   std::map<int, Scratch> scratch_;
   int next_stream_ = 1, next_event_ = 1;
 };

@@ -36,6 +36,8 @@ export interface LoadedAddon {
   native: NativeBackend;
   module: NativeModule;
   variant: 'cpu' | 'cuda';
+  /** The CUDA device ordinal the backend runs on (0 for the cpu variant). */
+  device: number;
   path: string;
   meta: BuildMeta;
   /** Where the binary came from: 'search path', 'bin/ of @kdtree/cuda' or '@kdtree/cuda-<platform>-<arch>'. */
@@ -155,7 +157,7 @@ function tryCandidate(path: string, variant: 'cpu' | 'cuda', source: string, opt
   }
   try {
     const native = module.createBackend(variant, device);
-    return { native, module, variant, path, meta, source, reason: '', skipped: [], probe };
+    return { native, module, variant, device: variant === 'cuda' ? device : 0, path, meta, source, reason: '', skipped: [], probe };
   } catch (error) {
     return { reason: (error as Error).message };
   }

@@ -40,10 +40,18 @@ export interface NativeDeviceInfo {
 /** What a W4A16 GEMM applies to its output before storing it. */
 export type W4A16Epilogue = 'none' | 'siluMul';
 
+/**
+ * A backend (createBackend). Every call reads all its arguments first (getters run only then),
+ * validates them, then runs; a buffer it names is pinned from the moment it is read until the call
+ * returns. Flags must be booleans, float scalars finite numbers, option strings strings; integers
+ * are range-checked (positions within i32). The classes behind backends, buffers and graphs cannot
+ * be constructed from JavaScript, and their methods and getters throw on a foreign `this`.
+ */
 export interface NativeBackend {
   readonly kind: 'cpu' | 'cuda';
   info(): NativeDeviceInfo;
   alloc(bytes: number): NativeBuffer;
+  /** Frees at once. Throws for a buffer pinned by a call still reading its arguments (a getter freeing it). */
   free(buffer: NativeBuffer): void;
   upload(buffer: NativeBuffer, data: ArrayBufferView, offset?: number): void;
   download(buffer: NativeBuffer, into: ArrayBufferView, offset?: number): void;
@@ -55,8 +63,11 @@ export interface NativeBackend {
   destroyStream(stream: number): void;
   synchronize(stream?: number): void;
   createEvent(): number;
+  /** Throws for an unknown (or already destroyed) event. */
   destroyEvent(event: number): void;
+  /** Throws for an unknown event or stream. */
   recordEvent(event: number, stream?: number): void;
+  /** Milliseconds between two recorded events (waits for `end`); throws if either was never recorded. */
   elapsedMs(start: number, end: number): number;
   /**
    * Ops queued on `stream` (a created stream, not 0) are captured into a graph instead of run, until

@@ -10,7 +10,8 @@
  */
 import type { KdtreeBackend } from '../backend.js';
 import type { NativeBackend, NativeBuffer, NativeDtype, NativeGraph, TensorArg } from '../native-types.js';
-import { expectEqual, fail, rng, type KernelCheck } from './harness.js';
+import { childCheck, type ChildCase } from './child.js';
+import { CheckFailure, expectEqual, fail, rng, type KernelCheck } from './harness.js';
 
 type Random = ReturnType<typeof rng>;
 const BYTES: Record<NativeDtype, number> = { f32: 4, bf16: 2, f16: 2, i32: 4, u8: 1, f64: 8 };
@@ -27,6 +28,8 @@ const WILD_I32 = [-1, -7, 0, 1, 2, 5, 1000, 2 ** 31 - 1, -(2 ** 31), 65536];
 
 class CallBuilder {
   readonly buffers: NativeBuffer[] = [];
+  /** Why the call being built must be rejected (a non-finite float, a flag that is not a boolean), if it must. */
+  mustReject: string | undefined;
   constructor(
     private readonly native: NativeBackend,
     readonly r: Random,
@@ -45,6 +48,21 @@ class CallBuilder {
   /** `v`, or now and then a wrong number. */
   num(v: number): number {
     return this.chance(WRONG) ? this.pick(WILD_NUMBERS) : v;
+  }
+
+  /** A float scalar `v`, or now and then a non-finite one, which the call must reject. */
+  real(v: number): number {
+    if (!this.chance(WRONG)) return v;
+    const bad = this.pick([Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY]);
+    this.mustReject = `a float scalar of ${bad}`;
+    return bad;
+  }
+  /** A flag: true with probability p, or now and then a value of another type, which the call must reject. */
+  flag(p: number): boolean {
+    if (!this.chance(WRONG)) return this.chance(p);
+    const bad = this.pick<unknown>([0, 1, 'true', '', null, {}, []]);
+    this.mustReject = `a flag of ${JSON.stringify(bad)}`;
+    return bad as boolean;
   }
 
   /** A tensor for `shape`, sometimes with a wrong dtype, dimension or offset; `fill` draws its contents. */
@@ -82,7 +100,7 @@ const floatDtype = (c: CallBuilder): NativeDtype => c.pick(['f32', 'bf16']);
 const CALLS_BY_OP: Record<string, CallMaker> = {
   w4a16Pack: (c) => {
     const n = 16 * c.pick([1, 2]), group = c.pick([32, 64, 128]), k = group * c.pick([1, 4]), sc = floatDtype(c);
-    return { qw: c.tensor('i32', [n, k / 8], 'bits'), sc: c.tensor(sc, [n, k / group], 'float'), qwPacked: c.tensor('i32', [n / 16, Math.ceil(k / 128), 256]), scPacked: c.tensor(sc, [n / 16, Math.ceil((Math.ceil(k / 128) * 128) / group / 4), 64]), group: c.num(group), interleaveGateUp: c.chance(0.3) };
+    return { qw: c.tensor('i32', [n, k / 8], 'bits'), sc: c.tensor(sc, [n, k / group], 'float'), qwPacked: c.tensor('i32', [n / 16, Math.ceil(k / 128), 256]), scPacked: c.tensor(sc, [n / 16, Math.ceil((Math.ceil(k / 128) * 128) / group / 4), 64]), group: c.num(group), interleaveGateUp: c.flag(0.3) };
   },
   w4a16Gemm: (c) => {
     const m = c.size(), n = 16 * c.pick([1, 2, 3]), group = c.pick([32, 64, 128]), k = 4 * group * c.pick([1, 2]), silu = c.chance(0.2);
@@ -117,7 +135,7 @@ const CALLS_BY_OP: Record<string, CallMaker> = {
       out: c.tensor('f32', [t, h, 8]),
       base: c.num(slots - t),
       baseOnDevice: c.chance(0.4) ? c.tensor('i32', [1], slots) : undefined,
-      scale: c.num(0.1),
+      scale: c.real(0.1),
     };
   },
   embedding: (c) => {
@@ -126,11 +144,11 @@ const CALLS_BY_OP: Record<string, CallMaker> = {
   },
   rmsNorm: (c) => {
     const t = c.size(), h = c.pick([4, 7, 64]), fused = c.chance(0.4);
-    return { x: c.tensor('f32', [t, h], 'float'), weight: c.tensor(floatDtype(c), [h], 'float'), out: c.tensor('f32', [t, h]), eps: c.num(1e-6), residual: fused ? c.tensor('f32', [t, h], 'float') : undefined, sum: fused ? c.tensor('f32', [t, h]) : undefined };
+    return { x: c.tensor('f32', [t, h], 'float'), weight: c.tensor(floatDtype(c), [h], 'float'), out: c.tensor('f32', [t, h]), eps: c.real(1e-6), residual: fused ? c.tensor('f32', [t, h], 'float') : undefined, sum: fused ? c.tensor('f32', [t, h]) : undefined };
   },
   rope: (c) => {
     const t = c.size(), heads = c.size(), dim = c.pick([8, 16, 64]);
-    return { x: c.tensor('f32', [t, heads, dim], 'float'), positions: c.tensor('i32', [t], 4096), invFreq: c.tensor('f64', [dim / 4], 'float'), offset: c.num(c.pick([0, dim / 2])), attentionFactor: c.num(1), interleave: c.chance(0.5) };
+    return { x: c.tensor('f32', [t, heads, dim], 'float'), positions: c.tensor('i32', [t], 4096), invFreq: c.tensor('f64', [dim / 4], 'float'), offset: c.num(c.pick([0, dim / 2])), attentionFactor: c.real(1), interleave: c.flag(0.5) };
   },
   siluMul: (c) => {
     const t = c.size(), i = c.size();
@@ -142,7 +160,7 @@ const CALLS_BY_OP: Record<string, CallMaker> = {
   },
   router: (c) => {
     const t = c.size(), groups = c.pick([1, 2, 4]), experts = groups * c.pick([2, 4, 8]), topk = Math.min(4, experts);
-    return { logits: c.tensor('f32', [t, experts], 'float'), bias: c.tensor('f32', [experts], 'float'), ids: c.tensor('i32', [t, topk]), weights: c.tensor('f32', [t, topk]), topk: c.num(topk), nGroup: c.num(groups), topkGroup: c.num(Math.max(1, groups >> 1)), normTopkProb: c.chance(0.5), scaling: c.num(2.5) };
+    return { logits: c.tensor('f32', [t, experts], 'float'), bias: c.tensor('f32', [experts], 'float'), ids: c.tensor('i32', [t, topk]), weights: c.tensor('f32', [t, topk]), topk: c.num(topk), nGroup: c.num(groups), topkGroup: c.num(Math.max(1, groups >> 1)), normTopkProb: c.flag(0.5), scaling: c.real(2.5) };
   },
   argmax: (c) => {
     const t = c.size();
@@ -226,11 +244,12 @@ function shapelessArgs(c: CallBuilder, args: Record<string, unknown>): unknown {
 function run(b: KdtreeBackend, seed: number): string {
   const native = b.native;
   const ops = Object.keys(CALLS_BY_OP);
-  const counts = { ran: 0, threw: 0 };
+  const counts = { ran: 0, threw: 0, refused: 0 };
   const c = new CallBuilder(native, rng(seed));
   for (let i = 0; i < CALLS; i++) {
     const op = c.chance(0.05) ? 'memory' : c.pick(ops);
     let described = op;
+    c.mustReject = undefined;
     try {
       if (op === 'memory') {
         memoryCall(native, c);
@@ -238,22 +257,26 @@ function run(b: KdtreeBackend, seed: number): string {
         const args = shapelessArgs(c, CALLS_BY_OP[op](c));
         described = `${op}(${JSON.stringify(args, (key, v) => (key === 'buffer' ? undefined : v))})`;
         (native as unknown as Record<string, (a: unknown) => void>)[op](args);
+        if (c.mustReject) fail(`call ${i} of seed ${seed}, ${described}: ran with ${c.mustReject}`);
       }
       native.synchronize();
       counts.ran++;
     } catch (error) {
+      if (error instanceof CheckFailure) throw error;
       const code = (error as { code?: unknown }).code;
       if (!(error instanceof Error) || (code !== 'KDTREE_INVALID_ARGUMENT' && code !== 'KDTREE_UNSUPPORTED')) {
         fail(`call ${i} of seed ${seed}, ${described}: threw ${String(code)} ${error instanceof Error ? error.message : String(error)}`);
       }
       counts.threw++;
+      if (c.mustReject) counts.refused++;
     } finally {
       for (const buffer of c.buffers.splice(0)) if (!buffer.freed) native.free(buffer);
     }
   }
   expectBackendWorks(b, 'add after the fuzzed calls');
   if (counts.ran < CALLS / 5) fail(`only ${counts.ran} of ${CALLS} calls got past validation: the makers no longer build well-formed calls`);
-  return `${counts.ran} calls ran, ${counts.threw} threw KDTREE_ errors`;
+  if (counts.refused === 0) fail('no call had a non-finite float or a flag of another type: the makers no longer draw them');
+  return `${counts.ran} calls ran, ${counts.threw} threw KDTREE_ errors (${counts.refused} for a non-finite float or a flag that is not a boolean)`;
 }
 
 /**
@@ -358,4 +381,190 @@ const lifetimes: KernelCheck = {
   },
 };
 
-export const FUZZ_CHECKS: KernelCheck[] = [fuzz, lifetimes];
+/**
+ * Hostile JavaScript, in a child process (a crash is a failed check, not the end of the run): ops
+ * whose argument objects and tensors have getters that free buffers, allocate, fill, call other
+ * ops, begin and end captures or launch graphs (propagating their errors or swallowing them);
+ * methods called on foreign receivers; non-finite floats and flags of other types. Dropped buffers
+ * are left to the GC, which runs every 100 steps before every graph is launched. Every call runs
+ * or throws a KDTREE_ error (or V8's "Illegal invocation" for a foreign receiver); a call that
+ * ran had none of its buffers freed under it, and none that had to be rejected ran. Self-contained
+ * (child.ts runs its source text): it has its own random numbers and uses only `native` and `h`.
+ */
+const hostile: ChildCase = {
+  name: 'hostile calls (getters that free buffers or make native calls, captures, GC, foreign receivers, non-finite floats, wrong-type flags)',
+  async run(native, h) {
+    const STEPS = 2000;
+    let state = 20261203;
+    const rand = () => {
+      state = (state + 0x6d2b79f5) | 0;
+      let t = Math.imul(state ^ (state >>> 15), 1 | state);
+      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    };
+    const pick = <T,>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)];
+    const chance = (p: number) => rand() < p;
+    const other = h.addon.createBackend(h.kind, h.device);
+    const stream = native.createStream();
+    let capturing = false;
+    const graphs: NativeGraph[] = [];
+    const pool: NativeBuffer[] = []; // recent steps' buffers: some freed, some only dropped later
+    const counts = { ran: 0, threw: 0, refused: 0, getters: 0, launches: 0 };
+    const alloc = (bytes: number, zero = false) => {
+      const b = native.alloc(bytes);
+      if (zero) native.fill(b, 0);
+      pool.push(b);
+      return b;
+    };
+    const t = (buffer: NativeBuffer, dtype: NativeDtype, shape: number[]): TensorArg => ({ buffer, dtype, shape });
+    const sideEffects: (() => unknown)[] = [
+      () => native.free(pick(pool)),
+      () => alloc(64),
+      () => native.synchronize(0),
+      () => native.fill(pick(pool), 0),
+      () => native.add({ a: t(pick(pool), 'f32', [4]), b: t(pick(pool), 'f32', [4]), out: t(pick(pool), 'f32', [4]), stream: pick([0, stream]) }),
+      () => {
+        native.beginCapture(stream);
+        capturing = true;
+      },
+      () => {
+        graphs.push(native.endCapture(stream));
+        capturing = false;
+      },
+      () => native.launchGraph(pick(graphs), 0),
+      () => (Object.getPrototypeOf(native).free as (b: unknown) => void).call(pick(pool), pick(pool)),
+    ];
+    /** Makes some properties of `o` getters that run a side effect first. */
+    const hostileProps = (o: Record<string, unknown> | unknown[]) => {
+      for (const key of Object.keys(o)) {
+        if (!chance(0.12)) continue;
+        const value = (o as Record<string, unknown>)[key];
+        const swallow = chance(0.5);
+        Object.defineProperty(o, key, {
+          enumerable: true,
+          get() {
+            counts.getters++;
+            const act = pick(sideEffects);
+            if (!swallow) act();
+            else {
+              try {
+                act();
+              } catch {
+                // a getter that goes on after its side effect failed
+              }
+            }
+            return value;
+          },
+        });
+      }
+    };
+    let bad: string | undefined;
+    const real = (v: number) => {
+      if (!chance(0.05)) return v;
+      const x = pick([Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY]);
+      bad = `a float of ${x}`;
+      return x;
+    };
+    const flag = (v: boolean) => {
+      if (!chance(0.05)) return v;
+      const x = pick<unknown>([0, 1, 'yes', null, {}]);
+      bad = `a flag of ${JSON.stringify(x)}`;
+      return x as boolean;
+    };
+    type Made = { op: string; args: Record<string, unknown>; named: NativeBuffer[] };
+    const makers: (() => Made)[] = [
+      () => {
+        const n = pick([4, 16, 1 << 16]);
+        const [a, b, out] = [alloc(4 * n, true), alloc(4 * n, true), alloc(4 * n)];
+        return { op: 'add', args: { a: t(a, 'f32', [n]), b: t(b, 'f32', [n]), out: t(out, 'f32', [n]), stream: pick([0, stream]) }, named: [a, b, out] };
+      },
+      () => {
+        const n = pick([16, 1 << 18]);
+        const [src, dst] = [alloc(n, true), alloc(n)];
+        return { op: 'copy', args: { dst, src, bytes: n, dstOffset: 0, srcOffset: 0, stream: pick([0, stream]) }, named: [src, dst] };
+      },
+      () => {
+        const [x, w, out] = [alloc(4 * 64, true), alloc(4 * 16, true), alloc(4 * 64)];
+        return { op: 'rmsNorm', args: { x: t(x, 'f32', [4, 16]), weight: t(w, 'f32', [16]), out: t(out, 'f32', [4, 16]), eps: real(1e-6), stream: pick([0, stream]) }, named: [x, w, out] };
+      },
+      () => {
+        const [x, pos, inv] = [alloc(4 * 16, true), alloc(4 * 2, true), alloc(8 * 2, true)];
+        return { op: 'rope', args: { x: t(x, 'f32', [2, 1, 8]), positions: t(pos, 'i32', [2]), invFreq: t(inv, 'f64', [2]), attentionFactor: real(1), interleave: flag(chance(0.5)) }, named: [x, pos, inv] };
+      },
+      () => {
+        const [logits, bias, ids, weights] = [alloc(4 * 8, true), alloc(4 * 4, true), alloc(4 * 4), alloc(4 * 4)];
+        return { op: 'router', args: { logits: t(logits, 'f32', [2, 4]), bias: t(bias, 'f32', [4]), ids: t(ids, 'i32', [2, 2]), weights: t(weights, 'f32', [2, 2]), topk: 2, normTopkProb: flag(chance(0.5)), scaling: real(2.5) }, named: [logits, bias, ids, weights] };
+      },
+      () => {
+        const [qw, sc, qp, sp] = [alloc(4 * 256, true), alloc(2 * 64, true), alloc(4 * 256), alloc(2 * 64)];
+        return { op: 'w4a16Pack', args: { qw: t(qw, 'i32', [16, 16]), sc: t(sc, 'bf16', [16, 4]), qwPacked: t(qp, 'i32', [1, 1, 256]), scPacked: t(sp, 'bf16', [1, 1, 64]), group: 32, interleaveGateUp: flag(chance(0.5)) }, named: [qw, sc, qp, sp] };
+      },
+      () => {
+        const caches = [alloc(4 * 64, true), alloc(4 * 64, true)];
+        const [path, len] = [alloc(4 * 4, true), alloc(4, true)];
+        return { op: 'kvCommit', args: { caches: caches.map((c) => t(c, 'f32', [16, 4])), path: t(path, 'i32', [4]), pathLen: t(len, 'i32', [1]), start: 0 }, named: [...caches, path, len] };
+      },
+    ];
+    const launchAll = async () => {
+      if (capturing) {
+        graphs.push(native.endCapture(stream));
+        capturing = false;
+      }
+      await h.collect(); // dropped buffers go; those a graph holds must stay
+      for (const g of graphs) {
+        try {
+          native.launchGraph(g, stream);
+          counts.launches++;
+        } catch (error) {
+          // a graph whose buffer was freed explicitly is refused; nothing else may fail
+          h.assert(/was freed after the capture/.test(String((error as Error).message)), `launchGraph: ${String(error)}`);
+        }
+      }
+      native.synchronize();
+      while (graphs.length > 4) native.freeGraph(graphs.shift()!);
+    };
+    for (let i = 0; i < STEPS; i++) {
+      bad = undefined;
+      const made = pick(makers)();
+      const { args } = made;
+      // tensors (and the caches array) first: once args has getters, reading it runs them
+      for (const v of Object.values(args)) if (v !== null && typeof v === 'object' && !('bytes' in v)) hostileProps(v as Record<string, unknown>);
+      hostileProps(args);
+      let receiver: unknown = native;
+      if (chance(0.04)) {
+        receiver = pick<unknown>([other, pool[0], graphs[0], {}, undefined]);
+        bad = 'a foreign receiver';
+      }
+      const method = (Object.getPrototypeOf(native) as Record<string, (a: unknown) => void>)[made.op];
+      try {
+        method.call(receiver, args);
+        counts.ran++;
+        h.assert(bad === undefined, `step ${i}: ${made.op} ran with ${bad}`);
+        for (const b of made.named) h.assert(!b.freed, `step ${i}: ${made.op} ran, but one of its buffers was freed during the call`);
+      } catch (error) {
+        if (String((error as Error).message).startsWith('check failed')) throw error;
+        const code = (error as { code?: unknown }).code;
+        const ok = error instanceof Error && ((typeof code === 'string' && code.startsWith('KDTREE_')) || (error instanceof TypeError && /Illegal invocation/.test(error.message)));
+        h.assert(ok, `step ${i}: ${made.op} threw ${String(code)} ${String(error)}`);
+        counts.threw++;
+        if (bad !== undefined) counts.refused++;
+      }
+      // buffers leave the pool freed or merely dropped (then the GC, or a graph, decides)
+      while (pool.length > 48) {
+        const b = pool.shift()!;
+        if (chance(0.5) && !b.freed) native.free(b);
+      }
+      if (i % 100 === 99) await launchAll();
+    }
+    await launchAll();
+    for (const g of graphs) native.freeGraph(g);
+    const x = h.upload(Float32Array.of(1, 2, 3));
+    const y = native.alloc(12);
+    native.add({ a: t(x, 'f32', [3]), b: t(x, 'f32', [3]), out: t(y, 'f32', [3]) });
+    const got = h.download(y);
+    h.assert(got[0] === 2 && got[1] === 4 && got[2] === 6, `add after the hostile calls: ${Array.from(got).join(', ')}`);
+    h.assert(counts.ran > STEPS / 10 && counts.getters > 200 && counts.refused > 10 && counts.launches > 10, `too little was exercised: ${JSON.stringify(counts)}`);
+  },
+};
+
+export const FUZZ_CHECKS: KernelCheck[] = [fuzz, lifetimes, childCheck('fuzz: 2000 seeded hostile calls in a child process run or throw a KDTREE_ error, never use a buffer freed during them, and the backend still works after', [hostile])];
