@@ -14,6 +14,7 @@ import { importSpec, runImport } from './commands/import.js';
 import { inspectSpec, runInspect } from './commands/inspect.js';
 import { quantizeSpec, runQuantize } from './commands/quantize.js';
 import { runRun, runSpec } from './commands/run.js';
+import { detokenizeSpec, runDetokenize, runTokenize, tokenizeSpec } from './commands/tokenize.js';
 import { runVerify, verifySpec } from './commands/verify.js';
 import { CLI_VERSION, processIO, type CommandIO } from './io.js';
 
@@ -33,6 +34,8 @@ export const COMMANDS: Command[] = [
   { spec: goldenSpec, run: runGolden },
   { spec: verifySpec, run: runVerify },
   { spec: backendSpec, run: runBackend },
+  { spec: tokenizeSpec, run: runTokenize },
+  { spec: detokenizeSpec, run: runDetokenize },
 ];
 
 function topHelp(): string {
