@@ -134,10 +134,21 @@ describe('kdtree CLI', () => {
     expect(runCli(['verify', index, '-q']).status).toBe(0);
   });
 
-  it('runs the demo', () => {
-    const r = runCli(['demo']);
-    expect(r.status).toBe(0);
-    expect(r.stdout).toMatch(/DDTree speculative decoding/);
-    expect(r.stdout).toMatch(/demo OK/);
+  it('runs the demo on the engine: every mode exact; a second run reuses the cached models', () => {
+    const cache = mkdtempSync(join(tmpdir(), 'kdtree-demo-cache-'));
+    try {
+      for (const want of [/generated .*small-seed1-int4\.kdtr/, /reused .*small-seed1-int4\.kdtr/]) {
+        const r = runCli(['demo', '--preset', 'small', '--max-new', '24', '--cache', cache, '--backend', 'cpu']);
+        expect(r.status, r.stderr).toBe(0);
+        expect(r.stdout).toMatch(want);
+        for (const mode of ['greedy', 'chain, draft model', 'ddtree, draft model, budget 16', 'ddtree, draft model, budget auto', 'ddtree, ngram']) {
+          expect(r.stdout).toMatch(new RegExp(`${mode}.*\\byes$`, 'm'));
+        }
+        expect(r.stdout).toMatch(/re-imported model decodes the same tokens on the engine/);
+        expect(r.stdout).toMatch(/demo OK/);
+      }
+    } finally {
+      rmSync(cache, { recursive: true, force: true });
+    }
   });
 });
