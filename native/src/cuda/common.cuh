@@ -158,6 +158,26 @@ template <int N>
 __device__ __forceinline__ void CopyAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void CopyAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Loads of activations (x, q, anything the kernel before this one wrote). Under PDL the writer may
+// still be running while this kernel starts, and the read-only path (__ldg, ld.global.nc) is
+// coherent only for data nothing writes during the reader's lifetime: activations take ordinary
+// loads, ordered after PdlWait() by `volatile`; weights keep the .nc path (written at load time).
+__device__ __forceinline__ uint4 LoadActivation(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 LoadActivation(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint2 LoadActivation(const uint2* p) {
+  uint2 v;
+  asm volatile("ld.global.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+  return v;
+}
+
 // Streaming 16-byte load of weights: read once, so keep it out of L1 (x lives there).
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) {
   uint4 v;

@@ -79,7 +79,7 @@ __device__ __forceinline__ XFrag<X> LoadX(const Params& p, int token, int k0, bo
   XFrag<X> f;
   if constexpr (std::is_same<X, float>::value) {
     const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + static_cast<int64_t>(token) * p.K + k0);
-    const float4 a = valid ? __ldg(src) : make_float4(0.f, 0.f, 0.f, 0.f), b = valid ? __ldg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 a = valid ? LoadActivation(src) : make_float4(0.f, 0.f, 0.f, 0.f), b = valid ? LoadActivation(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -89,7 +89,7 @@ __device__ __forceinline__ XFrag<X> LoadX(const Params& p, int token, int k0, bo
       f.r[2][i] = s.hi;
     }
   } else {
-    const uint4 v = valid ? __ldg(reinterpret_cast<const uint4*>(static_cast<const X*>(p.x) + static_cast<int64_t>(token) * p.K + k0)) : make_uint4(0u, 0u, 0u, 0u);
+    const uint4 v = valid ? LoadActivation(reinterpret_cast<const uint4*>(static_cast<const X*>(p.x) + static_cast<int64_t>(token) * p.K + k0)) : make_uint4(0u, 0u, 0u, 0u);
     f.r[0][0] = v.x;
     f.r[0][1] = v.y;
     f.r[0][2] = v.z;

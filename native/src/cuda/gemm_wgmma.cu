@@ -59,7 +59,7 @@ __global__ void GemmWgmmaStageXKernel(Params p, int token_tiles, uint4* xs) {
 #pragma unroll
   for (int v = 0; v < 4; ++v) {
     u[v] = make_uint4(0u, 0u, 0u, 0u);
-    if (token < p.M && c * kChunkK + 8 * v < p.K) u[v] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + static_cast<int64_t>(token) * p.K + c * kChunkK) + v);
+    if (token < p.M && c * kChunkK + 8 * v < p.K) u[v] = LoadActivation(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + static_cast<int64_t>(token) * p.K + c * kChunkK) + v);
   }
   uint4* dst = xs + tc * 4 * kTokens + n;
   dst[0] = make_uint4(u[0].x, u[1].x, u[2].x, u[3].x);

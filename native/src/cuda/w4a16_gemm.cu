@@ -163,10 +163,10 @@ struct BlockB {
 template <typename X>
 __device__ __forceinline__ BFrag<X> LoadSliceB(const X* xk, bool valid) {
   if constexpr (std::is_same<X, float>::value) {
-    return SplitF32(valid ? __ldg(reinterpret_cast<const float4*>(xk)) : make_float4(0.f, 0.f, 0.f, 0.f));
+    return SplitF32(valid ? LoadActivation(reinterpret_cast<const float4*>(xk)) : make_float4(0.f, 0.f, 0.f, 0.f));
   } else {
     uint2 v = make_uint2(0u, 0u);
-    if (valid) v = __ldg(reinterpret_cast<const uint2*>(xk));
+    if (valid) v = LoadActivation(reinterpret_cast<const uint2*>(xk));
     BFrag<X> f;
     f.r[0][0] = v.x;
     f.r[0][1] = v.y;
@@ -190,7 +190,7 @@ __device__ __forceinline__ BlockB<X> LoadBlockB(const X* xk, bool valid) {
     f.s[1] = LoadSliceB<X>(xk + 4, valid);
     return f;
   } else {
-    return BlockFromWords<X>(valid ? __ldg(reinterpret_cast<const uint4*>(xk)) : make_uint4(0u, 0u, 0u, 0u));
+    return BlockFromWords<X>(valid ? LoadActivation(reinterpret_cast<const uint4*>(xk)) : make_uint4(0u, 0u, 0u, 0u));
   }
 }
 // The same from the warp's shared-memory copy of staged 16-bit x (SharedX), by its 32-bit shared
