@@ -25,7 +25,7 @@ export {
 export { crc32, formatCrc32 } from './crc32.js';
 export { AtomicFile, writeFileAtomic } from './atomic-file.js';
 export type { TensorData } from './tensor-data.js';
-export { TensorStore, type TensorInfo, type VerifyFailure, type VerifyProgress, type VerifyResult } from './tensor-store.js';
+export { TensorStore, type ChunkOptions, type ReadOptions, type TensorInfo, type VerifyFailure, type VerifyProgress, type VerifyResult } from './tensor-store.js';
 export {
   KDTR_ALIGNMENT,
   KDTR_DEFAULT_MAX_HEADER_BYTES,
