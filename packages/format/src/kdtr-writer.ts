@@ -115,11 +115,7 @@ export class KdtrWriter {
   }
 
   private async writeAll(bytes: Uint8Array, position: number): Promise<void> {
-    let done = 0;
-    while (done < bytes.byteLength) {
-      const { bytesWritten } = await this.file.handle.write(bytes, done, bytes.byteLength - done, position + done);
-      done += bytesWritten;
-    }
+    await this.file.write(bytes, position);
   }
 
   /** Writes header and preamble, fsyncs and renames into place. */
@@ -191,6 +187,10 @@ export class ShardedKdtrWriter {
   }
 
   static async create(indexPath: string, options: ShardedWriterOptions = {}): Promise<ShardedKdtrWriter> {
+    const max = options.maxShardBytes;
+    if (max !== undefined && (!Number.isSafeInteger(max) || max < 1)) {
+      throw new UsageError('maxShardBytes must be a positive integer', { file: indexPath, format: 'kdtr-index', field: 'maxShardBytes', expected: 'an integer >= 1', actual: String(max) });
+    }
     return new ShardedKdtrWriter(indexPath, options.maxShardBytes ?? Number.MAX_SAFE_INTEGER, { ...(options.metadata ?? {}) });
   }
 

@@ -229,6 +229,12 @@ describe('KDTR write and read', () => {
 });
 
 describe('multi-file bundles', () => {
+  it('refuses a shard size that is not a positive integer', async () => {
+    for (const bad of [0, -1, 0.5, Number.NaN]) {
+      await expect(ShardedKdtrWriter.create(path('x.kdtr.json'), { maxShardBytes: bad })).rejects.toThrow(/maxShardBytes must be a positive integer/);
+    }
+  });
+
   it('rolls shards by size and reads them as one bundle', async () => {
     const index = join(dir, `sharded-${counter++}.kdtr.json`);
     const w = await ShardedKdtrWriter.create(index, { maxShardBytes: 5000, metadata: { config: { layers: 2 } } });
