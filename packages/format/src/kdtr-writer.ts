@@ -195,8 +195,18 @@ export class ShardedKdtrWriter {
   }
 
   private shardPath(index: number): string {
-    const stem = basename(this.indexPath).replace(/(\.kdtr)?\.json$/, '');
-    return join(dirname(this.indexPath), `${stem}-${String(index + 1).padStart(5, '0')}.kdtr`);
+    return join(dirname(this.indexPath), `${shardStem(this.indexPath)}-${String(index + 1).padStart(5, '0')}.kdtr`);
+  }
+
+  /**
+   * Whether `file` is a path this writer could write a shard of `indexPath` to: the same
+   * directory and `<stem>-NNNNN.kdtr` (callers resolve both paths first).
+   */
+  static isShardPath(indexPath: string, file: string): boolean {
+    if (dirname(indexPath) !== dirname(file)) return false;
+    const name = basename(file);
+    const stem = shardStem(indexPath);
+    return name.startsWith(`${stem}-`) && /^-\d{5}\.kdtr$/.test(name.slice(stem.length));
   }
 
   /** Closes the current shard (if it holds anything); the next add() opens a new one. */
@@ -257,6 +267,10 @@ export class ShardedKdtrWriter {
     this.current = undefined;
     await Promise.all(this.done.map((r) => unlink(r.path).catch(() => undefined)));
   }
+}
+
+function shardStem(indexPath: string): string {
+  return basename(indexPath).replace(/(\.kdtr)?\.json$/, '');
 }
 
 export function kdtrVersion(): string {
