@@ -249,7 +249,7 @@ describe('KDTR reader under mutation (fast-check)', () => {
       // Valid JSON but for its depth: a key "deep" holding nested arrays, inserted before any key.
       deepNesting: (at, n) => {
         const where = keyStarts[at % keyStarts.length];
-        const depth = 63 + (n % 5000);
+        const depth = 64 + (n % 5000); // at the top level: the header object and 64 arrays, 65 levels
         return `${text.slice(0, where)}"deep":${'['.repeat(depth)}${']'.repeat(depth)},${text.slice(where)}`;
       },
       loneSurrogate: (at, n) => {
