@@ -127,6 +127,9 @@ struct DdtreeBuildArgs {
   // Optional i32 [1] each, read on the device instead of root / start: the last step's bonus token
   // and the committed length, with no host round trip between steps.
   Tensor root_on_device, start_on_device;
+  // Optional f32 [B+1] output: each node's cumulative draft log-probability in pop order (0 at the
+  // root, -inf past `size`); pop order is best-first, so its prefixes are the best smaller trees.
+  Tensor log_probs;
 };
 struct DdtreeAcceptArgs { Tensor tokens, parents, size, target_argmax, path, path_len, bonus; };
 struct KvCommitArgs {

@@ -745,6 +745,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.size = ParseTensor(env, o, "size");
     a.root_on_device = ParseTensor(env, o, "rootOnDevice", true);
     a.start_on_device = ParseTensor(env, o, "startOnDevice", true);
+    a.log_probs = ParseTensor(env, o, "logProbs", true);
     return Run(env, o, a, ValidateDdtreeBuild, &Backend::DdtreeBuild);
   }
   Napi::Value DdtreeAcceptJs(const Napi::CallbackInfo& info) {

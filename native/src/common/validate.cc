@@ -317,7 +317,7 @@ Status ValidateKvWrite(const KvWriteArgs& a) {
 }
 
 Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
-  const OpContext ctx("ddtree_build", a.draft_logits, a.tokens, a.parents, a.depths, a.positions, a.mask, a.size, a.root_on_device, a.start_on_device);
+  const OpContext ctx("ddtree_build", a.draft_logits, a.tokens, a.parents, a.depths, a.positions, a.mask, a.size, a.root_on_device, a.start_on_device, a.log_probs);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.draft_logits, {DType::kF32}, 2));
   for (const Tensor* t : {&a.tokens, &a.parents, &a.depths, &a.positions}) KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, *t, {DType::kI32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.mask, {DType::kU8}, 2));
@@ -333,6 +333,10 @@ Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
   }
   if (a.mask.dim(0) != n || a.mask.dim(1) != n) return Invalid(ctx, "mask must be [budget + 1, budget + 1] = [", n, ", ", n, "]");
   if (a.size.dim(0) != 1) return Invalid(ctx, "size must be [1]");
+  if (a.log_probs.present()) {
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.log_probs, {DType::kF32}, 1));
+    if (a.log_probs.dim(0) != n) return Invalid(ctx, "logProbs must be [budget + 1] = [", n, "]");
+  }
   return Status::Ok();
 }
 

@@ -608,6 +608,11 @@ class CpuBackend final : public Backend {
     std::fill(tokens, tokens + n, -1);
     std::fill(parents, parents + n, -1);
     std::fill(depths, depths + n, 0);
+    float* log_probs = a.log_probs.present() ? a.log_probs.as<float>() : nullptr;
+    if (log_probs != nullptr) {
+      std::fill(log_probs, log_probs + n, -INFINITY);
+      log_probs[0] = 0.f;
+    }
     tokens[0] = root;
     int64_t size = 1;
     struct Entry { double w; int32_t parent, depth, rank; int64_t seq; };
@@ -623,6 +628,7 @@ class CpuBackend final : public Backend {
       tokens[node] = tok[at];
       parents[node] = e.parent;
       depths[node] = e.depth;
+      if (log_probs != nullptr) log_probs[node] = static_cast<float>(e.w);
       if (e.rank + 1 < k) heap.push({e.w - lp[at] + lp[at + 1], e.parent, e.depth, e.rank + 1, seq++});
       if (e.depth < depth) heap.push({e.w + lp[e.depth * k], static_cast<int32_t>(node), e.depth + 1, 0, seq++});
     }

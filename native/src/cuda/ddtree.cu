@@ -297,7 +297,7 @@ constexpr int kMaxNodes = static_cast<int>(kMaxDdtreeBudget) + 1;
 // Then one warp per row writes the ancestor mask: coalesced zeroing, lane 0 sets the ancestors.
 __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, const int32_t* tok, const double* logz, int depth, int k, int root, int budget,
                                                         int64_t start, const int32_t* root_on_device, const int32_t* start_on_device, bool lp_in_smem,
-                                                        int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask, int32_t* size_out) {
+                                                        int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask, int32_t* size_out, float* log_probs) {
   PdlWait();
   PdlLaunchDependents();
   root = static_cast<int>(HostOrDevice(root, root_on_device));
@@ -350,6 +350,7 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
         at_s[node] = (e.depth - 1) * k + e.rank;  // the token is looked up afterwards, in parallel
         parents_s[node] = e.parent;
         depths_s[node] = e.depth;
+        if (log_probs != nullptr) log_probs[node] = static_cast<float>(e.w);
       }
       if (e.rank + 1 < k) push(FrontierEntry{e.w - lp(e.depth - 1, e.rank) + lp(e.depth - 1, e.rank + 1), e.parent, e.depth, e.rank + 1, seq++});
       if (e.depth < depth) push(FrontierEntry{e.w + lp(e.depth, 0), node, e.depth + 1, 0, seq++});
@@ -367,6 +368,7 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
     parents[i] = parents_s[i];
     depths[i] = depths_s[i];
     positions[i] = static_cast<int32_t>(start + depths_s[i]);
+    if (log_probs != nullptr && (i == 0 || i >= size)) log_probs[i] = i == 0 ? 0.f : -INFINITY;
   }
   const int lane = threadIdx.x & 31;
   for (int i = threadIdx.x >> 5; i < n; i += blockDim.x >> 5) {
@@ -519,7 +521,7 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   }
   return LaunchPdl("ddtree build", BuildTreeKernel, dim3(1), dim3(1024), smem, s, static_cast<const float*>(values), static_cast<const int32_t*>(tok), static_cast<const double*>(logz), depth,
                    k, a.root, a.budget, a.start, OnDevice(a.root_on_device), OnDevice(a.start_on_device), lp_in_smem, a.tokens.as<int32_t>(), a.parents.as<int32_t>(), a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(),
-                   a.size.as<int32_t>());
+                   a.size.as<int32_t>(), a.log_probs.present() ? a.log_probs.as<float>() : nullptr);
 }
 
 Status LaunchDdtreeAccept(const DdtreeAcceptArgs& a, cudaStream_t s) {

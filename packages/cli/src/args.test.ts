@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
-import { editDistance, helpText, parseByteSize, parseCommand, parseIdList, parseIntArg, suggest, wrap, type CommandSpec } from './args.js';
+import { editDistance, helpText, parseByteSize, parseCommand, parseIntArg, suggest, wrap, type CommandSpec } from './args.js';
 import { CliUsageError } from './cli-error.js';
 import { COMMANDS } from './main.js';
+import { tokenList } from './token-list.js';
 
 const spec: CommandSpec = {
   name: 'test',
@@ -32,11 +33,11 @@ describe('argument parsing', () => {
   });
 
   it('token lists refuse empty items instead of reading them as 0', () => {
-    expect(parseIdList('1, 2,3', '--prompt')).toEqual([1, 2, 3]);
-    expect(parseIdList('', '--eos')).toEqual([]);
-    expect(() => parseIdList('1,,2', '--prompt')).toThrow("--prompt: expected comma-separated non-negative token ids, got an empty item at position 2 in '1,,2'");
-    expect(() => parseIdList('1,', '--prompt')).toThrow(/empty item at position 2/);
-    for (const bad of ['1,-2', '1,2.5', '1,0x3', '1,a']) expect(() => parseIdList(bad, '--prompt'), bad).toThrow(CliUsageError);
+    expect(tokenList('1, 2,3', '--prompt')).toEqual([1, 2, 3]);
+    expect(tokenList('', '--eos')).toEqual([]);
+    expect(() => tokenList('1,,2', '--prompt')).toThrow("--prompt: expected comma-separated non-negative token ids, got an empty item at position 2 in '1,,2'");
+    expect(() => tokenList('1,', '--prompt')).toThrow(/empty item at position 2/);
+    for (const bad of ['1,-2', '1,2.5', '1,0x3', '1,a']) expect(() => tokenList(bad, '--prompt'), bad).toThrow(CliUsageError);
   });
 
   it('byte sizes have a floor', () => {

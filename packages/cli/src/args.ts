@@ -200,18 +200,6 @@ export function parseIntArg(text: string | undefined, flag: string, options: { m
   return n;
 }
 
-/** Comma-separated non-negative integers (`1,2,3`); an empty item (`1,,2`) is an error, not a 0. */
-export function parseIdList(text: string, flag: string): number[] {
-  if (text.trim() === '') return [];
-  return text.split(',').map((s, i) => {
-    const item = s.trim();
-    if (!/^\d+$/.test(item) || !Number.isSafeInteger(Number(item))) {
-      throw new CliUsageError(`${flag}: expected comma-separated non-negative token ids, got ${item === '' ? `an empty item at position ${i + 1}` : `'${item}'`} in '${text}'`);
-    }
-    return Number(item);
-  });
-}
-
 export function parseChoice<T extends string>(text: string | undefined, flag: string, choices: readonly T[]): T | undefined {
   if (text === undefined) return undefined;
   if (!(choices as readonly string[]).includes(text)) throw new CliUsageError(`${flag}: expected one of ${choices.join(', ')}, got '${text}'${didYouMean(text, choices)}`);

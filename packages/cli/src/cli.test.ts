@@ -137,7 +137,7 @@ describe('kdtree CLI', () => {
   it('runs the demo', () => {
     const r = runCli(['demo']);
     expect(r.status).toBe(0);
-    expect(r.stdout).toMatch(/DDTree speculative decoding/);
+    expect(r.stdout).toMatch(/greedy, chain and DDTree decoding, each checked against the oracle/);
     expect(r.stdout).toMatch(/demo OK/);
   });
 });

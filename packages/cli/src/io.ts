@@ -4,6 +4,8 @@ import { Progress, type ProgressOptions } from './progress.js';
 /** Where a command writes: injectable so tests can run commands in-process. */
 export interface CommandIO {
   out(text: string): void;
+  /** stdout without a newline (tokens streaming as they are decoded). */
+  write(text: string): void;
   err(text: string): void;
   progress(label: string, total: number, options?: ProgressOptions): Progress;
 }
@@ -35,6 +37,9 @@ export function processIO(options: { quiet?: boolean } = {}): CommandIO {
   quietOnClosedPipe(process.stderr);
   return {
     out: (text) => writeLine(process.stdout, text),
+    write: (text) => {
+      if (!closedStreams.has(process.stdout)) process.stdout.write(text);
+    },
     err: (text) => writeLine(process.stderr, text),
     progress: (label, total, progressOptions) => new Progress(label, total, { enabled: !options.quiet, ...progressOptions }),
   };

@@ -34,6 +34,7 @@ describe('--json outputs', () => {
       verify: ['verify', model, '--json'],
       quantize: ['quantize', join(dir, 'w.kdtr'), '-o', join(dir, 'q.kdtr'), '--preset', 'kimi-k2', '--json'],
       golden: ['golden', model, '--prompt', '1,2', '--max-new', '2', '--json'],
+      run: ['run', model, '--prompt', '1,2', '--max-new', '3', '--backend', 'cpu', '--spec', 'ddtree', '--budget', '4', '--depth', '2', '--trace', '--json'],
       backend: ['backend', '--backend', 'cpu', '--json'],
     };
     const withJson = COMMANDS.filter((c) => 'json' in c.spec.options).map((c) => c.spec.name);

@@ -1,4 +1,5 @@
 import { AddonLoadError } from '@kdtree/cuda';
+import { EngineError } from '@kdtree/engine';
 import { FormatError } from '@kdtree/format';
 import { QuantError } from '@kdtree/quant';
 import { ReferenceError } from '@kdtree/reference';
@@ -12,6 +13,7 @@ import { goldenSpec, runGolden } from './commands/golden.js';
 import { importSpec, runImport } from './commands/import.js';
 import { inspectSpec, runInspect } from './commands/inspect.js';
 import { quantizeSpec, runQuantize } from './commands/quantize.js';
+import { runRun, runSpec } from './commands/run.js';
 import { runVerify, verifySpec } from './commands/verify.js';
 import { CLI_VERSION, processIO, type CommandIO } from './io.js';
 
@@ -27,6 +29,7 @@ export const COMMANDS: Command[] = [
   { spec: inspectSpec, run: runInspect },
   { spec: quantizeSpec, run: runQuantize },
   { spec: genModelSpec, run: runGenModel },
+  { spec: runSpec, run: runRun },
   { spec: goldenSpec, run: runGolden },
   { spec: verifySpec, run: runVerify },
   { spec: backendSpec, run: runBackend },
@@ -80,7 +83,7 @@ export function reportError(error: unknown, io: CommandIO): number {
     io.err(`kdtree: error: ${error.message}`);
     return error.exitCode;
   }
-  if (error instanceof FormatError || error instanceof QuantError || error instanceof ReferenceError || error instanceof AddonLoadError) {
+  if (error instanceof FormatError || error instanceof QuantError || error instanceof ReferenceError || error instanceof AddonLoadError || error instanceof EngineError) {
     io.err(`kdtree: error: ${error.message}`);
     return 1;
   }

@@ -156,6 +156,8 @@ export interface NativeBackend {
     positions: TensorArg;
     mask: TensorArg;
     size: TensorArg;
+    /** Optional f32 [B+1] output: each node's cumulative draft log-probability (0 at the root, -inf past size), best first. */
+    logProbs?: TensorArg;
     stream?: number;
   }): void;
   ddtreeAccept(args: { tokens: TensorArg; parents: TensorArg; size: TensorArg; targetArgmax: TensorArg; path: TensorArg; pathLen: TensorArg; bonus: TensorArg; stream?: number }): void;

@@ -29,6 +29,8 @@ export interface ForwardOptions {
   attends?: (i: number, j: number) => boolean;
   /** Compute logits only for these rows of the new tokens (default: all). */
   logitRows?: readonly number[];
+  /** Called after each layer with the residual stream [T, hidden] (read it, do not keep it). */
+  onLayer?: (layer: number, hidden: Float32Array) => void;
 }
 
 export class ReferenceModel {
@@ -70,6 +72,7 @@ export class ReferenceModel {
       addInto(x, this.attention(l, w.attn, h, T, positions, cache, options.attends));
       const h2 = rmsNorm(x, T, H, w.postNorm, c.rmsNormEps);
       addInto(x, w.mlp.kind === 'moe' ? this.moe(w.mlp.moe, h2, T) : mlp(w.mlp.dense, h2, T));
+      options.onLayer?.(l, x);
     }
     cache.length += T;
     const rows = options.logitRows ?? tokens.map((_, i) => i);

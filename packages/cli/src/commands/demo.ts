@@ -1,67 +1,170 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { existsSync } from 'node:fs';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ddtreeDecode, greedyDecode, loadModel, modelDrafter, type GoldenRecord } from '@kdtree/reference';
-import type { CommandSpec, Parsed } from '../args.js';
+import { BACKEND_KINDS } from '@kdtree/cuda';
+import { createEngine, type Engine, type GenerateOptions } from '@kdtree/engine';
+import { openBundle } from '@kdtree/format';
+import { greedyDecode, loadModel, MODEL_PRESET_NAMES, type GoldenRecord } from '@kdtree/reference';
+import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliError } from '../cli-error.js';
-import type { CommandIO } from '../io.js';
+import { CLI_VERSION, type CommandIO } from '../io.js';
+import { renderTable } from '../output.js';
 import { runExport } from './export.js';
 import { runGenModel } from './gen-model.js';
 import { runImport } from './import.js';
-import { runInspect } from './inspect.js';
 import { runVerify } from './verify.js';
 
 export const demoSpec: CommandSpec = {
   name: 'demo',
-  summary: 'The main job end to end on a small Kimi K2-shaped model: generate it with INT4 routed experts and a draft model, verify and inspect the bundle, decode with the golden reference, decode again with DDTree speculation (must equal greedy), and round-trip the weights through the compressed-tensors format of the real Kimi K2 checkpoints.',
-  usage: 'kdtree demo [--preset tiny|small|k2-mini] [--keep DIR]',
-  help: ['--preset NAME         model size (default small)', '--keep DIR            work in DIR and keep the files (default: a temp dir, removed)'],
-  options: { keep: { type: 'string' }, preset: { type: 'string' } },
+  summary:
+    'The main job end to end on a small Kimi K2-shaped model (INT4 routed experts, a correlated draft model): generate it (or reuse it from a cache folder), verify the bundle, decode it with the golden reference, then on the engine on the best backend decode greedily and with chain and DDTree speculation, check every result against the golden tokens, print one table, and round-trip the weights through the compressed-tensors format of the real Kimi K2.x checkpoints.',
+  usage: 'kdtree demo [--preset k2-mini|small|tiny] [--max-new N] [--backend auto|cpu|cuda] [--cache DIR | --no-cache] [--keep DIR]',
+  help: [
+    '--preset NAME         model size (default k2-mini: Kimi K2\'s ratios, shrunk)',
+    '--max-new N           tokens each mode generates (default 32)',
+    '--backend KIND        auto (default: cuda, else cpu), cuda or cpu',
+    '--cache DIR           keep the generated models here and reuse them (default ~/.cache/kdtree/demo)',
+    '--no-cache            generate into a temp dir and remove it',
+    '--keep DIR            work in DIR and keep every file (the round trip\'s too)',
+  ],
+  options: { preset: { type: 'string' }, 'max-new': { type: 'string' }, backend: { type: 'string' }, cache: { type: 'string' }, 'no-cache': { type: 'boolean' }, keep: { type: 'string' } },
   positionals: [0, 0],
 };
 
+const SEED = 1;
+
+interface Mode {
+  label: string;
+  options: Partial<GenerateOptions>;
+}
+
+function defaultCache(): string {
+  return join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'kdtree', 'demo');
+}
+
+/** The cached pair when both bundles exist, verify, and were written by this version for this preset; else a fresh one. */
+async function modelPair(dir: string, preset: string, io: CommandIO): Promise<{ target: string; draft: string; reused: boolean }> {
+  const target = join(dir, `${preset}-seed${SEED}-int4.kdtr`);
+  const draft = join(dir, `${preset}-seed${SEED}-draft.kdtr`);
+  if (existsSync(target) && existsSync(draft)) {
+    try {
+      for (const path of [target, draft]) {
+        const b = await openBundle(path);
+        try {
+          const provenance = b.metadata.provenance as { tool?: string; preset?: string } | undefined;
+          if (provenance?.preset !== preset || !provenance.tool?.includes(CLI_VERSION)) throw new Error('another version');
+          if (!(await b.verify()).ok) throw new Error('checksum');
+        } finally {
+          await b.close();
+        }
+      }
+      return { target, draft, reused: true };
+    } catch {
+      io.err(`demo: the cached models in ${dir} are stale or damaged; generating them again`);
+    }
+  }
+  await mkdir(dir, { recursive: true });
+  await runGenModel({ values: { preset, seed: String(SEED), output: target, quant: 'kimi-k2', draft, quiet: true }, positionals: [] }, io);
+  return { target, draft, reused: false };
+}
+
+/** The reference's greedy tokens for `maxNew` (the oracle every mode is checked against), cached beside the model. */
+async function oracle(target: string, golden: GoldenRecord, maxNew: number): Promise<number[]> {
+  const file = `${target}.greedy-${maxNew}.json`;
+  try {
+    const cached = JSON.parse(await readFile(file, 'utf8')) as { prompt: number[]; tokens: number[] };
+    if (cached.prompt.join() === golden.prompt.join() && cached.tokens.length === maxNew) return cached.tokens;
+  } catch {
+    // not cached yet
+  }
+  const { model } = await loadModel(target);
+  const { tokens } = greedyDecode(model, golden.prompt, { maxNew, eos: [] });
+  const recorded = golden.tokens.slice(0, Math.min(maxNew, golden.tokens.length));
+  if (tokens.slice(0, recorded.length).join() !== recorded.join()) throw new CliError(`demo: the reference's greedy tokens [${tokens}] differ from the golden record [${golden.tokens}]`);
+  await writeFile(file, JSON.stringify({ prompt: golden.prompt, tokens }));
+  return tokens;
+}
+
+async function table(engine: Engine, prompt: number[], expected: number[], modes: Mode[]): Promise<{ rows: string[][]; exact: boolean }> {
+  const rows: string[][] = [];
+  let exact = true;
+  let greedyRate = 0;
+  for (const mode of modes) {
+    const r = await engine.complete(prompt, { maxNew: expected.length, eos: [], ...mode.options });
+    const same = r.tokens.join() === expected.join();
+    exact &&= same;
+    const rate = r.stats.tokensPerSecond;
+    if (mode.options.spec === undefined) greedyRate = rate;
+    rows.push([mode.label, r.stats.backend, rate.toFixed(1), r.stats.meanAcceptedLength.toFixed(2), String(r.stats.targetForwards), greedyRate > 0 ? `${(rate / greedyRate).toFixed(2)}x` : '-', same ? 'yes' : 'NO']);
+  }
+  return { rows, exact };
+}
+
 export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
-  const dir = (p.values.keep as string | undefined) ?? (await mkdtemp(join(tmpdir(), 'kdtree-demo-')));
-  const preset = (p.values.preset as string | undefined) ?? 'small';
+  const preset = parseChoice(p.values.preset as string | undefined, '--preset', MODEL_PRESET_NAMES) ?? 'k2-mini';
+  const maxNew = parseIntArg(p.values['max-new'] as string | undefined, '--max-new', { min: 1, max: 256 }) ?? 32;
+  const backend = parseChoice(p.values.backend as string | undefined, '--backend', BACKEND_KINDS);
+  const keep = p.values.keep as string | undefined;
+  const temp = keep === undefined ? await mkdtemp(join(tmpdir(), 'kdtree-demo-')) : undefined;
+  const work = keep ?? temp!;
+  const cache = keep ?? (p.values['no-cache'] ? work : ((p.values.cache as string | undefined) ?? defaultCache()));
   const section = (title: string) => io.out(`\n== ${title}`);
   try {
-    const bundle = join(dir, `${preset}-int4.kdtr`);
-    const draftPath = join(dir, `${preset}-draft.kdtr`);
-    section(`1. generate a ${preset} Kimi K2-shaped model: INT4 routed experts, a draft model, golden tokens`);
-    await runGenModel({ values: { preset, seed: '1', output: bundle, quant: 'kimi-k2', draft: draftPath, quiet: true }, positionals: [] }, io);
+    section(`1. a ${preset} Kimi K2-shaped model: INT4 routed experts, a draft model (target = draft + noise), golden tokens`);
+    const { target, draft, reused } = await modelPair(cache, preset, io);
+    io.out(`${reused ? 'reused' : 'generated'} ${target} and its draft ${draft}`);
 
-    section('2. verify every checksum and inspect the bundle');
-    await runVerify({ values: { quiet: true }, positionals: [bundle] }, io);
-    await runInspect({ values: { filter: '^model\\.layers\\.1\\.(mlp\\.experts\\.0\\.|self_attn\\.q_a)|^golden' }, positionals: [bundle] }, io);
+    section('2. every checksum of the bundle');
+    await runVerify({ values: { quiet: true }, positionals: [target] }, io);
 
-    section('3. greedy decoding with the golden reference reproduces the recorded golden tokens');
-    const { model, metadata } = await loadModel(bundle);
-    const golden = metadata.golden as GoldenRecord;
-    const greedy = greedyDecode(model, golden.prompt, { maxNew: golden.max_new, eos: [] });
-    if (greedy.tokens.join() !== golden.tokens.join()) throw new CliError(`demo: greedy tokens [${greedy.tokens}] differ from the golden [${golden.tokens}]`);
-    io.out(`prompt [${golden.prompt.join(', ')}] -> [${greedy.tokens.join(', ')}]  (matches the golden record)`);
+    section(`3. the golden reference (f32, matches transformers) decodes ${maxNew} tokens greedily: the oracle`);
+    const b = await openBundle(target);
+    const golden = b.metadata.golden as GoldenRecord;
+    await b.close();
+    const expected = await oracle(target, golden, maxNew);
+    io.out(`prompt [${golden.prompt.join(', ')}] -> [${expected.join(', ')}]  (its first ${golden.tokens.length} are the golden record)`);
 
-    section('4. DDTree speculative decoding with the draft model: identical tokens, fewer target forwards');
-    const { model: draft } = await loadModel(draftPath);
-    const budget = 16;
-    const depth = 4;
-    const spec = ddtreeDecode(model, golden.prompt, { maxNew: golden.max_new, budget, depth, drafter: modelDrafter(draft), eos: [] });
-    if (spec.tokens.join() !== greedy.tokens.join()) throw new CliError(`demo: DDTree tokens [${spec.tokens}] differ from greedy [${greedy.tokens}]`);
-    const perStep = spec.tokens.length / Math.max(1, spec.acceptedPerStep.length + 1);
-    io.out(`budget ${budget}, depth ${depth}: ${spec.acceptedPerStep.length + 1} target forwards (prefill + verifies) for ${spec.tokens.length} tokens, ${perStep.toFixed(2)} tokens per forward; accepted per step [${spec.acceptedPerStep.join(', ')}]`);
+    section('4. the engine: greedy, chain and DDTree decoding, each checked against the oracle');
+    const engine = await createEngine({ model: target, backend, cacheTokens: golden.prompt.length + maxNew + 80, maxBudget: 64 });
+    let result;
+    try {
+      const model = `model:${draft}`;
+      result = await table(engine, golden.prompt, expected, [
+        { label: 'greedy', options: {} },
+        { label: 'chain, draft model, 4 nodes', options: { spec: 'chain', drafter: model, budget: 4, depth: 4 } },
+        { label: 'ddtree, draft model, budget 16, depth 4', options: { spec: 'ddtree', drafter: model, budget: 16, depth: 4 } },
+        { label: 'ddtree, draft model, budget auto, depth 4', options: { spec: 'ddtree', drafter: model, budget: 'auto', depth: 4 } },
+        { label: 'ddtree, ngram, budget 8, depth 4', options: { spec: 'ddtree', drafter: 'ngram', budget: 8, depth: 4 } },
+      ]);
+      io.out(`${engine.device}\n`);
+      io.out(renderTable(['mode', 'backend', 'tokens/s', 'mean accepted', 'target forwards', 'speedup', 'exact'], result.rows, new Set([2, 3, 4, 5])));
+      if (engine.backend.kind === 'cpu') {
+        io.out('\nOn the cpu twin a step is compute-bound: verifying n nodes costs about n decode steps, and the draft model here is');
+        io.out('as large as the target, so speculation saves target forwards but not time. On a GPU a step is bound by the');
+        io.out('bytes it reads, which a tree verify shares among its nodes (docs/benchmarks/engine.md).');
+      }
+    } finally {
+      await engine.dispose();
+    }
+    if (!result.exact) throw new CliError('demo: a mode decoded other tokens than the reference (see the table)');
 
     section('5. round trip through compressed-tensors (the format of the real Kimi K2.x checkpoints)');
-    const hfDir = join(dir, 'compressed-tensors');
-    const back = join(dir, 'reimported.kdtr');
-    await runExport({ values: { output: `${hfDir}/`, format: 'compressed-tensors', quiet: true }, positionals: [bundle] }, io);
+    const hfDir = join(work, 'compressed-tensors');
+    const back = join(work, 'reimported.kdtr');
+    await runExport({ values: { output: `${hfDir}/`, format: 'compressed-tensors', quiet: true }, positionals: [target] }, io);
     await runImport({ values: { output: back, quiet: true }, positionals: [hfDir] }, io);
-    const { model: again } = await loadModel(back);
-    const tokensAgain = greedyDecode(again, golden.prompt, { maxNew: golden.max_new, eos: [] }).tokens;
-    if (tokensAgain.join() !== golden.tokens.join()) throw new CliError('demo: the re-imported model decodes differently');
-    io.out('re-imported model decodes the same golden tokens');
-    io.out(`\ndemo OK${p.values.keep ? ` (files in ${dir})` : ''}`);
+    const again = await createEngine({ model: back, backend, cacheTokens: golden.prompt.length + maxNew + 8 });
+    try {
+      const tokens = (await again.complete(golden.prompt, { maxNew, eos: [] })).tokens;
+      if (tokens.join() !== expected.join()) throw new CliError('demo: the re-imported model decodes differently');
+    } finally {
+      await again.dispose();
+    }
+    io.out('the re-imported model decodes the same tokens on the engine');
+    io.out(`\ndemo OK${keep ? ` (files in ${keep})` : ''}`);
     return 0;
   } finally {
-    if (p.values.keep === undefined) await rm(dir, { recursive: true, force: true });
+    if (temp !== undefined) await rm(temp, { recursive: true, force: true });
   }
 }

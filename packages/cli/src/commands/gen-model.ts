@@ -19,7 +19,7 @@ export const genModelSpec: CommandSpec = {
     `--seed S              integer seed in [0, 2^32); the same seed gives the same weights on every machine (default ${DEFAULT_SEED})`,
     '-o, --output FILE     the model bundle to write',
     '--quant PRESET        quantize to INT4 with a selection preset: kimi-k2 (routed experts) or seed (every MLP)',
-    '--draft FILE          also write a draft model; the target becomes draft + noise',
+    '--draft FILE          also write a draft model (quantized like the target); the target becomes draft + noise',
     '--draft-noise X       relative noise between draft and target (default 0.05)',
     '--json                print a JSON summary (schema "kdtree.gen-model/1")',
     '-q, --quiet           no progress lines on stderr',
@@ -62,7 +62,7 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   if (draftPath !== undefined) {
     const base = randomWeights(config, seed);
     log(`draft model -> ${draftPath}`);
-    draftGolden = await writeSyntheticModel(draftPath, { preset, seed, weights: base, onProgress: (s) => log(`draft: ${s}`) }, reference);
+    draftGolden = await writeSyntheticModel(draftPath, { preset, seed, weights: base, quant, onProgress: (s) => log(`draft: ${s}`) }, reference);
     target = perturbWeights(base, noise, seed + 1);
   }
   log(`target model -> ${output}`);

@@ -1,9 +1,10 @@
 import { writeNpy } from '@kdtree/format';
 import { ddtreeDecode, greedyDecode, loadModel, modelDrafter, teacherForcedLogits } from '@kdtree/reference';
-import { parseIdList, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
+import { parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliError, CliUsageError } from '../cli-error.js';
 import { jsonReport, type CommandIO } from '../io.js';
 import { checkOutputName, refuseOverwritingInputs } from '../output-paths.js';
+import { tokenList } from '../token-list.js';
 import { inputFiles } from './import.js';
 
 /**
@@ -47,11 +48,11 @@ export const goldenSpec: CommandSpec = {
 
 export async function runGolden(p: Parsed, io: CommandIO): Promise<number> {
   if (p.values.prompt === undefined) throw new CliUsageError('golden: --prompt is required', 'golden');
-  const prompt = parseIdList(p.values.prompt as string, '--prompt');
+  const prompt = tokenList(p.values.prompt as string, '--prompt');
   if (prompt.length === 0) throw new CliUsageError('--prompt: needs at least one token', 'golden');
   const maxNew = parseIntArg(p.values['max-new'] as string | undefined, '--max-new', { min: 0, max: MAX_NEW_TOKENS });
   if (maxNew === undefined) throw new CliUsageError('golden: --max-new is required', 'golden');
-  const eos = p.values.eos === undefined ? undefined : parseIdList(p.values.eos as string, '--eos');
+  const eos = p.values.eos === undefined ? undefined : tokenList(p.values.eos as string, '--eos');
   const draftPath = p.values.draft as string | undefined;
   if (draftPath === undefined && (p.values.budget !== undefined || p.values.depth !== undefined)) throw new CliUsageError('golden: --budget and --depth need --draft', 'golden');
   const budget = parseIntArg(p.values.budget as string | undefined, '--budget', { min: 0, max: MAX_BUDGET }) ?? 16;

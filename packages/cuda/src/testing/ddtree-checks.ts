@@ -4,10 +4,10 @@ import type { KdtreeBackend } from '../backend.js';
 import { expectEqual, expectThrows, fail, randomF32, rng, withTensors, type KernelCheck } from './harness.js';
 
 /** onDevice: root and start from i32 [1] buffers (rootOnDevice / startOnDevice), the host's values left out. */
-function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, vocab: number, budget: number, root: number, start: number, onDevice = false) {
+function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, vocab: number, budget: number, root: number, start: number, onDevice = false, withLogProbs = false) {
   return withTensors(b, (track) => {
     const n = budget + 1;
-    const t = { tokens: track(b.empty('i32', [n])), parents: track(b.empty('i32', [n])), depths: track(b.empty('i32', [n])), positions: track(b.empty('i32', [n])), mask: track(b.empty('u8', [n, n])), size: track(b.empty('i32', [1])) };
+    const t = { tokens: track(b.empty('i32', [n])), parents: track(b.empty('i32', [n])), depths: track(b.empty('i32', [n])), positions: track(b.empty('i32', [n])), mask: track(b.empty('u8', [n, n])), size: track(b.empty('i32', [1])), ...(withLogProbs ? { logProbs: track(b.empty('f32', [n])) } : {}) };
     const draftLogits = track(b.fromArray('f32', [depth, vocab], logits));
     if (onDevice) {
       const scalar = (v: number) => track(b.fromArray('i32', [1], Int32Array.of(v)));
@@ -23,12 +23,13 @@ function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, voca
       depths: (b.toArray(t.depths) as Int32Array).slice(0, size),
       positions: (b.toArray(t.positions) as Int32Array).slice(0, size),
       mask: b.toArray(t.mask) as Uint8Array,
+      logProbs: t.logProbs ? (b.toArray(t.logProbs) as Float32Array) : undefined,
     };
   });
 }
 
 const build: KernelCheck = {
-  name: 'ddtree_build: tokens, parents, depths, positions and mask equal the reference tree (B 0..1024, V 5..4000, L 1..20), with root and start given by the host or read on the device',
+  name: "ddtree_build: tokens, parents, depths, positions, mask and the nodes' cumulative log-probs equal the reference tree (B 0..1024, V 5..4000, L 1..20), with root and start given by the host or read on the device",
   run(b) {
     const cases = [
       { depth: 1, vocab: 5, budget: 0 },
@@ -45,8 +46,17 @@ const build: KernelCheck = {
       const logits = randomF32(c.depth * c.vocab, 40 + i, 3);
       const root = (7 * i) % c.vocab;
       const onDevice = i % 2 === 1;
-      const got = deviceBuild(b, logits, c.depth, c.vocab, c.budget, root, 100, onDevice);
+      const withLogProbs = i % 3 !== 2;
+      const got = deviceBuild(b, logits, c.depth, c.vocab, c.budget, root, 100, onDevice, withLogProbs);
       const want = buildDraftTree(root, logits, c.depth, c.vocab, c.budget);
+      if (withLogProbs) {
+        // f32 of the reference's f64 sums: a few f32 ulps of the log-prob's magnitude
+        const lp = got.logProbs!;
+        for (let j = 0; j < want.size; j++) {
+          if (!(Math.abs(lp[j] - want.logProbs[j]) <= 4e-7 * Math.max(1, Math.abs(want.logProbs[j])))) fail(`case ${i}: logProbs[${j}] = ${lp[j]}, expected ${want.logProbs[j]}`);
+        }
+        for (let j = want.size; j < c.budget + 1; j++) if (lp[j] !== -Infinity) fail(`case ${i}: logProbs[${j}] past the tree's ${want.size} nodes is ${lp[j]}, expected -Infinity`);
+      }
       if (got.size !== want.size) fail(`case ${i}: size ${got.size}, expected ${want.size}`);
       expectEqual(`case ${i} tokens`, Array.from(got.tokens), Array.from(want.tokens));
       expectEqual(`case ${i} parents`, Array.from(got.parents), Array.from(want.parents));

@@ -1,0 +1,57 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runCli } from './test-support/run-cli.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'kdtree-run-cli-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const target = join(dir, 'tiny.kdtr');
+const draft = join(dir, 'draft.kdtr');
+let golden: { prompt: number[]; tokens: number[] };
+
+describe('kdtree run', () => {
+  beforeAll(() => {
+    const r = runCli(['gen-model', '--preset', 'tiny', '--seed', '4', '-o', target, '--quant', 'kimi-k2', '--draft', draft, '--json']);
+    expect(r.status, r.stderr).toBe(0);
+    golden = JSON.parse(r.stdout).golden;
+  });
+
+  it('greedy on the engine reproduces kdtree golden (--json, schema kdtree.run/1)', () => {
+    const r = runCli(['run', target, '--prompt', golden.prompt.join(','), '--max-new', '16', '--eos', '', '--backend', 'cpu', '--json']);
+    expect(r.status, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout);
+    expect(out).toMatchObject({ schema: 'kdtree.run/1', prompt: golden.prompt, tokens: golden.tokens, stats: { backend: 'cpu', spec: 'greedy', steps: 15 } });
+    for (const key of ['tokens_per_second', 'prefill_ms', 'decode_ms', 'target_forwards', 'mean_accepted_length']) expect(typeof out.stats[key]).toBe('number');
+  });
+
+  it('ddtree and chain with the draft model stream the same tokens; --trace records each step', () => {
+    for (const spec of ['ddtree', 'chain']) {
+      const r = runCli(['run', target, '--prompt', golden.prompt.join(','), '--max-new', '16', '--eos', '', '--backend', 'cpu', '--spec', spec, '--drafter', `model:${draft}`, '--budget', '6', '--depth', '3', '--trace']);
+      expect(r.status, r.stderr).toBe(0);
+      expect(r.stdout.trim()).toBe(golden.tokens.join(', '));
+      expect(r.stderr).toMatch(/step 1: draft top-1 \[\d+, \d+, \d+\], tree \d+ nodes, \d+ accepted/);
+      expect(r.stderr).toMatch(new RegExp(`16 tokens, ${spec} \\(model:.*\\) on cpu`));
+    }
+    const j = runCli(['run', target, '--prompt', golden.prompt.join(','), '--max-new', '16', '--eos', '', '--backend', 'cpu', '--spec', 'ddtree', '--drafter', `model:${draft}`, '--json', '--trace']);
+    const out = JSON.parse(j.stdout);
+    expect(out.tokens).toEqual(golden.tokens);
+    expect(out.steps.length).toBe(out.stats.steps);
+    expect(out.steps[0]).toMatchObject({ tree_size: 17, draft_top1: expect.any(Array), accepted: expect.any(Number) });
+  });
+
+  it('bad requests exit with one clear line', () => {
+    const cases: [string[], number, RegExp][] = [
+      [['--prompt', '1,500', '--max-new', '4'], 1, /prompt\[1\]: token 500 is outside the vocabulary \[0, 128\)/],
+      [['--prompt', '1,2', '--max-new', '4', '--spec', 'ddtree', '--budget', '0'], 2, /--budget: must be in \[1, 1024\], got '0'/],
+      [['--prompt', '1,2', '--max-new', '4', '--depth', '3'], 2, /--drafter, --budget and --depth apply to --spec chain or ddtree/],
+      [['--prompt', '1,2', '--max-new', '4', '--spec', 'ddtree', '--drafter', 'model:/nonexistent.kdtr'], 1, /nonexistent\.kdtr/],
+    ];
+    for (const [args, status, message] of cases) {
+      const r = runCli(['run', target, '--backend', 'cpu', ...args]);
+      expect(r.status, r.stderr).toBe(status);
+      expect(r.stderr).toMatch(message);
+      expect(r.stderr).not.toMatch(/internal error|    at /);
+    }
+  });
+});

@@ -1,0 +1,87 @@
+/**
+ * Choosing the tree budget B of each DDTree step to maximise expected tokens per second:
+ *
+ *   E(b)    = 1 + sum_{i=1..b} p_i     expected tokens a step emits (the bonus, plus each draft node
+ *                                      accepted with the probability the drafter gave its path)
+ *   cost(b) = verify(b + 1 nodes)      measured on this backend, per bucket of tree sizes
+ *   b*      = argmax_b E(b) / (draft + cost(b)) over the buckets, against 1 / decode for b = 0:
+ *             decoding without drafting, which the engine then does for a while
+ *
+ * The heap pops nodes best-first, so the first b nodes of the tree built with the largest budget
+ * are the best tree of budget b, and their cumulative probabilities p_i are the tree's own output.
+ * On a MoE model the verify cost grows with the distinct experts the tree's tokens route to (a
+ * 65-node verify of Kimi K2's MoE layer reads ~289 of 384 experts), so the curve, not a constant,
+ * decides. Drafters are not perfectly calibrated: the draft probabilities are scaled by the ratio
+ * of tokens actually accepted to tokens expected over recent steps.
+ */
+import { EngineError } from './errors.js';
+
+/** Tree budgets the verify graphs are captured for (auto picks one of these). */
+export const BUDGET_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024];
+
+export function bucketsUpTo(maxBudget: number): number[] {
+  const out = BUDGET_BUCKETS.filter((b) => b <= maxBudget);
+  if (out.length === 0) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `maxBudget must be >= 1, got ${maxBudget}`, 'maxBudget');
+  return out;
+}
+
+/** Measured milliseconds of one step: a plain decode (budget 0) and a verify per bucket. */
+export interface CostCurve {
+  decodeMs: number;
+  /** bucket -> ms of drafting nothing but building and verifying a tree of that budget. */
+  verifyMs: Map<number, number>;
+}
+
+export class BudgetPolicy {
+  /** Running sums of accepted and expected draft tokens (decayed), for the calibration ratio. */
+  private accepted = 0;
+  private expected = 0;
+
+  constructor(
+    readonly curve: CostCurve,
+    /** Milliseconds the drafter takes per step (paid whatever the budget). */
+    private draftMs: number,
+  ) {}
+
+  /** The calibration ratio applied to the draft probabilities, in [0.05, 2]. */
+  get calibration(): number {
+    if (this.expected < 1) return 1;
+    return Math.min(2, Math.max(0.05, this.accepted / this.expected));
+  }
+
+  /**
+   * The budget for a tree whose nodes (in pop order, root excluded) have these cumulative draft
+   * log-probabilities; 0 means a plain decode step pays more than any tree.
+   */
+  choose(logProbs: ArrayLike<number>): { budget: number; expected: number; treeVsDecode: number } {
+    const cal = this.calibration;
+    // budget 0 stands for decoding without a drafter (see the engine's idle steps): no draft cost
+    let best = { budget: 0, expected: 1, rate: 1 / this.curve.decodeMs };
+    const decodeRate = best.rate;
+    let bestTree = 0;
+    let sum = 0;
+    let i = 0;
+    for (const [b, ms] of [...this.curve.verifyMs].sort((x, y) => x[0] - y[0])) {
+      for (; i < Math.min(b, logProbs.length); i++) sum += Math.exp(logProbs[i]);
+      const expected = 1 + cal * sum;
+      const rate = expected / (ms + this.draftMs);
+      bestTree = Math.max(bestTree, rate);
+      if (rate > best.rate) best = { budget: b, expected, rate };
+    }
+    /** the best tree's rate over plain decoding's: below 1 the step decodes */
+    return { budget: best.budget, expected: best.expected, treeVsDecode: bestTree / decodeRate };
+  }
+
+  /** What a step with `budget` expected and actually accepted (draft tokens, bonus excluded). */
+  record(logProbs: ArrayLike<number>, budget: number, accepted: number): void {
+    let sum = 0;
+    for (let i = 0; i < Math.min(budget, logProbs.length); i++) sum += Math.exp(logProbs[i]);
+    const decay = 0.9;
+    this.accepted = decay * this.accepted + accepted;
+    this.expected = decay * this.expected + sum;
+  }
+
+  updateDraftMs(ms: number): void {
+    this.draftMs = 0.8 * this.draftMs + 0.2 * ms;
+  }
+}

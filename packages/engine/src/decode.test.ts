@@ -1,0 +1,174 @@
+/**
+ * Decoding on the engine: greedy equals the golden reference's greedy tokens, and chain and DDTree
+ * speculation equal greedy for every drafter, budget and depth (a divergence is a bug, never a
+ * tolerance). Then the API's contract: tracing, eos, errors that leave the engine usable, abort,
+ * queued generations, dispose.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { greedyDecode, loadModel, modelDrafter, argmax } from '@kdtree/reference';
+import { BUDGET_BUCKETS, createEngine, EngineError, type Engine, type GenerateOptions } from './index.js';
+import { syntheticPair, tempDir, TEST_BACKEND, type ModelPair } from './test-support/models.js';
+
+const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
+const MAX_NEW = 40;
+
+interface Setup {
+  pair: ModelPair;
+  engine: Engine;
+  greedy: number[];
+}
+
+async function setup(dir: string, quant: 'kimi-k2' | 'seed', seed: number): Promise<Setup> {
+  const pair = await syntheticPair(dir, 'tiny', seed, quant);
+  const { model } = await loadModel(pair.target);
+  const greedy = greedyDecode(model, PROMPT, { maxNew: MAX_NEW, eos: [] }).tokens;
+  const engine = await createEngine({ model: pair.target, backend: TEST_BACKEND, cacheTokens: 256, cacheDtype: 'f32', maxBudget: 128 });
+  return { pair, engine, greedy };
+}
+
+describe(`decoding on the engine (${TEST_BACKEND})`, () => {
+  const dir = tempDir();
+  const setups: Record<string, Setup> = {};
+  beforeAll(async () => {
+    setups['kimi-k2'] = await setup(dir, 'kimi-k2', 11);
+    setups.seed = await setup(dir, 'seed', 12);
+  });
+  afterAll(async () => {
+    for (const s of Object.values(setups)) await s.engine.dispose();
+  });
+
+  for (const quant of ['kimi-k2', 'seed'] as const) {
+    describe(`INT4 ${quant === 'kimi-k2' ? 'routed experts (Kimi K2)' : 'MLPs (seed scheme)'}`, () => {
+      it('greedy equals the reference, streamed one token a chunk', async () => {
+        const { engine, greedy } = setups[quant];
+        const chunks: number[][] = [];
+        let stats;
+        for await (const chunk of engine.generate(PROMPT, { maxNew: MAX_NEW, eos: [] })) {
+          chunks.push(chunk.tokens);
+          stats = chunk.stats ?? stats;
+        }
+        expect(chunks.flat()).toEqual(greedy);
+        expect(chunks.every((c) => c.length === 1)).toBe(true);
+        expect(stats).toMatchObject({ spec: 'greedy', steps: MAX_NEW - 1, meanAcceptedLength: 1, stoppedBy: 'max', targetForwards: MAX_NEW });
+      });
+
+      for (const drafter of ['ngram', 'model']) {
+        for (const spec of ['chain', 'ddtree'] as const) {
+          it(`${spec} with the ${drafter} drafter equals greedy at budgets 1..128${spec === 'ddtree' ? ' and auto' : ''} and depths 1..16`, async () => {
+            const { engine, greedy, pair } = setups[quant];
+            const d = drafter === 'model' ? `model:${pair.draft}` : 'ngram';
+            const accepted: number[] = [];
+            for (const depth of [1, 2, 3, 4, 8, 16]) {
+              for (const budget of [1, 2, 3, 5, 8, 16, 33, 64, 128]) {
+                if (spec === 'chain' && budget > depth + 1 && budget !== 128) continue; // longer chains are cut at the depth
+                const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec, drafter: d, budget, depth });
+                expect(r.tokens, `budget ${budget}, depth ${depth}`).toEqual(greedy);
+                expect(r.stats.steps).toBeLessThanOrEqual(MAX_NEW - 1);
+                accepted.push(r.stats.meanAcceptedLength);
+              }
+            }
+            if (spec === 'ddtree') {
+              for (const depth of [1, 4, 16]) {
+                const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec, drafter: d, budget: 'auto', depth, trace: true });
+                expect(r.tokens, `auto, depth ${depth}`).toEqual(greedy);
+                expect(r.steps.every((s) => s.budget === 0 || BUDGET_BUCKETS.includes(s.budget))).toBe(true);
+              }
+            }
+            // the drafters predict something: some configuration accepts more than the bonus alone
+            expect(Math.max(...accepted)).toBeGreaterThan(1);
+          });
+        }
+      }
+    });
+  }
+
+  it("the trace: a model drafter's argmax at each depth equals the reference draft model's", async () => {
+    const { engine, pair, greedy } = setups['kimi-k2'];
+    const { model: draft } = await loadModel(pair.draft);
+    const refDrafter = modelDrafter(draft);
+    const depth = 4;
+    const r = await engine.complete(PROMPT, { maxNew: 24, eos: [], spec: 'ddtree', drafter: `model:${pair.draft}`, budget: 8, depth, trace: true });
+    expect(r.tokens).toEqual(greedy.slice(0, 24));
+    expect(r.steps.length).toBe(r.stats.steps);
+    let emitted = 1;
+    for (const step of r.steps) {
+      const context = [...PROMPT, ...greedy.slice(0, emitted)];
+      const logits = refDrafter(context, depth);
+      const vocab = draft.config.vocabSize;
+      expect(step.draftTop1).toEqual(Array.from({ length: depth }, (_, d) => argmax(logits, d * vocab, vocab)));
+      expect(step.treeSize).toBe(9);
+      emitted += step.accepted + 1;
+    }
+  });
+
+  it('eos stops the generation at the token, in every mode', async () => {
+    const { engine, greedy, pair } = setups['kimi-k2'];
+    const stop = greedy[13];
+    const expected = greedy.slice(0, greedy.indexOf(stop) + 1);
+    for (const options of [{}, { spec: 'ddtree', drafter: 'ngram', budget: 8 }, { spec: 'chain', drafter: `model:${pair.draft}`, budget: 4 }] as Partial<GenerateOptions>[]) {
+      const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [stop], ...options });
+      expect(r.tokens).toEqual(expected);
+      expect(r.stats.stoppedBy).toBe('eos');
+    }
+  });
+
+  it('bad requests throw a clear EngineError and leave the engine usable', async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    const bad: [string, () => Promise<unknown>, RegExp][] = [
+      ['token outside the vocabulary', () => engine.complete([1, 128], { maxNew: 4 }), /prompt\[1\]: token 128 is outside the vocabulary \[0, 128\)/],
+      ['empty prompt', () => engine.complete([], { maxNew: 4 }), /prompt: needs at least one token/],
+      ['beyond the cache', () => engine.complete(PROMPT, { maxNew: 250 }), /exceed the KV cache of 256 tokens/],
+      ['budget out of range', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', budget: 129 }), /budget: expected an integer in \[1, 128\], got 129/],
+      ['auto for a chain', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', budget: 'auto' }), /budget: 'auto' chooses a DDTree budget/],
+      ['depth out of range', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', depth: 17 }), /depth: expected an integer in \[1, 16\], got 17/],
+      ['unknown spec', () => engine.complete(PROMPT, { maxNew: 4, spec: 'beam' as 'greedy' }), /spec: expected one of greedy, chain, ddtree/],
+      ['unknown drafter', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', drafter: 'oracle' }), /drafter: expected 'ngram' or 'model:PATH'/],
+      ['maxNew not an integer', () => engine.complete(PROMPT, { maxNew: 1.5 }), /maxNew: expected an integer/],
+    ];
+    for (const [what, call, message] of bad) {
+      const error = await call().then(() => undefined, (e: unknown) => e);
+      expect(error, what).toBeInstanceOf(EngineError);
+      expect((error as Error).message, what).toMatch(message);
+    }
+    expect((await engine.complete(PROMPT, { maxNew: 8, eos: [] })).tokens).toEqual(greedy.slice(0, 8));
+  });
+
+  it('a drafter of another vocabulary is refused', async () => {
+    const { engine } = setups['kimi-k2'];
+    const other = await syntheticPair(dir, 'small', 5);
+    await expect(engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: `model:${other.draft}` })).rejects.toThrow(/vocabulary of 512 tokens, the target 128/);
+  });
+
+  it('an aborted generation throws KDTREE_ENGINE_ABORTED; the next one is exact', async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    const controller = new AbortController();
+    const seen: number[] = [];
+    const run = async () => {
+      for await (const chunk of engine.generate(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: 'ngram', budget: 4, signal: controller.signal })) {
+        seen.push(...chunk.tokens);
+        if (seen.length >= 5) controller.abort(new Error('enough'));
+      }
+    };
+    await expect(run()).rejects.toMatchObject({ code: 'KDTREE_ENGINE_ABORTED' });
+    expect(seen.length).toBeLessThan(MAX_NEW);
+    expect(greedy.slice(0, seen.length)).toEqual(seen);
+    expect((await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: 'ngram', budget: 4 })).tokens).toEqual(greedy);
+  });
+
+  it('generations started together run one after another, each exact', async () => {
+    const { engine, greedy, pair } = setups['kimi-k2'];
+    const prompts = [PROMPT, [5, 6, 7], PROMPT.slice(2)];
+    const { model } = await loadModel(pair.target);
+    const expected = prompts.map((p) => greedyDecode(model, p, { maxNew: 20, eos: [] }).tokens);
+    const results = await Promise.all(prompts.map((p, i) => engine.complete(p, { maxNew: 20, eos: [], spec: i === 1 ? 'ddtree' : 'greedy', drafter: 'ngram' })));
+    expect(results.map((r) => r.tokens)).toEqual(expected);
+    expect(expected[0]).toEqual(greedy.slice(0, 20));
+  });
+
+  it('a disposed engine refuses to generate', async () => {
+    const pair = setups['kimi-k2'].pair;
+    const engine = await createEngine({ model: pair.target, backend: TEST_BACKEND, cacheTokens: 64 });
+    await engine.dispose();
+    await expect(engine.complete(PROMPT, { maxNew: 2 })).rejects.toMatchObject({ code: 'KDTREE_ENGINE_DISPOSED' });
+  });
+});

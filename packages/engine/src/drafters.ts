@@ -1,0 +1,173 @@
+/**
+ * Drafters: given the sequence so far (its last token is the root of the next tree), a drafter
+ * writes per-depth logits [depth, vocab] for the `depth` positions after the root into a tensor on
+ * the engine's backend. DDTree builds the best tree under those distributions; chain decoding
+ * follows their argmax. A drafter's quality changes how many tokens a step accepts, never which
+ * tokens come out: verification makes the output that of greedy decoding of the target.
+ *
+ *   ngram        model-free: continuations of the longest earlier match of the context's suffix
+ *   model:PATH   a small model of the same family, decoded greedily `depth` steps on the device
+ */
+import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
+import { EngineError } from './errors.js';
+import { view } from './linear.js';
+import type { DeviceModel } from './model.js';
+import { Runner } from './runner.js';
+
+export interface DraftRequest {
+  /** Prompt and every token emitted so far; the last one is the root of the tree being drafted. */
+  tokens: readonly number[];
+  depth: number;
+  /** f32 [depth, vocab]: where the per-depth logits go (queued on the default stream). */
+  out: DeviceTensor;
+}
+
+export interface Drafter {
+  /** 'ngram', 'model:<path>', ... (what stats and traces name). */
+  readonly name: string;
+  readonly vocabSize: number;
+  /** The deepest draft it can make in one request. */
+  readonly maxDepth: number;
+  /** A new sequence starts (its prompt): forget the previous one. */
+  begin(prompt: readonly number[]): void;
+  draft(request: DraftRequest): void;
+  dispose(): void;
+}
+
+/** Logit of a token the n-gram statistics never saw: far below any seen one, but finite. */
+const UNSEEN_LOGIT = -1e4;
+
+/**
+ * Prompt-lookup drafting: find the earlier occurrences of the longest suffix of the sequence (up to
+ * `maxN` tokens) and, at each depth d, give every token that followed an occurrence d positions
+ * later the log of its frequency. Alternatives at a depth come from different occurrences, which is
+ * what a tree can use and a chain cannot.
+ */
+export class NgramDrafter implements Drafter {
+  readonly name = 'ngram';
+  private floor: DeviceTensor | undefined;
+
+  constructor(
+    private readonly b: KdtreeBackend,
+    readonly vocabSize: number,
+    readonly maxDepth = 16,
+    private readonly maxN = 4,
+  ) {}
+
+  begin(): void {}
+
+  /** Per depth: token -> count of occurrences followed by it there. */
+  static continuations(tokens: readonly number[], depth: number, maxN: number): Map<number, number>[] {
+    const out = Array.from({ length: depth }, () => new Map<number, number>());
+    const end = tokens.length;
+    for (let n = Math.min(maxN, end - 1); n >= 1; n--) {
+      let found = false;
+      for (let at = end - n - 1; at >= 0; at--) {
+        let match = true;
+        for (let i = 0; i < n && match; i++) match = tokens[at + i] === tokens[end - n + i];
+        if (!match) continue;
+        const next = at + n; // first token after this occurrence
+        if (next >= end) continue;
+        found = true;
+        for (let d = 0; d < depth && next + d < end; d++) out[d].set(tokens[next + d], (out[d].get(tokens[next + d]) ?? 0) + 1);
+      }
+      if (found) break;
+    }
+    return out;
+  }
+
+  draft({ tokens, depth, out }: DraftRequest): void {
+    const b = this.b;
+    const V = this.vocabSize;
+    if (this.floor === undefined || this.floor.shape[0] < depth) {
+      if (this.floor) b.free(this.floor);
+      this.floor = b.fromArray('f32', [Math.max(depth, this.maxDepth), V], new Float32Array(Math.max(depth, this.maxDepth) * V).fill(UNSEEN_LOGIT));
+    }
+    b.native.copy({ dst: out.buffer, dstOffset: out.offset ?? 0, src: this.floor.buffer, bytes: depth * V * 4, stream: 0 });
+    const counts = NgramDrafter.continuations(tokens, depth, this.maxN);
+    counts.forEach((seen, d) => {
+      let total = 0;
+      for (const c of seen.values()) total += c;
+      for (const [token, c] of seen) b.native.upload(out.buffer, Float32Array.of(Math.log(c / total)), (out.offset ?? 0) + (d * V + token) * 4);
+    });
+  }
+
+  dispose(): void {
+    if (this.floor) this.b.free(this.floor);
+    this.floor = undefined;
+  }
+}
+
+/**
+ * A draft model of the same family on the same backend: each request runs the tokens it has not
+ * seen yet (a captured step per count), then `depth - 1` greedy decode steps captured as one graph,
+ * each writing its logits into the next row of the request's tensor. Its cache keeps only the
+ * sequence: the chain's speculative slots are overwritten by the next request.
+ */
+export class ModelDrafter implements Drafter {
+  readonly runner: Runner;
+  private processed = 0;
+
+  constructor(
+    b: KdtreeBackend,
+    readonly model: DeviceModel,
+    readonly name: string,
+    capacity: number,
+    readonly maxDepth = 16,
+  ) {
+    this.runner = new Runner(b, model, capacity, 'bf16');
+  }
+
+  get vocabSize(): number {
+    return this.model.config.vocabSize;
+  }
+
+  begin(): void {
+    this.processed = 0;
+  }
+
+  draft({ tokens, depth, out }: DraftRequest): void {
+    const r = this.runner;
+    const V = this.vocabSize;
+    if (tokens.length + depth > r.capacity) throw new EngineError('KDTREE_ENGINE_CAPACITY', `the draft model's cache holds ${r.capacity} tokens; ${tokens.length} + depth ${depth} do not fit`, 'cacheTokens');
+    // the tokens it has not run: all but the last in prefill chunks when there are many, the rest in a captured step
+    let fresh = tokens.slice(this.processed);
+    const stepMax = Math.min(r.model.workspace.rows, this.maxDepth + 1);
+    if (fresh.length > stepMax) {
+      r.prefill(fresh.slice(0, -1), this.processed, undefined);
+      this.processed = tokens.length - 1;
+      fresh = fresh.slice(-1);
+    }
+    r.committed = this.processed;
+    const k = fresh.length;
+    // the graphs write into `out` as captured: one output tensor for the drafter's life
+    this.out ??= out;
+    if (this.out.buffer !== out.buffer || (this.out.offset ?? 0) !== (out.offset ?? 0)) {
+      throw new EngineError('KDTREE_ENGINE_ARGUMENT', 'a model drafter writes every draft into the tensor of its first request', 'out');
+    }
+    const input = this.input();
+    r.b.native.upload(input.buffer, Int32Array.from(fresh));
+    r.launch(r.graph(`catch-up ${k}`, (s) => r.queueAppend(k, view(input, [k]), view(out, [1, V]), s)));
+    if (depth > 1) {
+      r.launch(
+        r.graph(`chain ${depth}`, (s) => {
+          for (let d = 1; d < depth; d++) r.queueAppend(1, r.token, view(out, [1, V], d * V), s);
+        }),
+      );
+    }
+    this.processed = tokens.length;
+  }
+
+  private inputIds: DeviceTensor | undefined;
+  private out: DeviceTensor | undefined;
+
+  private input(): DeviceTensor {
+    this.inputIds ??= this.runner.own(this.runner.b.zeros('i32', [this.maxDepth + 1]));
+    return this.inputIds;
+  }
+
+  dispose(): void {
+    this.runner.dispose();
+    this.model.dispose();
+  }
+}

@@ -1,0 +1,595 @@
+/**
+ * The engine: a model loaded on the best backend, and generation as an async iterator.
+ *
+ *   const engine = await createEngine({ model: 'k2.kdtr', backend: 'auto', cacheTokens: 4096 });
+ *   for await (const chunk of engine.generate(prompt, { maxNew: 64, spec: 'ddtree', drafter: 'ngram' })) {
+ *     process.stdout.write(chunk.tokens.join(' '));   // the tokens each step accepted
+ *     if (chunk.stats) console.log(chunk.stats);        // on the last chunk
+ *   }
+ *   await engine.dispose();
+ *
+ * Generations on one engine run one after another (a call waits for the previous one to finish).
+ * Speculative decoding (chain, ddtree) emits exactly the tokens of greedy decoding of the target.
+ */
+import { createBackend, type BackendKind, type DeviceTensor, type Graph, type KdtreeBackend } from '@kdtree/cuda';
+import { bucketsUpTo, BudgetPolicy, type CostCurve } from './budget.js';
+import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
+import { argumentError, checkInt, EngineError } from './errors.js';
+import type { CacheDtype } from './kv-cache.js';
+import { view } from './linear.js';
+import { checkFits, estimateMemory, type MemoryEstimate } from './memory.js';
+import { DeviceModel, type LoadProgress } from './model.js';
+import { ModelSource, type WeightReader } from './model-source.js';
+import { Runner, type TreeBuffers } from './runner.js';
+
+export type Spec = 'greedy' | 'chain' | 'ddtree';
+export const SPECS: readonly Spec[] = ['greedy', 'chain', 'ddtree'];
+
+/** 'ngram', 'model:PATH' (a draft model bundle or directory), or a Drafter of your own. */
+export type DrafterSpec = string | Drafter;
+
+export interface EngineOptions {
+  /** A KDTR bundle, a HuggingFace directory, a safetensors checkpoint with a config.json, or weights made in memory (SeededSource). */
+  model: string | WeightReader;
+  /** A config.json for a checkpoint that has none beside it. */
+  config?: string;
+  /** Default: KDTREE_BACKEND, else 'auto' (cuda where a usable GPU is, else the cpu twin). */
+  backend?: BackendKind;
+  device?: number;
+  /** KV cache capacity in tokens: prompt + generated + the largest tree (default 4096, at most max_position_embeddings). */
+  cacheTokens?: number;
+  /** The latent cache's dtype (default bf16 on cuda, f32 on the cpu twin). */
+  cacheDtype?: CacheDtype;
+  /** Tokens per prefill pass (default 256 on cuda, 64 on cpu). */
+  prefillChunk?: number;
+  /** The largest DDTree budget a generation may ask for (default 64; sizes the verify buffers). */
+  maxBudget?: number;
+  /** The deepest draft (default 16). */
+  maxDepth?: number;
+  onLoadProgress?: (progress: LoadProgress) => void;
+  signal?: AbortSignal;
+  /** Backend choice and fallbacks, one line each. */
+  log?: (line: string) => void;
+}
+
+export interface GenerateOptions {
+  maxNew: number;
+  /** Stop after any of these (included in the output). Default: the model config's eos_token_id. */
+  eos?: readonly number[];
+  spec?: Spec;
+  /** For chain and ddtree (default 'ngram'). */
+  drafter?: DrafterSpec;
+  /** Draft nodes per step (chain: the chain's length, at most `depth`), or 'auto' (ddtree). Default 16. */
+  budget?: number | 'auto';
+  /** Draft depth L (default 4, at most the drafter's and the engine's maxDepth). */
+  depth?: number;
+  signal?: AbortSignal;
+  /** Record each step's draft and acceptance in the chunks (`step`). */
+  trace?: boolean;
+}
+
+export interface StepTrace {
+  /** The drafter's argmax at depths 1..L. */
+  draftTop1: number[];
+  /** Nodes verified, root included. */
+  treeSize: number;
+  /** Draft nodes accepted (the bonus token not counted). */
+  accepted: number;
+  /** The budget this step ran (auto chooses one per step; 0: a plain decode step). */
+  budget: number;
+}
+
+export interface GenerationStats {
+  backend: 'cpu' | 'cuda';
+  device: string;
+  spec: Spec;
+  drafter: string | null;
+  /** Tokens after the first, per second of decoding. */
+  tokensPerSecond: number;
+  /** Until the first token (the prompt's forward). */
+  prefillMs: number;
+  decodeMs: number;
+  /** Target forward passes: prefill chunks and one per step. */
+  targetForwards: number;
+  /** Decode or verify steps after the first token. */
+  steps: number;
+  /** Tokens emitted per step (accepted drafts + the bonus): 1 for greedy. */
+  meanAcceptedLength: number;
+  stoppedBy: 'eos' | 'max';
+}
+
+export interface GenerationChunk {
+  /** Tokens accepted by one step (the first chunk: the token after the prompt). */
+  tokens: number[];
+  step?: StepTrace;
+  /** On the last chunk. */
+  stats?: GenerationStats;
+}
+
+export interface GenerationResult {
+  tokens: number[];
+  stats: GenerationStats;
+  steps: StepTrace[];
+}
+
+interface SpecState {
+  drafter: Drafter;
+  depth: number;
+  budget: number | 'auto';
+  policy?: BudgetPolicy;
+  /** Auto: plain decode steps left before the next draft, and the wait after the next plain choice (doubling or more, to 256). */
+  skip: number;
+  backoff: number;
+}
+
+export class Engine {
+  readonly config;
+  private readonly runner: Runner;
+  private readonly tree: TreeBuffers;
+  /** f32 [maxDepth, vocab]: the drafter's per-depth logits. */
+  private readonly draftLogits: DeviceTensor;
+  private readonly draftTop1: DeviceTensor;
+  /** i32: parents of a chain (-1, 0, 1, ...) and each chain length's node count. */
+  private readonly chainParents: DeviceTensor;
+  private readonly chainSizes = new Map<number, DeviceTensor>();
+  private readonly drafters = new Map<string, Promise<Drafter>>();
+  private readonly costs = new Map<number, CostCurve>();
+  private tail: Promise<void> = Promise.resolve();
+  private disposed = false;
+
+  /** @internal createEngine builds engines: it checks the options and the memory first. */
+  constructor(
+    readonly backend: KdtreeBackend,
+    readonly model: DeviceModel,
+    readonly source: { path: string; configJson: Record<string, unknown> },
+    readonly options: Required<Pick<EngineOptions, 'cacheTokens' | 'cacheDtype' | 'prefillChunk' | 'maxBudget' | 'maxDepth'>>,
+    readonly memory: MemoryEstimate,
+  ) {
+    this.config = model.config;
+    const b = backend;
+    this.runner = new Runner(b, model, options.cacheTokens, options.cacheDtype, options.prefillChunk);
+    const nodes = Math.max(options.maxBudget, options.maxDepth) + 1;
+    this.tree = this.runner.treeBuffers(nodes);
+    this.draftLogits = this.runner.own(b.zeros('f32', [options.maxDepth, model.config.vocabSize]));
+    this.draftTop1 = this.runner.own(b.zeros('i32', [options.maxDepth]));
+    this.chainParents = this.runner.own(b.fromArray('i32', [nodes], Int32Array.from({ length: nodes }, (_, i) => i - 1)));
+  }
+
+  get device(): string {
+    return this.backend.info().name;
+  }
+
+  /** Loads (once) and returns the drafter `spec` names. */
+  async drafter(spec: DrafterSpec): Promise<Drafter> {
+    if (typeof spec !== 'string') return spec;
+    let d = this.drafters.get(spec);
+    if (d === undefined) {
+      d = this.makeDrafter(spec);
+      this.drafters.set(spec, d);
+      d.catch(() => this.drafters.delete(spec));
+    }
+    return d;
+  }
+
+  private async makeDrafter(spec: string): Promise<Drafter> {
+    const V = this.config.vocabSize;
+    if (spec === 'ngram') return new NgramDrafter(this.backend, V, this.options.maxDepth);
+    if (spec.startsWith('model:')) {
+      const source = await ModelSource.open(spec.slice('model:'.length));
+      try {
+        return await this.modelDrafter(source, spec);
+      } finally {
+        await source.close();
+      }
+    }
+    throw argumentError('drafter', `expected 'ngram' or 'model:PATH', got '${spec}'`);
+  }
+
+  /** A draft model's drafter from any weight reader (a bundle, seeded weights), on this engine's backend. */
+  async modelDrafter(source: WeightReader, name = `model:${source.path}`): Promise<ModelDrafter> {
+    const V = this.config.vocabSize;
+    if (source.config.vocabSize !== V) {
+      throw new EngineError('KDTREE_ENGINE_DRAFTER', `draft model ${source.path} has a vocabulary of ${source.config.vocabSize} tokens, the target ${V}: a drafter must share the target's vocabulary`, 'drafter');
+    }
+    const rows = Math.max(this.options.maxDepth + 1, Math.min(this.options.prefillChunk, 64));
+    checkFits(this.backend, estimateMemory(source, { capacity: this.options.cacheTokens, cacheDtype: 'bf16', rows, nodes: 0, depth: 0 }), `draft model ${source.path}`);
+    const model = await DeviceModel.load(this.backend, source, { rows });
+    return new ModelDrafter(this.backend, model, name, this.options.cacheTokens, this.options.maxDepth);
+  }
+
+  private async lock(): Promise<() => void> {
+    const previous = this.tail;
+    let release!: () => void;
+    this.tail = new Promise((r) => (release = r));
+    await previous;
+    return release;
+  }
+
+  private checkPrompt(prompt: readonly number[]): number[] {
+    if (!Array.isArray(prompt) || prompt.length === 0) throw argumentError('prompt', 'needs at least one token');
+    const V = this.config.vocabSize;
+    prompt.forEach((t, i) => {
+      if (!Number.isInteger(t) || t < 0 || t >= V) throw argumentError(`prompt[${i}]`, `token ${t} is outside the vocabulary [0, ${V})`);
+    });
+    return [...prompt];
+  }
+
+  /**
+   * Generates after `prompt`: an async iterator of the tokens each step accepts, with the stats on
+   * the last chunk. Errors in the arguments are thrown at the first `next()`; the engine stays
+   * usable after any error or abort.
+   */
+  async *generate(prompt: readonly number[], options: GenerateOptions): AsyncGenerator<GenerationChunk, GenerationResult> {
+    if (this.disposed) throw new EngineError('KDTREE_ENGINE_DISPOSED', 'the engine was disposed', 'engine');
+    const tokens = this.checkPrompt(prompt);
+    const spec = options.spec ?? 'greedy';
+    if (!SPECS.includes(spec)) throw argumentError('spec', `expected one of ${SPECS.join(', ')}, got '${String(spec)}'`);
+    const cap = this.options.cacheTokens;
+    const maxNew = checkInt('maxNew', options.maxNew, 0, cap);
+    const V = this.config.vocabSize;
+    const eos = new Set(options.eos ?? this.config.eosTokenIds);
+    for (const e of eos) if (!Number.isInteger(e) || e < 0 || e >= V) throw argumentError('eos', `token ${e} is outside the vocabulary [0, ${V})`);
+    let state: SpecState | undefined;
+    if (spec !== 'greedy') {
+      const drafter = await this.drafter(options.drafter ?? 'ngram');
+      if (drafter.vocabSize !== V) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${drafter.name} has a vocabulary of ${drafter.vocabSize}, the target ${V}`, 'drafter');
+      const depth = checkInt('depth', options.depth ?? 4, 1, Math.min(this.options.maxDepth, drafter.maxDepth));
+      const budget = options.budget ?? 16;
+      if (budget === 'auto') {
+        if (spec !== 'ddtree') throw argumentError('budget', "'auto' chooses a DDTree budget; chain decoding takes a number");
+      } else checkInt('budget', budget, 1, this.options.maxBudget);
+      state = { drafter, depth, budget, skip: 0, backoff: 1 };
+    }
+    const lookahead = state ? Math.max(state.depth, state.budget === 'auto' ? this.options.maxBudget : state.budget) + 1 : 1;
+    if (tokens.length + maxNew + lookahead > cap) {
+      throw new EngineError('KDTREE_ENGINE_CAPACITY', `prompt (${tokens.length}) + maxNew (${maxNew}) + a step's ${lookahead} scratch slots exceed the KV cache of ${cap} tokens (cacheTokens; kdtree run --cache-tokens)`, 'maxNew');
+    }
+    const release = await this.lock();
+    try {
+      if (this.disposed) throw new EngineError('KDTREE_ENGINE_DISPOSED', 'the engine was disposed', 'engine');
+      return yield* this.decode(tokens, maxNew, eos, spec, state, options);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * One forward pass over `tokens` (a new sequence, at most the workspace's rows): the logits of
+   * every position [T, vocab] and the residual stream after each layer [T, hidden] (what
+   * transformers returns as hidden_states[1:]), for checking the engine against a reference.
+   */
+  async teacherForced(tokens: readonly number[]): Promise<{ logits: Float32Array; hidden: Float32Array[] }> {
+    const ids = this.checkPrompt(tokens);
+    const rows = this.model.workspace.rows;
+    if (ids.length > rows) throw argumentError('tokens', `at most ${rows} tokens in one pass (createEngine's prefillChunk / maxBudget), got ${ids.length}`);
+    const release = await this.lock();
+    const b = this.backend;
+    const c = this.config;
+    const T = ids.length;
+    const taps = new Map<number, DeviceTensor>();
+    let logits: DeviceTensor | undefined;
+    try {
+      for (let l = 0; l < c.numLayers; l++) taps.set(l, b.empty('f32', [T, c.hiddenSize]));
+      logits = b.empty('f32', [T, c.vocabSize]);
+      this.runner.teacherForced(ids, 0, logits, taps);
+      return { logits: b.toArray(logits) as Float32Array, hidden: [...taps.values()].map((t) => b.toArray(t) as Float32Array) };
+    } finally {
+      b.free(...taps.values(), ...(logits ? [logits] : []));
+      release();
+    }
+  }
+
+  /** Runs `generate` to the end and returns every token with the stats. */
+  async complete(prompt: readonly number[], options: GenerateOptions): Promise<GenerationResult> {
+    const it = this.generate(prompt, options);
+    for (;;) {
+      const r = await it.next();
+      if (r.done) return r.value;
+    }
+  }
+
+  private checkAbort(signal: AbortSignal | undefined): void {
+    if (signal?.aborted) throw new EngineError('KDTREE_ENGINE_ABORTED', 'the generation was aborted', 'signal', { cause: signal.reason });
+  }
+
+  private async *decode(prompt: number[], maxNew: number, eos: Set<number>, spec: Spec, state: SpecState | undefined, o: GenerateOptions): AsyncGenerator<GenerationChunk, GenerationResult> {
+    const r = this.runner;
+    const out: number[] = [];
+    const steps: StepTrace[] = [];
+    const t0 = performance.now();
+    let prefillMs = 0;
+    let forwards = 0;
+    let stoppedBy: 'eos' | 'max' = 'max';
+    const finish = (): GenerationResult => {
+      const decodeMs = performance.now() - t0 - prefillMs;
+      const stepCount = Math.max(0, forwards - Math.ceil(prompt.length / this.options.prefillChunk));
+      const stats: GenerationStats = {
+        backend: this.backend.kind,
+        device: this.device,
+        spec,
+        drafter: state?.drafter.name ?? null,
+        tokensPerSecond: out.length > 1 && decodeMs > 0 ? ((out.length - 1) * 1000) / decodeMs : 0,
+        prefillMs,
+        decodeMs,
+        targetForwards: forwards,
+        steps: stepCount,
+        meanAcceptedLength: stepCount > 0 ? (out.length - 1) / stepCount : 0,
+        stoppedBy,
+      };
+      return { tokens: out, stats, steps };
+    };
+    /** Appends `emitted` up to eos or maxNew; true when the generation is over. */
+    const take = (emitted: number[]): { taken: number[]; done: boolean } => {
+      const taken: number[] = [];
+      for (const t of emitted) {
+        if (out.length >= maxNew) break;
+        out.push(t);
+        taken.push(t);
+        if (eos.has(t)) {
+          stoppedBy = 'eos';
+          return { taken, done: true };
+        }
+      }
+      return { taken, done: out.length >= maxNew };
+    };
+    if (maxNew === 0) {
+      const result = finish();
+      yield { tokens: [], stats: result.stats };
+      return result;
+    }
+    this.checkAbort(o.signal);
+    if (state?.budget === 'auto') state.policy = await this.budgetPolicy(state);
+    r.prefill(prompt, 0);
+    forwards += Math.ceil(prompt.length / this.options.prefillChunk);
+    const first = take([r.readToken()]);
+    prefillMs = performance.now() - t0;
+    if (first.done) {
+      const result = finish();
+      yield { tokens: first.taken, stats: result.stats };
+      return result;
+    }
+    yield { tokens: first.taken };
+    state?.drafter.begin(prompt);
+    for (;;) {
+      this.checkAbort(o.signal);
+      const step = state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, [...prompt, ...out], o.trace ?? false);
+      forwards++;
+      const { taken, done } = take(step.emitted);
+      if (step.trace) steps.push(step.trace);
+      if (done) {
+        const result = finish();
+        yield { tokens: taken, step: step.trace, stats: result.stats };
+        return result;
+      }
+      yield { tokens: taken, step: step.trace };
+    }
+  }
+
+  private greedyStep(): { emitted: number[]; trace?: StepTrace } {
+    const r = this.runner;
+    r.launch(r.decodeGraph());
+    r.advance(1);
+    return { emitted: [r.readToken()] };
+  }
+
+  /** The graph of a tree verify with budget `budget` at depth `depth`: build on the device, then verify, accept, commit. */
+  private treeGraph(budget: number, depth: number): Graph {
+    const r = this.runner;
+    const t = this.tree;
+    const n = budget + 1;
+    const V = this.config.vocabSize;
+    return r.graph(`tree ${budget} ${depth}`, (stream) => {
+      const nodes = (x: DeviceTensor) => view(x, [n]);
+      this.backend.native.ddtreeBuild({
+        draftLogits: view(this.draftLogits, [depth, V]),
+        rootOnDevice: r.token,
+        budget,
+        startOnDevice: r.cache.length[0],
+        tokens: nodes(t.tokens),
+        parents: nodes(t.parents),
+        depths: nodes(t.depths),
+        positions: nodes(t.positions),
+        mask: view(t.mask, [n, n]),
+        size: t.size,
+        stream,
+      });
+      r.queueVerify(t, n, stream);
+    });
+  }
+
+  /** The graph of a chain of `length` draft tokens: the drafter's argmax at depths 1..length, causal. */
+  private chainGraph(length: number): Graph {
+    const r = this.runner;
+    const b = this.backend;
+    const n = length + 1;
+    const V = this.config.vocabSize;
+    let size = this.chainSizes.get(n);
+    if (size === undefined) {
+      size = r.own(b.fromArray('i32', [1], Int32Array.of(n)));
+      this.chainSizes.set(n, size);
+    }
+    const tree = { ...this.tree, parents: this.chainParents, size };
+    return r.graph(`chain ${length}`, (stream) => {
+      b.native.copy({ dst: tree.tokens.buffer, src: r.token.buffer, bytes: 4, stream });
+      b.native.argmax({ x: view(this.draftLogits, [length, V]), out: view(tree.tokens, [length], 1), stream });
+      b.native.arange({ out: view(tree.positions, [n]), startOnDevice: r.cache.length[0], stream });
+      r.queueVerify(tree, n, stream, true);
+    });
+  }
+
+  private speculativeStep(spec: Spec, state: SpecState, context: number[], trace: boolean): { emitted: number[]; trace?: StepTrace } {
+    const r = this.runner;
+    const b = this.backend;
+    const V = this.config.vocabSize;
+    const { drafter, depth, policy } = state;
+    if (policy !== undefined && state.skip > 0) {
+      // drafting did not pay at the last tries: plain decode steps until the next try
+      state.skip--;
+      const step = this.greedyStep();
+      return { emitted: step.emitted, trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
+    }
+    const draftLogits = view(this.draftLogits, [depth, V]);
+    const draftMs = b.time(() => drafter.draft({ tokens: context, depth, out: draftLogits }));
+    let draftTop1: number[] = [];
+    if (trace) {
+      b.native.argmax({ x: draftLogits, out: view(this.draftTop1, [depth]) });
+      draftTop1 = Array.from((b.toArray(this.draftTop1) as Int32Array).subarray(0, depth));
+    }
+    let budget: number;
+    let logProbs: Float32Array | undefined;
+    if (policy !== undefined) {
+      // the best tree of the largest budget, only for its nodes' probabilities: its prefixes are the best smaller trees
+      policy.updateDraftMs(draftMs);
+      const largest = Math.max(...policy.curve.verifyMs.keys());
+      const t = this.tree;
+      const nodes = (x: DeviceTensor) => view(x, [largest + 1]);
+      b.native.ddtreeBuild({
+        draftLogits, rootOnDevice: r.token, budget: largest, startOnDevice: r.cache.length[0],
+        tokens: nodes(t.tokens), parents: nodes(t.parents), depths: nodes(t.depths), positions: nodes(t.positions), mask: view(t.mask, [largest + 1, largest + 1]), size: t.size, logProbs: nodes(t.logProbs),
+      });
+      logProbs = (b.toArray(t.logProbs) as Float32Array).subarray(1, largest + 1);
+      const choice = policy.choose(logProbs);
+      budget = choice.budget;
+      if (budget === 0) {
+        // wait longer the further the best tree was from paying
+        state.skip = state.backoff;
+        state.backoff = Math.min(256, state.backoff * (choice.treeVsDecode < 0.5 ? 4 : 2));
+        policy.record(logProbs, 0, 0);
+        const step = this.greedyStep();
+        return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
+      }
+      state.backoff = 1;
+    } else budget = state.budget as number;
+    let n: number;
+    if (spec === 'chain') {
+      const length = Math.min(budget, depth);
+      n = length + 1;
+      r.launch(this.chainGraph(length));
+    } else {
+      n = budget + 1;
+      r.launch(this.treeGraph(budget, depth));
+    }
+    const pathLen = (b.toArray(this.tree.pathLen) as Int32Array)[0];
+    const path = (b.toArray(this.tree.path) as Int32Array).subarray(0, pathLen);
+    const nodes = b.toArray(this.tree.tokens) as Int32Array;
+    const emitted = [...Array.from(path.subarray(1), (i) => nodes[i]), r.readToken()];
+    r.advance(pathLen);
+    if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1);
+    return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
+  }
+
+  /**
+   * The verify cost curve on this backend at this depth (measured once: each bucket's captured tree
+   * step timed on a scratch sequence, before the generation's prefill overwrites it) and a policy
+   * over it.
+   */
+  private async budgetPolicy(state: SpecState): Promise<BudgetPolicy> {
+    let curve = this.costs.get(state.depth);
+    if (curve === undefined) {
+      curve = this.measureCosts(state.depth);
+      this.costs.set(state.depth, curve);
+    }
+    return new BudgetPolicy(curve, 0);
+  }
+
+  /** Median device milliseconds of `launch` over a few runs, each on a fresh scratch sequence of 64 tokens. */
+  private timeStep(launch: () => void): number {
+    const r = this.runner;
+    const times: number[] = [];
+    // cuda: a warm-up, then four timed runs; the cpu twin has nothing to warm and one run is steady
+    const cuda = this.backend.kind === 'cuda';
+    for (let rep = 0; rep < (cuda ? 5 : 1); rep++) {
+      r.committed = Math.min(64, this.options.cacheTokens - this.options.maxBudget - 2);
+      const ms = this.backend.time(launch);
+      if (rep > 0 || !cuda) times.push(ms);
+    }
+    return times.sort((a, b) => a - b)[Math.floor(times.length / 2)];
+  }
+
+  measureCosts(depth: number): CostCurve {
+    const r = this.runner;
+    const V = this.config.vocabSize;
+    // draft logits that spread the tree over many tokens, as a real draft's alternatives do
+    const noise = new Float32Array(depth * V);
+    let x = 0x2545f491;
+    for (let i = 0; i < noise.length; i++) {
+      x ^= x << 13;
+      x ^= x >>> 17;
+      x ^= x << 5;
+      noise[i] = ((x >>> 0) / 2 ** 32) * 4;
+    }
+    this.backend.native.upload(this.draftLogits.buffer, noise);
+    const decodeMs = this.timeStep(() => r.launch(r.decodeGraph()));
+    const verifyMs = new Map<number, number>();
+    const buckets = bucketsUpTo(this.options.maxBudget);
+    // the cpu twin's steps are compute-bound, nearly linear in the nodes: every third bucket and
+    // the last are timed, the others interpolated (a verify of 65 nodes there takes most of a second)
+    const timed = this.backend.kind === 'cuda' ? buckets : buckets.filter((_, i) => i % 3 === 0 || i === buckets.length - 1);
+    for (const budget of timed) verifyMs.set(budget, this.timeStep(() => r.launch(this.treeGraph(budget, depth))));
+    for (const budget of buckets) {
+      if (verifyMs.has(budget)) continue;
+      const lo = Math.max(...timed.filter((t) => t < budget));
+      const hi = Math.min(...timed.filter((t) => t > budget));
+      verifyMs.set(budget, verifyMs.get(lo)! + ((verifyMs.get(hi)! - verifyMs.get(lo)!) * (budget - lo)) / (hi - lo));
+    }
+    r.committed = 0;
+    return { decodeMs, verifyMs };
+  }
+
+  async dispose(): Promise<void> {
+    if (this.disposed) return;
+    const release = await this.lock();
+    try {
+      this.disposed = true;
+      for (const d of this.drafters.values()) {
+        try {
+          (await d).dispose();
+        } catch {
+          // a drafter that failed to load holds nothing
+        }
+      }
+      this.drafters.clear();
+      this.runner.dispose();
+      this.model.dispose();
+    } finally {
+      release();
+    }
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.dispose();
+  }
+}
+
+/** Opens the model, checks it fits, loads it on the chosen backend. */
+export async function createEngine(options: EngineOptions): Promise<Engine> {
+  const given = options?.model;
+  if (!(typeof given === 'string' && given !== '') && !(typeof given === 'object' && given !== null && 'config' in given)) {
+    throw argumentError('model', 'expected the path of a bundle or checkpoint, or a WeightReader');
+  }
+  const backend = createBackend({ backend: options.backend, device: options.device, log: options.log });
+  const source = typeof given === 'string' ? await ModelSource.open(given, { config: options.config }) : given;
+  try {
+    const c = source.config;
+    const cacheTokens = checkInt('cacheTokens', options.cacheTokens ?? Math.min(4096, c.maxPositionEmbeddings), 2, c.maxPositionEmbeddings);
+    // f32 on the cpu twin, where memory is plentiful and the cache then matches the f32 reference
+    const cacheDtype = options.cacheDtype ?? (backend.kind === 'cuda' ? 'bf16' : 'f32');
+    if (cacheDtype !== 'bf16' && cacheDtype !== 'f32') throw argumentError('cacheDtype', `expected 'bf16' or 'f32', got '${String(cacheDtype)}'`);
+    const prefillChunk = checkInt('prefillChunk', options.prefillChunk ?? (backend.kind === 'cuda' ? 256 : 64), 1, 8192);
+    const maxBudget = checkInt('maxBudget', options.maxBudget ?? 64, 1, 1024);
+    const maxDepth = checkInt('maxDepth', options.maxDepth ?? 16, 1, 64);
+    const nodes = Math.max(maxBudget, maxDepth) + 1;
+    const rows = Math.max(prefillChunk, nodes);
+    const memory = estimateMemory(source, { capacity: cacheTokens, cacheDtype, rows, nodes, depth: maxDepth });
+    checkFits(backend, memory, source.path);
+    const model = await DeviceModel.load(backend, source, { rows, onProgress: options.onLoadProgress, signal: options.signal });
+    try {
+      return new Engine(backend, model, { path: source.path, configJson: source.configJson }, { cacheTokens, cacheDtype, prefillChunk, maxBudget, maxDepth }, memory);
+    } catch (error) {
+      model.dispose();
+      throw error;
+    }
+  } finally {
+    await source.close();
+  }
+}

@@ -1,0 +1,318 @@
+/**
+ * The layers of a DeepSeek-V3 / Kimi K2 decoder, each owning its weights: it names the tensors it
+ * needs, loads them itself (so a tensor-parallel rank would cut its shard here, and nowhere else),
+ * and queues the ops of its forward pass on the step's stream.
+ *
+ *   MLA:  q = q_b(norm(q_a(h))) (or q_proj(h)) -> [T, heads, nope | rope]
+ *         c = norm(kv_a_c(h)) [T, rank], k_pe = rope(kv_a_pe(h)) [T, rope] -> latent cache
+ *         out = o_proj(attention over the cache in MLA's absorbed form)
+ *   MLP:  down(silu(gate(h)) * up(h))
+ *   MoE:  router -> routed experts (grouped GEMM, weighted sum) + shared experts
+ *
+ * q_b (and q_proj) is read as two weights, the rows of every head's nope part and of every head's
+ * rope part, and kv_a as its latent rows and its rope rows: each GEMM then writes a contiguous
+ * tensor the next op takes as it is, instead of a strided view no op reads.
+ */
+import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
+import { qkHeadDim, type ModelConfig } from '@kdtree/reference';
+import { modelError } from './errors.js';
+import { applyLinear, linearBytes, linearTensors, loadLinear, view, type DeviceLinear, type LinearSpec } from './linear.js';
+import type { WeightReader } from './model-source.js';
+import type { Workspace } from './workspace.js';
+
+/** What one forward pass over T new tokens of one sequence needs beyond the activations. */
+export interface Pass {
+  t: number;
+  stream: number;
+  /** i32 [T]: RoPE positions (start + depth for a tree's nodes). */
+  positions: DeviceTensor;
+  /** i32 [T]: the cache rows the new tokens' latent KV goes to. */
+  slots: DeviceTensor;
+  /** u8 [T, T]: which new tokens each may attend to (a tree's ancestors); causal when absent. */
+  mask?: DeviceTensor;
+  /** Committed slots before the new ones, or their bound when `baseOnDevice` holds the value. */
+  base: number;
+  baseOnDevice?: DeviceTensor;
+  /** The sequence's cache rows of each layer. */
+  cache: (layer: number) => { c: DeviceTensor; kpe: DeviceTensor };
+}
+
+/** Constants every attention layer shares: RoPE's inverse frequencies (f64 [rope / 2]) and scales. */
+export interface AttentionConstants {
+  invFreq: DeviceTensor;
+  attentionFactor: number;
+  scale: number;
+}
+
+const range = (start: number, count: number) => Array.from({ length: count }, (_, i) => start + i);
+
+/** The rows of every head's [nope | rope] block that belong to one part. */
+function headRows(heads: number, nope: number, rope: number, part: 'nope' | 'rope'): number[] {
+  const rows: number[] = [];
+  for (let h = 0; h < heads; h++) rows.push(...range(h * (nope + rope) + (part === 'nope' ? 0 : nope), part === 'nope' ? nope : rope));
+  return rows;
+}
+
+function freeLinears(b: KdtreeBackend, ...ws: (DeviceLinear | undefined)[]): void {
+  for (const w of ws) if (w) b.free(...linearTensors(w));
+}
+
+export class MlaAttention {
+  private constructor(
+    private readonly config: ModelConfig,
+    private readonly w: {
+      qA?: DeviceLinear;
+      qANorm?: DeviceTensor;
+      qNope: DeviceLinear;
+      qPe: DeviceLinear;
+      kvAC: DeviceLinear;
+      kvAPe: DeviceLinear;
+      kvANorm: DeviceTensor;
+      /** [heads * (nope + v), rank]: W_kb then W_vb per head, read by the attention kernel as stored. */
+      kvB: DeviceTensor;
+      o: DeviceLinear;
+    },
+  ) {}
+
+  private static specs(c: ModelConfig, layer: number) {
+    const a = `model.layers.${layer}.self_attn.`;
+    const H = c.hiddenSize;
+    const nh = c.numHeads;
+    const qd = qkHeadDim(c);
+    const qIn = c.qLoraRank ?? H;
+    const qName = c.qLoraRank === null ? `${a}q_proj.weight` : `${a}q_b_proj.weight`;
+    const qShape = [nh * qd, qIn] as const;
+    const kvA = `${a}kv_a_proj_with_mqa.weight`;
+    const kvAShape = [c.kvLoraRank + c.qkRopeDim, H] as const;
+    const spec = (name: string, shape: readonly [number, number], rows?: number[]): LinearSpec => ({ names: [name], shapes: [shape], rows: [rows] });
+    return {
+      a,
+      qA: c.qLoraRank === null ? undefined : spec(`${a}q_a_proj.weight`, [c.qLoraRank, H]),
+      qNope: spec(qName, qShape, headRows(nh, c.qkNopeDim, c.qkRopeDim, 'nope')),
+      qPe: spec(qName, qShape, headRows(nh, c.qkNopeDim, c.qkRopeDim, 'rope')),
+      kvAC: spec(kvA, kvAShape, range(0, c.kvLoraRank)),
+      kvAPe: spec(kvA, kvAShape, range(c.kvLoraRank, c.qkRopeDim)),
+      kvB: { name: `${a}kv_b_proj.weight`, shape: [nh * (c.qkNopeDim + c.vHeadDim), c.kvLoraRank] as [number, number] },
+      o: spec(`${a}o_proj.weight`, [H, nh * c.vHeadDim]),
+    };
+  }
+
+  static bytes(source: WeightReader, c: ModelConfig, layer: number): number {
+    const s = MlaAttention.specs(c, layer);
+    let total = 0;
+    for (const spec of [s.qA, s.qNope, s.qPe, s.kvAC, s.kvAPe, s.o]) if (spec) total += linearBytes(source, spec);
+    const [n, k] = s.kvB.shape;
+    return total + n * k * (source.int4(s.kvB.name) ? 4 : 2) + 4 * ((c.qLoraRank ?? 0) + c.kvLoraRank);
+  }
+
+  static async load(b: KdtreeBackend, source: WeightReader, c: ModelConfig, layer: number): Promise<MlaAttention> {
+    const s = MlaAttention.specs(c, layer);
+    const loaded: Partial<MlaAttention['w']> = {};
+    try {
+      if (s.qA) {
+        loaded.qA = await loadLinear(b, source, [s.qA]);
+        loaded.qANorm = b.fromArray('f32', [c.qLoraRank!], await source.readF32(`${s.a}q_a_layernorm.weight`, [c.qLoraRank!]));
+      }
+      loaded.qNope = await loadLinear(b, source, [s.qNope]);
+      loaded.qPe = await loadLinear(b, source, [s.qPe]);
+      loaded.kvAC = await loadLinear(b, source, [s.kvAC]);
+      loaded.kvAPe = await loadLinear(b, source, [s.kvAPe]);
+      loaded.kvANorm = b.fromArray('f32', [c.kvLoraRank], await source.readF32(`${s.a}kv_a_layernorm.weight`, [c.kvLoraRank]));
+      if (source.int4(s.kvB.name) !== undefined) {
+        throw modelError(s.kvB.name, 'is INT4; the attention kernel reads kv_b_proj in bf16 (keep self_attn float, as Kimi K2 does)', source.path);
+      }
+      loaded.kvB = b.fromArray('bf16', s.kvB.shape, (await source.readBf16(s.kvB.name, s.kvB.shape)).bits);
+      loaded.o = await loadLinear(b, source, [s.o]);
+      return new MlaAttention(c, loaded as MlaAttention['w']);
+    } catch (error) {
+      freeLinears(b, loaded.qA, loaded.qNope, loaded.qPe, loaded.kvAC, loaded.kvAPe, loaded.o);
+      b.free(...[loaded.qANorm, loaded.kvANorm, loaded.kvB].filter((t): t is DeviceTensor => t !== undefined));
+      throw error;
+    }
+  }
+
+  /** out [T, hidden] = attention of the normed input ws.h over the cache, the new tokens' latent KV written at `pass.slots`. */
+  forward(b: KdtreeBackend, ws: Workspace, pass: Pass, layer: number, k: AttentionConstants, out: DeviceTensor): void {
+    const c = this.config;
+    const { t: T, stream } = pass;
+    const w = this.w;
+    const h = ws.get('h', T);
+    const qIn = w.qA ? ws.get('qaNormed', T) : h;
+    if (w.qA) {
+      applyLinear(b, w.qA, h, ws.get('qa', T), stream);
+      b.native.rmsNorm({ x: ws.get('qa', T), weight: w.qANorm!, out: qIn, eps: c.mlaNormEps, stream });
+    }
+    const qNope = ws.get('qNope', T);
+    const qPe = ws.get('qPe', T);
+    applyLinear(b, w.qNope, qIn, qNope, stream);
+    applyLinear(b, w.qPe, qIn, qPe, stream);
+    const cRaw = ws.get('cRaw', T);
+    const latent = ws.get('c', T);
+    const kpe = ws.get('kpe', T);
+    applyLinear(b, w.kvAC, h, cRaw, stream);
+    applyLinear(b, w.kvAPe, h, kpe, stream);
+    b.native.rmsNorm({ x: cRaw, weight: w.kvANorm, out: latent, eps: c.mlaNormEps, stream });
+    const rope = { positions: pass.positions, invFreq: k.invFreq, attentionFactor: k.attentionFactor, interleave: c.ropeInterleave, stream };
+    b.native.rope({ x: view(qPe, [T, c.numHeads, c.qkRopeDim]), ...rope });
+    b.native.rope({ x: view(kpe, [T, 1, c.qkRopeDim]), ...rope });
+    const cache = pass.cache(layer);
+    b.native.kvWrite({ c: latent, kpe, cacheC: cache.c, cacheKpe: cache.kpe, slots: pass.slots, stream });
+    const attn = ws.get('attn', T);
+    b.native.mlaAttention({
+      qNope: view(qNope, [T, c.numHeads, c.qkNopeDim]),
+      qPe: view(qPe, [T, c.numHeads, c.qkRopeDim]),
+      kvB: w.kvB,
+      cacheC: cache.c,
+      cacheKpe: cache.kpe,
+      mask: pass.mask,
+      out: view(attn, [T, c.numHeads, c.vHeadDim]),
+      base: pass.base,
+      baseOnDevice: pass.baseOnDevice,
+      scale: k.scale,
+      stream,
+    });
+    applyLinear(b, w.o, attn, out, stream);
+  }
+
+  dispose(b: KdtreeBackend): void {
+    const w = this.w;
+    freeLinears(b, w.qA, w.qNope, w.qPe, w.kvAC, w.kvAPe, w.o);
+    b.free(...[w.qANorm, w.kvANorm, w.kvB].filter((t): t is DeviceTensor => t !== undefined));
+  }
+}
+
+/** gate_up and down of one MLP (dense layer, shared experts, or one routed expert). */
+function mlpSpecs(prefix: string, inter: number, hidden: number): { gateUp: LinearSpec; down: LinearSpec } {
+  return {
+    gateUp: { names: [`${prefix}gate_proj.weight`, `${prefix}up_proj.weight`], shapes: [[inter, hidden], [inter, hidden]] },
+    down: { names: [`${prefix}down_proj.weight`], shapes: [[hidden, inter]] },
+  };
+}
+
+export class Mlp {
+  private constructor(
+    readonly inter: number,
+    private readonly gateUp: DeviceLinear,
+    private readonly down: DeviceLinear,
+  ) {}
+
+  static bytes(source: WeightReader, prefix: string, inter: number, hidden: number): number {
+    const s = mlpSpecs(prefix, inter, hidden);
+    return linearBytes(source, s.gateUp) + linearBytes(source, s.down);
+  }
+
+  static async load(b: KdtreeBackend, source: WeightReader, prefix: string, inter: number, hidden: number): Promise<Mlp> {
+    const s = mlpSpecs(prefix, inter, hidden);
+    const gateUp = await loadLinear(b, source, [s.gateUp], { gateUp: true });
+    try {
+      return new Mlp(inter, gateUp, await loadLinear(b, source, [s.down]));
+    } catch (error) {
+      freeLinears(b, gateUp);
+      throw error;
+    }
+  }
+
+  /** Whether its gate_up is bf16 (the pass then needs [T, 2I] of scratch for silu_mul's input). */
+  get floatGateUp(): boolean {
+    return this.gateUp.kind === 'bf16';
+  }
+
+  forward(b: KdtreeBackend, ws: Workspace, x: DeviceTensor, out: DeviceTensor, stream: number): void {
+    const T = x.shape[0];
+    const act = ws.get('act', T, [this.inter]);
+    applyLinear(b, this.gateUp, x, act, stream, ws.get('gateUp', T, [2 * this.inter]));
+    applyLinear(b, this.down, act, out, stream);
+  }
+
+  dispose(b: KdtreeBackend): void {
+    freeLinears(b, this.gateUp, this.down);
+  }
+}
+
+export class Moe {
+  private constructor(
+    private readonly config: ModelConfig,
+    private readonly router: DeviceLinear,
+    /** f32 [E]: e_score_correction_bias, which chooses experts but does not weight them. */
+    private readonly bias: DeviceTensor,
+    /** [E, 2I, H] gate_up (INT4 packed for the SiLU epilogue) and [E, H, I] down. */
+    private readonly gateUp: DeviceLinear,
+    private readonly down: DeviceLinear,
+    private readonly shared: Mlp | undefined,
+  ) {}
+
+  private static specs(c: ModelConfig, layer: number) {
+    const p = `model.layers.${layer}.mlp.`;
+    const experts = Array.from({ length: c.nRoutedExperts }, (_, e) => mlpSpecs(`${p}experts.${e}.`, c.moeIntermediateSize, c.hiddenSize));
+    return {
+      p,
+      router: { names: [`${p}gate.weight`], shapes: [[c.nRoutedExperts, c.hiddenSize]] } as LinearSpec,
+      gateUp: experts.map((e) => e.gateUp),
+      down: experts.map((e) => e.down),
+      sharedInter: c.nSharedExperts * c.moeIntermediateSize,
+    };
+  }
+
+  static bytes(source: WeightReader, c: ModelConfig, layer: number): number {
+    const s = Moe.specs(c, layer);
+    let total = linearBytes(source, s.router) + 4 * c.nRoutedExperts;
+    total += linearBytes(source, s.gateUp[0], c.nRoutedExperts) + linearBytes(source, s.down[0], c.nRoutedExperts);
+    if (c.nSharedExperts > 0) total += Mlp.bytes(source, `${s.p}shared_experts.`, s.sharedInter, c.hiddenSize);
+    return total;
+  }
+
+  static async load(b: KdtreeBackend, source: WeightReader, c: ModelConfig, layer: number): Promise<Moe> {
+    const s = Moe.specs(c, layer);
+    const done: DeviceLinear[] = [];
+    const tensors: DeviceTensor[] = [];
+    try {
+      const router = await loadLinear(b, source, [s.router]);
+      done.push(router);
+      const bias = b.fromArray('f32', [c.nRoutedExperts], await source.readF32(`${s.p}gate.e_score_correction_bias`, [c.nRoutedExperts]));
+      tensors.push(bias);
+      const gateUp = await loadLinear(b, source, s.gateUp, { gateUp: true });
+      done.push(gateUp);
+      const down = await loadLinear(b, source, s.down);
+      done.push(down);
+      if (gateUp.kind !== 'int4' || down.kind !== 'int4') {
+        throw modelError(`${s.p}experts.*`, 'routed experts stored as bf16 are not supported yet: the grouped GEMM reads INT4 experts (quantize them with `kdtree quantize --preset kimi-k2`)', source.path);
+      }
+      const shared = c.nSharedExperts > 0 ? await Mlp.load(b, source, `${s.p}shared_experts.`, s.sharedInter, c.hiddenSize) : undefined;
+      return new Moe(c, router, bias, gateUp, down, shared);
+    } catch (error) {
+      freeLinears(b, ...done);
+      b.free(...tensors);
+      throw error;
+    }
+  }
+
+  get floatGateUp(): boolean {
+    return this.shared?.floatGateUp ?? false;
+  }
+
+  forward(b: KdtreeBackend, ws: Workspace, x: DeviceTensor, out: DeviceTensor, stream: number): void {
+    const c = this.config;
+    const T = x.shape[0];
+    const logits = ws.get('routerLogits', T);
+    const ids = ws.get('routeIds', T);
+    const weights = ws.get('routeWeights', T);
+    applyLinear(b, this.router, x, logits, stream);
+    b.native.router({ logits, bias: this.bias, ids, weights, topk: c.numExpertsPerTok, nGroup: c.nGroup, topkGroup: c.topkGroup, normTopkProb: c.normTopkProb, scaling: c.routedScalingFactor, stream });
+    const act = view(ws.moeAct, [T * c.numExpertsPerTok, c.moeIntermediateSize]);
+    const gu = this.gateUp as Extract<DeviceLinear, { kind: 'int4' }>;
+    const dn = this.down as Extract<DeviceLinear, { kind: 'int4' }>;
+    b.native.moeGemm({ x, qw: gu.qw, sc: gu.sc, ids, y: act, group: gu.group, mode: 'gather', epilogue: 'siluMul', stream });
+    b.native.moeGemm({ x: act, qw: dn.qw, sc: dn.sc, ids, weights, y: out, group: dn.group, mode: 'sum', stream });
+    if (this.shared) {
+      const shared = ws.get('sharedOut', T);
+      this.shared.forward(b, ws, x, shared, stream);
+      b.native.add({ a: out, b: shared, out, stream });
+    }
+  }
+
+  dispose(b: KdtreeBackend): void {
+    freeLinears(b, this.router, this.gateUp, this.down);
+    b.free(this.bias);
+    this.shared?.dispose(b);
+  }
+}

@@ -1,0 +1,58 @@
+/**
+ * What a model needs on the device before anything is allocated: weights, the latent KV cache,
+ * the activations of the largest pass, the step buffers (a tree verify's logits are [nodes,
+ * vocab] f32) and the largest staging copy a weight passes through while it is packed. Compared
+ * with the device's free memory so a model that does not fit fails at once with both numbers.
+ */
+import { freemem } from 'node:os';
+import type { KdtreeBackend } from '@kdtree/cuda';
+import type { ModelConfig } from '@kdtree/reference';
+import { EngineError } from './errors.js';
+import { KvCache, type CacheDtype } from './kv-cache.js';
+import { weightBytes } from './model.js';
+import type { WeightReader } from './model-source.js';
+import { Workspace } from './workspace.js';
+
+export interface MemoryEstimate {
+  weights: number;
+  cache: number;
+  workspace: number;
+  /** The largest weight's checkpoint-layout copy, alive while it is packed. */
+  staging: number;
+  total: number;
+}
+
+/** Device memory of a loaded model (`rows`: its workspace; `nodes`: its largest tree). */
+export function estimateMemory(source: WeightReader, options: { capacity: number; cacheDtype: CacheDtype; rows: number; nodes: number; depth: number }): MemoryEstimate {
+  const c: ModelConfig = source.config;
+  const parts = weightBytes(source, c);
+  const weights = parts.reduce((s, p) => s + p.bytes, 0);
+  const cache = KvCache.bytes(c, options.capacity, options.cacheDtype);
+  // bf16 experts would need [gate | up] scratch; the workspace is sized for the worst case
+  const workspace = Workspace.bytes(c, options.rows, true) + 4 * c.vocabSize * (options.nodes + options.depth + 1) + options.nodes * (options.nodes + 24);
+  const moeLayer = parts.slice(1, -1).reduce((m, p) => Math.max(m, p.bytes), 0);
+  const staging = Math.max(c.vocabSize * c.hiddenSize * 2, moeLayer / 2);
+  return { weights, cache, workspace, staging, total: weights + cache + workspace + staging };
+}
+
+/** Bytes the backend can still allocate: the GPU's free memory, or the host's for the cpu twin. */
+export function freeMemory(b: KdtreeBackend): number {
+  const native = b.native as { memoryInfo?: () => { free: number; total: number } };
+  if (typeof native.memoryInfo === 'function') return native.memoryInfo().free;
+  return b.kind === 'cuda' ? b.info().totalMemory : freemem();
+}
+
+const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
+
+export function checkFits(b: KdtreeBackend, estimate: MemoryEstimate, what: string): void {
+  const free = freeMemory(b);
+  // the backends' per-stream work space (the GEMMs' partial sums, the MoE sort) on top
+  const margin = b.kind === 'cuda' ? 512 * 2 ** 20 : 64 * 2 ** 20;
+  if (estimate.total + margin > free) {
+    throw new EngineError(
+      'KDTREE_ENGINE_MEMORY',
+      `${what} needs ${gib(estimate.total + margin)} (weights ${gib(estimate.weights)}, KV cache ${gib(estimate.cache)}, activations ${gib(estimate.workspace)}, staging ${gib(estimate.staging)}, work space ${gib(margin)}) but the ${b.kind} device has ${gib(free)} free; use a smaller --cache-tokens or more devices`,
+      'model',
+    );
+  }
+}

@@ -1,0 +1,197 @@
+/**
+ * Where a model's weights come from: a KDTR bundle (config and INT4 descriptors in its metadata), a
+ * HuggingFace directory or a safetensors checkpoint with a config.json beside it (INT4 weights in
+ * compressed-tensors' pack-quantized form are read in place). Tensors are read one at a time, as
+ * the layer that owns them asks, so loading streams with bounded host memory.
+ */
+import { readFile, stat } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { f16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorStore, type TensorInfo } from '@kdtree/format';
+import { describeCompressedTensors, findCompressedTensorsConfig, floatToF32, readInt4, readQuantizationMetadata, type Int4Descriptor, type QuantizationMetadata } from '@kdtree/quant';
+import { parseModelConfig, type ModelConfig } from '@kdtree/reference';
+import { modelError } from './errors.js';
+
+/** An INT4 weight in the checkpoint layout: qw i32 [rows, K/8], sc [rows, K/group]. */
+export interface HostInt4 {
+  rows: number;
+  cols: number;
+  group: number;
+  scaleDtype: 'bf16' | 'f32';
+  qw: Int32Array;
+  sc: Uint16Array | Float32Array;
+}
+
+/** A float weight as bf16 bits, row-major [rows, cols]. */
+export interface HostBf16 {
+  rows: number;
+  cols: number;
+  bits: Uint16Array;
+}
+
+/** The weight reads a layer makes: a checkpoint (ModelSource), or weights made in memory (SeededSource). */
+export interface WeightReader {
+  /** Names the source in errors. */
+  readonly path: string;
+  readonly config: ModelConfig;
+  /** The HF config.json object the config was parsed from. */
+  readonly configJson: Record<string, unknown>;
+  /** The INT4 descriptor of a weight, or undefined when it is a float tensor. */
+  int4(name: string): Pick<Int4Descriptor, 'shape' | 'group_size' | 'scale_dtype'> | undefined;
+  readF32(name: string, shape: readonly number[]): Promise<Float32Array>;
+  readBf16(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostBf16>;
+  readInt4(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostInt4>;
+  close(): Promise<void>;
+}
+
+export class ModelSource implements WeightReader {
+  private constructor(
+    readonly path: string,
+    readonly store: AnyTensorStore,
+    readonly config: ModelConfig,
+    /** The HF config.json object (what `kdtree inspect` shows, what a drafter is checked against). */
+    readonly configJson: Record<string, unknown>,
+    readonly quantization: QuantizationMetadata | undefined,
+    /** Tensor name prefix of this checkpoint ('language_model.' inside Kimi K2.5's wrapper). */
+    readonly prefix: string,
+  ) {}
+
+  static async open(path: string, options: { config?: string } = {}): Promise<ModelSource> {
+    const store = await openTensors(path);
+    try {
+      const { json, source } = await configFor(store, path, options.config);
+      const config = parseModelConfig(json, source);
+      let quantization = readQuantizationMetadata(store);
+      if (quantization === undefined) {
+        const found = findCompressedTensorsConfig(json as Record<string, unknown>, source);
+        if (found) {
+          quantization = await describeCompressedTensors(store.tensors, found, async (name) =>
+            Array.from(typedView(store.get(name).dtype, await store.read(name)) as ArrayLike<number | bigint>, Number),
+          );
+        }
+      }
+      const prefix = config.weightPrefix || (store.has('language_model.model.embed_tokens.weight') ? 'language_model.' : '');
+      return new ModelSource(path, store, config, json as Record<string, unknown>, quantization, prefix);
+    } catch (error) {
+      await store.close();
+      throw error;
+    }
+  }
+
+  /** The metadata of a KDTR bundle ({} for safetensors). */
+  get metadata(): Record<string, unknown> {
+    return this.store.metadata as Record<string, unknown>;
+  }
+
+  private full(name: string): string {
+    return this.prefix + name;
+  }
+
+  /** The INT4 descriptor of a weight, or undefined when it is stored as a float tensor. */
+  int4(name: string): Int4Descriptor | undefined {
+    return this.quantization?.tensors[this.full(name)];
+  }
+
+  /** Shape of a weight as the model sees it ([N, K] for INT4 weights). */
+  shape(name: string): number[] {
+    const d = this.int4(name);
+    if (d !== undefined) return [...d.shape];
+    return [...this.info(name).shape];
+  }
+
+  private info(name: string): TensorInfo {
+    const full = this.full(name);
+    if (!this.store.has(full)) throw modelError(full, `missing (a ${this.config.modelType} of ${this.config.numLayers} layers and ${this.config.nRoutedExperts} experts needs it)`, this.path);
+    return this.store.get(full);
+  }
+
+  private checkShape(name: string, actual: readonly number[], expected: readonly number[]): void {
+    if (actual.length !== expected.length || actual.some((d, i) => d !== expected[i])) {
+      throw modelError(this.full(name), `has shape [${actual.join(', ')}], the config needs [${expected.join(', ')}]`, this.path);
+    }
+  }
+
+  /** A small float tensor (norm weights, router bias) widened to f32. */
+  async readF32(name: string, shape: readonly number[]): Promise<Float32Array> {
+    if (this.int4(name) !== undefined) throw modelError(this.full(name), 'is INT4; the engine keeps norms and router biases in float', this.path);
+    const info = this.info(name);
+    this.checkShape(name, info.shape, shape);
+    return floatToF32(info.dtype, await this.store.read(this.full(name)), this.full(name));
+  }
+
+  /**
+   * A float weight [rows, cols] as bf16 bits, optionally only the given rows in that order (a layer
+   * splitting one projection into two, or a tensor-parallel rank taking its shard).
+   */
+  async readBf16(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostBf16> {
+    const info = this.info(name);
+    this.checkShape(name, info.shape, shape);
+    const bytes = await this.store.read(this.full(name));
+    let bits: Uint16Array;
+    switch (info.dtype) {
+      case 'BF16':
+        bits = typedView('BF16', bytes);
+        break;
+      case 'F32':
+      case 'F64':
+        bits = f32ArrayToBf16(floatToF32(info.dtype, bytes, this.full(name)));
+        break;
+      case 'F16':
+        bits = f32ArrayToBf16(f16ArrayToF32(typedView('F16', bytes)));
+        break;
+      default:
+        throw modelError(this.full(name), `is ${info.dtype}; expected a float tensor (BF16, F16, F32) or an INT4 descriptor`, this.path);
+    }
+    const [r, c] = shape;
+    return rows === undefined ? { rows: r, cols: c, bits } : { rows: rows.length, cols: c, bits: pickRows(bits, c, rows) as Uint16Array };
+  }
+
+  /** An INT4 weight's checkpoint parts, optionally only the given rows in that order. */
+  async readInt4(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostInt4> {
+    const d = this.int4(name);
+    if (d === undefined) throw modelError(this.full(name), 'is not INT4', this.path);
+    this.checkShape(name, d.shape, shape);
+    const m = await readInt4(this.store, this.full(name), d);
+    const [n, k] = shape;
+    const host: HostInt4 = { rows: n, cols: k, group: m.groupSize, scaleDtype: m.scaleDtype === 'BF16' ? 'bf16' : 'f32', qw: m.packed, sc: m.scales };
+    if (rows === undefined) return host;
+    return { ...host, rows: rows.length, qw: pickRows(m.packed, k / 8, rows) as Int32Array, sc: pickRows(m.scales, k / m.groupSize, rows) as Uint16Array | Float32Array };
+  }
+
+  /** Bytes the tensors of `name` occupy in the checkpoint (both INT4 parts, or the float tensor). */
+  storedBytes(name: string): number {
+    const d = this.int4(name);
+    if (d !== undefined) return this.store.get(d.qw).size + this.store.get(d.sc).size;
+    return this.info(name).size;
+  }
+
+  async close(): Promise<void> {
+    await this.store.close();
+  }
+}
+
+type Rows = Uint16Array | Int32Array | Float32Array;
+
+/** The given rows of a row-major [*, width] array, in that order. */
+export function pickRows<T extends Rows>(data: T, width: number, rows: readonly number[]): T {
+  const out = new (data.constructor as new (n: number) => T)(rows.length * width);
+  rows.forEach((r, i) => out.set(data.subarray(r * width, (r + 1) * width), i * width));
+  return out;
+}
+
+async function configFor(store: AnyTensorStore, path: string, configPath?: string): Promise<{ json: unknown; source: string }> {
+  if (configPath !== undefined) return { json: JSON.parse(await readFile(configPath, 'utf8')), source: configPath };
+  const meta = store.metadata as Record<string, unknown>;
+  if (store.format.startsWith('kdtr')) {
+    if (meta.config === undefined) throw modelError('metadata.config', 'the bundle has no model config (import it with --config config.json)', path);
+    return { json: meta.config, source: `${path} (metadata.config)` };
+  }
+  const dir = (await stat(path)).isDirectory() ? path : dirname(path);
+  const candidate = join(dir, 'config.json');
+  let text: string;
+  try {
+    text = await readFile(candidate, 'utf8');
+  } catch {
+    throw modelError('config.json', `no config.json next to the checkpoint (looked for ${candidate}; pass one explicitly)`, path);
+  }
+  return { json: JSON.parse(text), source: candidate };
+}

@@ -1,0 +1,220 @@
+/**
+ * The steps of decoding one sequence on a DeviceModel, as the device runs them. The committed
+ * length L and the last emitted token live on the device, so a decode step, a tree verify and a
+ * drafter's chain are fixed lists of ops: each is captured once (per size) as a graph and replayed
+ * with one host call per step. Prefill runs its ops directly, chunk by chunk.
+ *
+ * Every step runs on the default stream (graphs are captured on a stream of their own and launched
+ * onto it), so steps, uploads and downloads are ordered without events.
+ *
+ *   decode      token -> forward(1) at position L -> argmax -> token; L += 1
+ *   tree verify build(draft logits, root = token, start = L) -> forward(n nodes, tree mask, tree
+ *               positions, slots L..L+n) -> argmax -> accept -> commit the path's KV; L += path
+ *   chain       the same with the drafter's argmax at each depth as a chain (causal mask)
+ */
+import type { DeviceTensor, Graph, KdtreeBackend } from '@kdtree/cuda';
+import { KvCache, type CacheDtype } from './kv-cache.js';
+import type { Pass } from './layers.js';
+import { view } from './linear.js';
+import type { DeviceModel } from './model.js';
+
+/** The device arrays of a draft tree of up to `nodes` nodes (DDTree's build and accept outputs). */
+export interface TreeBuffers {
+  tokens: DeviceTensor;
+  parents: DeviceTensor;
+  depths: DeviceTensor;
+  positions: DeviceTensor;
+  mask: DeviceTensor;
+  size: DeviceTensor;
+  path: DeviceTensor;
+  pathLen: DeviceTensor;
+  /** f32 [nodes, vocab] and i32 [nodes]: the verify's logits and argmax. */
+  logits: DeviceTensor;
+  argmax: DeviceTensor;
+  /** f32 [nodes]: the nodes' cumulative draft log-probabilities (what budget 'auto' reads). */
+  logProbs: DeviceTensor;
+}
+
+export class Runner {
+  readonly cache: KvCache;
+  /** i32 [1]: the last emitted token, not yet in the cache (the next step's input or tree root). */
+  readonly token: DeviceTensor;
+  /** i32 [rows] each: prefill ids, positions and slots. */
+  private readonly ids: DeviceTensor;
+  private readonly positions: DeviceTensor;
+  private readonly prefillLogits: DeviceTensor;
+  private readonly graphs = new Map<string, Graph>();
+  private readonly owned: DeviceTensor[] = [];
+  private captureStream = -1;
+
+  constructor(
+    readonly b: KdtreeBackend,
+    readonly model: DeviceModel,
+    capacity: number,
+    cacheDtype: CacheDtype,
+    /** Tokens per prefill pass (at most the workspace's rows). */
+    readonly prefillRows = model.workspace.rows,
+  ) {
+    this.cache = new KvCache(b, model.config, capacity, cacheDtype);
+    const rows = model.workspace.rows;
+    try {
+      this.token = this.own(b.zeros('i32', [1]));
+      this.ids = this.own(b.zeros('i32', [rows]));
+      this.positions = this.own(b.zeros('i32', [rows]));
+      this.prefillLogits = this.own(b.empty('f32', [1, model.config.vocabSize]));
+    } catch (error) {
+      this.dispose();
+      throw error;
+    }
+  }
+
+  own<T extends DeviceTensor>(t: T): T {
+    this.owned.push(t);
+    return t;
+  }
+
+  get capacity(): number {
+    return this.cache.capacity;
+  }
+
+  /** Committed tokens (host mirror of the device's L). */
+  get committed(): number {
+    return this.cache.committed[0];
+  }
+
+  set committed(length: number) {
+    this.cache.setLength(0, length);
+  }
+
+  /** Moves the host mirror along after a step that advanced L on the device. */
+  advance(count: number): void {
+    this.cache.committed[0] += count;
+  }
+
+  private pass(t: number, positions: DeviceTensor, slots: DeviceTensor, base: number, stream: number, extra: Partial<Pass> = {}): Pass {
+    return { t, stream, positions, slots, base, cache: (l) => this.cache.layer(l), ...extra };
+  }
+
+  /**
+   * Runs `tokens` at slots [start, start + n) in chunks of the workspace's rows (causal), committing
+   * them (L = start + n). With `logits` ([1, vocab] f32), the last token's logits go there and their
+   * argmax to `token`.
+   */
+  prefill(tokens: readonly number[], start: number, logits: DeviceTensor | undefined = this.prefillLogits): void {
+    const b = this.b;
+    const rows = this.prefillRows;
+    for (let at = 0; at < tokens.length; at += rows) {
+      const t = Math.min(rows, tokens.length - at);
+      const ids = view(this.ids, [t]);
+      const positions = view(this.positions, [t]);
+      b.native.upload(this.ids.buffer, Int32Array.from(tokens.slice(at, at + t)));
+      b.native.arange({ out: positions, start: start + at, stream: 0 });
+      const last = at + t === tokens.length;
+      this.model.forward(this.pass(t, positions, positions, start + at, 0), ids, last && logits ? { first: t - 1, count: 1, out: logits } : undefined);
+      if (last && logits) b.native.argmax({ x: view(logits, [1, this.model.config.vocabSize]), out: this.token, stream: 0 });
+    }
+    this.committed = start + tokens.length;
+  }
+
+  /**
+   * One direct pass over `tokens` at slots [start, start + n) (n at most the workspace's rows),
+   * committing them, with logits of every row into `logits` [n, vocab] and the residual stream
+   * after each layer of `taps` into its tensor [n, hidden].
+   */
+  teacherForced(tokens: readonly number[], start: number, logits: DeviceTensor, taps: ReadonlyMap<number, DeviceTensor>): void {
+    const t = tokens.length;
+    const ids = view(this.ids, [t]);
+    const positions = view(this.positions, [t]);
+    this.b.native.upload(this.ids.buffer, Int32Array.from(tokens));
+    this.b.native.arange({ out: positions, start, stream: 0 });
+    this.model.forward(this.pass(t, positions, positions, start, 0), ids, { first: 0, count: t, out: logits }, taps);
+    this.committed = start + t;
+  }
+
+  /** Reads the device's last emitted token. */
+  readToken(): number {
+    return (this.b.toArray(this.token) as Int32Array)[0];
+  }
+
+  /** The graph `key`, captured by `queue(stream)` on first use. */
+  graph(key: string, queue: (stream: number) => void): Graph {
+    let g = this.graphs.get(key);
+    if (g === undefined) {
+      if (this.captureStream < 0) this.captureStream = this.b.native.createStream();
+      g = this.b.capture(this.captureStream, () => queue(this.captureStream));
+      this.graphs.set(key, g);
+    }
+    return g;
+  }
+
+  launch(graph: Graph): void {
+    this.b.native.launchGraph(graph, 0);
+  }
+
+  /**
+   * Queues `t` tokens (`ids`, i32 [t]) at positions and slots L.. (L on the device), their last
+   * row's logits into `logits` [1, vocab] and its argmax into `token`, then L += t.
+   */
+  queueAppend(t: number, ids: DeviceTensor, logits: DeviceTensor, stream: number, logitRow = t - 1): void {
+    const b = this.b;
+    const L = this.cache.length[0];
+    const positions = view(this.positions, [t]);
+    b.native.arange({ out: positions, startOnDevice: L, stream });
+    this.model.forward(this.pass(t, positions, positions, this.capacity - t, stream, { baseOnDevice: L }), ids, { first: logitRow, count: 1, out: logits });
+    b.native.argmax({ x: view(logits, [1, this.model.config.vocabSize]), out: this.token, stream });
+    b.native.arange({ out: L, startOnDevice: L, start: t, stream });
+  }
+
+  /** One greedy decode step as a graph: the token at L -> its successor in `token`, L += 1. */
+  decodeGraph(): Graph {
+    return this.graph('decode', (s) => this.queueAppend(1, this.token, this.prefillLogits, s));
+  }
+
+  /** Allocates the arrays of trees of up to `nodes` nodes. */
+  treeBuffers(nodes: number): TreeBuffers {
+    const b = this.b;
+    const i32 = () => this.own(b.zeros('i32', [nodes]));
+    return {
+      tokens: i32(),
+      parents: i32(),
+      depths: i32(),
+      positions: i32(),
+      mask: this.own(b.zeros('u8', [nodes, nodes])),
+      size: this.own(b.zeros('i32', [1])),
+      path: i32(),
+      pathLen: this.own(b.zeros('i32', [1])),
+      logits: this.own(b.empty('f32', [nodes, this.model.config.vocabSize])),
+      argmax: i32(),
+      logProbs: this.own(b.zeros('f32', [nodes])),
+    };
+  }
+
+  /**
+   * Queues the verify of a tree of `n` nodes already in `tree` (tokens, positions, mask, parents,
+   * size), then greedy acceptance (bonus into `token`) and the commit of the accepted path's KV,
+   * which moves L past it.
+   */
+  queueVerify(tree: TreeBuffers, n: number, stream: number, causal = false): void {
+    const b = this.b;
+    const L = this.cache.length[0];
+    const V = this.model.config.vocabSize;
+    const slots = view(tree.path, [n]); // the path buffer is free until accept writes it
+    const positions = view(tree.positions, [n]);
+    b.native.arange({ out: slots, startOnDevice: L, stream });
+    const mask = causal ? undefined : view(tree.mask, [n, n]);
+    this.model.forward(this.pass(n, positions, slots, this.capacity - n, stream, { baseOnDevice: L, mask }), view(tree.tokens, [n]), { first: 0, count: n, out: tree.logits });
+    b.native.argmax({ x: view(tree.logits, [n, V]), out: view(tree.argmax, [n]), stream });
+    b.native.ddtreeAccept({ tokens: view(tree.tokens, [n]), parents: view(tree.parents, [n]), size: tree.size, targetArgmax: view(tree.argmax, [n]), path: view(tree.path, [n]), pathLen: tree.pathLen, bonus: this.token, stream });
+    b.native.kvCommit({ caches: this.cache.all(), path: view(tree.path, [n]), pathLen: tree.pathLen, startOnDevice: L, nextStart: L, stream });
+  }
+
+  dispose(): void {
+    for (const g of this.graphs.values()) if (!g.freed) this.b.native.freeGraph(g);
+    this.graphs.clear();
+    if (this.captureStream >= 0) this.b.native.destroyStream(this.captureStream);
+    this.captureStream = -1;
+    this.b.free(...this.owned);
+    this.owned.length = 0;
+    this.cache.dispose();
+  }
+}
