@@ -39,7 +39,7 @@ describe('kdtree backend', () => {
   it('auto names every cuda candidate it skipped, or reports the GPU it chose', () => {
     const report = JSON.parse(runCli(['backend', '--backend', 'auto', '--json']).stdout) as BackendReport;
     if (report.backend === 'cuda') {
-      expect(Object.keys(report.device)).toEqual(['kind', 'index', 'name', 'computeCapability', 'multiprocessors', 'totalMemory', 'driverVersion', 'runtimeVersion']);
+      expect(Object.keys(report.device)).toEqual(['kind', 'index', 'name', 'compute_capability', 'multiprocessors', 'total_memory', 'driver_version', 'runtime_version']);
       expect(report.device).toMatchObject({ kind: 'cuda', index: 0 });
       expect(report.build.variant).toBe('cuda');
     } else {
@@ -73,7 +73,8 @@ describe('kdtree backend', () => {
     expect(kind.stderr).toMatch(/--backend: expected one of auto, cuda, cpu, got 'gpu'/);
     const device = runCli(['backend', '--device=-1']);
     expect(device.status).toBe(2);
-    expect(device.stderr).toMatch(/--device: expected an integer in \[0, \d+\], got '-1'/);
+    expect(device.stderr).toMatch(/--device: must be in \[0, \d+\], got '-1'/);
+    expect(runCli(['backend', '--device', '-1']).stderr).toMatch(/--device: must be in \[0, \d+\], got '-1'/);
     const env = runCli(['backend'], { env: { KDTREE_BACKEND: 'tpu' } });
     expect(env.status).toBe(1);
     expect(env.stderr).toMatch(/'tpu' is not one of auto, cuda, cpu/);

@@ -127,7 +127,7 @@ describe('kdtree CLI', () => {
     const src = join(dir, 's.safetensors');
     await sampleCheckpoint(src);
     const index = join(dir, 'sharded.kdtr.json');
-    expect(runCli(['import', src, '-o', index, '--shard-size', '4KB', '-q']).status).toBe(0);
+    expect(runCli(['import', src, '-o', index, '--shard-size', '4KiB', '-q']).status).toBe(0);
     const js = JSON.parse(runCli(['inspect', index, '--json']).stdout);
     expect(js.format).toBe('kdtr-index');
     expect(new Set(js.tensors.map((t: { file: string }) => t.file)).size).toBeGreaterThan(1);

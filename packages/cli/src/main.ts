@@ -3,7 +3,7 @@ import { EngineError } from '@kdtree/engine';
 import { FormatError } from '@kdtree/format';
 import { QuantError } from '@kdtree/quant';
 import { ReferenceError } from '@kdtree/reference';
-import { helpText, parseCommand, type CommandSpec, type Parsed } from './args.js';
+import { didYouMean, helpText, parseCommand, terminalWidth, wrap, type CommandSpec, type Parsed } from './args.js';
 import { CliError } from './cli-error.js';
 import { backendSpec, runBackend } from './commands/backend.js';
 import { demoSpec, runDemo } from './commands/demo.js';
@@ -38,15 +38,15 @@ export const COMMANDS: Command[] = [
   { spec: detokenizeSpec, run: runDetokenize },
 ];
 
-function topHelp(): string {
-  const width = Math.max(...COMMANDS.map((c) => c.spec.name.length));
+function topHelp(width = terminalWidth()): string {
+  const column = Math.max(...COMMANDS.map((c) => c.spec.name.length));
   return [
-    `kdtree ${CLI_VERSION}: KDTR bundles, INT4 quantization and golden references for Kimi K2.x`,
+    wrap(`kdtree ${CLI_VERSION}: KDTR bundles, INT4 quantization and golden references for Kimi K2.x`, width),
     '',
     'usage: kdtree <command> [options]',
     '',
     'Commands:',
-    ...COMMANDS.map((c) => `  ${c.spec.name.padEnd(width)}  ${c.spec.summary.split('. ')[0].replace(/\.$/, '')}`),
+    ...COMMANDS.map((c) => `  ${c.spec.name.padEnd(column)}  ${wrap(c.spec.summary.split('. ')[0].replace(/\.$/, ''), width, column + 4).slice(column + 4)}`),
     '',
     "Run 'kdtree <command> --help' for a command's options.",
   ].join('\n');
@@ -65,7 +65,11 @@ export async function main(argv: string[], io: CommandIO = processIO({ quiet: ar
   }
   const command = COMMANDS.find((c) => c.spec.name === name);
   try {
-    if (command === undefined) throw new CliError(`unknown command '${name}' (commands: ${COMMANDS.map((c) => c.spec.name).join(', ')})`, 2);
+    if (command === undefined) {
+      const names = COMMANDS.map((c) => c.spec.name);
+      const hint = didYouMean(name, names);
+      throw new CliError(`unknown command '${name}'${hint || ` (commands: ${names.join(', ')})`}`, 2);
+    }
     const parsed = parseCommand(command.spec, rest);
     if (parsed.values.help) {
       io.out(helpText(command.spec));

@@ -17,9 +17,9 @@ describe('kdtree quantize / compressed-tensors import and export', () => {
     const r = runCli(['quantize', f, '-o', q, '--preset', 'kimi-k2', '--json']);
     expect(r.stderr).toBe('');
     const summary = JSON.parse(r.stdout);
-    expect(summary).toMatchObject({ quantized: 12, scheme: 'minmax', group_size: 32, scale_dtype: 'BF16' });
-    expect(summary.classes).toEqual([expect.objectContaining({ tensorClass: 'routed expert', tensors: 12 })]);
-    expect(summary.bytesAfter).toBeLessThan(summary.bytesBefore);
+    expect(summary).toMatchObject({ schema: 'kdtree.quantize/1', quantized: 12, scheme: 'minmax', group_size: 32, scale_dtype: 'BF16' });
+    expect(summary.classes).toEqual([expect.objectContaining({ tensor_class: 'routed expert', tensors: 12 })]);
+    expect(summary.bytes_after).toBeLessThan(summary.bytes_before);
     const out = join(dir, 'ct-out/');
     expect(runCli(['export', q, '-o', out, '--format', 'compressed-tensors', '-q']).status).toBe(0);
     expect(readFileSync(join(out, 'model.safetensors')).equals(readFileSync(join(TORCH, 'model-ct', 'model.safetensors')))).toBe(true);

@@ -23,7 +23,7 @@ describe('kdtree gen-model and golden', () => {
     await b.close();
     const g = runCli(['golden', out, '--prompt', summary.golden.prompt.join(','), '--max-new', '16', '--json']);
     expect(g.status, g.stderr).toBe(0);
-    expect(JSON.parse(g.stdout)).toEqual({ prompt: summary.golden.prompt, tokens: summary.golden.tokens });
+    expect(JSON.parse(g.stdout)).toEqual({ schema: 'kdtree.golden/1', prompt: summary.golden.prompt, tokens: summary.golden.tokens, ddtree: null, logits: null });
     const spec = runCli(['golden', out, '--prompt', summary.golden.prompt.join(','), '--max-new', '16', '--draft', draft]);
     expect(spec.stdout).toMatch(/ddtree: identical to greedy; \d+ target forwards for 16 tokens/);
   });

@@ -22,7 +22,7 @@ describe('kdtree run', () => {
     expect(r.status, r.stderr).toBe(0);
     const out = JSON.parse(r.stdout);
     expect(out).toMatchObject({ schema: 'kdtree.run/1', prompt: golden.prompt, tokens: golden.tokens, stats: { backend: 'cpu', spec: 'greedy', steps: 15 } });
-    for (const key of ['tokensPerSecond', 'prefillMs', 'decodeMs', 'targetForwards', 'meanAcceptedLength']) expect(typeof out.stats[key]).toBe('number');
+    for (const key of ['tokens_per_second', 'prefill_ms', 'decode_ms', 'target_forwards', 'mean_accepted_length']) expect(typeof out.stats[key]).toBe('number');
   });
 
   it('ddtree and chain with the draft model stream the same tokens; --trace records each step', () => {
@@ -37,13 +37,13 @@ describe('kdtree run', () => {
     const out = JSON.parse(j.stdout);
     expect(out.tokens).toEqual(golden.tokens);
     expect(out.steps.length).toBe(out.stats.steps);
-    expect(out.steps[0]).toMatchObject({ treeSize: 17, draftTop1: expect.any(Array), accepted: expect.any(Number) });
+    expect(out.steps[0]).toMatchObject({ tree_size: 17, draft_top1: expect.any(Array), accepted: expect.any(Number) });
   });
 
   it('bad requests exit with one clear line', () => {
     const cases: [string[], number, RegExp][] = [
       [['--prompt', '1,500', '--max-new', '4'], 1, /prompt\[1\]: token 500 is outside the vocabulary \[0, 128\)/],
-      [['--prompt', '1,2', '--max-new', '4', '--spec', 'ddtree', '--budget', '0'], 2, /--budget: expected an integer in \[1, 1024\], got '0'/],
+      [['--prompt', '1,2', '--max-new', '4', '--spec', 'ddtree', '--budget', '0'], 2, /--budget: must be in \[1, 1024\], got '0'/],
       [['--prompt', '1,2', '--max-new', '4', '--depth', '3'], 2, /--drafter, --budget and --depth apply to --spec chain or ddtree/],
       [['--prompt', '1,2', '--max-new', '4', '--spec', 'ddtree', '--drafter', 'model:/nonexistent.kdtr'], 1, /nonexistent\.kdtr/],
     ];

@@ -2,10 +2,17 @@
  * Atomic publish: write to a temp file in the destination's directory, fsync it, rename it over
  * the destination, fsync the directory. A crash at any point leaves either the old file or the
  * complete new one, never a half-written file under the final name.
+ *
+ * The temp file is `.NAME.tmp-<pid>-<8 hex>`. A process killed mid-write leaves one behind; the
+ * next AtomicFile for the same destination removes those whose process is gone, so litter is
+ * bounded by the writers alive at once. (This assumes the directory is not shared with writers
+ * on other hosts, whose pids mean nothing here.)
  */
 import { randomBytes } from 'node:crypto';
-import { open, rename, unlink, type FileHandle } from 'node:fs/promises';
+import { open, readdir, rename, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
+import { FileWriteError, OutputPathError } from './errors.js';
+import { nonRegularKind } from './file-access.js';
 
 export class AtomicFile {
   private state: 'open' | 'committed' | 'aborted' = 'open';
@@ -16,19 +23,54 @@ export class AtomicFile {
     readonly handle: FileHandle,
   ) {}
 
+  /**
+   * Starts writing `path`. Refuses a destination that exists and is not a regular file (a
+   * device node, FIFO, socket or directory: the rename would replace it with a regular file).
+   */
   static async create(path: string): Promise<AtomicFile> {
+    await refuseNonRegular(path);
+    await removeStaleTemps(path);
     const tempPath = join(dirname(path), `.${basename(path)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
-    const handle = await open(tempPath, 'wx', 0o644);
+    let handle: FileHandle;
+    try {
+      handle = await open(tempPath, 'wx', 0o644);
+    } catch (cause) {
+      // The user named `path`, not the temp file: say which directory refused and why.
+      throw new OutputPathError(`cannot create the output (${errnoText(cause)} in ${dirname(path)})`, { file: path, cause });
+    }
     return new AtomicFile(path, tempPath, handle);
+  }
+
+  /** Writes all of `bytes` at `position`; a failure (ENOSPC, EIO) names the destination. */
+  async write(bytes: Uint8Array, position: number): Promise<void> {
+    let done = 0;
+    try {
+      while (done < bytes.byteLength) {
+        const { bytesWritten } = await this.handle.write(bytes, done, bytes.byteLength - done, position + done);
+        done += bytesWritten;
+      }
+    } catch (cause) {
+      throw new FileWriteError(`cannot write the output (${errnoText(cause)})`, { file: this.path, cause });
+    }
   }
 
   async commit(): Promise<void> {
     if (this.state !== 'open') throw new Error(`AtomicFile ${this.path}: commit after ${this.state}`);
     this.state = 'committed';
     try {
-      await this.handle.sync();
-      await this.handle.close();
-      await rename(this.tempPath, this.path);
+      try {
+        await this.handle.sync();
+        await this.handle.close();
+      } catch (cause) {
+        throw new FileWriteError(`cannot write the output (${errnoText(cause)})`, { file: this.path, cause });
+      }
+      // Again at the last moment: something may have appeared at the path while we wrote.
+      await refuseNonRegular(this.path);
+      try {
+        await rename(this.tempPath, this.path);
+      } catch (cause) {
+        throw new OutputPathError(`cannot publish the output (${errnoText(cause)})`, { file: this.path, cause });
+      }
     } catch (error) {
       await unlink(this.tempPath).catch(() => undefined);
       throw error;
@@ -42,6 +84,50 @@ export class AtomicFile {
     await this.handle.close().catch(() => undefined);
     await unlink(this.tempPath).catch(() => undefined);
   }
+}
+
+async function refuseNonRegular(path: string): Promise<void> {
+  const info = await stat(path).catch(() => undefined);
+  const kind = info === undefined ? undefined : nonRegularKind(info);
+  if (kind !== undefined) {
+    throw new OutputPathError(`is ${kind}; an output is only ever written as a regular file, and this one would be replaced`, { file: path, expected: 'a new file or a regular file to replace' });
+  }
+}
+
+const TEMP_SUFFIX = /\.tmp-(\d+)-[0-9a-f]{8}$/;
+
+/** Removes `.NAME.tmp-<pid>-<hex>` files of `path` whose writing process no longer exists. */
+export async function removeStaleTemps(path: string): Promise<string[]> {
+  const prefix = `.${basename(path)}`;
+  const names = await readdir(dirname(path)).catch(() => [] as string[]);
+  const removed: string[] = [];
+  for (const name of names) {
+    if (!name.startsWith(prefix)) continue;
+    const m = TEMP_SUFFIX.exec(name.slice(prefix.length));
+    if (m === null || m.index !== 0) continue;
+    const pid = Number(m[1]);
+    if (pid === process.pid || processAlive(pid)) continue;
+    const full = join(dirname(path), name);
+    if (await unlink(full).then(() => true, () => false)) removed.push(full);
+  }
+  return removed;
+}
+
+function processAlive(pid: number): boolean {
+  if (!Number.isSafeInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    // EPERM: it exists but belongs to someone else.
+    return (error as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+function errnoText(error: unknown): string {
+  const e = error as NodeJS.ErrnoException;
+  const what: Record<string, string> = { EACCES: 'permission denied', EPERM: 'operation not permitted', ENOENT: 'no such directory', ENOTDIR: 'a path component is not a directory', EROFS: 'read-only file system', ENOSPC: 'no space left on device', EDQUOT: 'disk quota exceeded', EISDIR: 'is a directory', EIO: 'input/output error', EFBIG: 'file too large', EXDEV: 'cross-device rename' };
+  return e?.code ? `${e.code}: ${what[e.code] ?? e.message}` : String((error as Error)?.message ?? error);
 }
 
 /** fsync on a directory makes a rename durable on Linux; other platforms may refuse it. */
@@ -61,7 +147,7 @@ async function syncDirectory(dir: string): Promise<void> {
 export async function writeFileAtomic(path: string, data: Uint8Array | string): Promise<void> {
   const file = await AtomicFile.create(path);
   try {
-    await file.handle.writeFile(data);
+    await file.write(typeof data === 'string' ? new TextEncoder().encode(data) : data, 0);
   } catch (error) {
     await file.abort();
     throw error;

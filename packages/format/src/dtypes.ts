@@ -48,6 +48,8 @@ export function checkDtype(
 
 /** Element count of a shape; `undefined` when it is not a safe integer (a hostile header). */
 export function elementCount(shape: readonly number[]): number | undefined {
+  // A zero dimension makes the product 0 whatever the other factors (valid: [0, 2^52, 2^52]).
+  if (shape.includes(0)) return 0;
   let n = 1;
   for (const d of shape) {
     n *= d;

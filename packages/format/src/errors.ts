@@ -4,7 +4,7 @@
  * print one line and a program can branch on `code`.
  */
 
-export type ErrorFormat = 'kdtr' | 'kdtr-index' | 'safetensors' | 'safetensors-index' | 'npy';
+export type ErrorFormat = 'kdtr' | 'kdtr-index' | 'safetensors' | 'safetensors-index' | 'npy' | 'json';
 
 export interface FormatErrorDetails {
   file: string;
@@ -103,6 +103,25 @@ export class ChecksumMismatchError extends FormatError {
 /** A tensor name that the bundle does not hold. */
 export class TensorNotFoundError extends FormatError {
   override readonly code = 'KDTREE_TENSOR_NOT_FOUND';
+}
+/** The path names a directory, device, FIFO or socket where a regular file is needed. */
+export class NotAFileError extends FormatError {
+  override readonly code = 'KDTREE_NOT_A_FILE';
+}
+/** The operating system failed a read (EIO, a file that cannot be read positionally). */
+export class FileReadError extends FormatError {
+  override readonly code = 'KDTREE_READ';
+}
+/**
+ * An output that must not be written: it is one of the inputs, or a non-regular file (a device
+ * node or FIFO that a rename would replace), or the directory refuses the file.
+ */
+export class OutputPathError extends FormatError {
+  override readonly code = 'KDTREE_OUTPUT_PATH';
+}
+/** The operating system failed a write to an output (ENOSPC, EIO, EFBIG). */
+export class FileWriteError extends FormatError {
+  override readonly code = 'KDTREE_WRITE';
 }
 /** The caller's arguments do not fit (buffer too small, range outside the tensor, bad data length). */
 export class UsageError extends FormatError {

@@ -23,9 +23,11 @@ export {
   f32ToF16,
 } from './half.js';
 export { crc32, formatCrc32 } from './crc32.js';
-export { AtomicFile, writeFileAtomic } from './atomic-file.js';
+export { AtomicFile, removeStaleTemps, writeFileAtomic } from './atomic-file.js';
+export { MAX_JSON_FILE_BYTES, readJsonFile } from './file-access.js';
+export { isIntegerLiteral, MAX_JSON_DEPTH, parseStrictJson, parseStrictJsonBytes, type StrictJsonContext } from './strict-json.js';
 export type { TensorData } from './tensor-data.js';
-export { TensorStore, type TensorInfo, type VerifyFailure, type VerifyProgress, type VerifyResult } from './tensor-store.js';
+export { TensorStore, type ChunkOptions, type ReadOptions, type TensorInfo, type VerifyFailure, type VerifyProgress, type VerifyResult } from './tensor-store.js';
 export {
   KDTR_ALIGNMENT,
   KDTR_DEFAULT_MAX_HEADER_BYTES,
@@ -43,6 +45,7 @@ export {
   SafetensorsCheckpoint,
   findModelConfig,
   isSafetensorsPath,
+  modelConfigNameFor,
   openSafetensors,
   referenceSafetensorsOrder,
   writeSafetensors,

@@ -14,6 +14,7 @@ import {
   truncate,
 } from './errors.js';
 import { KDTR_ALIGNMENT, KDTR_VERSION_MINOR, type KdtrPreamble } from './kdtr-layout.js';
+import { isIntegerLiteral, parseStrictJsonBytes } from './strict-json.js';
 
 export const MAX_TENSOR_NAME_BYTES = 4096;
 export const MAX_RANK = 16;
@@ -35,41 +36,34 @@ export interface KdtrHeader {
 
 const TENSOR_KEYS = new Set(['name', 'dtype', 'shape', 'offset', 'size', 'crc32']);
 const TOP_KEYS = new Set(['metadata', 'tensors']);
-const utf8 = new TextDecoder('utf-8', { fatal: true });
 const encoder = new TextEncoder();
 
 export function isPlainObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
-/** Parses UTF-8 JSON, turning every decoding or syntax failure into a HeaderParseError. */
+/**
+ * Parses a header or index: strict UTF-8 JSON (no BOM, no duplicate keys, no lone surrogates,
+ * bounded nesting, nothing after the value; see strict-json.ts). Every failure is a
+ * HeaderParseError naming the file.
+ */
 export function parseJsonBytes(bytes: Uint8Array, file: string, format: 'kdtr' | 'kdtr-index' | 'safetensors' | 'safetensors-index'): unknown {
-  let text: string;
-  try {
-    text = utf8.decode(bytes);
-  } catch (cause) {
-    throw new HeaderParseError('header is not valid UTF-8', { file, format, cause });
-  }
-  try {
-    return JSON.parse(text);
-  } catch (cause) {
-    throw new HeaderParseError(`header is not valid JSON (${(cause as Error).message})`, {
-      file,
-      format,
-      actual: truncate(JSON.stringify(text.slice(0, 120)), 140),
-      cause,
-    });
-  }
+  return parseStrictJsonBytes(bytes, { file, format, what: format.endsWith('index') ? 'index' : 'header' });
 }
 
-function nonNegativeInteger(value: unknown, file: string, tensor: string, field: string): number {
-  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) {
+/**
+ * A non-negative integer field: a JSON integer literal (no fraction or exponent, see
+ * strict-json.ts) below 2^53.
+ */
+function nonNegativeInteger(container: Record<string, unknown>, key: string, file: string, tensor: string): number {
+  const value = container[key];
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0 || !isIntegerLiteral(container, key)) {
     throw new InvalidFieldError('not a non-negative integer', {
       file,
       format: 'kdtr',
       tensor,
-      field,
-      expected: 'an integer in [0, 2^53)',
+      field: key,
+      expected: 'an integer literal in [0, 2^53) (no fraction, no exponent)',
       actual: truncate(JSON.stringify(value) ?? String(value), 80),
     });
   }
@@ -87,17 +81,18 @@ export function validateShape(value: unknown, file: string, tensor: string, form
       actual: truncate(JSON.stringify(value) ?? String(value), 80),
     });
   }
-  for (const d of value) {
-    if (typeof d !== 'number' || !Number.isSafeInteger(d) || d < 0) {
+  value.forEach((d: unknown, i: number) => {
+    if (typeof d !== 'number' || !Number.isSafeInteger(d) || d < 0 || !isIntegerLiteral(value, i)) {
       throw new InvalidFieldError('shape dimension is not a non-negative integer', {
         file,
         format,
         tensor,
         field: 'shape',
+        expected: 'integer literals in [0, 2^53)',
         actual: truncate(JSON.stringify(value), 80),
       });
     }
-  }
+  });
   return value as number[];
 }
 
@@ -178,9 +173,9 @@ export function validateKdtrHeader(json: unknown, preamble: KdtrPreamble, file: 
     seen.add(name);
     const dtype = checkDtype(row.dtype, { file, tensor: name, format: 'kdtr' });
     const shape = validateShape(row.shape, file, name, 'kdtr');
-    const offset = nonNegativeInteger(row.offset, file, name, 'offset');
-    const size = nonNegativeInteger(row.size, file, name, 'size');
-    const crc = nonNegativeInteger(row.crc32, file, name, 'crc32');
+    const offset = nonNegativeInteger(row, 'offset', file, name);
+    const size = nonNegativeInteger(row, 'size', file, name);
+    const crc = nonNegativeInteger(row, 'crc32', file, name);
     if (crc > 0xffffffff) {
       throw new InvalidFieldError('crc32 out of range', { file, format: 'kdtr', tensor: name, field: 'crc32', expected: 'at most 4294967295', actual: `${crc}` });
     }

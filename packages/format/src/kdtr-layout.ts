@@ -1,7 +1,7 @@
 /**
  * KDTR v1 byte layout (docs/format/kdtr-v1.md is the normative text):
  *
- *   [0, 64)                  preamble (fixed, little-endian)
+ *   [0, 64)                  preamble (fixed, little-endian), then zeros up to 4096
  *   [4096, header_offset)    tensor data, each tensor at a multiple of 4096, zero padding between
  *   [header_offset, EOF)     header: UTF-8 JSON {"metadata": {...}, "tensors": [...]}
  *
@@ -153,12 +153,14 @@ export function decodePreamble(bytes: Uint8Array, actualFileLength: number, file
       actual: `${actualFileLength} bytes`,
     });
   }
-  if (headerOffset < KDTR_PREAMBLE_BYTES || headerOffset + headerLength !== fileLength) {
+  // The data region starts at 4096 whether or not it holds a tensor, so the header never sits
+  // inside the preamble's page (an empty bundle's header is at 4096).
+  if (headerOffset < KDTR_ALIGNMENT || headerOffset + headerLength !== fileLength) {
     throw new InvalidFieldError('header must span from header_offset to the end of the file', {
       file,
       format: 'kdtr',
       field: 'header_offset',
-      expected: `header_offset >= ${KDTR_PREAMBLE_BYTES} and header_offset + header_length == file_length (${fileLength})`,
+      expected: `header_offset >= ${KDTR_ALIGNMENT} and header_offset + header_length == file_length (${fileLength})`,
       actual: `header_offset ${headerOffset}, header_length ${headerLength}`,
     });
   }

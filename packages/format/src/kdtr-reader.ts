@@ -3,7 +3,7 @@
  * e.g. one shard per 5 GB or per tensor-parallel rank) that reads as one bundle. Opening reads
  * only the preambles and headers; tensor data is read on demand.
  */
-import { open, type FileHandle } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { crc32 } from './crc32.js';
 import {
@@ -24,7 +24,9 @@ import {
   startsWithMagic,
   type KdtrPreamble,
 } from './kdtr-layout.js';
+import { openRegularFile } from './file-access.js';
 import { preadFully } from './positional-io.js';
+import { isIntegerLiteral } from './strict-json.js';
 import { TensorStore, type OpenFile, type TensorInfo } from './tensor-store.js';
 
 export const KDTR_INDEX_FORMAT = 'kdtr-index';
@@ -90,9 +92,8 @@ interface OpenedKdtrFile {
 
 /** Opens one .kdtr file and validates its preamble and header; closes the handle on failure. */
 async function openKdtrFile(path: string, options: OpenOptions): Promise<OpenedKdtrFile> {
-  const handle = await open(path, 'r');
+  const { handle, size } = await openRegularFile(path, 'kdtr');
   try {
-    const { size } = await handle.stat();
     const head = new Uint8Array(Math.min(KDTR_PREAMBLE_BYTES, size));
     await preadFully(handle, head, 0, head.byteLength, 0, { file: path, format: 'kdtr' });
     const preamble = decodePreamble(head, size, path);
@@ -155,18 +156,30 @@ function shardFileName(value: unknown, path: string, index: number): string {
   return value;
 }
 
-function u32Field(value: unknown, path: string, field: string): number {
-  if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 0xffffffff) {
-    throw indexError(path, 'not a 32-bit unsigned integer', field, 'an integer in [0, 2^32)', JSON.stringify(value));
+function u32Field(row: Record<string, unknown>, key: string, path: string, field: string): number {
+  const value = row[key];
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 0xffffffff || !isIntegerLiteral(row, key)) {
+    throw indexError(path, 'not a 32-bit unsigned integer', field, 'an integer literal in [0, 2^32)', JSON.stringify(value));
   }
   return value;
 }
 
-function safeIntField(value: unknown, path: string, field: string): number {
-  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) {
-    throw indexError(path, 'not a non-negative integer', field, 'an integer in [0, 2^53)', JSON.stringify(value));
+function safeIntField(row: Record<string, unknown>, key: string, path: string, field: string): number {
+  const value = row[key];
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0 || !isIntegerLiteral(row, key)) {
+    throw indexError(path, 'not a non-negative integer', field, 'an integer literal in [0, 2^53)', JSON.stringify(value));
   }
   return value;
+}
+
+const INDEX_KEYS = ['format', 'version', 'metadata', 'shards', 'weight_map'];
+const SHARD_KEYS = ['file', 'file_length', 'header_crc32', 'tensor_count'];
+
+/** Index version 1 has no minor version to grow by: a key it does not define is an error. */
+function checkKeys(obj: Record<string, unknown>, allowed: readonly string[], path: string, where: string): void {
+  for (const key of Object.keys(obj)) {
+    if (!allowed.includes(key)) throw indexError(path, 'unknown key', where ? `${where}.${key}` : key, allowed.join(', '));
+  }
 }
 
 interface ParsedIndex {
@@ -179,29 +192,32 @@ export function parseKdtrIndex(json: unknown, path: string): ParsedIndex {
   if (!isPlainObject(json) || json.format !== KDTR_INDEX_FORMAT) {
     throw new BadMagicError('not a KDTR index', { file: path, format: 'kdtr-index', field: 'format', expected: `"${KDTR_INDEX_FORMAT}"` });
   }
-  if (json.version !== KDTR_INDEX_VERSION) {
+  if (json.version !== KDTR_INDEX_VERSION || !isIntegerLiteral(json, 'version')) {
     throw new UnsupportedVersionError('unsupported KDTR index version', { file: path, format: 'kdtr-index', field: 'version', expected: `${KDTR_INDEX_VERSION}`, actual: JSON.stringify(json.version) });
   }
+  checkKeys(json, INDEX_KEYS, path, '');
   if (!isPlainObject(json.metadata)) throw indexError(path, 'metadata must be an object', 'metadata');
   if (!Array.isArray(json.shards) || json.shards.length === 0) throw indexError(path, 'shards must be a non-empty array', 'shards');
   const names = new Set<string>();
   const shards = json.shards.map((row: unknown, i: number): KdtrShardSummary => {
     if (!isPlainObject(row)) throw indexError(path, 'shard entry must be an object', `shards[${i}]`);
+    checkKeys(row, SHARD_KEYS, path, `shards[${i}]`);
     const file = shardFileName(row.file, path, i);
     if (names.has(file)) throw indexError(path, 'shard listed twice', `shards[${i}].file`, undefined, file);
     names.add(file);
     return {
       file,
-      fileLength: safeIntField(row.file_length, path, `shards[${i}].file_length`),
-      headerCrc32: u32Field(row.header_crc32, path, `shards[${i}].header_crc32`),
-      tensorCount: u32Field(row.tensor_count, path, `shards[${i}].tensor_count`),
+      fileLength: safeIntField(row, 'file_length', path, `shards[${i}].file_length`),
+      headerCrc32: u32Field(row, 'header_crc32', path, `shards[${i}].header_crc32`),
+      tensorCount: u32Field(row, 'tensor_count', path, `shards[${i}].tensor_count`),
     };
   });
   if (!isPlainObject(json.weight_map)) throw indexError(path, 'weight_map must be an object', 'weight_map');
   const weightMap = new Map<string, number>();
-  for (const [name, shard] of Object.entries(json.weight_map)) {
-    if (typeof shard !== 'number' || !Number.isInteger(shard) || shard < 0 || shard >= shards.length) {
-      throw indexError(path, 'weight_map entry must be a shard index', `weight_map.${name}`, `an integer in [0, ${shards.length})`, JSON.stringify(shard));
+  const map = json.weight_map;
+  for (const [name, shard] of Object.entries(map)) {
+    if (typeof shard !== 'number' || !Number.isInteger(shard) || shard < 0 || shard >= shards.length || !isIntegerLiteral(map, name)) {
+      throw indexError(path, 'weight_map entry must be a shard index (0-based position in shards)', `weight_map.${name}`, `an integer literal in [0, ${shards.length})`, JSON.stringify(shard));
     }
     weightMap.set(name, shard);
   }
@@ -271,9 +287,8 @@ export async function openBundle(path: string, options: OpenOptions = {}): Promi
 
 /** The whole file when it is a JSON index (starts with '{'), else undefined. */
 async function readIfIndex(path: string, options: OpenOptions): Promise<Uint8Array | undefined> {
-  const handle = await open(path, 'r');
+  const { handle, size } = await openRegularFile(path, 'kdtr');
   try {
-    const { size } = await handle.stat();
     const head = new Uint8Array(Math.min(size, 16));
     await preadFully(handle, head, 0, head.byteLength, 0, { file: path, format: 'kdtr' });
     if (startsWithMagic(head) || firstNonSpace(head) !== 0x7b /* { */) return undefined;

@@ -13,6 +13,7 @@ import { KdtrWriter } from './kdtr-writer.js';
 import { seededBytes, tempDir } from './test-support/tmp.js';
 
 const PY_READER = fileURLToPath(new URL('../../../tools/kdtr_reader.py', import.meta.url));
+const SPEC = fileURLToPath(new URL('../../../docs/format/kdtr-v1.md', import.meta.url));
 const dir = tempDir();
 
 function pyRead(file: string) {
@@ -24,6 +25,34 @@ function pyRead(file: string) {
 describe('KDTR v1 spec, read by an independent Python implementation', () => {
   it('CRC-32 is the ISO-HDLC check value', () => {
     expect(crc32(new TextEncoder().encode('123456789'))).toBe(0xcbf43926);
+  });
+
+  it('the worked example is what our writer writes, byte for byte, and its numbers agree', async () => {
+    const text = readFileSync(SPEC, 'utf8');
+    const example = text.slice(text.indexOf('## 8. Worked example'), text.indexOf('## 9.'));
+    const file = join(dir, 'example.kdtr');
+    const w = await KdtrWriter.create(file, { metadata: { config: { hidden_size: 2 } } });
+    await w.add({ name: 'w', dtype: 'F32', shape: [2] }, new Float32Array([1, -2]));
+    await w.close();
+    const bytes = readFileSync(file);
+    expect(example).toContain(`${bytes.length} bytes`);
+    // Every hex row of the dump, at its offset.
+    const rows = [...example.matchAll(/^([0-9a-f]{8}): ((?:[0-9a-f]{4} ?)+)/gm)];
+    expect(rows.length).toBe(5);
+    for (const [, offset, hex] of rows) {
+      const expected = Buffer.from(hex.replace(/\s/g, ''), 'hex');
+      const at = Number.parseInt(offset, 16);
+      expect(bytes.subarray(at, at + expected.length).toString('hex'), `row ${offset}`).toBe(expected.toString('hex'));
+    }
+    const headerOffset = Number(bytes.readBigUInt64LE(16));
+    const header = /^00001008: ([^\n]*)\n\s+([^\n]*)/m.exec(example)!;
+    expect(bytes.subarray(headerOffset).toString('utf8')).toBe(header[1] + header[2]);
+    // Each "0x... = decimal" pair names the same number, and each CRC is the real one.
+    for (const [, hex, dec] of example.matchAll(/0x([0-9a-f]{8}) = (\d+)/g)) expect(Number.parseInt(hex, 16), hex).toBe(Number(dec));
+    const dataCrc = crc32(bytes.subarray(4096, 4104));
+    expect(example).toContain(`crc32 0x${dataCrc.toString(16)} = ${dataCrc}`);
+    expect(example).toContain(`header_crc32 0x${crc32(bytes.subarray(headerOffset)).toString(16)}`);
+    expect(example).toContain(`preamble_crc32 0x${crc32(bytes.subarray(0, 60)).toString(16).padStart(8, '0')}`);
   });
 
   it('reads what our writer writes, with the same bytes and checksums', async () => {

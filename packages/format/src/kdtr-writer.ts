@@ -115,11 +115,7 @@ export class KdtrWriter {
   }
 
   private async writeAll(bytes: Uint8Array, position: number): Promise<void> {
-    let done = 0;
-    while (done < bytes.byteLength) {
-      const { bytesWritten } = await this.file.handle.write(bytes, done, bytes.byteLength - done, position + done);
-      done += bytesWritten;
-    }
+    await this.file.write(bytes, position);
   }
 
   /** Writes header and preamble, fsyncs and renames into place. */
@@ -191,12 +187,26 @@ export class ShardedKdtrWriter {
   }
 
   static async create(indexPath: string, options: ShardedWriterOptions = {}): Promise<ShardedKdtrWriter> {
+    const max = options.maxShardBytes;
+    if (max !== undefined && (!Number.isSafeInteger(max) || max < 1)) {
+      throw new UsageError('maxShardBytes must be a positive integer', { file: indexPath, format: 'kdtr-index', field: 'maxShardBytes', expected: 'an integer >= 1', actual: String(max) });
+    }
     return new ShardedKdtrWriter(indexPath, options.maxShardBytes ?? Number.MAX_SAFE_INTEGER, { ...(options.metadata ?? {}) });
   }
 
   private shardPath(index: number): string {
-    const stem = basename(this.indexPath).replace(/(\.kdtr)?\.json$/, '');
-    return join(dirname(this.indexPath), `${stem}-${String(index + 1).padStart(5, '0')}.kdtr`);
+    return join(dirname(this.indexPath), `${shardStem(this.indexPath)}-${String(index + 1).padStart(5, '0')}.kdtr`);
+  }
+
+  /**
+   * Whether `file` is a path this writer could write a shard of `indexPath` to: the same
+   * directory and `<stem>-NNNNN.kdtr` (callers resolve both paths first).
+   */
+  static isShardPath(indexPath: string, file: string): boolean {
+    if (dirname(indexPath) !== dirname(file)) return false;
+    const name = basename(file);
+    const stem = shardStem(indexPath);
+    return name.startsWith(`${stem}-`) && /^-\d{5}\.kdtr$/.test(name.slice(stem.length));
   }
 
   /** Closes the current shard (if it holds anything); the next add() opens a new one. */
@@ -257,6 +267,10 @@ export class ShardedKdtrWriter {
     this.current = undefined;
     await Promise.all(this.done.map((r) => unlink(r.path).catch(() => undefined)));
   }
+}
+
+function shardStem(indexPath: string): string {
+  return basename(indexPath).replace(/(\.kdtr)?\.json$/, '');
 }
 
 export function kdtrVersion(): string {

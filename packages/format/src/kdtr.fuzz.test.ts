@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { crc32 } from './crc32.js';
-import { FormatError } from './errors.js';
+import { ChecksumMismatchError, FormatError, HeaderParseError, InvalidFieldError } from './errors.js';
 import { KDTR_PREAMBLE_BYTES } from './kdtr-layout.js';
 import { openBundle } from './kdtr-reader.js';
 import { KdtrWriter } from './kdtr-writer.js';
@@ -57,9 +57,15 @@ async function checkFile(bytes: Uint8Array): Promise<'rejected' | 'opened'> {
       const result = await bundle.verify();
       const failed = new Set(result.failures.map((f) => f.tensor));
       for (const info of bundle.tensors) {
-        const data = await bundle.read(info.name);
+        // A plain read checks the CRC: it returns the stored bytes or throws, never other bytes.
+        const data = await bundle.read(info.name).catch((error: unknown) => {
+          if (error instanceof ChecksumMismatchError && failed.has(info.name)) return undefined;
+          throw error;
+        });
+        if (data === undefined) continue;
+        if (failed.has(info.name)) throw new Error(`read() returned tensor '${info.name}' that verify() found corrupt`);
         const original = originals.get(info.name);
-        if (!failed.has(info.name) && original !== undefined && !Buffer.from(data).equals(original)) {
+        if (original !== undefined && !Buffer.from(data).equals(original)) {
           // A tensor whose name and bytes both changed can't be compared; one that kept its name must match.
           if (info.size === original.length) throw new Error(`silent corruption of tensor '${info.name}'`);
         }
@@ -84,10 +90,10 @@ function resealPreamble(bytes: Buffer): void {
 }
 
 /** Rebuilds the file with a replaced header, with every checksum and length made consistent. */
-function withHeader(header: unknown): Buffer {
+function withHeader(header: unknown, raw?: string | Buffer): Buffer {
   const view = preambleView(pristine);
   const headerOffset = Number(view.getBigUint64(16, true));
-  const text = Buffer.from(JSON.stringify(header) ?? 'null');
+  const text = raw === undefined ? Buffer.from(JSON.stringify(header) ?? 'null') : Buffer.from(raw);
   const out = Buffer.concat([pristine.subarray(0, headerOffset), text]);
   const v = preambleView(out);
   v.setBigUint64(24, BigInt(text.length), true);
@@ -97,6 +103,31 @@ function withHeader(header: unknown): Buffer {
   v.setUint32(44, Array.isArray(tensors) ? tensors.length : 0, true);
   resealPreamble(out);
   return out;
+}
+
+async function drain(chunks: AsyncIterable<Uint8Array>): Promise<number> {
+  let n = 0;
+  for await (const c of chunks) n += c.byteLength;
+  return n;
+}
+
+/** Opens a file that must be rejected while the header is parsed or validated; returns the error. */
+async function rejection(bytes: Buffer): Promise<FormatError> {
+  const file = join(dir, `reject-${caseId++}.kdtr`);
+  writeFileSync(file, bytes);
+  try {
+    const error = await openBundle(file).then(
+      async (b) => {
+        await b.close();
+        return undefined;
+      },
+      (e: unknown) => e,
+    );
+    if (!(error instanceof FormatError)) throw new Error(`expected a FormatError, got ${error === undefined ? 'an open bundle' : String(error)}`);
+    return error;
+  } finally {
+    unlinkSync(file);
+  }
 }
 
 function pristineHeader(): { metadata: unknown; tensors: Record<string, unknown>[] } {
@@ -148,6 +179,9 @@ describe('KDTR reader under mutation (fast-check)', () => {
         writeFileSync(file, bytes);
         const bundle = await openBundle(file);
         const result = await bundle.verify();
+        // Every read path checks the CRC, not only verify().
+        await expect(bundle.read(t.name as string)).rejects.toThrow(ChecksumMismatchError);
+        await expect(drain(bundle.chunks(t.name as string, { chunkBytes: 4096 }))).rejects.toThrow(ChecksumMismatchError);
         await bundle.close();
         unlinkSync(file);
         expect(result.failures.map((f) => f.tensor)).toEqual([t.name]);
@@ -197,6 +231,111 @@ describe('KDTR reader under mutation (fast-check)', () => {
       }),
       { numRuns: RUNS },
     );
+  });
+
+  it('header text the strict JSON rules forbid (checksums resealed) is rejected wherever it is', async () => {
+    const text = JSON.stringify(pristineHeader());
+    // Positions just after a '{' or ',' where a key starts.
+    const keyStarts = [...text.matchAll(/[{,](?=")/g)].map((m) => m.index! + 1);
+    const mutations: Record<string, (at: number, n: number) => string | Buffer> = {
+      // A key repeated inside the same object: take the key at a key start and insert it again.
+      duplicateKey: (at) => {
+        const key = /^"(?:[^"\\]|\\.)*"/.exec(text.slice(keyStarts[at % keyStarts.length]))![0];
+        const where = keyStarts[at % keyStarts.length];
+        return `${text.slice(0, where)}${key}:0,${text.slice(where)}`;
+      },
+      bom: () => `\ufeff${text}`,
+      trailing: (_at, n) => `${text}${['\0', ' x', '{}', '\u0000\u0000', ']', ',', '\u00a0'][n % 7]}`,
+      // Valid JSON but for its depth: a key "deep" holding nested arrays, inserted before any key.
+      deepNesting: (at, n) => {
+        const where = keyStarts[at % keyStarts.length];
+        const depth = 64 + (n % 5000); // at the top level: the header object and 64 arrays, 65 levels
+        return `${text.slice(0, where)}"deep":${'['.repeat(depth)}${']'.repeat(depth)},${text.slice(where)}`;
+      },
+      loneSurrogate: (at, n) => {
+        const where = keyStarts[at % keyStarts.length] + 1;
+        return `${text.slice(0, where)}${['\\ud800', '\\udfff', '\\udbff\\u0041'][n % 3]}${text.slice(where)}`;
+      },
+      invalidUtf8: (at, n) => {
+        const b = Buffer.from(text);
+        const i = keyStarts[at % keyStarts.length] + 1;
+        return Buffer.concat([b.subarray(0, i), Buffer.from([[0xff], [0xc3, 0x28], [0xed, 0xa0, 0x80], [0xf8, 0x88, 0x80, 0x80, 0x80]][n % 4]), b.subarray(i)]);
+      },
+    };
+    await fc.assert(
+      fc.asyncProperty(fc.constantFrom(...Object.keys(mutations)), fc.nat(), fc.nat(), async (kind, at, n) => {
+        const raw = mutations[kind](at, n);
+        const error = await rejection(withHeader(pristineHeader(), raw));
+        expect(error, `${kind} at ${at}`).toBeInstanceOf(HeaderParseError);
+      }),
+      { numRuns: RUNS },
+    );
+  });
+
+  it('integer fields written with a fraction or an exponent are rejected; metadata numbers are free', async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.nat(), fc.constantFrom('offset', 'size', 'crc32', 'shape'), fc.constantFrom('.0', '.00', 'e0', 'E+0', 'e-0'), async (which, field, suffix) => {
+        const header = pristineHeader();
+        const t = header.tensors[which % header.tensors.length];
+        const name = JSON.stringify(t.name);
+        const text = JSON.stringify(header);
+        const entry = text.indexOf(`"name":${name}`);
+        // Rewrite the first number of the field inside this tensor's entry: 4096 -> 4096.0, 4096e0, ...
+        const re = new RegExp(`("${field}":\\[?)(\\d+)`, 'g');
+        re.lastIndex = entry;
+        const m = re.exec(text)!;
+        const raw = text.slice(0, m.index) + m[1] + m[2] + suffix + text.slice(m.index + m[0].length);
+        const error = await rejection(withHeader(header, raw));
+        expect(error).toBeInstanceOf(InvalidFieldError);
+        expect(error.field).toBe(field);
+        expect(error.tensor).toBe(t.name);
+      }),
+      { numRuns: Math.ceil(RUNS / 3) },
+    );
+    // The same spellings inside metadata (free-form JSON) are accepted.
+    const header = pristineHeader();
+    const raw = JSON.stringify(header).replace('"hidden_size":8', '"hidden_size":8.0,"eps":1e-5,"big":4.096e3');
+    const file = join(dir, `meta-${caseId++}.kdtr`);
+    writeFileSync(file, withHeader(header, raw));
+    const b = await openBundle(file);
+    expect(b.metadata.config).toEqual({ hidden_size: 8, eps: 1e-5, big: 4096 });
+    await b.close();
+  });
+
+  it('unknown keys in entries and at the top are rejected at minor 0, ignored at minor 1', async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.nat(), fc.string({ minLength: 1, maxLength: 8 }).filter((k) => !['name', 'dtype', 'shape', 'offset', 'size', 'crc32', 'metadata', 'tensors', '__proto__'].includes(k)), fc.jsonValue({ maxDepth: 2 }), fc.boolean(), async (which, key, value, top) => {
+        const header = pristineHeader() as Record<string, unknown> & ReturnType<typeof pristineHeader>;
+        if (top) header[key] = value;
+        else header.tensors[which % header.tensors.length][key] = value;
+        const bytes = withHeader(header);
+        const error = await rejection(bytes);
+        expect(error).toBeInstanceOf(InvalidFieldError);
+        expect(error.field).toBe(key);
+        const minor1 = Buffer.from(bytes);
+        preambleView(minor1).setUint16(10, 1, true);
+        resealPreamble(minor1);
+        expect(await checkFile(minor1)).toBe('opened');
+      }),
+      { numRuns: Math.ceil(RUNS / 3) },
+    );
+  });
+
+  it('zero-element shapes open whatever their other dimensions; nonzero products past 2^53 do not', async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.array(fc.integer({ min: 0, max: Number.MAX_SAFE_INTEGER }), { minLength: 1, maxLength: 6 }), fc.nat(), async (dims, at) => {
+        const shape = [...dims];
+        shape.splice(at % (shape.length + 1), 0, 0);
+        const header = pristineHeader();
+        const empty = header.tensors.find((t) => t.name === 'empty')!;
+        empty.shape = shape;
+        expect(await checkFile(withHeader(header))).toBe('opened');
+      }),
+      { numRuns: Math.ceil(RUNS / 3) },
+    );
+    const header = pristineHeader();
+    header.tensors.find((t) => t.name === 'empty')!.shape = [2 ** 30, 2 ** 30, 2 ** 30];
+    expect(await checkFile(withHeader(header))).toBe('rejected');
   });
 
   it('structural header rewrites: duplicates, reordering, wrong top-level types', async () => {

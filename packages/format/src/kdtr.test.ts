@@ -58,6 +58,12 @@ async function writeSamples(file: string, samples = SAMPLES, metadata: Record<st
   return w.close();
 }
 
+async function drain(chunks: AsyncIterable<Uint8Array>): Promise<number> {
+  let n = 0;
+  for await (const c of chunks) n += c.byteLength;
+  return n;
+}
+
 describe('KDTR write and read', () => {
   it('round-trips every dtype, scalars and empty tensors, in file order', async () => {
     const file = path();
@@ -157,9 +163,34 @@ describe('KDTR write and read', () => {
       const r = await b.verify();
       expect(r.ok).toBe(false);
       expect(r.failures.map((f) => f.tensor)).toEqual([entry.name]);
-      await expect(b.read(entry.name, { verify: true })).rejects.toThrow(ChecksumMismatchError);
+      // Every read path checks the CRC by default; only an explicit opt-out returns the bytes.
+      await expect(b.read(entry.name)).rejects.toThrow(ChecksumMismatchError);
+      await expect(b.readTyped(entry.name)).rejects.toThrow(ChecksumMismatchError);
+      await expect(b.readInto(entry.name, new Uint8Array(entry.size))).rejects.toThrow(ChecksumMismatchError);
+      await expect(b.readRange(entry.name, 0, 1)).rejects.toThrow(ChecksumMismatchError);
+      await expect(drain(b.chunks(entry.name, { chunkBytes: 4096 }))).rejects.toThrow(ChecksumMismatchError);
+      await expect(b.read(entry.name)).rejects.toThrow(new RegExp(`tensor '${entry.name.replace(/\./g, '\\.')}': field 'crc32': tensor data checksum mismatch`));
+      expect((await b.read(entry.name, { verify: false })).byteLength).toBe(entry.size);
+      expect((await b.readRange(entry.name, 0, 1, undefined, { verify: false })).byteLength).toBe(1);
+      expect(await drain(b.chunks(entry.name, { verify: false }))).toBe(entry.size);
       await b.close();
     }
+  });
+
+  it('a stream hands out its last chunk only after the checksum matched', async () => {
+    const file = path();
+    const result = await writeSamples(file);
+    const big = result.tensors.reduce((a, t) => (t.size > a.size ? t : a));
+    const copy = readFileSync(file);
+    copy[big.offset + big.size - 1] ^= 1;
+    writeFileSync(file, copy);
+    const b = await openBundle(file);
+    let received = 0;
+    await expect((async () => {
+      for await (const chunk of b.chunks(big.name, { chunkBytes: 4096 })) received += chunk.byteLength;
+    })()).rejects.toThrow(ChecksumMismatchError);
+    expect(received).toBeLessThan(big.size);
+    await b.close();
   });
 
   it('rejects truncation, foreign files and trailing bytes with typed errors', async () => {
@@ -198,6 +229,12 @@ describe('KDTR write and read', () => {
 });
 
 describe('multi-file bundles', () => {
+  it('refuses a shard size that is not a positive integer', async () => {
+    for (const bad of [0, -1, 0.5, Number.NaN]) {
+      await expect(ShardedKdtrWriter.create(path('x.kdtr.json'), { maxShardBytes: bad })).rejects.toThrow(/maxShardBytes must be a positive integer/);
+    }
+  });
+
   it('rolls shards by size and reads them as one bundle', async () => {
     const index = join(dir, `sharded-${counter++}.kdtr.json`);
     const w = await ShardedKdtrWriter.create(index, { maxShardBytes: 5000, metadata: { config: { layers: 2 } } });

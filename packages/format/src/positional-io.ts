@@ -5,7 +5,7 @@
  * where cat does 11). See docs/benchmarks/format-read.md.
  */
 import type { FileHandle } from 'node:fs/promises';
-import { TruncatedFileError, type ErrorFormat } from './errors.js';
+import { FileReadError, TruncatedFileError, type ErrorFormat } from './errors.js';
 
 export const READ_CHUNK_BYTES = 2 << 20;
 export const READ_CONCURRENCY = 4;
@@ -36,7 +36,15 @@ async function readExactly(
   let done = 0;
   while (done < length) {
     const step = Math.min(length - done, MAX_SINGLE_READ);
-    const { bytesRead } = await handle.read(target, targetOffset + done, step, position + done);
+    let bytesRead: number;
+    try {
+      ({ bytesRead } = await handle.read(target, targetOffset + done, step, position + done));
+    } catch (cause) {
+      // EIO from a failing disk, EISDIR, EINVAL from a special file (/proc/self/mem): a typed
+      // error naming the file, not a bare errno without a path.
+      const code = (cause as NodeJS.ErrnoException).code ?? (cause as Error).message;
+      throw new FileReadError(`cannot read ${length} bytes at offset ${position} (${code})`, { ...context, cause });
+    }
     if (bytesRead === 0) {
       throw new TruncatedFileError('file ends inside the data it declares', {
         ...context,

@@ -1,9 +1,9 @@
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { HeaderTooLargeError, InvalidFieldError, OutOfRangeError, OverlapError, ShapeSizeMismatchError, TruncatedFileError, UnknownDtypeError } from './errors.js';
+import { HeaderTooLargeError, InvalidFieldError, NotAFileError, OutOfRangeError, OverlapError, ShapeSizeMismatchError, TruncatedFileError, UnknownDtypeError } from './errors.js';
 import { openTensors } from './open.js';
-import { openSafetensors, writeSafetensors } from './safetensors.js';
+import { findModelConfig, openSafetensors, writeSafetensors } from './safetensors.js';
 import { expectSameBytes, seededBytes, tempDir } from './test-support/tmp.js';
 
 const dir = tempDir();
@@ -72,6 +72,28 @@ describe('safetensors reader', () => {
     await st.close();
     writeFileSync(join(model, 'model.safetensors.index.json'), JSON.stringify({ weight_map: { 'x.weight': 'model-00002-of-00002.safetensors', 'y.bias': 'model-00002-of-00002.safetensors' } }));
     await expect(openSafetensors(model)).rejects.toThrow(/weight_map names a tensor its file does not hold/);
+    // An empty weight_map beside two valid shards is not a checkpoint of 0 tensors.
+    writeFileSync(join(model, 'model.safetensors.index.json'), JSON.stringify({ metadata: {}, weight_map: {} }));
+    await expect(openTensors(model)).rejects.toThrow(InvalidFieldError);
+    await expect(openTensors(model)).rejects.toThrow(/model\.safetensors\.index\.json: field 'weight_map': weight_map names no tensor/);
+  });
+
+  it('finds the config of a checkpoint, and refuses one that is not a file', async () => {
+    const model = join(dir, 'cfg-model');
+    mkdirSync(model);
+    const file = join(model, 'm.safetensors');
+    await writeSafetensors(file, [{ name: 'x', dtype: 'U8', shape: [1], data: new Uint8Array(1) }]);
+    expect(await findModelConfig(file)).toBeUndefined();
+    writeFileSync(join(model, 'config.json'), '{}');
+    expect(await findModelConfig(model)).toBe(join(model, 'config.json'));
+    expect(await findModelConfig(file)).toBe(join(model, 'config.json'));
+    // What `kdtree export -o m.safetensors` writes beside the file comes first.
+    writeFileSync(join(model, 'm.config.json'), '{}');
+    expect(await findModelConfig(file)).toBe(join(model, 'm.config.json'));
+    const other = join(dir, 'cfg-dir');
+    mkdirSync(join(other, 'config.json'), { recursive: true });
+    await expect(findModelConfig(other)).rejects.toThrow(NotAFileError);
+    await expect(findModelConfig(other)).rejects.toThrow(`${join(other, 'config.json')}: model config is a directory, not a regular file`);
   });
 });
 

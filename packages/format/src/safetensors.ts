@@ -4,15 +4,17 @@
  * (compact JSON header, tensors in the given order, header padded with spaces to 8 bytes), so a
  * file imported into KDTR and exported again comes back byte for byte.
  */
-import { open, readFile, stat, type FileHandle } from 'node:fs/promises';
+import { stat, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { AtomicFile } from './atomic-file.js';
 import { checkDtype, type Dtype } from './dtypes.js';
 import {
+  BadMagicError,
   DuplicateTensorError,
   HeaderParseError,
   HeaderTooLargeError,
   InvalidFieldError,
+  NotAFileError,
   OutOfRangeError,
   OverlapError,
   ShapeSizeMismatchError,
@@ -20,6 +22,7 @@ import {
   UsageError,
 } from './errors.js';
 import { checkedByteSize, isPlainObject, parseJsonBytes, validateShape } from './kdtr-header.js';
+import { nonRegularKind, openRegularFile, readRegularFile } from './file-access.js';
 import { preadFully } from './positional-io.js';
 import { dataChunks, type TensorData } from './tensor-data.js';
 import { TensorStore, type OpenFile, type TensorInfo } from './tensor-store.js';
@@ -66,9 +69,8 @@ interface ParsedSafetensorsFile {
 }
 
 async function openSafetensorsFile(path: string, maxHeaderBytes: number): Promise<ParsedSafetensorsFile> {
-  const handle = await open(path, 'r');
+  const { handle, size } = await openRegularFile(path, 'safetensors');
   try {
-    const { size } = await handle.stat();
     const where = { file: path, format: 'safetensors' as const };
     if (size < 8) throw new TruncatedFileError('file too short for a safetensors header length', { ...where, expected: 'at least 8 bytes', actual: `${size} bytes` });
     const lengthBytes = new Uint8Array(8);
@@ -83,6 +85,10 @@ async function openSafetensorsFile(path: string, maxHeaderBytes: number): Promis
     }
     const headerBytes = new Uint8Array(headerLength);
     await preadFully(handle, headerBytes, 0, headerLength, 8, where);
+    if (headerBytes[0] !== 0x7b) {
+      // The reference library's InvalidHeaderStart: what follows the length is not a JSON object.
+      throw new BadMagicError('not a safetensors file: the header does not start with "{"', { ...where, field: 'header', expected: 'a u64 header length, then a JSON object', actual: headerLength === 0 ? 'an empty header' : `byte 0x${headerBytes[0].toString(16).padStart(2, '0')}` });
+    }
     const json = parseJsonBytes(headerBytes, path, 'safetensors');
     if (!isPlainObject(json)) throw new HeaderParseError('header must be a JSON object', where);
     const dataStart = 8 + headerLength;
@@ -167,15 +173,18 @@ async function resolveCheckpointPath(path: string): Promise<string> {
 }
 
 async function openSafetensorsIndex(path: string, limit: number): Promise<SafetensorsCheckpoint> {
-  const bytes = await readFile(path);
-  if (bytes.byteLength > limit) {
-    throw new HeaderTooLargeError('index larger than the limit', { file: path, format: 'safetensors-index', expected: `at most ${limit} bytes`, actual: `${bytes.byteLength}` });
-  }
+  const bytes = await readRegularFile(path, 'safetensors-index', limit, (size) =>
+    new HeaderTooLargeError('index larger than the limit', { file: path, format: 'safetensors-index', expected: `at most ${limit} bytes`, actual: `${size}` }),
+  );
   const json = parseJsonBytes(bytes, path, 'safetensors-index');
   if (!isPlainObject(json) || !isPlainObject(json.weight_map)) {
     throw new InvalidFieldError('index must have a weight_map object', { file: path, format: 'safetensors-index', field: 'weight_map' });
   }
   const weightMap = json.weight_map;
+  if (Object.keys(weightMap).length === 0) {
+    // An index with nothing in it would open as a checkpoint of 0 tensors beside shards full of them.
+    throw new InvalidFieldError('weight_map names no tensor', { file: path, format: 'safetensors-index', field: 'weight_map', expected: 'tensor name -> shard file for every tensor of the checkpoint', actual: '{}' });
+  }
   const fileNames: string[] = [];
   for (const [name, file] of Object.entries(weightMap)) {
     if (typeof file !== 'string' || file === '' || /[/\\\0]/.test(file) || file === '..' || file === '.') {
@@ -282,11 +291,7 @@ export async function writeSafetensors(
     new DataView(lengthBytes.buffer).setBigUint64(0, BigInt(headerBytes.byteLength), true);
     let position = 0;
     const writeAll = async (bytes: Uint8Array) => {
-      let done = 0;
-      while (done < bytes.byteLength) {
-        const { bytesWritten } = await file.handle.write(bytes, done, bytes.byteLength - done, position + done);
-        done += bytesWritten;
-      }
+      await file.write(bytes, position);
       position += bytes.byteLength;
     };
     await writeAll(lengthBytes);
@@ -311,12 +316,30 @@ export async function writeSafetensors(
   await file.commit();
 }
 
-/** The directory's config.json next to a checkpoint path, if there is one. */
+/**
+ * The model config that belongs to a checkpoint path, if there is one: for a directory its
+ * config.json; for a file `NAME.safetensors` first `NAME.config.json` beside it (what
+ * `kdtree export -o NAME.safetensors` writes), then the directory's config.json. A candidate that
+ * exists but is not a regular file (a directory named config.json) is an error, not skipped.
+ */
 export async function findModelConfig(path: string): Promise<string | undefined> {
   const info = await stat(path);
   const dir = info.isDirectory() ? path : dirname(path);
-  const candidate = join(dir, 'config.json');
-  return (await stat(candidate).then((s) => s.isFile(), () => false)) ? candidate : undefined;
+  const names = info.isDirectory() ? ['config.json'] : [modelConfigNameFor(path), 'config.json'];
+  for (const name of [...new Set(names)]) {
+    const candidate = join(dir, name);
+    const found = await stat(candidate).catch(() => undefined);
+    if (found === undefined) continue;
+    const kind = nonRegularKind(found);
+    if (kind !== undefined) throw new NotAFileError(`model config is ${kind}, not a regular file`, { file: candidate, format: 'json', expected: 'a config.json file' });
+    return candidate;
+  }
+  return undefined;
+}
+
+/** `NAME.config.json` for `NAME.safetensors` (any other name: NAME.config.json for NAME). */
+export function modelConfigNameFor(file: string): string {
+  return `${basename(file).replace(/\.safetensors$/, '')}.config.json`;
 }
 
 export function isSafetensorsPath(path: string): boolean {

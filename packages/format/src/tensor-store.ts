@@ -52,6 +52,21 @@ export interface VerifyResult {
   failures: VerifyFailure[];
 }
 
+export interface ReadOptions {
+  /**
+   * Check the tensor's stored CRC-32 (default true; containers without checksums have nothing to
+   * check). Pass false only where the caller verifies the same bytes another way.
+   */
+  verify?: boolean;
+}
+
+export interface ChunkOptions extends ReadOptions {
+  /** Bytes per chunk (default 1 MiB, at least 4096). */
+  chunkBytes?: number;
+  /** Reads in flight (default 4). */
+  depth?: number;
+}
+
 export abstract class TensorStore {
   /** Tensors in file order (shard by shard for multi-file containers). */
   readonly tensors: readonly TensorInfo[];
@@ -98,14 +113,19 @@ export abstract class TensorStore {
     return info;
   }
 
-  /** Reads a whole tensor into a new buffer of exactly its size. */
-  async read(name: string, options: { verify?: boolean } = {}): Promise<Uint8Array> {
+  /**
+   * Reads a whole tensor into a new buffer of exactly its size. Like every read of this class it
+   * checks the tensor's CRC-32 where the container stores one (KDTR) and throws
+   * ChecksumMismatchError on a mismatch; `verify: false` skips that, for a caller that verified
+   * the bundle separately (e.g. with verify()).
+   */
+  async read(name: string, options: ReadOptions = {}): Promise<Uint8Array> {
     const info = this.get(name);
     return this.readInto(name, new Uint8Array(info.size), options);
   }
 
-  /** Reads a tensor as a typed array (F16/BF16 as raw Uint16 bits). */
-  async readTyped<D extends Dtype>(name: string, dtype?: D): Promise<TypedArrayFor<D>> {
+  /** Reads a tensor as a typed array (F16/BF16 as raw Uint16 bits); checks the CRC as read() does. */
+  async readTyped<D extends Dtype>(name: string, dtype?: D, options: ReadOptions = {}): Promise<TypedArrayFor<D>> {
     const info = this.get(name);
     if (dtype !== undefined && info.dtype !== dtype) {
       throw new UsageError('tensor has another dtype', {
@@ -117,14 +137,14 @@ export abstract class TensorStore {
         actual: info.dtype,
       });
     }
-    return typedView(info.dtype as D, await this.read(name));
+    return typedView(info.dtype as D, await this.read(name, options));
   }
 
   /**
-   * Reads a tensor into the caller's buffer (no allocation) and returns the filled view.
-   * With `verify`, the CRC-32 is checked when the container stores one.
+   * Reads a tensor into the caller's buffer (no allocation) and returns the filled view. Checks
+   * the CRC-32 as read() does (the bytes are in hand: one more pass over them).
    */
-  async readInto(name: string, target: Uint8Array, options: { verify?: boolean } = {}): Promise<Uint8Array> {
+  async readInto(name: string, target: Uint8Array, options: ReadOptions = {}): Promise<Uint8Array> {
     const info = this.get(name);
     if (target.byteLength < info.size) {
       throw new UsageError('target buffer too small', {
@@ -142,15 +162,17 @@ export abstract class TensorStore {
       tensor: name,
     });
     const view = target.subarray(0, info.size);
-    if (options.verify) this.checkCrc(info, crc32(view));
+    if (this.verifies(info, options)) this.checkCrc(info, crc32(view));
     return view;
   }
 
   /**
    * Reads bytes [start, start + length) of one tensor: a tensor-parallel rank reads the rows of its
-   * shard without touching the rest of the tensor.
+   * shard. A checksum covers a whole tensor, so checking it means reading the whole tensor: by
+   * default the tensor is streamed through the CRC and the range copied out on the way;
+   * `verify: false` reads only the range (for a caller that verified the bundle separately).
    */
-  async readRange(name: string, start: number, length: number, target?: Uint8Array): Promise<Uint8Array> {
+  async readRange(name: string, start: number, length: number, target?: Uint8Array, options: ReadOptions = {}): Promise<Uint8Array> {
     const info = this.get(name);
     if (!Number.isSafeInteger(start) || !Number.isSafeInteger(length) || start < 0 || length < 0 || start + length > info.size) {
       throw new UsageError('byte range outside the tensor', {
@@ -171,6 +193,16 @@ export abstract class TensorStore {
         actual: `${out.byteLength} bytes`,
       });
     }
+    if (this.verifies(info, options)) {
+      let at = 0;
+      for await (const chunk of this.chunks(name)) {
+        const from = Math.max(start, at);
+        const to = Math.min(start + length, at + chunk.byteLength);
+        if (from < to) out.set(chunk.subarray(from - at, to - at), from - start);
+        at += chunk.byteLength;
+      }
+      return out.subarray(0, length);
+    }
     await preadFully(this.openFile(info).handle, out, 0, length, info.offset + start, {
       file: info.file,
       format: this.format,
@@ -181,15 +213,39 @@ export abstract class TensorStore {
 
   /**
    * Streams one tensor in order through a few reusable buffers: bounded memory for tensors of any
-   * size (copying, hashing, uploading through a pinned staging buffer).
+   * size (copying, hashing, uploading through a pinned staging buffer). The CRC-32 runs over each
+   * chunk as it arrives and is checked before the last chunk is handed out, so a consumer that
+   * reaches the end of the stream has seen exactly the stored bytes; on a mismatch the iteration
+   * throws ChecksumMismatchError instead (`verify: false` skips the check).
    */
-  chunks(name: string, options: { chunkBytes?: number; depth?: number } = {}): AsyncGenerator<Uint8Array> {
+  chunks(name: string, options: ChunkOptions = {}): AsyncGenerator<Uint8Array> {
     const info = this.get(name);
-    return streamRange(this.openFile(info).handle, info.offset, info.size, {
+    const raw = streamRange(this.openFile(info).handle, info.offset, info.size, {
       file: info.file,
       format: this.format,
       tensor: name,
     }, options);
+    return this.verifies(info, options) ? this.checkedChunks(info, raw) : raw;
+  }
+
+  private async *checkedChunks(info: TensorInfo, raw: AsyncGenerator<Uint8Array>): AsyncGenerator<Uint8Array> {
+    let crc = 0;
+    let seen = 0;
+    try {
+      for await (const chunk of raw) {
+        crc = crc32(chunk, crc);
+        seen += chunk.byteLength;
+        if (seen === info.size) this.checkCrc(info, crc);
+        yield chunk;
+      }
+      if (info.size === 0) this.checkCrc(info, 0);
+    } finally {
+      await raw.return(undefined);
+    }
+  }
+
+  private verifies(info: TensorInfo, options: ReadOptions): boolean {
+    return options.verify !== false && info.crc32 !== undefined;
   }
 
   /**
@@ -206,7 +262,7 @@ export abstract class TensorStore {
       const info = list[index];
       if (info.crc32 === undefined) continue;
       let crc = 0;
-      for await (const chunk of this.chunks(info.name)) {
+      for await (const chunk of this.chunks(info.name, { verify: false })) {
         crc = crc32(chunk, crc);
         bytesDone += chunk.byteLength;
         options.onProgress?.({ tensor: info, index, count: list.length, bytesDone, bytesTotal });

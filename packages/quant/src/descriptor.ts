@@ -3,9 +3,9 @@
  * [N, K/G]) for a float weight `<name>` of shape [N, K], described in the metadata under
  * `quantization.tensors[<name>]`. Readers ask for `<name>` and get it dequantized.
  */
-import { bf16ArrayToF32, f16ArrayToF32, typedView, type Dtype, type TensorInfo, type TensorStore } from '@kdtree/format';
+import { bf16ArrayToF32, f16ArrayToF32, parseStrictJson, typedView, type Dtype, type TensorInfo, type TensorStore } from '@kdtree/format';
 import { MissingPartError, QuantConfigError, QuantShapeMismatchError } from './errors.js';
-import { checkInt4Shape, dequantizeInt4, type Int4Matrix, type ScaleDtype } from './int4.js';
+import { checkInt4Shape, dequantizeInt4, GROUP_SIZES, type Int4Matrix, type ScaleDtype } from './int4.js';
 
 export const QUANT_FORMAT = 'kdtree.int4/1';
 
@@ -44,22 +44,75 @@ export function newQuantizationMetadata(extra: Partial<QuantizationMetadata> = {
   return { format: QUANT_FORMAT, bits: 4, symmetric: true, packing: PACKING, ...extra, tensors: { ...(extra.tensors ?? {}) } };
 }
 
-/** The quantization metadata of a store, validated; undefined when it holds no INT4 tensors. */
-export function readQuantizationMetadata(store: Pick<TensorStore, 'metadata' | 'path'>): QuantizationMetadata | undefined {
-  const q = (store.metadata as Record<string, unknown>).quantization;
-  if (q === undefined) return undefined;
-  if (typeof q !== 'object' || q === null || (q as QuantizationMetadata).format !== QUANT_FORMAT || typeof (q as QuantizationMetadata).tensors !== 'object') {
-    throw new QuantConfigError(`metadata.quantization is not a ${QUANT_FORMAT} descriptor`, { file: store.path });
+/**
+ * Where a safetensors file keeps the quantization metadata: its `__metadata__` holds only strings,
+ * so the descriptor object is stored there as JSON text under this key (`kdtree export` writes it).
+ */
+export const SAFETENSORS_QUANTIZATION_KEY = 'kdtree.quantization';
+
+const TOP_KEYS = new Set(['format', 'bits', 'symmetric', 'packing', 'preset', 'rules', 'compressed_tensors_config', 'tensors']);
+const DESCRIPTOR_KEYS = new Set(['shape', 'group_size', 'scale_dtype', 'scheme', 'qw', 'sc', 'shape_dtype']);
+const SCHEMES = ['minmax', 'absmax7', 'compressed-tensors'];
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/**
+ * The quantization metadata of a store, checked against its schema (docs/quant/int4.md section 5);
+ * undefined when it holds none. A KDTR bundle keeps it as `metadata.quantization`; a safetensors
+ * file as JSON text in `__metadata__["kdtree.quantization"]`.
+ */
+export function readQuantizationMetadata(store: Pick<TensorStore, 'metadata' | 'path'> & { format?: string }): QuantizationMetadata | undefined {
+  const meta = store.metadata as Record<string, unknown>;
+  let q = meta.quantization;
+  let where = 'metadata.quantization';
+  if (q === undefined && typeof meta[SAFETENSORS_QUANTIZATION_KEY] === 'string' && (store.format === undefined || store.format.startsWith('safetensors'))) {
+    where = `__metadata__["${SAFETENSORS_QUANTIZATION_KEY}"]`;
+    try {
+      q = parseStrictJson(meta[SAFETENSORS_QUANTIZATION_KEY] as string, { file: store.path, format: 'json', what: where });
+    } catch (cause) {
+      throw new QuantConfigError(`${where} is not JSON: ${(cause as Error).message}`, { file: store.path, cause });
+    }
   }
-  return q as QuantizationMetadata;
+  if (q === undefined) return undefined;
+  return checkQuantizationMetadata(q, store.path, where);
+}
+
+/** Validates a parsed quantization object; every problem names the key and what was expected. */
+export function checkQuantizationMetadata(q: unknown, file: string, where = 'metadata.quantization'): QuantizationMetadata {
+  const fail = (key: string, expected: string, actual?: unknown) =>
+    new QuantConfigError(`${where}${key ? `.${key}` : ''}: expected ${expected}${actual === undefined ? '' : `, found ${JSON.stringify(actual)?.slice(0, 80)}`}`, { file });
+  if (!isObject(q)) throw fail('', `a ${QUANT_FORMAT} object`, q);
+  if (q.format !== QUANT_FORMAT) throw fail('format', `"${QUANT_FORMAT}"`, q.format);
+  for (const key of Object.keys(q)) if (!TOP_KEYS.has(key)) throw fail(key, `no such key (keys: ${[...TOP_KEYS].join(', ')})`);
+  if (q.bits !== 4) throw fail('bits', '4', q.bits);
+  if (q.symmetric !== true) throw fail('symmetric', 'true (no zero points)', q.symmetric);
+  if (typeof q.packing !== 'string') throw fail('packing', 'a string', q.packing);
+  if (q.preset !== undefined && typeof q.preset !== 'string') throw fail('preset', 'a string', q.preset);
+  if (q.compressed_tensors_config !== undefined && !isObject(q.compressed_tensors_config)) throw fail('compressed_tensors_config', 'an object', q.compressed_tensors_config);
+  if (!isObject(q.tensors)) throw fail('tensors', 'an object of weight name -> descriptor', q.tensors);
+  for (const [name, d] of Object.entries(q.tensors)) {
+    const at = `tensors["${name}"]`;
+    if (!isObject(d)) throw fail(at, 'a descriptor object', d);
+    for (const key of Object.keys(d)) if (!DESCRIPTOR_KEYS.has(key)) throw fail(`${at}.${key}`, `no such key (keys: ${[...DESCRIPTOR_KEYS].join(', ')})`);
+    const shape = d.shape;
+    if (!Array.isArray(shape) || shape.length !== 2 || !shape.every((v) => Number.isSafeInteger(v) && (v as number) > 0)) throw fail(`${at}.shape`, '[N, K] of positive integers', shape);
+    if (!(GROUP_SIZES as readonly unknown[]).includes(d.group_size)) throw fail(`${at}.group_size`, `one of ${GROUP_SIZES.join(', ')}`, d.group_size);
+    if (d.scale_dtype !== 'BF16' && d.scale_dtype !== 'F32') throw fail(`${at}.scale_dtype`, '"BF16" or "F32"', d.scale_dtype);
+    if (!SCHEMES.includes(d.scheme as string)) throw fail(`${at}.scheme`, `one of ${SCHEMES.join(', ')}`, d.scheme);
+    if (typeof d.qw !== 'string' || d.qw === '') throw fail(`${at}.qw`, 'the name of the packed tensor', d.qw);
+    if (typeof d.sc !== 'string' || d.sc === '') throw fail(`${at}.sc`, 'the name of the scales tensor', d.sc);
+    if (d.shape_dtype !== undefined && d.shape_dtype !== 'I32' && d.shape_dtype !== 'I64') throw fail(`${at}.shape_dtype`, '"I32" or "I64"', d.shape_dtype);
+  }
+  return q as unknown as QuantizationMetadata;
 }
 
 /**
  * Checks that every descriptor's parts exist with consistent shapes, and that no `.qw`/`.sc`
  * tensor lacks a descriptor or its partner.
  */
-export function validateQuantizedStore(store: Pick<TensorStore, 'metadata' | 'path' | 'has' | 'get' | 'tensors'>): QuantizationMetadata | undefined {
-  const meta = readQuantizationMetadata(store);
+export function validateQuantizedStore(store: Pick<TensorStore, 'metadata' | 'path' | 'has' | 'get' | 'tensors'> & { format?: string }, meta = readQuantizationMetadata(store)): QuantizationMetadata | undefined {
   const described = new Set<string>();
   for (const [name, d] of Object.entries(meta?.tensors ?? {})) {
     const [n, k] = d.shape;

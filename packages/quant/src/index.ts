@@ -28,6 +28,7 @@ export {
 export { quantizeInt4Parallel } from './int4-parallel.js';
 export {
   checkGroupSize,
+  dialectProblem,
   isLinearModule,
   KIMI_K2_IGNORE,
   matchesEntry,
@@ -41,6 +42,7 @@ export {
   type SelectionRules,
 } from './rules.js';
 export {
+  checkQuantizationMetadata,
   floatToF32,
   newQuantizationMetadata,
   PACKING,
@@ -49,6 +51,7 @@ export {
   readInt4,
   readQuantizationMetadata,
   readWeightF32,
+  SAFETENSORS_QUANTIZATION_KEY,
   scName,
   validateQuantizedStore,
   type Int4Descriptor,

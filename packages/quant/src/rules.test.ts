@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { QuantConfigError, RuleMatchError } from './errors.js';
-import { isLinearModule, parseRules, presetRules, selectTensors } from './rules.js';
+import { dialectProblem, isLinearModule, KIMI_K2_IGNORE, parseRules, presetRules, ROUTED_EXPERTS, selectTensors } from './rules.js';
 import { k2LikeTensors } from './test-support/model-tensors.js';
 
 const names = (s: ReturnType<typeof selectTensors>) => [...s.selected.keys()];
@@ -55,4 +55,27 @@ describe('selection rules', () => {
     expect(() => parseRules({ targets: ['re:(unclosed'] }, 'r.json')).not.toThrow();
     expect(() => selectTensors(k2LikeTensors(), parseRules({ targets: ['re:(unclosed'] }, 'r.json'))).toThrow(/bad regular expression/);
   });
+
+  it('refuses regular expressions outside what Python re and JavaScript RegExp agree on', () => {
+    const patterns = {
+      '.*mlp\\.experts\\.\\d+\\.down_proj\\Z': /\\Z is Python-only/,
+      '\\Amodel\\..*': /\\A is Python-only/,
+      '(?P<layer>\\d+)\\.mlp': /\(\?P\.\.\.\) named groups are Python-only/,
+      '(?i)MODEL.*': /inline flags/,
+      '(?#routed).*experts.*': /comments are Python-only/,
+      '(?>a+)b': /atomic groups/,
+      '(?<layer>\\d+)\\.mlp': /JavaScript-only/,
+      '(a)\\k<a>': /JavaScript-only/,
+    };
+    for (const [pattern, message] of Object.entries(patterns)) {
+      const rules = parseRules({ targets: [`re:${pattern}`] }, 'r.json');
+      expect(() => selectTensors(k2LikeTensors(), rules), pattern).toThrow(QuantConfigError);
+      expect(() => selectTensors(k2LikeTensors(), rules), pattern).toThrow(message);
+    }
+    // The common syntax, the published ignore list and the presets pass.
+    for (const ok of [...KIMI_K2_IGNORE, ROUTED_EXPERTS, 're:(?:a|b)(?=c)(?!d)(?<=e)(?<!f)[\\w.]+\\b$', 're:\\\\A literal backslash then A']) {
+      expect(dialectProblem(ok.replace(/^re:/, '')), ok).toBeUndefined();
+    }
+  });
 });
+

@@ -67,9 +67,41 @@ export function isLinearModule(module: string): boolean {
 
 const regexCache = new Map<string, RegExp>();
 
+/**
+ * compressed-tensors writes `re:` patterns for Python's `re`; kdtree evaluates them with ECMAScript
+ * RegExp (no flags). The two agree on the common syntax (classes, groups, alternation, quantifiers,
+ * lookahead/lookbehind, \d \w \s \b, anchors ^ and $ on names without newlines). Where they differ
+ * a pattern is refused rather than matched differently: Python-only syntax that JS would read as
+ * something else or refuse with a vaguer message (\A, \Z, (?P<name>, inline flags, comments,
+ * atomic groups), and JS-only syntax Python would refuse ((?<name>, \k<name>).
+ */
+export function dialectProblem(pattern: string): string | undefined {
+  for (let i = 0; i < pattern.length; i++) {
+    const c = pattern[i];
+    if (c === '\\') {
+      const next = pattern[i + 1];
+      if (next === 'A' || next === 'Z' || next === 'z') return `\\${next} is Python-only (a JavaScript RegExp reads it as the letter ${next}); use ^ or $`;
+      if (next === 'k' && pattern[i + 2] === '<') return '\\k<name> is JavaScript-only (Python writes (?P=name))';
+      i++;
+      continue;
+    }
+    if (c === '(' && pattern[i + 1] === '?') {
+      const ext = pattern.slice(i + 2, i + 4);
+      if (ext.startsWith('P')) return '(?P...) named groups are Python-only; use a plain group (...)';
+      if (ext.startsWith('#')) return '(?#...) comments are Python-only';
+      if (ext.startsWith('>')) return '(?>...) atomic groups are Python-only';
+      if (/^[aiLmsux-]/.test(ext)) return 'inline flags (?i), (?s), ... are Python-only';
+      if (ext[0] === '<' && ext[1] !== '=' && ext[1] !== '!') return '(?<name>...) named groups are JavaScript-only (Python writes (?P<name>...)); use a plain group (...)';
+    }
+  }
+  return undefined;
+}
+
 function compile(pattern: string, source: string): RegExp {
   let re = regexCache.get(pattern);
   if (re === undefined) {
+    const problem = dialectProblem(pattern);
+    if (problem !== undefined) throw new QuantConfigError(`${source}: regular expression 're:${pattern}' is outside the syntax Python's re and JavaScript agree on: ${problem}`);
     try {
       // Python's re.match: anchored at the start, not at the end.
       re = new RegExp(`^(?:${pattern})`);

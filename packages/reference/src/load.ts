@@ -2,9 +2,9 @@
  * Opening a model for the reference: a KDTR bundle (config in its metadata), a HuggingFace
  * directory (config.json + safetensors), or a safetensors file / index with a config.json beside it.
  */
-import { readFile, stat } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
-import { openTensors, typedView, type AnyTensorStore } from '@kdtree/format';
+import { stat } from 'node:fs/promises';
+import { dirname } from 'node:path';
+import { findModelConfig, openTensors, readJsonFile, typedView, type AnyTensorStore } from '@kdtree/format';
 import { describeCompressedTensors, findCompressedTensorsConfig, readQuantizationMetadata } from '@kdtree/quant';
 import { parseModelConfig, type ModelConfig } from './config.js';
 import { ConfigError } from './errors.js';
@@ -20,21 +20,19 @@ export interface LoadedModel {
 }
 
 async function configFor(store: AnyTensorStore, path: string, configPath?: string): Promise<{ json: unknown; source: string }> {
-  if (configPath !== undefined) return { json: JSON.parse(await readFile(configPath, 'utf8')), source: configPath };
+  if (configPath !== undefined) return { json: await readJsonFile(configPath, 'model config'), source: configPath };
   const meta = store.metadata as Record<string, unknown>;
   if (store.format.startsWith('kdtr')) {
     if (meta.config === undefined) throw new ConfigError('the bundle has no model config in its metadata (import it with --config config.json)', 'metadata.config', path);
     return { json: meta.config, source: `${path} (metadata.config)` };
   }
-  const dir = (await stat(path)).isDirectory() ? path : dirname(path);
-  const candidate = join(dir, 'config.json');
-  let text: string;
-  try {
-    text = await readFile(candidate, 'utf8');
-  } catch {
-    throw new ConfigError(`no config.json next to the checkpoint (looked for ${candidate}; pass one explicitly)`, 'config.json', path);
+  // NAME.config.json beside NAME.safetensors (what `kdtree export` writes), else config.json.
+  const candidate = await findModelConfig(path);
+  if (candidate === undefined) {
+    const dir = (await stat(path)).isDirectory() ? path : dirname(path);
+    throw new ConfigError(`no config.json next to the checkpoint (looked in ${dir}; pass one explicitly)`, 'config.json', path);
   }
-  return { json: JSON.parse(text), source: candidate };
+  return { json: await readJsonFile(candidate, 'model config'), source: candidate };
 }
 
 /** Loads a whole model into memory (f32; INT4 weights dequantized). */

@@ -2,8 +2,8 @@ import { join } from 'node:path';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { afterAll, describe, expect, it } from 'vitest';
-import { openBundle } from '@kdtree/format';
-import { GroupShapeError } from '@kdtree/quant';
+import { KdtrWriter, openBundle } from '@kdtree/format';
+import { GroupShapeError, MissingPartError } from '@kdtree/quant';
 import { parseModelConfig } from './config.js';
 import { greedyDecode, teacherForcedLogits } from './generate.js';
 import { loadModel } from './load.js';
@@ -35,6 +35,20 @@ describe('synthetic models', () => {
     await b.close();
     const ours = teacherForcedLogits(model, [...GOLDEN_PROMPT, ...golden.tokens]);
     expect(Buffer.from(stored.buffer).equals(Buffer.from(ours.buffer))).toBe(true);
+  });
+
+  it('a .qw tensor without a descriptor makes the bundle unloadable, even if the model never reads it', async () => {
+    const path = join(dir, 'tiny-stray.kdtr');
+    await writeSyntheticModel(path, { preset: 'tiny', seed: 1 }, 'test');
+    const src = await openBundle(path);
+    const stray = join(dir, 'tiny-stray-qw.kdtr');
+    const w = await KdtrWriter.create(stray, { metadata: { ...src.metadata } });
+    for (const t of src.tensors) await w.add(t, src.chunks(t.name));
+    await w.add({ name: 'extra.weight.qw', dtype: 'I32', shape: [4, 4] }, new Int32Array(16));
+    await w.close();
+    await src.close();
+    await expect(loadModel(stray)).rejects.toThrow(MissingPartError);
+    await expect(loadModel(stray)).rejects.toThrow(/'extra\.weight\.qw' has no scales 'extra\.weight\.sc'/);
   });
 
   it('INT4 bundles record the golden of the dequantized weights and the float golden', async () => {

@@ -4,7 +4,7 @@
  * are dequantized exactly (w = q * scale). Names follow the HF checkpoints (per-expert tensors).
  */
 import type { TensorStore } from '@kdtree/format';
-import { readQuantizationMetadata, readWeightF32, type QuantizationMetadata } from '@kdtree/quant';
+import { readWeightF32, validateQuantizedStore, type QuantizationMetadata } from '@kdtree/quant';
 import { isMoeLayer, qkHeadDim, type ModelConfig } from './config.js';
 import { WeightError } from './errors.js';
 
@@ -118,7 +118,9 @@ export type WeightSource = (name: string, shape: number[]) => Promise<Float32Arr
  * in place).
  */
 export function storeWeightSource(store: TensorStore, config: ModelConfig, quantization?: QuantizationMetadata): WeightSource {
-  const meta = quantization ?? readQuantizationMetadata(store);
+  // The store's own INT4 parts are checked as a whole before any is read: a descriptor without its
+  // parts, or a .qw/.sc tensor without a descriptor, is an error even if this model never reads it.
+  const meta = quantization ?? validateQuantizedStore(store);
   const prefix = config.weightPrefix || (store.has(`language_model.model.embed_tokens.weight`) ? 'language_model.' : '');
   return async (name, shape) => {
     const full = prefix + name;

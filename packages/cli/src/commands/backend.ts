@@ -1,6 +1,6 @@
-import { AddonLoadError, BACKEND_KINDS, createBackend, type KdtreeBackend, type NativeDeviceInfo } from '@kdtree/cuda';
+import { AddonLoadError, BACKEND_KINDS, createBackend, type KdtreeBackend, type LoadAttempt, type NativeDeviceInfo } from '@kdtree/cuda';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
-import { json, type CommandIO } from '../io.js';
+import { jsonReport, type CommandIO } from '../io.js';
 import { formatBytes } from '../output.js';
 
 export const backendSpec: CommandSpec = {
@@ -27,15 +27,21 @@ function deviceLine(index: number, d: NativeDeviceInfo): string {
   return `${index}: ${d.name}, compute capability ${d.computeCapability}, ${d.multiprocessors} SMs, ${formatBytes(d.totalMemory)}, driver ${cudaVersion(d.driverVersion)}, runtime ${cudaVersion(d.runtimeVersion)}`;
 }
 
-/** The JSON report (schema "kdtree.backend/1"; fields are only ever added). */
+/** The JSON report (schema "kdtree.backend/1"; snake_case like every --json; fields are only ever added). */
 function report(backend: KdtreeBackend, index: number, info: NativeDeviceInfo) {
   const { loaded } = backend;
   // the cpu twin has no compute capability, memory or driver: only its thread pool
   const device =
     info.kind === 'cuda'
-      ? { kind: info.kind, index, name: info.name, computeCapability: info.computeCapability, multiprocessors: info.multiprocessors, totalMemory: info.totalMemory, driverVersion: info.driverVersion, runtimeVersion: info.runtimeVersion }
+      ? { kind: info.kind, index, name: info.name, compute_capability: info.computeCapability, multiprocessors: info.multiprocessors, total_memory: info.totalMemory, driver_version: info.driverVersion, runtime_version: info.runtimeVersion }
       : { kind: info.kind, name: info.name, threads: info.multiprocessors };
-  return { schema: 'kdtree.backend/1', ok: true, backend: backend.kind, source: loaded.source, path: loaded.path, build: loaded.meta, device, skipped: loaded.skipped };
+  const m = loaded.meta;
+  const build = { name: m.name, version: m.version, variant: m.variant, platform: m.platform, arch: m.arch, napi_version: m.napiVersion, cuda_version: m.cudaVersion, cuda_architectures: m.cudaArchitectures, source_hash: m.sourceHash ?? null, built: m.built ?? null };
+  return { ok: true, backend: backend.kind, source: loaded.source, path: loaded.path, build, device, skipped: loaded.skipped.map(attempt) };
+}
+
+function attempt(a: LoadAttempt) {
+  return { variant: a.variant, candidate: a.candidate, reason: a.reason };
 }
 
 export async function runBackend(p: Parsed, io: CommandIO): Promise<number> {
@@ -47,21 +53,21 @@ export async function runBackend(p: Parsed, io: CommandIO): Promise<number> {
     backend = createBackend({ backend: kind, device: named });
   } catch (error) {
     if (!(error instanceof AddonLoadError) || !p.values.json) throw error;
-    io.out(json({ schema: 'kdtree.backend/1', ok: false, requested: error.requested, platform: error.platformKey, attempts: error.attempts }));
+    io.out(jsonReport('kdtree.backend/1', { ok: false, requested: error.requested, platform: error.platformKey, attempts: error.attempts.map(attempt) }));
     return 1;
   }
   const info = backend.info();
   const r = report(backend, device, info);
   if (p.values.json) {
-    io.out(json(r));
+    io.out(jsonReport('kdtree.backend/1', r));
     return 0;
   }
   const b = r.build;
-  const cuda = b.cudaVersion ? `, CUDA ${b.cudaVersion}, ${b.cudaArchitectures.join(' ')}` : '';
+  const cuda = b.cuda_version ? `, CUDA ${b.cuda_version}, ${b.cuda_architectures.join(' ')}` : '';
   const lines = [
     `backend  ${r.backend}, from ${r.source}`,
     `binary   ${r.path}`,
-    `build    @kdtree/cuda ${b.version} (${b.variant}, ${b.platform}-${b.arch}${cuda}${b.sourceHash ? `, sources ${b.sourceHash}` : ''})`,
+    `build    @kdtree/cuda ${b.version} (${b.variant}, ${b.platform}-${b.arch}${cuda}${b.source_hash ? `, sources ${b.source_hash}` : ''})`,
     `device   ${deviceLine(device, info)}`,
     ...r.skipped.map((a, i) => `${i === 0 ? 'skipped' : '       '}  ${a.variant} ${a.candidate}: ${a.reason}`),
   ];

@@ -1,19 +1,20 @@
-import { mkdir, stat } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
-import { writeFileAtomic, writeSafetensors, type AnyTensorStore, type SafetensorsTensor } from '@kdtree/format';
-import { planCompressedTensorsExport, quantizationConfigFor, validateQuantizedStore, withQuantizationConfig } from '@kdtree/quant';
+import { mkdir, stat, unlink } from 'node:fs/promises';
+import { dirname, join, sep } from 'node:path';
+import { modelConfigNameFor, writeFileAtomic, writeSafetensors, type AnyTensorStore, type SafetensorsTensor } from '@kdtree/format';
+import { planCompressedTensorsExport, quantizationConfigFor, SAFETENSORS_QUANTIZATION_KEY, validateQuantizedStore, withQuantizationConfig } from '@kdtree/quant';
 import { parseChoice, type CommandSpec, type Parsed } from '../args.js';
 import { CliError, CliUsageError } from '../cli-error.js';
-import { json, type CommandIO } from '../io.js';
+import { jsonReport, type CommandIO } from '../io.js';
+import { checkOutputName, refuseOverwritingInputs, storeFiles } from '../output-paths.js';
 import { formatBytes, formatDuration } from '../output.js';
 import { counted, openSources } from './import.js';
 
 export const exportSpec: CommandSpec = {
   name: 'export',
-  summary: 'Write the tensors of a bundle back out as one safetensors file, byte-identical. With --format compressed-tensors, INT4 weights go back to weight_packed / weight_scale / weight_shape with a matching quantization_config. A directory output gets model.safetensors + config.json (a HuggingFace model directory); a file output gets its config as NAME.config.json beside it.',
-  usage: 'kdtree export IN.kdtr -o OUT.safetensors|DIR [--format safetensors|compressed-tensors] [--json] [--quiet]',
+  summary: 'Write the tensors of a bundle back out as one safetensors file, byte-identical. With --format compressed-tensors, INT4 weights go back to weight_packed / weight_scale / weight_shape with a matching quantization_config. A directory output (DIR/, or an existing directory) gets model.safetensors + config.json (a HuggingFace model directory); a file output NAME.safetensors gets its config as NAME.config.json beside it, where `kdtree import` and `kdtree golden` find it. INT4 descriptors travel in the file\'s __metadata__ ("kdtree.quantization").',
+  usage: 'kdtree export IN.kdtr -o OUT.safetensors|DIR/ [--format safetensors|compressed-tensors] [--json] [--quiet]',
   help: [
-    '-o, --output PATH     a .safetensors file, or a directory (model.safetensors + config.json)',
+    '-o, --output PATH     NAME.safetensors (a file), or DIR/ or an existing directory (model.safetensors + config.json); any other name is refused',
     '--format NAME         safetensors (default: tensors as stored) or compressed-tensors (pack-quantized names)',
     '--json                print a JSON summary on stdout',
     '-q, --quiet           no progress bar',
@@ -40,9 +41,13 @@ interface ExportPlan {
 
 function plainPlan(store: AnyTensorStore, onBytes: (n: number, name: string) => void): ExportPlan {
   const meta = store.metadata as Record<string, unknown>;
+  const metadata = stringMap(meta['safetensors.metadata']) ?? (store.format.startsWith('safetensors') ? stringMap(meta) : undefined);
+  // __metadata__ holds strings only: the INT4 descriptors go in as JSON text, so that importing the
+  // file (or running the reference on it) finds its .qw/.sc tensors described.
+  const quantization = validateQuantizedStore(store);
   return {
     tensors: store.tensors.map((t) => ({ name: t.name, dtype: t.dtype, shape: t.shape, data: () => counted(store.chunks(t.name), (n) => onBytes(n, t.name)) })),
-    metadata: stringMap(meta['safetensors.metadata']) ?? (store.format.startsWith('safetensors') ? stringMap(meta) : undefined),
+    metadata: quantization === undefined ? metadata : { ...(metadata ?? {}), [SAFETENSORS_QUANTIZATION_KEY]: JSON.stringify(quantization) },
     config: meta.config as Record<string, unknown> | undefined,
   };
 }
@@ -64,30 +69,55 @@ function compressedTensorsPlan(store: AnyTensorStore, onBytes: (n: number, name:
   };
 }
 
+/**
+ * Where export writes. `DIR/` (a trailing separator) or an existing directory: DIR/model.safetensors
+ * and DIR/config.json. Otherwise the name must end in .safetensors: NAME.safetensors and
+ * NAME.config.json beside it. Anything else is refused, so `-o out` never silently becomes a file
+ * named "out" when a directory was meant.
+ */
+async function exportTargets(output: string): Promise<{ file: string; configFile: string; isDir: boolean }> {
+  const info = await stat(output).catch(() => undefined);
+  const isDir = output.endsWith('/') || output.endsWith(sep) || info?.isDirectory() === true;
+  if (isDir) return { file: join(output, 'model.safetensors'), configFile: join(output, 'config.json'), isDir };
+  if (!output.toLowerCase().endsWith('.safetensors')) {
+    throw new CliUsageError(`export: -o ${output} is neither a directory nor a .safetensors name; write ${output}/ for a model directory (model.safetensors + config.json) or ${output}.safetensors for one file`, 'export');
+  }
+  checkOutputName('export', '-o', output, 'safetensors');
+  return { file: output, configFile: join(dirname(output), modelConfigNameFor(output)), isDir };
+}
+
 export async function runExport(p: Parsed, io: CommandIO): Promise<number> {
   const output = p.values.output as string | undefined;
   if (!output) throw new CliUsageError('export: -o OUT.safetensors is required', 'export');
   const format = parseChoice(p.values.format as string | undefined, '--format', ['safetensors', 'compressed-tensors'] as const) ?? 'safetensors';
+  const targets = await exportTargets(output);
   const [store] = await openSources(p.positionals);
   try {
-    const isDir = output.endsWith('/') || (await stat(output).then((s) => s.isDirectory(), () => false));
-    if (isDir) await mkdir(output, { recursive: true });
-    const file = isDir ? join(output, 'model.safetensors') : output;
     const total = store.totalBytes;
     const bar = io.progress('export', total, { enabled: !p.values.quiet && !p.values.json });
     const started = performance.now();
     let done = 0;
     const onBytes = (n: number, name: string) => bar.update((done += n), name);
     const plan = format === 'compressed-tensors' ? compressedTensorsPlan(store, onBytes) : plainPlan(store, onBytes);
+    const { file } = targets;
+    const configFile = plan.config === undefined ? undefined : targets.configFile;
+    await refuseOverwritingInputs('export', [{ flag: '-o', path: file }, ...(configFile ? [{ flag: '-o (config)', path: configFile }] : [])], storeFiles([store]));
+    // Everything that can fail on content is done before the first byte is written.
+    const configText = plan.config === undefined ? undefined : `${JSON.stringify(plan.config, null, 2)}\n`;
+    if (targets.isDir) await mkdir(output, { recursive: true });
     await writeSafetensors(file, plan.tensors, { metadata: plan.metadata });
-    let configFile: string | undefined;
-    if (plan.config !== undefined) {
-      configFile = isDir ? join(output, 'config.json') : join(dirname(file), `${basename(file).replace(/\.safetensors$/, '')}.config.json`);
-      await writeFileAtomic(configFile, `${JSON.stringify(plan.config, null, 2)}\n`);
+    if (configFile !== undefined) {
+      try {
+        await writeFileAtomic(configFile, configText!);
+      } catch (error) {
+        // Half an export (weights without their config) is not left behind.
+        await unlink(file).catch(() => undefined);
+        throw error;
+      }
     }
     bar.finish();
     const seconds = (performance.now() - started) / 1000;
-    if (p.values.json) io.out(json({ output: file, format, tensors: plan.tensors.length, bytes: total, config: configFile ?? null, seconds: Number(seconds.toFixed(3)) }));
+    if (p.values.json) io.out(jsonReport('kdtree.export/1', { output: file, format, tensors: plan.tensors.length, bytes: total, config: configFile ?? null, seconds: Number(seconds.toFixed(3)) }));
     else io.out(`exported ${plan.tensors.length} tensors (${formatBytes(total)}) to ${file}${format === 'compressed-tensors' ? ' in compressed-tensors form' : ''}${configFile ? `, config in ${configFile}` : ''} in ${formatDuration(seconds)}`);
     return 0;
   } finally {

@@ -3,21 +3,26 @@ import { PRESETS } from '@kdtree/quant';
 import { MODEL_PRESET_NAMES, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, weightSpecs, writeSyntheticModel } from '@kdtree/reference';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
-import { CLI_VERSION, json, type CommandIO } from '../io.js';
+import { CLI_VERSION, jsonReport, type CommandIO } from '../io.js';
+import { checkOutputName, refuseOverwritingInputs } from '../output-paths.js';
 import { formatBytes, formatDuration } from '../output.js';
+
+/** The seed when none is given (the demo's): `gen-model --preset small -o m.kdtr` is the demo's model. */
+export const DEFAULT_SEED = 1;
 
 export const genModelSpec: CommandSpec = {
   name: 'gen-model',
   summary: 'Generate a synthetic DeepSeek-V3 / Kimi K2-shaped model bundle with seeded weights, its config, and golden greedy tokens and logits for a fixed prompt (INT4 bundles: golden on the dequantized weights). With --draft, also a correlated draft model (target = draft + noise) for speculative decoding.',
-  usage: 'kdtree gen-model --preset tiny|small|k2-mini --seed S -o OUT.kdtr [--quant seed|kimi-k2] [--draft DRAFT.kdtr --draft-noise X] [--json]',
+  usage: 'kdtree gen-model --preset tiny|small|k2-mini -o OUT.kdtr [--seed S] [--quant seed|kimi-k2] [--draft DRAFT.kdtr [--draft-noise X]] [--json] [--quiet]',
   help: [
     `--preset NAME         ${MODEL_PRESET_NAMES.join(', ')} (tiny: CI-fast; k2-mini: Kimi K2's ratios, shrunk)`,
-    '--seed S              integer seed; the same seed gives the same weights on every machine',
+    `--seed S              integer seed in [0, 2^32); the same seed gives the same weights on every machine (default ${DEFAULT_SEED})`,
     '-o, --output FILE     the model bundle to write',
     '--quant PRESET        quantize to INT4 with a selection preset: kimi-k2 (routed experts) or seed (every MLP)',
     '--draft FILE          also write a draft model (quantized like the target); the target becomes draft + noise',
     '--draft-noise X       relative noise between draft and target (default 0.05)',
-    '--json                print a JSON summary',
+    '--json                print a JSON summary (schema "kdtree.gen-model/1")',
+    '-q, --quiet           no progress lines on stderr',
   ],
   options: {
     preset: { type: 'string' },
@@ -35,14 +40,16 @@ export const genModelSpec: CommandSpec = {
 export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   const preset = parseChoice(p.values.preset as string | undefined, '--preset', MODEL_PRESET_NAMES);
   if (preset === undefined) throw new CliUsageError(`gen-model: --preset is required (${MODEL_PRESET_NAMES.join(', ')})`, 'gen-model');
-  const seed = parseIntArg(p.values.seed as string | undefined, '--seed', { min: 0, max: 2 ** 32 - 1 });
-  if (seed === undefined) throw new CliUsageError('gen-model: --seed is required', 'gen-model');
+  const seed = parseIntArg(p.values.seed as string | undefined, '--seed', { min: 0, max: 2 ** 32 - 1 }) ?? DEFAULT_SEED;
   const output = p.values.output as string | undefined;
   if (!output) throw new CliUsageError('gen-model: -o OUT.kdtr is required', 'gen-model');
+  checkOutputName('gen-model', '-o', output, 'kdtr');
   const quant = parseChoice(p.values.quant as string | undefined, '--quant', PRESETS);
   const draftPath = p.values.draft as string | undefined;
   const noiseText = p.values['draft-noise'] as string | undefined;
   if (noiseText !== undefined && draftPath === undefined) throw new CliUsageError('gen-model: --draft-noise needs --draft', 'gen-model');
+  if (draftPath !== undefined) checkOutputName('gen-model', '--draft', draftPath, 'kdtr');
+  await refuseOverwritingInputs('gen-model', [{ flag: '-o', path: output }, ...(draftPath !== undefined ? [{ flag: '--draft', path: draftPath }] : [])], []);
   const noise = noiseText === undefined ? 0.05 : Number(noiseText);
   if (!(noise >= 0 && Number.isFinite(noise))) throw new CliUsageError(`--draft-noise: expected a non-negative number, got '${noiseText}'`, 'gen-model');
   const quiet = Boolean(p.values.quiet || p.values.json);
@@ -64,7 +71,7 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   const bytes = (await stat(output)).size;
   const seconds = (performance.now() - started) / 1000;
   const summary = { output, preset, seed, quant: quant ?? null, parameters: params, bytes, golden, draft: draftPath ? { output: draftPath, noise, golden: draftGolden } : null, seconds: Number(seconds.toFixed(3)) };
-  if (p.values.json) io.out(json(summary));
+  if (p.values.json) io.out(jsonReport('kdtree.gen-model/1', summary));
   else {
     io.out(`wrote ${output}: preset ${preset}, seed ${seed}, ${(params / 1e6).toFixed(2)}M parameters, ${quant ? `INT4 (${quant}), ` : ''}${formatBytes(bytes)}, in ${formatDuration(seconds)}`);
     io.out(`golden: prompt [${golden.prompt.join(', ')}] -> [${golden.tokens.join(', ')}]${golden.float_tokens ? `\n        float weights -> [${golden.float_tokens.join(', ')}]` : ''}`);

@@ -1,18 +1,19 @@
-import { readFile, stat } from 'node:fs/promises';
-import { basename } from 'node:path';
+import { stat } from 'node:fs/promises';
 import {
   findModelConfig,
   KdtrWriter,
   openTensors,
+  readJsonFile as readFormatJsonFile,
   ShardedKdtrWriter,
   typedView,
   type AnyTensorStore,
   type TensorInfo,
 } from '@kdtree/format';
-import { findCompressedTensorsConfig, planCompressedTensorsImport } from '@kdtree/quant';
+import { findCompressedTensorsConfig, planCompressedTensorsImport, validateQuantizedStore, type QuantizationMetadata } from '@kdtree/quant';
 import { parseByteSize, type CommandSpec, type Parsed } from '../args.js';
 import { CliError, CliUsageError } from '../cli-error.js';
-import { CLI_VERSION, json, type CommandIO } from '../io.js';
+import { CLI_VERSION, jsonReport, type CommandIO } from '../io.js';
+import { checkOutputName, refuseOverwritingInputs, storeFiles } from '../output-paths.js';
 import { formatBytes, formatDuration } from '../output.js';
 
 export const importSpec: CommandSpec = {
@@ -22,7 +23,7 @@ export const importSpec: CommandSpec = {
   help: [
     '-o, --output FILE     the bundle to write (with --shard-size: the index, e.g. model.kdtr.json)',
     '--config FILE         model config.json to store (default: config.json of a model directory)',
-    '--shard-size SIZE     write a multi-file bundle, shards of at most SIZE (e.g. 5GB)',
+    '--shard-size SIZE     write a multi-file bundle (-o NAME.kdtr.json: the index), shards of at most SIZE (e.g. 5GB; at least 4096)',
     '--json                print a JSON summary on stdout',
     '-q, --quiet           no progress bar',
   ],
@@ -36,20 +37,11 @@ export const importSpec: CommandSpec = {
   positionals: [1, Infinity],
 };
 
-export async function readJsonFile(path: string, what: string): Promise<Record<string, unknown>> {
-  let text: string;
-  try {
-    text = await readFile(path, 'utf8');
-  } catch (error) {
-    throw new CliError(`${path}: cannot read ${what}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`);
-  }
-  try {
-    const value = JSON.parse(text);
-    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object');
-    return value;
-  } catch (error) {
-    throw new CliError(`${path}: ${what} is not a JSON object (${(error as Error).message})`);
-  }
+/** A JSON object file (a model config, a rules file), read strictly (see @kdtree/format readJsonFile). */
+export async function readJsonObject(path: string, what: string): Promise<Record<string, unknown>> {
+  const value = await readFormatJsonFile(path, what);
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new CliError(`${path}: ${what} must be a JSON object, found ${Array.isArray(value) ? 'an array' : JSON.stringify(value)?.slice(0, 40)}`);
+  return value as Record<string, unknown>;
 }
 
 /** Opens every source; on any failure closes what was opened. */
@@ -69,22 +61,53 @@ export async function openSources(paths: string[]): Promise<AnyTensorStore[]> {
   return stores;
 }
 
+/** The smallest --shard-size: one page of tensor data (a shard holds at least one tensor anyway). */
+export const MIN_SHARD_BYTES = 4096;
+
+/**
+ * The INT4 descriptors the sources carry (a KDTR bundle's metadata.quantization, a safetensors
+ * file's __metadata__["kdtree.quantization"]), each checked against its store; merged.
+ */
+function sourceQuantization(stores: readonly AnyTensorStore[]): QuantizationMetadata | undefined {
+  let merged: QuantizationMetadata | undefined;
+  for (const store of stores) {
+    const q = validateQuantizedStore(store);
+    if (q === undefined) continue;
+    merged = merged === undefined ? { ...q, tensors: { ...q.tensors } } : { ...merged, tensors: { ...merged.tensors, ...q.tensors } };
+  }
+  return merged;
+}
+
+/** Every file the stores at `paths` read (opened for their headers only, then closed). */
+export async function inputFiles(paths: readonly string[]): Promise<string[]> {
+  const stores = await openSources([...paths]);
+  try {
+    return storeFiles(stores);
+  } finally {
+    await Promise.all(stores.map((s) => s.close()));
+  }
+}
+
 export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
   const output = p.values.output as string | undefined;
   if (!output) throw new CliUsageError('import: -o OUT.kdtr is required', 'import');
-  const shardSize = p.values['shard-size'] === undefined ? undefined : parseByteSize(p.values['shard-size'] as string, '--shard-size');
+  const shardSize = p.values['shard-size'] === undefined ? undefined : parseByteSize(p.values['shard-size'] as string, '--shard-size', MIN_SHARD_BYTES);
+  checkOutputName('import', '-o', output, shardSize === undefined ? 'kdtr' : 'kdtr-index');
   const stores = await openSources(p.positionals);
   try {
     let configPath = p.values.config as string | undefined;
     if (configPath === undefined) {
-      for (const src of p.positionals) {
-        if ((await stat(src)).isDirectory() || basename(src).endsWith('.index.json')) {
-          configPath = await findModelConfig(src);
-          if (configPath) break;
-        }
+      // The config beside a safetensors source (a directory's config.json, NAME.config.json beside
+      // NAME.safetensors); a KDTR source brings its own in its metadata.
+      for (const store of stores) {
+        if (store.format.startsWith('kdtr')) continue;
+        configPath = await findModelConfig(store.path);
+        if (configPath) break;
       }
     }
-    const config = configPath === undefined ? undefined : await readJsonFile(configPath, 'model config');
+    await refuseOverwritingInputs('import', [{ flag: '-o', path: output, sharded: shardSize !== undefined }], [...storeFiles(stores), ...(configPath ? [configPath] : [])]);
+    const kdtrConfig = stores.map((s) => (s.format.startsWith('kdtr') ? (s.metadata as Record<string, unknown>).config : undefined)).find((c) => c !== undefined);
+    const config = configPath === undefined ? (kdtrConfig as Record<string, unknown> | undefined) : await readJsonObject(configPath, 'model config');
     const owner = new Map<string, AnyTensorStore>();
     for (const store of stores) {
       for (const t of store.tensors) {
@@ -98,7 +121,7 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
     const found = findCompressedTensorsConfig(config, configPath);
     const plan = found
       ? await planCompressedTensorsImport(all, found, async (name) => Array.from(typedView(owner.get(name)!.get(name).dtype, await owner.get(name)!.read(name)) as ArrayLike<number | bigint>, Number))
-      : { tensors: all.map((t) => ({ source: t.name, target: t.name })), quantization: undefined };
+      : { tensors: all.map((t) => ({ source: t.name, target: t.name })), quantization: sourceQuantization(stores) };
     const first = stores[0];
     const metadata: Record<string, unknown> = {
       provenance: {
@@ -131,9 +154,9 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
     bar.finish();
     const seconds = (performance.now() - started) / 1000;
     const quantized = plan.quantization ? Object.keys(plan.quantization.tensors).length : 0;
-    const summary = { output, tensors: count, bytes: total, sources: stores.length, config: configPath ?? null, int4_weights: quantized, seconds: Number(seconds.toFixed(3)) };
-    if (p.values.json) io.out(json(summary));
-    else io.out(`imported ${count} tensors (${formatBytes(total)}) from ${stores.length} source(s) into ${output} in ${formatDuration(seconds)}${configPath ? `, config from ${configPath}` : ''}${quantized ? `; ${quantized} INT4 weights kept packed (compressed-tensors)` : ''}`);
+    const configSource = configPath ?? (config !== undefined ? 'the source bundle' : null);
+    if (p.values.json) io.out(jsonReport('kdtree.import/1', { output, tensors: count, bytes: total, sources: stores.length, config: configPath ?? null, int4_weights: quantized, seconds: Number(seconds.toFixed(3)) }));
+    else io.out(`imported ${count} tensors (${formatBytes(total)}) from ${stores.length} source(s) into ${output} in ${formatDuration(seconds)}${configSource ? `, config from ${configSource}` : ''}${quantized ? `; ${quantized} INT4 weights kept packed` : ''}`);
     return 0;
   } finally {
     await Promise.all(stores.map((s) => s.close()));

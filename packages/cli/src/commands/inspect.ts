@@ -2,7 +2,7 @@ import { stat } from 'node:fs/promises';
 import { formatCrc32, type AnyTensorStore } from '@kdtree/format';
 import type { CommandSpec, Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
-import { json, type CommandIO } from '../io.js';
+import { jsonReport, type CommandIO } from '../io.js';
 import { formatBytes, renderTable } from '../output.js';
 import { openSources } from './import.js';
 
@@ -37,7 +37,7 @@ export async function runInspect(p: Parsed, io: CommandIO): Promise<number> {
     const tensors = store.tensors.filter((t) => filter === undefined || filter.test(t.name));
     const fileBytes = (await Promise.all([...new Set([...store.tensors.map((t) => t.file), store.path])].map((f) => stat(f).then((s) => s.size)))).reduce((a, b) => a + b, 0);
     if (p.values.json) {
-      io.out(json(inspectJson(store, tensors, fileBytes)));
+      io.out(jsonReport('kdtree.inspect/1', inspectJson(store, tensors, fileBytes)));
       return 0;
     }
     const lines: string[] = [];
@@ -84,7 +84,6 @@ export async function runInspect(p: Parsed, io: CommandIO): Promise<number> {
 /** The --json schema. Field names and order are stable; new fields are only ever added. */
 function inspectJson(store: AnyTensorStore, tensors: AnyTensorStore['tensors'], fileBytes: number) {
   return {
-    schema: 'kdtree.inspect/1',
     path: store.path,
     format: store.format,
     version: 'version' in store ? store.version : null,

@@ -2,9 +2,10 @@ import { KdtrWriter, ShardedKdtrWriter } from '@kdtree/format';
 import { checkGroupSize, parseRules, PRESETS, presetRules, quantizeStore, SCALE_RULES, type GroupSize, type SelectionRules } from '@kdtree/quant';
 import { parseByteSize, parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
-import { json, type CommandIO } from '../io.js';
+import { jsonReport, type CommandIO } from '../io.js';
+import { checkOutputName, refuseOverwritingInputs, storeFiles } from '../output-paths.js';
 import { formatBytes, formatDuration, renderTable } from '../output.js';
-import { openSources, readJsonFile } from './import.js';
+import { MIN_SHARD_BYTES, openSources, readJsonObject } from './import.js';
 
 export const quantizeSpec: CommandSpec = {
   name: 'quantize',
@@ -17,7 +18,7 @@ export const quantizeSpec: CommandSpec = {
     '--scheme NAME         minmax (absmax/7.5, codes -8..7, compressed-tensors) or absmax7 (absmax/7, -7..7); default minmax',
     '--group N             group size along K: 32 (default), 64 or 128',
     '--scale-dtype D       bf16 (default, as Kimi K2) or f32',
-    '--shard-size SIZE     write a multi-file bundle with shards of at most SIZE',
+    '--shard-size SIZE     write a multi-file bundle (-o NAME.kdtr.json: the index) with shards of at most SIZE (at least 4096)',
     '--json                print the summary as JSON',
     '-q, --quiet           no progress bar',
   ],
@@ -44,10 +45,12 @@ export async function runQuantize(p: Parsed, io: CommandIO): Promise<number> {
   const scheme = parseChoice(p.values.scheme as string | undefined, '--scheme', SCALE_RULES) ?? 'minmax';
   const group = checkGroupSizeArg(parseIntArg(p.values.group as string | undefined, '--group') ?? 32);
   const scaleDtype = ({ bf16: 'BF16', f32: 'F32' } as const)[parseChoice(p.values['scale-dtype'] as string | undefined, '--scale-dtype', ['bf16', 'f32'] as const) ?? 'bf16'];
-  const shardSize = p.values['shard-size'] === undefined ? undefined : parseByteSize(p.values['shard-size'] as string, '--shard-size');
-  const rules: SelectionRules = preset !== undefined ? presetRules(preset, group) : parseRules(await readJsonFile(rulesFile!, 'rules file'), rulesFile!, group);
+  const shardSize = p.values['shard-size'] === undefined ? undefined : parseByteSize(p.values['shard-size'] as string, '--shard-size', MIN_SHARD_BYTES);
+  checkOutputName('quantize', '-o', output, shardSize === undefined ? 'kdtr' : 'kdtr-index');
+  const rules: SelectionRules = preset !== undefined ? presetRules(preset, group) : parseRules(await readJsonObject(rulesFile!, 'rules file'), rulesFile!, group);
   const [input] = await openSources(p.positionals);
   try {
+    await refuseOverwritingInputs('quantize', [{ flag: '-o', path: output, sharded: shardSize !== undefined }], [...storeFiles([input]), ...(rulesFile ? [rulesFile] : [])]);
     const metadata = { ...(input.metadata as Record<string, unknown>) };
     const writer = shardSize === undefined ? await KdtrWriter.create(output, { metadata }) : await ShardedKdtrWriter.create(output, { metadata, maxShardBytes: shardSize });
     const bar = io.progress('quantize', input.totalBytes, { enabled: !p.values.quiet && !p.values.json });
@@ -63,7 +66,19 @@ export async function runQuantize(p: Parsed, io: CommandIO): Promise<number> {
     bar.finish();
     const seconds = (performance.now() - started) / 1000;
     if (p.values.json) {
-      io.out(json({ output, rules: rules.source, scheme, group_size: group, scale_dtype: scaleDtype, ...summary, seconds: Number(seconds.toFixed(3)) }));
+      io.out(jsonReport('kdtree.quantize/1', {
+        output,
+        rules: rules.source,
+        scheme,
+        group_size: group,
+        scale_dtype: scaleDtype,
+        quantized: summary.quantized,
+        copied: summary.copied,
+        bytes_before: summary.bytesBefore,
+        bytes_after: summary.bytesAfter,
+        classes: summary.classes.map((c) => ({ tensor_class: c.tensorClass, tensors: c.tensors, weights: c.weights, max_abs_error: c.maxAbsError, mean_abs_error: c.meanAbsError })),
+        seconds: Number(seconds.toFixed(3)),
+      }));
       return 0;
     }
     io.out(`quantized ${summary.quantized} weights (${rules.source}, ${scheme}, group ${group}, ${scaleDtype} scales), copied ${summary.copied} tensors, in ${formatDuration(seconds)}`);

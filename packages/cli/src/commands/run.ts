@@ -2,7 +2,7 @@ import { BACKEND_KINDS } from '@kdtree/cuda';
 import { createEngine, SPECS, type GenerateOptions, type GenerationStats, type StepTrace } from '@kdtree/engine';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
-import { json, type CommandIO } from '../io.js';
+import { jsonReport, type CommandIO } from '../io.js';
 import { formatBytes } from '../output.js';
 import { tokenList } from '../token-list.js';
 
@@ -23,7 +23,7 @@ export const runSpec: CommandSpec = {
     '--eos IDS             stop tokens (default: the config\'s eos_token_id; "" for none)',
     '--cache-tokens N      KV cache capacity (default: 4096, or the model\'s max positions)',
     '--cache-dtype T       bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
-    '--json                print {"schema": "kdtree.run/1", "prompt", "tokens", "stats"} at the end instead of streaming',
+    '--json                print the result as JSON (schema "kdtree.run/1": prompt, tokens, stats) at the end instead of streaming',
     '--trace               with each step: the drafter\'s argmax per depth, the tree size and the tokens accepted',
   ],
   options: {
@@ -47,6 +47,15 @@ export const runSpec: CommandSpec = {
 function statsLine(s: GenerationStats, tokens: number): string {
   const spec = s.drafter ? `${s.spec} (${s.drafter})` : s.spec;
   return `${tokens} tokens, ${spec} on ${s.backend} (${s.device}): ${s.tokensPerSecond.toFixed(1)} tokens/s, prefill ${s.prefillMs.toFixed(1)} ms, decode ${s.decodeMs.toFixed(1)} ms, ${s.targetForwards} target forwards, ${s.meanAcceptedLength.toFixed(2)} tokens per step`;
+}
+
+/** The --json forms of the engine's stats and step traces: snake_case, as every --json output. */
+function statsJson(s: GenerationStats) {
+  return { backend: s.backend, device: s.device, spec: s.spec, drafter: s.drafter, tokens_per_second: s.tokensPerSecond, prefill_ms: s.prefillMs, decode_ms: s.decodeMs, target_forwards: s.targetForwards, steps: s.steps, mean_accepted_length: s.meanAcceptedLength, stopped_by: s.stoppedBy };
+}
+
+function stepJson(t: StepTrace) {
+  return { draft_top1: t.draftTop1, tree_size: t.treeSize, accepted: t.accepted, budget: t.budget };
 }
 
 export async function runRun(p: Parsed, io: CommandIO): Promise<number> {
@@ -103,7 +112,7 @@ export async function runRun(p: Parsed, io: CommandIO): Promise<number> {
       stats = chunk.stats ?? stats;
     }
     if (p.values.json) {
-      io.out(json({ schema: 'kdtree.run/1', prompt, tokens, stats, ...(options.trace ? { steps } : {}) }));
+      io.out(jsonReport('kdtree.run/1', { prompt, tokens, stats: statsJson(stats!), ...(options.trace ? { steps: steps.map(stepJson) } : {}) }));
     } else {
       io.write('\n');
       io.err(statsLine(stats!, tokens.length));

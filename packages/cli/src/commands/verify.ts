@@ -1,7 +1,7 @@
 import { formatCrc32 } from '@kdtree/format';
 import type { CommandSpec, Parsed } from '../args.js';
 import { CliError } from '../cli-error.js';
-import { json, type CommandIO } from '../io.js';
+import { jsonReport, type CommandIO } from '../io.js';
 import { formatBytes, formatDuration } from '../output.js';
 import { openSources } from './import.js';
 
@@ -9,7 +9,7 @@ export const verifySpec: CommandSpec = {
   name: 'verify',
   summary: 'Check a bundle: structure on open, then the CRC-32 of every tensor. Exits 0 when intact, 1 naming the first bad tensor otherwise.',
   usage: 'kdtree verify IN.kdtr [--json] [--quiet]',
-  help: ['--json                print a JSON report on stdout', '-q, --quiet           no progress bar'],
+  help: ['--json                print a JSON report on stdout (schema "kdtree.verify/1")', '-q, --quiet           no progress bar'],
   options: { json: { type: 'boolean' }, quiet: { type: 'boolean', short: 'q' } },
   positionals: [1, 1],
 };
@@ -23,7 +23,7 @@ export async function runVerify(p: Parsed, io: CommandIO): Promise<number> {
     bar.finish();
     const seconds = (performance.now() - started) / 1000;
     if (p.values.json) {
-      io.out(json({ path: store.path, ok: result.ok, checked: result.checked, bytes: result.bytes, failures: result.failures.map((f) => ({ tensor: f.tensor, file: f.file, expected: formatCrc32(f.expected), actual: formatCrc32(f.actual) })) }));
+      io.out(jsonReport('kdtree.verify/1', { path: store.path, ok: result.ok, checked: result.checked, bytes: result.bytes, failures: result.failures.map((f) => ({ tensor: f.tensor, file: f.file, expected: formatCrc32(f.expected), actual: formatCrc32(f.actual) })) }));
       return result.ok ? 0 : 1;
     }
     if (result.checked === 0 && store.tensors.length > 0) {
