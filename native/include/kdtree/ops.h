@@ -36,6 +36,19 @@ struct W4A16PackArgs {
   bool gate_up = false;          // qw, sc are [gate; up] (N = 2I): pack for the SiLU epilogue
 };
 
+// The matrix a packed qw or sc holds, as w4a16Pack recorded it: the packed shapes give N and K
+// only to their padding (16 rows, 128 k) and the group not at all when K <= 128, so the GEMMs
+// check x's K, y's N and their group against this when it is known (the binding keeps it with
+// the buffers w4a16Pack wrote; weights put there by upload or copy have none).
+struct PackedWeightInfo {
+  bool known = false;
+  bool scales = false;    // sc_packed (else qw_packed)
+  int64_t experts = 0;    // 0: one matrix [N, K]; else E matrices
+  int64_t n = 0, k = 0;   // the checkpoint's N (2I for gate_up) and K
+  int group = 0;
+  bool gate_up = false;   // interleaveGateUp: rows in the siluMul epilogue's order
+};
+
 // What a W4A16 GEMM does with a finished output tile before it stores it.
 enum class Epilogue : int {
   kNone = 0,
@@ -52,6 +65,7 @@ struct W4A16GemmArgs {
   Tensor x, qw, sc, y;           // qw, sc packed
   int group = 32;
   Epilogue epilogue = Epilogue::kNone;
+  PackedWeightInfo qw_info, sc_info;  // what qw and sc hold, where known
 };
 
 struct GemmArgs {
@@ -69,6 +83,7 @@ struct MoeGemmArgs {
   // ranges mean fewer blocks: faster when a call uses many experts (a tree verify), slower for a
   // decode step. A row's bits depend on it: keep one value for every call on the same weights.
   int64_t min_warp_steps = 0;
+  PackedWeightInfo qw_info, sc_info;  // what qw and sc hold, where known
 };
 
 struct MlaAttentionArgs {

@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "kdtree/w4a16_layout.h"
 
@@ -104,7 +105,54 @@ Status CheckGroup(const OpContext& ctx, int64_t k, int group) {
   return Status::Ok();
 }
 
+// qw and sc against what w4a16Pack recorded for them (when it did): the same pack, of `experts`
+// matrices (0: one) with N = n, K = k and this group, rows in the order the epilogue reads.
+Status CheckPackedInfo(const OpContext& ctx, const Tensor& qw, const Tensor& sc, const PackedWeightInfo& qi, const PackedWeightInfo& si, int64_t experts, int64_t n, int64_t k, int group, Epilogue epilogue,
+                       const char* x_name) {
+  const auto describe = [](const PackedWeightInfo& p) {
+    std::ostringstream os;
+    os << "N = " << p.n << ", K = " << p.k << ", G = " << p.group;
+    if (p.experts > 0) os << ", E = " << p.experts;
+    if (p.gate_up) os << ", interleaveGateUp";
+    return os.str();
+  };
+  for (const auto& [t, info, want_scales] : {std::tuple{&qw, &qi, false}, std::tuple{&sc, &si, true}}) {
+    if (!info->known) continue;
+    if (info->scales != want_scales) return Invalid(ctx, t->name, " holds the packed ", info->scales ? "scales (scPacked)" : "codes (qwPacked)", " of a w4a16Pack: pass qwPacked as qw and scPacked as sc");
+    const std::string packed = std::string(t->name) + " was packed by w4a16Pack for " + describe(*info);
+    if ((info->experts > 0) != (experts > 0)) return Invalid(ctx, packed, experts > 0 ? ": one matrix, not experts [E, N, K]" : ": experts [E, N, K], not one matrix");
+    if (info->k != k) return Invalid(ctx, packed, ", but ", x_name, " has K = ", k);
+    // gate_up rows without the epilogue: y takes them in their interleaved order, padding included
+    const bool interleaved = info->gate_up && epilogue == Epilogue::kNone;
+    const int64_t rows = interleaved ? w4::Tiles(info->n) * w4::kTileRows : info->n;
+    if (rows != n) {
+      if (epilogue == Epilogue::kSiluMul) return Invalid(ctx, packed, ", but y's ", n / 2, " columns need ", n, " gate_up rows (y must be [M, ", info->n / 2, "])");
+      if (interleaved) return Invalid(ctx, packed, ", so without the siluMul epilogue y must have ", rows, " columns (its rows in the interleaved order, padding included), got ", n);
+      return Invalid(ctx, packed, ", but y has N = ", n);
+    }
+    if (info->group != group) return Invalid(ctx, packed, ", but the call says group ", group);
+    if (info->experts != experts) return Invalid(ctx, packed, ", but the call has E = ", experts);
+    if (epilogue == Epilogue::kSiluMul && !info->gate_up) return Invalid(ctx, packed, " without interleaveGateUp: the siluMul epilogue needs gate_up rows packed with interleaveGateUp");
+  }
+  if (qi.known && si.known && (qi.n != si.n || qi.k != si.k || qi.group != si.group || qi.experts != si.experts || qi.gate_up != si.gate_up)) {
+    return Invalid(ctx, "qw was packed for ", describe(qi), " but sc for ", describe(si), ": pass the qw and sc of one w4a16Pack");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+PackedWeightInfo PackedWeightInfoOf(const W4A16PackArgs& a) {
+  const int lead = a.qw.rank() - 2;
+  PackedWeightInfo p;
+  p.known = true;
+  p.experts = lead ? a.qw.dim(0) : 0;
+  p.n = a.qw.dim(lead);
+  p.k = a.qw.dim(lead + 1) * 8;
+  p.group = a.group;
+  p.gate_up = a.gate_up;
+  return p;
+}
 
 Status ValidateW4A16Pack(const W4A16PackArgs& a) {
   const OpContext ctx("w4a16_pack", a.qw, a.sc, a.qw_packed, a.sc_packed);
@@ -134,7 +182,8 @@ Status ValidateW4A16Gemm(const W4A16GemmArgs& a) {
   const int64_t m = a.x.dim(0), k = a.x.dim(1), n = WeightRows(a.y, a.epilogue);
   KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
   if (a.y.dim(0) != m) return Invalid(ctx, "y must be [M, ", a.epilogue == Epilogue::kSiluMul ? "I" : "N", "] with M = ", m, " (x's rows)");
-  return CheckPacked(ctx, a.qw, a.sc, 0, 1, n, k, a.group);
+  KDTREE_RETURN_IF_ERROR(CheckPacked(ctx, a.qw, a.sc, 0, 1, n, k, a.group));
+  return CheckPackedInfo(ctx, a.qw, a.sc, a.qw_info, a.sc_info, 0, n, k, a.group, a.epilogue, "x");
 }
 
 Status ValidateGemm(const GemmArgs& a) {
@@ -181,6 +230,7 @@ Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
     if (a.y.dim(0) != t) return Invalid(wctx, "sum mode: y must be [T, N] = [", t, ", N]");
   }
   KDTREE_RETURN_IF_ERROR(CheckPacked(ctx, a.qw, a.sc, 1, e, n, k, a.group));
+  KDTREE_RETURN_IF_ERROR(CheckPackedInfo(ctx, a.qw, a.sc, a.qw_info, a.sc_info, e, n, k, a.group, a.epilogue, "x"));
   *experts = e;
   *topk = kk;
   return Status::Ok();

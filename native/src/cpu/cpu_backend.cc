@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -14,6 +15,8 @@
 #include <set>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "../common/half.h"
 #include "../common/validate.h"
@@ -205,6 +208,31 @@ class CpuBackend final : public Backend {
     std::free(ptr);
     return Status::Ok();
   }
+  Status AllocHost(size_t bytes, void** ptr) override { return Alloc(bytes, ptr); }
+  Status FreeHost(void* ptr) override { return Free(ptr); }
+  Status CopyToDeviceAsync(void* dst, const void* src, size_t bytes, int stream) override {
+    KDTREE_RETURN_IF_ERROR(CheckStream(stream));
+    return Copy(dst, src, bytes);
+  }
+  // The host's memory: MemAvailable and MemTotal of /proc/meminfo (what the kernel could hand out
+  // without swapping), else the free and total physical pages.
+  Status MemoryInfo(int64_t* free, int64_t* total) override {
+    *free = *total = -1;
+    if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+      char key[64];
+      long long kib = 0;
+      while (std::fscanf(f, "%63s %lld kB", key, &kib) == 2) {
+        if (std::strcmp(key, "MemTotal:") == 0) *total = kib * 1024;
+        if (std::strcmp(key, "MemAvailable:") == 0) *free = kib * 1024;
+      }
+      std::fclose(f);
+    }
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    if (*total < 0) *total = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * page;
+    if (*free < 0) *free = static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * page;
+    if (*total <= 0 || *free < 0) return MakeStatus(Code::kDeviceError, "cpu: the host's memory could not be read (/proc/meminfo, sysconf)");
+    return Status::Ok();
+  }
   Status CopyToDevice(void* dst, const void* src, size_t bytes, int) override { return Copy(dst, src, bytes); }
   Status CopyToHost(void* dst, const void* src, size_t bytes, int) override { return Copy(dst, src, bytes); }
   Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, int) override { return Copy(dst, src, bytes); }
@@ -252,6 +280,11 @@ class CpuBackend final : public Backend {
     }
     *ms = static_cast<float>(events_[end] - events_[start]);
     return Status::Ok();
+  }
+
+  Status WaitEvent(int event, int stream) override {  // ops here are synchronous: nothing to wait for
+    if (!events_.count(event)) return Invalid("wait_event: unknown event ", event);
+    return CheckStream(stream);
   }
 
   // A graph is the op calls of its capture, replayed in order on the calling thread.

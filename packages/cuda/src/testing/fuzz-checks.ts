@@ -280,7 +280,7 @@ function run(b: KdtreeBackend, seed: number): string {
 }
 
 /**
- * Streams, events, captures and graphs in random order: created, destroyed, captured into,
+ * Streams, events, captures, graphs and pinned host memory in random order: created, destroyed, captured into,
  * launched and freed while the buffers they use come and go. Every step runs or throws a KDTREE_
  * error; afterwards the captures still open are ended and everything is released.
  */
@@ -291,6 +291,7 @@ function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
   const streams = { live: [0], gone: [] as number[] };
   const buffers = { live: [native.alloc(16)], gone: [] as NativeBuffer[] };
   const events: number[] = [];
+  const hosts = { live: [] as Float32Array[], gone: [] as Float32Array[] }; // views of allocHost memory (empty once freed)
   const graphs = { live: [] as NativeGraph[], gone: [] as NativeGraph[] };
   const pickFrom = <T,>(pool: { live: T[]; gone: T[] }): T => (pool.gone.length > 0 && (pool.live.length === 0 || c.chance(0.1)) ? c.pick(pool.gone) : c.pick(pool.live));
   const release = <T,>(pool: { live: T[]; gone: T[] }, item: T, free: (item: T) => void) => {
@@ -311,6 +312,11 @@ function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
     createEvent: () => events.push(native.createEvent()),
     destroyEvent: () => native.destroyEvent(event()),
     recordEvent: () => native.recordEvent(event(), stream()),
+    waitEvent: () => native.waitEvent(event(), stream()),
+    allocHost: () => hosts.live.push(new Float32Array(native.allocHost(16))),
+    freeHost: () => hosts.live.length + hosts.gone.length > 0 && release(hosts, pickFrom(hosts), (x) => native.freeHost(x)),
+    uploadHost: () => hosts.live.length + hosts.gone.length > 0 && native.upload(buffer(), pickFrom(hosts), 0, stream()),
+    memoryInfo: () => native.memoryInfo(),
     elapsedMs: () => native.elapsedMs(event(), event()),
     synchronize: () => native.synchronize(c.pick([...streams.live, -1])),
     beginCapture: () => native.beginCapture(stream()),
@@ -355,6 +361,7 @@ function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
   for (const s of streams.live) if (s !== 0) native.destroyStream(s);
   for (const e of events) attempt(`destroying event ${e}`, () => native.destroyEvent(e));
   for (const x of buffers.live) native.free(x);
+  for (const x of hosts.live) native.freeHost(x);
   return tally;
 }
 
@@ -373,7 +380,7 @@ const fuzz: KernelCheck = {
 };
 
 const lifetimes: KernelCheck = {
-  name: 'fuzz: 3000 seeded random steps of streams, events, captures, graphs and buffers run or throw a KDTREE_ error, and the backend still works after',
+  name: 'fuzz: 3000 seeded random steps of streams, events (waits included), captures, graphs, buffers and pinned host memory run or throw a KDTREE_ error, and the backend still works after',
   run(b) {
     const detail = runLifetimes(b, 20261202, 3000);
     expectBackendWorks(b, 'add after the fuzzed lifetimes');
