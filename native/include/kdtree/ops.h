@@ -18,6 +18,8 @@
 //   MoE GEMM     gather: y[T*topk, N] row t*topk+j = x[t] . W[ids[t, j]]^T
 //                sum:    y[T, N] = sum_j weights[t, j] * (x[t*topk+j] . W[ids[t, j]]^T)   (j in order)
 //                gather with the SiLU epilogue: as the W4A16 GEMM's, per (token, expert) row
+//                W packed W4A16 (qw, sc), or bf16 w[E, N, K] as the checkpoint stores it (with the
+//                SiLU epilogue its 2I rows are [gate; up] in checkpoint order, not interleaved)
 //   MLA          out[T, H, dv] from q_nope[T, H, dn], q_pe[T, H, dr] (RoPE'd), kv_b[H*(dn+dv), R],
 //                latent cache c[S, R], kpe[S, dr] holding `base` committed slots + T new ones
 #pragma once
@@ -76,6 +78,7 @@ enum class MoeMode : int { kGather = 0, kSum = 1 };
 
 struct MoeGemmArgs {
   Tensor x, qw, sc, ids, weights, y;  // qw, sc packed with a leading E; weights unused in gather mode
+  Tensor w;  // bf16 [E, N, K] experts as stored, instead of qw and sc (a float bundle's routed experts)
   int group = 32;
   MoeMode mode = MoeMode::kGather;
   Epilogue epilogue = Epilogue::kNone;  // kSiluMul: gather mode only

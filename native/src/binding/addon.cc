@@ -1008,8 +1008,14 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Call c{info.Env(), ArgsObject(info), {}};
     MoeGemmArgs a;
     a.x = TensorArg(c, "x");
-    a.qw = PackedArg(c, "qw", &a.qw_info);
-    a.sc = PackedArg(c, "sc", &a.sc_info);
+    a.w = TensorArg(c, "w", true);  // bf16 experts as stored, instead of packed qw and sc
+    if (a.w.present()) {
+      a.qw = TensorArg(c, "qw", true);  // read to be refused: w replaces them
+      a.sc = TensorArg(c, "sc", true);
+    } else {
+      a.qw = PackedArg(c, "qw", &a.qw_info);
+      a.sc = PackedArg(c, "sc", &a.sc_info);
+    }
     a.ids = TensorArg(c, "ids");
     a.weights = TensorArg(c, "weights", true);
     a.y = TensorArg(c, "y");

@@ -309,7 +309,11 @@ class CudaBackend final : public Backend {
   KDTREE_DISPATCH(W4A16Pack, LaunchW4A16Pack)
   KDTREE_DISPATCH(W4A16Gemm, LaunchW4A16Gemm, , ScratchOf(stream), info_.multiprocessors)
   KDTREE_DISPATCH(Gemm, LaunchGemm, , ScratchOf(stream), info_.multiprocessors)
-  KDTREE_DISPATCH(MoeGemm, LaunchMoeGemm, , ScratchOf(stream), info_.multiprocessors)
+  Status MoeGemm(const MoeGemmArgs& a, int stream) override {
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    return a.w.present() ? LaunchMoeGemmBf16(a, s) : LaunchMoeGemm(a, s, ScratchOf(stream), info_.multiprocessors);
+  }
   KDTREE_DISPATCH(MlaAttention, LaunchMlaAttention, , ScratchOf(stream), info_.multiprocessors)
   KDTREE_DISPATCH(Embedding, LaunchEmbedding)
   KDTREE_DISPATCH(RmsNorm, LaunchRmsNorm)

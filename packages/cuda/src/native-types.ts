@@ -37,6 +37,9 @@ export interface NativeDeviceInfo {
   runtimeVersion: number;
 }
 
+/** The experts of a moeGemm: packed W4A16 (qw, sc) or bf16 as stored (w), one or the other. */
+export type MoeExperts = { qw: TensorArg; sc: TensorArg; w?: undefined } | { w: TensorArg; qw?: undefined; sc?: undefined };
+
 /** What a W4A16 GEMM applies to its output before storing it. */
 export type W4A16Epilogue = 'none' | 'siluMul';
 
@@ -139,16 +142,20 @@ export interface NativeBackend {
    */
   gemm(args: { x: TensorArg; w: TensorArg; y: TensorArg; stream?: number }): void;
   /**
-   * minWarpSteps (cuda; default 0): the least weight steps (16 rows x 128 k) in each warp range of
-   * the split. Longer ranges mean fewer blocks per expert: slower for a decode step. A row's bits
-   * depend on it, so use one value for every call on the same weights (decode and verify then agree
-   * bit for bit). A verify with short ranges already streams several ranges per warp (same bits),
-   * which is faster than 16 on one tensor-parallel rank's experts.
+   * The experts' weights are packed W4A16 (`qw`, `sc` from w4a16Pack, with a leading E), or bf16
+   * as the checkpoint stores them (`w` [E, N, K], x f32 or bf16, K a multiple of 8, x and w 16-byte
+   * aligned; with the siluMul epilogue its 2I rows are gate then up, in checkpoint order). On bf16
+   * experts every value is one f32 dot product in a fixed order (the same sums on both backends)
+   * and whatever else is in the call (batch-invariant); the cuda kernel is plain, not tuned.
+   *
+   * minWarpSteps (cuda, W4A16 experts; default 0): the least weight steps (16 rows x 128 k) in each
+   * warp range of the split. Longer ranges mean fewer blocks per expert: slower for a decode step. A
+   * row's bits depend on it, so use one value for every call on the same weights (decode and verify
+   * then agree bit for bit). A verify with short ranges already streams several ranges per warp
+   * (same bits), which is faster than 16 on one tensor-parallel rank's experts.
    */
-  moeGemm(args: {
+  moeGemm(args: MoeExperts & {
     x: TensorArg;
-    qw: TensorArg;
-    sc: TensorArg;
     ids: TensorArg;
     weights?: TensorArg;
     y: TensorArg;

@@ -123,6 +123,19 @@ const CALLS_BY_OP: Record<string, CallMaker> = {
       minWarpSteps: c.chance(0.2) ? c.num(2) : undefined,
     };
   },
+  // moeGemm over bf16 experts as stored (the maker's name ends in Bf16; the op is moeGemm)
+  moeGemmBf16: (c) => {
+    const t = c.size(), topk = c.pick([1, 2]), experts = c.pick([2, 3]), n = c.pick([5, 8, 16]), k = 8 * c.pick([1, 4, 33]), gather = c.chance(0.5), silu = gather && c.chance(0.3);
+    return {
+      x: c.tensor(floatDtype(c), [gather ? t : t * topk, k], 'float'),
+      w: c.tensor('bf16', [experts, silu ? 2 * n : n, k], 'float'),
+      ids: c.tensor('i32', [t, topk], c.chance(0.8) ? experts : undefined),
+      weights: gather ? undefined : c.tensor('f32', [t, topk], 'float'),
+      y: c.tensor(floatDtype(c), gather ? [t * topk, n] : [t, n]),
+      mode: gather ? 'gather' : 'sum',
+      epilogue: silu ? 'siluMul' : undefined,
+    };
+  },
   mlaAttention: (c) => {
     const t = c.size(), h = c.pick([1, 2]), slots = t + c.pick([0, 3, 9]), cache = floatDtype(c);
     return {
@@ -256,7 +269,7 @@ function run(b: KdtreeBackend, seed: number): string {
       } else {
         const args = shapelessArgs(c, CALLS_BY_OP[op](c));
         described = `${op}(${JSON.stringify(args, (key, v) => (key === 'buffer' ? undefined : v))})`;
-        (native as unknown as Record<string, (a: unknown) => void>)[op](args);
+        (native as unknown as Record<string, (a: unknown) => void>)[op.replace(/Bf16$/, '')](args);
         if (c.mustReject) fail(`call ${i} of seed ${seed}, ${described}: ran with ${c.mustReject}`);
       }
       native.synchronize();
