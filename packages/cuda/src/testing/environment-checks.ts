@@ -98,52 +98,48 @@ const collection: ChildCase[] = [
     name: 'buffers, graphs and pinned memory the GC collects wait for the next safe point (synchronize, alloc, free), not their finalizers; an explicit free is immediate',
     async run(native, h) {
       const collected = () => native.memoryInfo().collected;
+      // what the case holds: an array, so that a bundler cannot drop the stores as dead code
+      const held: unknown[] = [];
       h.assert(collected() === 0, `collected ${collected()} at the start`);
-      let dropped: unknown = native.alloc(1 << 20);
+      held.push(native.alloc(1 << 20));
       await h.collect();
       h.assert(collected() === 0, 'a buffer still referenced was collected');
-      dropped = undefined;
+      held.length = 0;
       await h.collect();
       h.assert(collected() === 1 << 20, `after the GC: collected ${collected()} bytes, expected ${1 << 20} (freed by its finalizer?)`);
       native.synchronize();
       h.assert(collected() === 0, `synchronize left ${collected()} bytes`);
       // alloc and free are safe points too
-      dropped = native.alloc(4096);
-      dropped = undefined;
+      held.push(native.alloc(4096));
+      held.length = 0;
       await h.collect();
       h.assert(collected() === 4096, `collected ${collected()}`);
       const kept = native.alloc(16);
       h.assert(collected() === 0, `alloc left ${collected()} bytes`);
-      dropped = native.alloc(8192);
-      dropped = undefined;
+      held.push(native.alloc(8192));
+      held.length = 0;
       await h.collect();
       native.free(kept);
       h.assert(collected() === 0 && kept.freed, `free left ${collected()} bytes`);
       // a collected graph lets go of the buffers it alone held; they too wait for the safe point
       const stream = native.createStream();
-      const capture = () => {
-        native.beginCapture(stream);
-        native.fill(native.alloc(1 << 16), 3, stream);
-        return native.endCapture(stream);
-      };
-      let graph: unknown = capture();
+      native.beginCapture(stream);
+      native.fill(native.alloc(1 << 16), 3, stream);
+      held.push(native.endCapture(stream));
       await h.collect();
       h.assert(collected() === 0, 'a buffer of a live graph was collected');
-      graph = undefined;
+      held.length = 0;
       await h.collect();
       h.assert(collected() === 1 << 16, `the graph's buffer: collected ${collected()}`);
       native.synchronize();
       h.assert(collected() === 0, `synchronize left ${collected()} bytes of the graph's`);
       // pinned memory
-      let host: unknown = native.allocHost(1 << 16);
-      host = undefined;
+      held.push(native.allocHost(1 << 16));
+      held.length = 0;
       await h.collect();
       h.assert(collected() === 1 << 16, `pinned memory: collected ${collected()}`);
       native.synchronize();
       h.assert(collected() === 0, `synchronize left ${collected()} bytes of pinned memory`);
-      void dropped;
-      void graph;
-      void host;
       // an explicit free returns the memory at once (visible on a device, where nothing else allocates)
       if (h.kind === 'cuda') {
         const big = native.alloc(1 << 28);
