@@ -691,11 +691,17 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Throw(env, Code::kInvalidArgument, "freeHost: not an ArrayBuffer from allocHost() of this backend, or one already freed (" + std::to_string(array.ByteLength()) + " bytes)");
     }
     NotCapturing(env, "freeHost", -1);  // it waits for the whole device
+    // before the detach, which may run the ArrayBuffer's finalizer (and delete `pin`) at once:
+    // marked freed, that finalizer frees nothing
     PinnedHost* pin = it->second;
-    if (napi_detach_arraybuffer(env, array) != napi_ok) Throw(env, Code::kDeviceError, "freeHost: the ArrayBuffer could not be detached; it is left allocated");
     char* ptr = pin->ptr;
-    pin->freed = true;  // its finalizer (which the detach may already have run) frees nothing
+    pin->freed = true;
     handle_->pinned.erase(it);
+    if (napi_detach_arraybuffer(env, array) != napi_ok) {
+      pin->freed = false;  // still alive: the finalizer has not run
+      handle_->pinned[ptr] = pin;
+      Throw(env, Code::kDeviceError, "freeHost: the ArrayBuffer could not be detached; it is left allocated");
+    }
     Check(env, be().FreeHost(ptr));
     handle_->FreeCollected();
     return env.Undefined();
