@@ -35,6 +35,15 @@ class Backend {
   virtual Status CopyToHost(void* dst, const void* src, size_t bytes, int stream) = 0;
   virtual Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, int stream) = 0;
   virtual Status Fill(void* dst, uint8_t value, size_t bytes, int stream) = 0;
+  // Pinned (page-locked) host memory, which copies to the device can read asynchronously (cpu:
+  // ordinary 64-byte aligned memory). FreeHost must wait for copies still reading it.
+  virtual Status AllocHost(size_t bytes, void** ptr) = 0;
+  virtual Status FreeHost(void* ptr) = 0;
+  // Host -> device queued on `stream`, returning at once: `src` is pinned memory (AllocHost) that
+  // stays untouched until the stream has passed the copy. cpu: complete on return.
+  virtual Status CopyToDeviceAsync(void* dst, const void* src, size_t bytes, int stream) = 0;
+  // Free and total device memory in bytes (cpu: the host's available and total memory).
+  virtual Status MemoryInfo(int64_t* free, int64_t* total) = 0;
   // Keeps `stream` busy for about `microseconds` (a device-side wait): work queued behind it then
   // runs back to back, so benchmarks time the device and not the host's launch rate (nvbench's
   // blocking kernel). The CPU backend runs every op synchronously and returns at once.
@@ -50,6 +59,9 @@ class Backend {
   virtual Status DestroyEvent(int event) = 0;
   virtual Status RecordEvent(int event, int stream) = 0;
   virtual Status ElapsedMs(int start, int end, float* ms) = 0;
+  // Work queued on `stream` after this waits (on the device, the host does not) for the work
+  // queued before the event's last record; an event never recorded is no wait (CUDA's rule).
+  virtual Status WaitEvent(int event, int stream) = 0;
 
   // Graphs: the work queued on one created stream between BeginCapture and EndCapture, replayed as
   // a whole by LaunchGraph with one host call: the engine's decode step costs one launch instead of

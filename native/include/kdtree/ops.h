@@ -18,6 +18,8 @@
 //   MoE GEMM     gather: y[T*topk, N] row t*topk+j = x[t] . W[ids[t, j]]^T
 //                sum:    y[T, N] = sum_j weights[t, j] * (x[t*topk+j] . W[ids[t, j]]^T)   (j in order)
 //                gather with the SiLU epilogue: as the W4A16 GEMM's, per (token, expert) row
+//                W packed W4A16 (qw, sc), or bf16 w[E, N, K] as the checkpoint stores it (with the
+//                SiLU epilogue its 2I rows are [gate; up] in checkpoint order, not interleaved)
 //   MLA          out[T, H, dv] from q_nope[T, H, dn], q_pe[T, H, dr] (RoPE'd), kv_b[H*(dn+dv), R],
 //                latent cache c[S, R], kpe[S, dr] holding `base` committed slots + T new ones
 #pragma once
@@ -36,6 +38,19 @@ struct W4A16PackArgs {
   bool gate_up = false;          // qw, sc are [gate; up] (N = 2I): pack for the SiLU epilogue
 };
 
+// The matrix a packed qw or sc holds, as w4a16Pack recorded it: the packed shapes give N and K
+// only to their padding (16 rows, 128 k) and the group not at all when K <= 128, so the GEMMs
+// check x's K, y's N and their group against this when it is known (the binding keeps it with
+// the buffers w4a16Pack wrote; weights put there by upload or copy have none).
+struct PackedWeightInfo {
+  bool known = false;
+  bool scales = false;    // sc_packed (else qw_packed)
+  int64_t experts = 0;    // 0: one matrix [N, K]; else E matrices
+  int64_t n = 0, k = 0;   // the checkpoint's N (2I for gate_up) and K
+  int group = 0;
+  bool gate_up = false;   // interleaveGateUp: rows in the siluMul epilogue's order
+};
+
 // What a W4A16 GEMM does with a finished output tile before it stores it.
 enum class Epilogue : int {
   kNone = 0,
@@ -52,6 +67,7 @@ struct W4A16GemmArgs {
   Tensor x, qw, sc, y;           // qw, sc packed
   int group = 32;
   Epilogue epilogue = Epilogue::kNone;
+  PackedWeightInfo qw_info, sc_info;  // what qw and sc hold, where known
 };
 
 struct GemmArgs {
@@ -62,6 +78,7 @@ enum class MoeMode : int { kGather = 0, kSum = 1 };
 
 struct MoeGemmArgs {
   Tensor x, qw, sc, ids, weights, y;  // qw, sc packed with a leading E; weights unused in gather mode
+  Tensor w;  // bf16 [E, N, K] experts as stored, instead of qw and sc (a float bundle's routed experts)
   int group = 32;
   MoeMode mode = MoeMode::kGather;
   Epilogue epilogue = Epilogue::kNone;  // kSiluMul: gather mode only
@@ -69,6 +86,7 @@ struct MoeGemmArgs {
   // ranges mean fewer blocks: faster when a call uses many experts (a tree verify), slower for a
   // decode step. A row's bits depend on it: keep one value for every call on the same weights.
   int64_t min_warp_steps = 0;
+  PackedWeightInfo qw_info, sc_info;  // what qw and sc hold, where known
 };
 
 struct MlaAttentionArgs {

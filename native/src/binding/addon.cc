@@ -132,9 +132,75 @@ Napi::ClassPropertyDescriptor<T> Getter(const char* name) {
   return napi_property_descriptor{name, nullptr, nullptr, Invoke<T, Member>, nullptr, nullptr, napi_default, const_cast<char*>(name)};
 }
 
+struct BackendHandle;
+
+// Pinned host memory from allocHost, behind an external ArrayBuffer: its finalizer's hint.
+struct PinnedHost {
+  std::shared_ptr<BackendHandle> owner;  // the backend outlives its pinned memory
+  char* ptr;
+  size_t bytes;
+  bool freed = false;  // by freeHost: the ArrayBuffer's finalizer then has nothing to free
+};
+
+// A backend and what its buffers, graphs and pinned memory share: each holds it, so the backend
+// outlives every object made from it. What the GC collects is not freed in its finalizer, which
+// may run between two ops of a step with work still queued (on cuda cudaFree waits for the whole
+// device, and graphs free their work space): it is queued here and freed at the next safe point,
+// an explicit free, a synchronize or the next alloc (FreeCollected).
 struct BackendHandle {
   std::unique_ptr<Backend> backend;
-  int id;
+  int id = 0;
+  int capturing = 0;  // streams capturing now: pinned memory is not freed meanwhile (FreeHost waits for the device)
+  std::vector<void*> collected_buffers;
+  std::vector<std::pair<void*, size_t>> collected_host;
+  std::vector<int> collected_graphs;
+  int64_t collected_bytes = 0;  // of collected_buffers and collected_host
+  std::map<const char*, PinnedHost*> pinned;  // live allocHost memory by address
+
+  BackendHandle(std::unique_ptr<Backend> b, int backend_id) : backend(std::move(b)), id(backend_id) {}
+  ~BackendHandle() {
+    capturing = 0;  // no JavaScript object of this backend is left to end a capture
+    FreeCollected();
+  }
+  void CollectBuffer(void* ptr, size_t bytes) {
+    collected_buffers.push_back(ptr);
+    collected_bytes += static_cast<int64_t>(bytes);
+  }
+  void CollectHost(PinnedHost* p) {
+    pinned.erase(p->ptr);
+    collected_host.emplace_back(p->ptr, p->bytes);
+    collected_bytes += static_cast<int64_t>(p->bytes);
+  }
+  // The safe point: what the GC collected is freed (errors are the device's, already reported by
+  // the calls that queued the work).
+  void FreeCollected() {
+    if (collected_buffers.empty() && collected_graphs.empty() && collected_host.empty()) return;
+    for (int g : collected_graphs) backend->DestroyGraph(g);
+    collected_graphs.clear();
+    for (void* p : collected_buffers) backend->Free(p);
+    collected_buffers.clear();
+    collected_bytes = 0;
+    if (capturing == 0) {
+      for (const auto& [p, bytes] : collected_host) backend->FreeHost(p);
+      collected_host.clear();
+    }
+    for (const auto& [p, bytes] : collected_host) collected_bytes += static_cast<int64_t>(bytes);
+  }
+  // The pinned allocation holding [p, p + bytes), if any.
+  const PinnedHost* FindPinned(const char* p, size_t bytes) const {
+    auto it = pinned.upper_bound(p);
+    if (it == pinned.begin()) return nullptr;
+    --it;
+    const PinnedHost* h = it->second;
+    return p + bytes <= h->ptr + h->bytes ? h : nullptr;
+  }
+};
+
+// Where w4a16Pack wrote a packed matrix into a buffer: what the GEMMs check their x, y and group
+// against. A write to those bytes by upload, copy or fill forgets it.
+struct PackedRecord {
+  int64_t offset, bytes;
+  PackedWeightInfo info;
 };
 
 class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
@@ -142,18 +208,18 @@ class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
   static constexpr const char* kClassName = "DeviceBuffer";
   static constexpr const char* kWhat = "buffer from alloc()";
   static const napi_type_tag* Tag() { return DeviceBufferTag(); }
-  static Napi::FunctionReference* constructor;
   static Napi::Function Init(Napi::Env env) {
-    Napi::Function f = DefineClass(env, kClassName, {
+    return DefineClass(env, kClassName, {
       Getter<DeviceBuffer, &DeviceBuffer::Bytes>("bytes"),
       Getter<DeviceBuffer, &DeviceBuffer::Freed>("freed"),
       Getter<DeviceBuffer, &DeviceBuffer::Kind>("backend"),
     });
-    constructor = new Napi::FunctionReference(Napi::Persistent(f));
-    return f;
   }
   explicit DeviceBuffer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<DeviceBuffer>(info) { RequireToken(info, kClassName, "backend.alloc()"); }
-  ~DeviceBuffer() override { Release(); }
+  // collected by the GC: freed at the backend's next safe point, not here
+  ~DeviceBuffer() override {
+    if (ptr_ != nullptr && owner_) owner_->CollectBuffer(ptr_, bytes_);
+  }
 
   void Attach(std::shared_ptr<BackendHandle> owner, void* ptr, size_t bytes) {
     owner_ = std::move(owner);
@@ -163,11 +229,32 @@ class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
   void Release() {
     if (ptr_ != nullptr && owner_) owner_->backend->Free(ptr_);
     ptr_ = nullptr;
+    packed_.clear();
   }
   bool freed() const { return ptr_ == nullptr; }
   void* ptr() const { return ptr_; }
   size_t bytes() const { return bytes_; }
   const BackendHandle* owner() const { return owner_.get(); }
+  // Packed weights w4a16Pack wrote at `offset` (replacing what was recorded there), and what is
+  // recorded at `offset`; Forget drops the records a write to [offset, offset + bytes) overlaps.
+  void RecordPacked(int64_t offset, int64_t bytes, const PackedWeightInfo& info) {
+    Forget(offset, bytes);
+    packed_.push_back({offset, bytes, info});
+  }
+  PackedWeightInfo PackedAt(int64_t offset) const {
+    for (const PackedRecord& r : packed_) {
+      if (r.offset == offset) return r.info;
+    }
+    return PackedWeightInfo{};
+  }
+  void Forget(int64_t offset, int64_t bytes) {
+    if (packed_.empty()) return;
+    std::vector<PackedRecord> kept;
+    for (const PackedRecord& r : packed_) {
+      if (r.offset + r.bytes <= offset || offset + bytes <= r.offset) kept.push_back(r);
+    }
+    packed_ = std::move(kept);
+  }
   // Pinned: named by a call still reading its arguments, which holds its address.
   void Pin() { ++pins_; }
   void Unpin() { --pins_; }
@@ -181,8 +268,8 @@ class DeviceBuffer : public Napi::ObjectWrap<DeviceBuffer> {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
   int pins_ = 0;
+  std::vector<PackedRecord> packed_;
 };
-Napi::FunctionReference* DeviceBuffer::constructor = nullptr;
 
 // The buffers one call names, with their JS objects: pinned from the moment the call reads them
 // until it returns (the destructor runs on every exit, a throw included), and handed to the graph
@@ -212,18 +299,18 @@ class Graph : public Napi::ObjectWrap<Graph> {
   static constexpr const char* kClassName = "Graph";
   static constexpr const char* kWhat = "graph from endCapture()";
   static const napi_type_tag* Tag() { return GraphTag(); }
-  static Napi::FunctionReference* constructor;
   static Napi::Function Init(Napi::Env env) {
-    Napi::Function f = DefineClass(env, kClassName, {
+    return DefineClass(env, kClassName, {
       Getter<Graph, &Graph::Calls>("calls"),
       Getter<Graph, &Graph::Freed>("freed"),
       Getter<Graph, &Graph::Kind>("backend"),
     });
-    constructor = new Napi::FunctionReference(Napi::Persistent(f));
-    return f;
   }
   explicit Graph(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Graph>(info) { RequireToken(info, kClassName, "backend.endCapture()"); }
-  ~Graph() override { Release(); }
+  // collected by the GC: destroyed at the backend's next safe point (it frees the graph's work space)
+  ~Graph() override {
+    if (id_ != 0 && owner_) owner_->collected_graphs.push_back(id_);
+  }
 
   void Attach(std::shared_ptr<BackendHandle> owner, int id, int calls, std::vector<std::pair<const DeviceBuffer*, Napi::ObjectReference>> buffers) {
     owner_ = std::move(owner);
@@ -249,9 +336,14 @@ class Graph : public Napi::ObjectWrap<Graph> {
   int id_ = 0, calls_ = 0;
   std::vector<std::pair<const DeviceBuffer*, Napi::ObjectReference>> buffers_;
 };
-Napi::FunctionReference* Graph::constructor = nullptr;
 
-int next_backend_id = 1;
+// What one Node environment (the main thread, or a worker) holds of the addon: every worker loads
+// it again, into an environment of its own, so none of this may be a static shared between them.
+struct AddonData {
+  Napi::FunctionReference buffer, graph, backend;  // the classes' constructors
+  int next_backend_id = 1;                         // for messages: "cpu #2"
+};
+AddonData& Data(Napi::Env env) { return *env.GetInstanceData<AddonData>(); }
 
 // Argument names are C strings, or for parts of a tensor a callable that builds one: messages are
 // only written for failures, while every op parses several tensors per call (building each name
@@ -344,14 +436,16 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   static constexpr const char* kClassName = "NativeBackend";
   static constexpr const char* kWhat = "backend from createBackend()";
   static const napi_type_tag* Tag() { return BackendTag(); }
-  static Napi::FunctionReference* constructor;
   static Napi::Function Init(Napi::Env env) {
     using B = NativeBackend;
-    Napi::Function f = DefineClass(env, kClassName, {
+    return DefineClass(env, kClassName, {
       Getter<B, &B::Kind>("kind"),
       Method<B, &B::Info>("info"),
       Method<B, &B::AllocJs>("alloc"),
       Method<B, &B::FreeJs>("free"),
+      Method<B, &B::AllocHostJs>("allocHost"),
+      Method<B, &B::FreeHostJs>("freeHost"),
+      Method<B, &B::MemoryInfoJs>("memoryInfo"),
       Method<B, &B::Upload>("upload"),
       Method<B, &B::Download>("download"),
       Method<B, &B::CopyJs>("copy"),
@@ -364,6 +458,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Method<B, &B::DestroyEventJs>("destroyEvent"),
       Method<B, &B::RecordEventJs>("recordEvent"),
       Method<B, &B::ElapsedJs>("elapsedMs"),
+      Method<B, &B::WaitEventJs>("waitEvent"),
       Method<B, &B::BeginCaptureJs>("beginCapture"),
       Method<B, &B::EndCaptureJs>("endCapture"),
       Method<B, &B::LaunchGraphJs>("launchGraph"),
@@ -387,11 +482,9 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Method<B, &B::KvCommitJs>("kvCommit"),
       Method<B, &B::ArangeJs>("arange"),
     });
-    constructor = new Napi::FunctionReference(Napi::Persistent(f));
-    return f;
   }
   explicit NativeBackend(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeBackend>(info) { RequireToken(info, kClassName, "createBackend()"); }
-  void Attach(std::unique_ptr<Backend> b) { handle_ = std::make_shared<BackendHandle>(BackendHandle{std::move(b), next_backend_id++}); }
+  void Attach(std::unique_ptr<Backend> b, int id) { handle_ = std::make_shared<BackendHandle>(std::move(b), id); }
 
  private:
   Backend& be() { return *handle_->backend; }
@@ -430,7 +523,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
 
   // {buffer, dtype, shape, offset?} -> Tensor (buffer alive, ours and pinned; offset in range)
   template <typename Name>
-  Tensor ParseTensor(Call& c, const Napi::Value& v, const Name& what, bool optional) {
+  Tensor ParseTensor(Call& c, const Napi::Value& v, const Name& what, bool optional, DeviceBuffer** buffer = nullptr) {
     Napi::Env env = c.env;
     Tensor t;
     t.name = NameOf(what);  // an absent optional tensor is named in messages too
@@ -460,9 +553,17 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     if (offset > static_cast<int64_t>(b->bytes())) Throw(env, Code::kInvalidArgument, NameOf(what) + ".offset " + std::to_string(offset) + " is past the buffer's " + std::to_string(b->bytes()) + " bytes");
     t.data = static_cast<char*>(b->ptr()) + offset;
     t.bytes = static_cast<int64_t>(b->bytes()) - offset;
+    if (buffer != nullptr) *buffer = b;
     return t;
   }
   Tensor TensorArg(Call& c, const char* key, bool optional = false) { return ParseTensor(c, c.args.Get(key), key, optional); }
+  // Packed weights: the tensor, and what w4a16Pack recorded where it starts (if it packed it).
+  Tensor PackedArg(Call& c, const char* key, PackedWeightInfo* info) {
+    DeviceBuffer* b = nullptr;
+    Tensor t = ParseTensor(c, c.args.Get(key), key, false, &b);
+    *info = b->PackedAt(static_cast<char*>(t.data) - static_cast<char*>(b->ptr()));
+    return t;
+  }
 
   // Scalars: undefined takes the default; anything else must be of the right type and range.
   double Num(Call& c, const char* key, double fallback) {
@@ -529,7 +630,8 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Napi::Env env = info.Env();
     const int64_t bytes = Given(info, 0) ? ParseInt(env, info[0], "bytes", 0) : -1;
     if (bytes < 0) Throw(env, Code::kInvalidArgument, "alloc(bytes): bytes must be a non-negative integer");
-    Napi::Object obj = DeviceBuffer::constructor->New({Token(env)});
+    Napi::Object obj = Data(env).buffer.New({Token(env)});
+    handle_->FreeCollected();  // a safe point: memory the GC collected can serve this allocation
     void* ptr = nullptr;
     Check(env, be().Alloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)), &ptr));
     DeviceBuffer::Unwrap(obj)->Attach(handle_, ptr, static_cast<size_t>(bytes));
@@ -544,29 +646,111 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Throw(env, Code::kInvalidArgument, "free: the buffer is in use by a call that is still reading its arguments (a getter may not free a buffer that call already named); free it after the call returns");
     }
     b->Release();
+    handle_->FreeCollected();  // a safe point
     return env.Undefined();
   }
 
-  // upload(buffer, data: TypedArray|Buffer, offset = 0): host -> device, complete on return
+  // allocHost(bytes) -> ArrayBuffer over pinned host memory (cpu: aligned host memory), which
+  // upload() copies from asynchronously. It stays valid until freeHost(); one the GC collects
+  // without freeHost is freed at the next safe point, after the device finished with it.
+  Napi::Value AllocHostJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const int64_t bytes = Given(info, 0) ? ParseInt(env, info[0], "bytes", 0) : -1;
+    if (bytes < 0) Throw(env, Code::kInvalidArgument, "allocHost(bytes): bytes must be a non-negative integer");
+    handle_->FreeCollected();
+    void* ptr = nullptr;
+    Check(env, be().AllocHost(static_cast<size_t>(std::max<int64_t>(bytes, 1)), &ptr));
+    auto* pin = new PinnedHost{handle_, static_cast<char*>(ptr), static_cast<size_t>(bytes)};
+    napi_value array;
+    const napi_status st = napi_create_external_arraybuffer(env, ptr, static_cast<size_t>(bytes), FinalizePinned, pin, &array);
+    if (st != napi_ok) {
+      delete pin;
+      be().FreeHost(ptr);
+      Throw(env, Code::kUnsupported, "allocHost: this Node.js cannot wrap native memory in an ArrayBuffer (napi_create_external_arraybuffer failed: external buffers are not allowed)");
+    }
+    handle_->pinned[pin->ptr] = pin;
+    return Napi::Value(env, array);
+  }
+  static void FinalizePinned(napi_env, void*, void* hint) {
+    auto* pin = static_cast<PinnedHost*>(hint);
+    if (!pin->freed) pin->owner->CollectHost(pin);
+    delete pin;
+  }
+  // freeHost(array): frees allocHost memory now (after the device finished the copies reading
+  // it) and detaches the ArrayBuffer, so that its views read as empty instead of freed memory.
+  Napi::Value FreeHostJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Value v = info.Length() > 0 ? info[0] : env.Undefined();
+    Napi::ArrayBuffer array;
+    if (v.IsArrayBuffer()) array = v.As<Napi::ArrayBuffer>();
+    else if (v.IsTypedArray()) array = v.As<Napi::TypedArray>().ArrayBuffer();
+    else Throw(env, Code::kInvalidArgument, "freeHost(array): array must be the ArrayBuffer from allocHost() (or a view of it), got " + Describe(v));
+    const char* data = static_cast<const char*>(array.Data());
+    auto it = data == nullptr ? handle_->pinned.end() : handle_->pinned.find(data);
+    if (it == handle_->pinned.end() || it->second->bytes != array.ByteLength()) {
+      Throw(env, Code::kInvalidArgument, "freeHost: not an ArrayBuffer from allocHost() of this backend, or one already freed (" + std::to_string(array.ByteLength()) + " bytes)");
+    }
+    NotCapturing(env, "freeHost", -1);  // it waits for the whole device
+    // before the detach, which may run the ArrayBuffer's finalizer (and delete `pin`) at once:
+    // marked freed, that finalizer frees nothing
+    PinnedHost* pin = it->second;
+    char* ptr = pin->ptr;
+    pin->freed = true;
+    handle_->pinned.erase(it);
+    if (napi_detach_arraybuffer(env, array) != napi_ok) {
+      pin->freed = false;  // still alive: the finalizer has not run
+      handle_->pinned[ptr] = pin;
+      Throw(env, Code::kDeviceError, "freeHost: the ArrayBuffer could not be detached; it is left allocated");
+    }
+    Check(env, be().FreeHost(ptr));
+    handle_->FreeCollected();
+    return env.Undefined();
+  }
+
+  // upload(buffer, data: TypedArray|Buffer, offset = 0, stream = 0): host -> device. From
+  // allocHost memory it is queued on the stream and returns at once (keep the data unchanged until
+  // the stream passes it: synchronize, or an event); from any other memory it is complete on return.
   Napi::Value Upload(const Napi::CallbackInfo& info) { return HostCopy(info, true); }
-  // download(buffer, into: TypedArray|Buffer, offset = 0): device -> host, complete on return
+  // download(buffer, into: TypedArray|Buffer, offset = 0, stream = 0): device -> host after the
+  // work queued on the stream, complete on return
   Napi::Value Download(const Napi::CallbackInfo& info) { return HostCopy(info, false); }
   Napi::Value HostCopy(const Napi::CallbackInfo& info, bool up) {
     Napi::Env env = info.Env();
     const char* op = up ? "upload" : "download";
     CallBuffers buffers;
     DeviceBuffer* b = Buf(env, buffers, info[0], [op] { return std::string(op) + ": buffer"; });
-    if (info.Length() < 2 || !info[1].IsTypedArray()) Throw(env, Code::kInvalidArgument, std::string(op) + "(buffer, typedArray, offset?): the second argument must be a TypedArray or Buffer");
+    if (info.Length() < 2 || !info[1].IsTypedArray()) Throw(env, Code::kInvalidArgument, std::string(op) + "(buffer, typedArray, offset?, stream?): the second argument must be a TypedArray or Buffer");
     Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
     const int64_t offset = Given(info, 2) ? ParseInt(env, info[2], "offset", 0) : 0;
+    const int stream = Given(info, 3) ? ParseInt32(env, info[3], "stream", 0) : 0;
     const size_t bytes = ta.ByteLength();
     if (offset + static_cast<int64_t>(bytes) > static_cast<int64_t>(b->bytes())) {
       Throw(env, Code::kInvalidArgument, std::string(op) + ": " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " do not fit the buffer's " + std::to_string(b->bytes()) + " bytes");
     }
+    NotCapturing(env, op, stream);
+    Check(env, be().CheckStream(stream));
     char* host = static_cast<char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset();
     char* dev = static_cast<char*>(b->ptr()) + offset;
-    Check(env, up ? be().CopyToDevice(dev, host, bytes, 0) : be().CopyToHost(host, dev, bytes, 0));
+    if (!up) {
+      Check(env, be().CopyToHost(host, dev, bytes, stream));
+      return env.Undefined();
+    }
+    b->Forget(offset, static_cast<int64_t>(bytes));
+    const bool pinned = bytes > 0 && handle_->FindPinned(host, bytes) != nullptr;
+    Check(env, pinned ? be().CopyToDeviceAsync(dev, host, bytes, stream) : be().CopyToDevice(dev, host, bytes, stream));
     return env.Undefined();
+  }
+  // memoryInfo() -> {free, total, collected}: device memory (cpu: the host's available memory);
+  // `collected`: bytes the GC collected that the next safe point frees (not yet in `free`).
+  Napi::Value MemoryInfoJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    int64_t free = 0, total = 0;
+    Check(env, be().MemoryInfo(&free, &total));
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("free", static_cast<double>(free));
+    o.Set("total", static_cast<double>(total));
+    o.Set("collected", static_cast<double>(handle_->collected_bytes));
+    return o;
   }
   // copy({dst, src, bytes, dstOffset, srcOffset, stream}): device -> device, asynchronous
   Napi::Value CopyJs(const Napi::CallbackInfo& info) {
@@ -592,6 +776,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
                                              ") of one buffer overlap; copy through a second buffer");
     }
     Check(env, be().CheckStream(stream));
+    dst->Forget(dOff, bytes);
     void* d = static_cast<char*>(dst->ptr()) + dOff;
     const void* from = static_cast<char*>(src->ptr()) + sOff;
     const size_t n = static_cast<size_t>(bytes);
@@ -607,6 +792,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     if (value > 255) Throw(env, Code::kInvalidArgument, "fill: value must be a byte (0..255)");
     const int stream = Given(info, 2) ? ParseInt32(env, info[2], "stream", 0) : 0;
     Check(env, be().CheckStream(stream));
+    b->Forget(0, static_cast<int64_t>(b->bytes()));
     void* d = b->ptr();
     const size_t n = b->bytes();
     Backend* backend = &be();
@@ -639,6 +825,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     const int stream = Given(info, 0) ? ParseInt32(info.Env(), info[0], "stream", -1) : -1;
     NotCapturing(info.Env(), "synchronize", stream);
     Check(info.Env(), be().Synchronize(stream));
+    handle_->FreeCollected();  // a safe point
     return info.Env().Undefined();
   }
   Napi::Value CreateEventJs(const Napi::CallbackInfo& info) {
@@ -657,6 +844,17 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     NotCapturing(env, "recordEvent", stream);
     Check(env, be().CheckStream(stream));
     Check(env, be().RecordEvent(event, stream));
+    return env.Undefined();
+  }
+  // waitEvent(event, stream = 0): work queued on `stream` from now on waits for the work queued
+  // before the event's last record (on the device; the host does not wait)
+  Napi::Value WaitEventJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const int event = ParseInt32(env, info[0], "event", 0);
+    const int stream = Given(info, 1) ? ParseInt32(env, info[1], "stream", 0) : 0;
+    NotCapturing(env, "waitEvent", stream);
+    Check(env, be().CheckStream(stream));
+    Check(env, be().WaitEvent(event, stream));
     return env.Undefined();
   }
   Napi::Value ElapsedJs(const Napi::CallbackInfo& info) {
@@ -710,6 +908,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     if (captures_.count(stream)) Throw(env, Code::kInvalidArgument, "beginCapture: stream " + std::to_string(stream) + " is already capturing");
     Check(env, be().BeginCapture(stream));
     captures_[stream];
+    handle_->capturing = static_cast<int>(captures_.size());
     return env.Undefined();
   }
   // endCapture(stream) -> Graph
@@ -718,9 +917,10 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     const int stream = ParseInt32(env, info[0], "stream", 0);
     auto it = captures_.find(stream);
     if (it == captures_.end()) Throw(env, Code::kInvalidArgument, "endCapture: stream " + std::to_string(stream) + " is not capturing (beginCapture first)");
-    Napi::Object obj = Graph::constructor->New({Token(env)});
+    Napi::Object obj = Data(env).graph.New({Token(env)});
     Capture c = std::move(it->second);
     captures_.erase(it);
+    handle_->capturing = static_cast<int>(captures_.size());
     int id = 0;
     Check(env, be().EndCapture(stream, &id));
     Graph::Unwrap(obj)->Attach(handle_, id, c.calls, std::move(c.buffers));
@@ -771,14 +971,34 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return env.Undefined();
   }
 
+  // Records on the packed outputs what they hold, for the GEMMs to check (PackedWeightInfo).
   Napi::Value W4A16PackJs(const Napi::CallbackInfo& info) {
     Call c{info.Env(), ArgsObject(info), {}};
-    W4A16PackArgs a{TensorArg(c, "qw"), TensorArg(c, "sc"), TensorArg(c, "qwPacked"), TensorArg(c, "scPacked"), Int32(c, "group", 32), Bool(c, "interleaveGateUp", false)};
-    return Run(c, a, ValidateW4A16Pack, &Backend::W4A16Pack);
+    DeviceBuffer *qw_out = nullptr, *sc_out = nullptr;
+    W4A16PackArgs a;
+    a.qw = TensorArg(c, "qw");
+    a.sc = TensorArg(c, "sc");
+    a.qw_packed = ParseTensor(c, c.args.Get("qwPacked"), "qwPacked", false, &qw_out);
+    a.sc_packed = ParseTensor(c, c.args.Get("scPacked"), "scPacked", false, &sc_out);
+    a.group = Int32(c, "group", 32);
+    a.gate_up = Bool(c, "interleaveGateUp", false);
+    Run(c, a, ValidateW4A16Pack, &Backend::W4A16Pack);
+    PackedWeightInfo packed = PackedWeightInfoOf(a);
+    for (auto [buffer, t] : {std::pair<DeviceBuffer*, const Tensor*>{qw_out, &a.qw_packed}, {sc_out, &a.sc_packed}}) {
+      buffer->RecordPacked(static_cast<char*>(t->data) - static_cast<char*>(buffer->ptr()), t->numel() * DTypeSize(t->dtype), packed);
+      packed.scales = true;  // the second one
+    }
+    return c.env.Undefined();
   }
   Napi::Value W4A16GemmJs(const Napi::CallbackInfo& info) {
     Call c{info.Env(), ArgsObject(info), {}};
-    W4A16GemmArgs a{TensorArg(c, "x"), TensorArg(c, "qw"), TensorArg(c, "sc"), TensorArg(c, "y"), Int32(c, "group", 32), ParseEpilogue(c, "w4a16_gemm")};
+    W4A16GemmArgs a;
+    a.x = TensorArg(c, "x");
+    a.qw = PackedArg(c, "qw", &a.qw_info);
+    a.sc = PackedArg(c, "sc", &a.sc_info);
+    a.y = TensorArg(c, "y");
+    a.group = Int32(c, "group", 32);
+    a.epilogue = ParseEpilogue(c, "w4a16_gemm");
     return Run(c, a, ValidateW4A16Gemm, &Backend::W4A16Gemm);
   }
   Napi::Value GemmJs(const Napi::CallbackInfo& info) {
@@ -794,8 +1014,14 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Call c{info.Env(), ArgsObject(info), {}};
     MoeGemmArgs a;
     a.x = TensorArg(c, "x");
-    a.qw = TensorArg(c, "qw");
-    a.sc = TensorArg(c, "sc");
+    a.w = TensorArg(c, "w", true);  // bf16 experts as stored, instead of packed qw and sc
+    if (a.w.present()) {
+      a.qw = TensorArg(c, "qw", true);  // read to be refused: w replaces them
+      a.sc = TensorArg(c, "sc", true);
+    } else {
+      a.qw = PackedArg(c, "qw", &a.qw_info);
+      a.sc = PackedArg(c, "sc", &a.sc_info);
+    }
     a.ids = TensorArg(c, "ids");
     a.weights = TensorArg(c, "weights", true);
     a.y = TensorArg(c, "y");
@@ -928,7 +1154,6 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   std::shared_ptr<BackendHandle> handle_;
   std::map<int, Capture> captures_;  // capturing stream -> its capture
 };
-Napi::FunctionReference* NativeBackend::constructor = nullptr;
 
 // createBackend(kind: 'cpu' | 'cuda', device = 0)
 Napi::Value CreateBackend(const Napi::CallbackInfo& info) {
@@ -947,8 +1172,9 @@ Napi::Value CreateBackend(const Napi::CallbackInfo& info) {
   } else {
     Throw(env, Code::kInvalidArgument, "createBackend(kind): kind must be 'cpu' or 'cuda'");
   }
-  Napi::Object obj = NativeBackend::constructor->New({Token(env)});
-  NativeBackend::Unwrap(obj)->Attach(std::move(backend));
+  AddonData& data = Data(env);
+  Napi::Object obj = data.backend.New({Token(env)});
+  NativeBackend::Unwrap(obj)->Attach(std::move(backend), data.next_backend_id++);
   if (napi_type_tag_object(env, obj, BackendTag()) != napi_ok) Throw(env, Code::kDeviceError, "createBackend: could not tag the new backend");
   return obj;
 }
@@ -979,9 +1205,11 @@ Napi::Value CudaProbe(const Napi::CallbackInfo& info) {
 #endif
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
-  DeviceBuffer::Init(env);
-  Graph::Init(env);
-  NativeBackend::Init(env);
+  auto* data = new AddonData;
+  env.SetInstanceData(data);  // deleted when the environment is torn down (a worker's exit)
+  data->buffer = Napi::Persistent(DeviceBuffer::Init(env));
+  data->graph = Napi::Persistent(Graph::Init(env));
+  data->backend = Napi::Persistent(NativeBackend::Init(env));
   exports.Set("createBackend", Napi::Function::New(env, CreateBackend));
   Napi::Object build = Napi::Object::New(env);
   build.Set("version", KDTREE_VERSION);

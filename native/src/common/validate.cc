@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "kdtree/w4a16_layout.h"
 
@@ -104,7 +105,54 @@ Status CheckGroup(const OpContext& ctx, int64_t k, int group) {
   return Status::Ok();
 }
 
+// qw and sc against what w4a16Pack recorded for them (when it did): the same pack, of `experts`
+// matrices (0: one) with N = n, K = k and this group, rows in the order the epilogue reads.
+Status CheckPackedInfo(const OpContext& ctx, const Tensor& qw, const Tensor& sc, const PackedWeightInfo& qi, const PackedWeightInfo& si, int64_t experts, int64_t n, int64_t k, int group, Epilogue epilogue,
+                       const char* x_name) {
+  const auto describe = [](const PackedWeightInfo& p) {
+    std::ostringstream os;
+    os << "N = " << p.n << ", K = " << p.k << ", G = " << p.group;
+    if (p.experts > 0) os << ", E = " << p.experts;
+    if (p.gate_up) os << ", interleaveGateUp";
+    return os.str();
+  };
+  for (const auto& [t, info, want_scales] : {std::tuple{&qw, &qi, false}, std::tuple{&sc, &si, true}}) {
+    if (!info->known) continue;
+    if (info->scales != want_scales) return Invalid(ctx, t->name, " holds the packed ", info->scales ? "scales (scPacked)" : "codes (qwPacked)", " of a w4a16Pack: pass qwPacked as qw and scPacked as sc");
+    const std::string packed = std::string(t->name) + " was packed by w4a16Pack for " + describe(*info);
+    if ((info->experts > 0) != (experts > 0)) return Invalid(ctx, packed, experts > 0 ? ": one matrix, not experts [E, N, K]" : ": experts [E, N, K], not one matrix");
+    if (info->k != k) return Invalid(ctx, packed, ", but ", x_name, " has K = ", k);
+    // gate_up rows without the epilogue: y takes them in their interleaved order, padding included
+    const bool interleaved = info->gate_up && epilogue == Epilogue::kNone;
+    const int64_t rows = interleaved ? w4::Tiles(info->n) * w4::kTileRows : info->n;
+    if (rows != n) {
+      if (epilogue == Epilogue::kSiluMul) return Invalid(ctx, packed, ", but y's ", n / 2, " columns need ", n, " gate_up rows (y must be [M, ", info->n / 2, "])");
+      if (interleaved) return Invalid(ctx, packed, ", so without the siluMul epilogue y must have ", rows, " columns (its rows in the interleaved order, padding included), got ", n);
+      return Invalid(ctx, packed, ", but y has N = ", n);
+    }
+    if (info->group != group) return Invalid(ctx, packed, ", but the call says group ", group);
+    if (info->experts != experts) return Invalid(ctx, packed, ", but the call has E = ", experts);
+    if (epilogue == Epilogue::kSiluMul && !info->gate_up) return Invalid(ctx, packed, " without interleaveGateUp: the siluMul epilogue needs gate_up rows packed with interleaveGateUp");
+  }
+  if (qi.known && si.known && (qi.n != si.n || qi.k != si.k || qi.group != si.group || qi.experts != si.experts || qi.gate_up != si.gate_up)) {
+    return Invalid(ctx, "qw was packed for ", describe(qi), " but sc for ", describe(si), ": pass the qw and sc of one w4a16Pack");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+PackedWeightInfo PackedWeightInfoOf(const W4A16PackArgs& a) {
+  const int lead = a.qw.rank() - 2;
+  PackedWeightInfo p;
+  p.known = true;
+  p.experts = lead ? a.qw.dim(0) : 0;
+  p.n = a.qw.dim(lead);
+  p.k = a.qw.dim(lead + 1) * 8;
+  p.group = a.group;
+  p.gate_up = a.gate_up;
+  return p;
+}
 
 Status ValidateW4A16Pack(const W4A16PackArgs& a) {
   const OpContext ctx("w4a16_pack", a.qw, a.sc, a.qw_packed, a.sc_packed);
@@ -134,7 +182,8 @@ Status ValidateW4A16Gemm(const W4A16GemmArgs& a) {
   const int64_t m = a.x.dim(0), k = a.x.dim(1), n = WeightRows(a.y, a.epilogue);
   KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
   if (a.y.dim(0) != m) return Invalid(ctx, "y must be [M, ", a.epilogue == Epilogue::kSiluMul ? "I" : "N", "] with M = ", m, " (x's rows)");
-  return CheckPacked(ctx, a.qw, a.sc, 0, 1, n, k, a.group);
+  KDTREE_RETURN_IF_ERROR(CheckPacked(ctx, a.qw, a.sc, 0, 1, n, k, a.group));
+  return CheckPackedInfo(ctx, a.qw, a.sc, a.qw_info, a.sc_info, 0, n, k, a.group, a.epilogue, "x");
 }
 
 Status ValidateGemm(const GemmArgs& a) {
@@ -157,7 +206,55 @@ Status ValidateGemm(const GemmArgs& a) {
   return Status::Ok();
 }
 
+namespace {
+
+// The routing shapes both weight forms share: ids [T, topk]; gather: x [T, K], y [T*topk, N];
+// sum: x [T*topk, K], weights f32 [T, topk], y [T, N].
+Status CheckMoeRows(const OpContext& ctx, const OpContext& wctx, const MoeGemmArgs& a) {
+  const int64_t t = a.ids.dim(0), kk = a.ids.dim(1);
+  if (a.mode == MoeMode::kGather) {
+    if (a.x.dim(0) != t) return Invalid(ctx, "gather mode: x must have one row per token (", t, ")");
+    if (a.y.dim(0) != t * kk) return Invalid(ctx, "gather mode: y must be [T*topk, N] = [", t * kk, ", N]");
+    return Status::Ok();
+  }
+  if (a.epilogue != Epilogue::kNone) return Invalid(ctx, "the siluMul epilogue needs gather mode (it makes the activation of a gate_up projection)");
+  if (!a.weights.present()) return Invalid(ctx, "sum mode needs weights, f32 [T, topk] = [", t, ", ", kk, "]");
+  KDTREE_RETURN_IF_ERROR(CheckTensor(wctx, a.weights, {DType::kF32}, 2));
+  if (a.weights.dim(0) != t || a.weights.dim(1) != kk) return Invalid(wctx, "weights must be [T, topk] like ids");
+  if (a.x.dim(0) != t * kk) return Invalid(wctx, "sum mode: x must have one row per (token, expert) pair (", t * kk, ")");
+  if (a.y.dim(0) != t) return Invalid(wctx, "sum mode: y must be [T, N] = [", t, ", N]");
+  return Status::Ok();
+}
+
+// Experts in bf16 as stored, w [E, N, K] (with the siluMul epilogue N = 2I: gate rows, then up).
+Status ValidateMoeGemmBf16(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
+  const OpContext ctx("moe_gemm", a.x, a.w, a.ids, a.y);
+  const OpContext wctx("moe_gemm", a.x, a.w, a.ids, a.weights, a.y);
+  if (a.qw.present() || a.sc.present()) return Invalid(ctx, "w (bf16 experts as stored) replaces qw and sc (packed W4A16 experts): give one or the other");
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.w, {DType::kBF16}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
+  const int64_t e = a.w.dim(0), n = WeightRows(a.y, a.epilogue), k = a.x.dim(1);
+  if (a.w.dim(1) != n || a.w.dim(2) != k) {
+    return Invalid(ctx, "w must be [E, N, K] = [", e, ", ", n, ", ", k, "] (N from y", a.epilogue == Epilogue::kSiluMul ? ": 2I gate then up rows for y's I columns" : "", ", K from x)");
+  }
+  if (k == 0 || k % 8 != 0) return Invalid(ctx, "K = ", k, " must be a positive multiple of 8 (rows of 16-byte units)");
+  if (k > (int64_t{1} << 30) || n > (int64_t{1} << 30) || e > (int64_t{1} << 20)) return Invalid(ctx, "N and K must each be at most 2^30, E at most 2^20");
+  if (a.min_warp_steps != 0) return Invalid(ctx, "minWarpSteps applies to packed W4A16 experts (qw, sc), not to bf16 w");
+  for (const Tensor* t : {&a.x, &a.w}) {
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return Invalid(ctx, t->name, " must start 16-byte aligned (its offset into the buffer a multiple of 16)");
+  }
+  KDTREE_RETURN_IF_ERROR(CheckMoeRows(ctx, wctx, a));
+  *experts = e;
+  *topk = a.ids.dim(1);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
+  if (a.w.present()) return ValidateMoeGemmBf16(a, experts, topk);
   constexpr int64_t kMaxMinWarpSteps = 1 << 20;
   const OpContext ctx("moe_gemm", a.x, a.qw, a.sc, a.ids, a.y);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32, DType::kBF16, DType::kF16}, 2));
@@ -166,21 +263,12 @@ Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sc, {DType::kBF16, DType::kF32}, 4));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.y, {DType::kF32, DType::kBF16, DType::kF16}, 2));
-  const int64_t e = a.qw.dim(0), n = WeightRows(a.y, a.epilogue), k = a.x.dim(1), t = a.ids.dim(0), kk = a.ids.dim(1);
+  const int64_t e = a.qw.dim(0), n = WeightRows(a.y, a.epilogue), k = a.x.dim(1), kk = a.ids.dim(1);
   KDTREE_RETURN_IF_ERROR(CheckGroup(ctx, k, a.group));
   if (a.min_warp_steps < 0 || a.min_warp_steps > kMaxMinWarpSteps) return Invalid(ctx, "minWarpSteps must be in [0, ", kMaxMinWarpSteps, "], got ", a.min_warp_steps);
-  if (a.mode == MoeMode::kGather) {
-    if (a.x.dim(0) != t) return Invalid(ctx, "gather mode: x must have one row per token (", t, ")");
-    if (a.y.dim(0) != t * kk) return Invalid(ctx, "gather mode: y must be [T*topk, N] = [", t * kk, ", N]");
-  } else {
-    if (a.epilogue != Epilogue::kNone) return Invalid(ctx, "the siluMul epilogue needs gather mode (it makes the activation of a gate_up projection)");
-    const OpContext wctx("moe_gemm", a.x, a.qw, a.sc, a.ids, a.weights, a.y);
-    KDTREE_RETURN_IF_ERROR(CheckTensor(wctx, a.weights, {DType::kF32}, 2));
-    if (a.weights.dim(0) != t || a.weights.dim(1) != kk) return Invalid(wctx, "weights must be [T, topk] like ids");
-    if (a.x.dim(0) != t * kk) return Invalid(wctx, "sum mode: x must have one row per (token, expert) pair (", t * kk, ")");
-    if (a.y.dim(0) != t) return Invalid(wctx, "sum mode: y must be [T, N] = [", t, ", N]");
-  }
+  KDTREE_RETURN_IF_ERROR(CheckMoeRows(ctx, OpContext("moe_gemm", a.x, a.qw, a.sc, a.ids, a.weights, a.y), a));
   KDTREE_RETURN_IF_ERROR(CheckPacked(ctx, a.qw, a.sc, 1, e, n, k, a.group));
+  KDTREE_RETURN_IF_ERROR(CheckPackedInfo(ctx, a.qw, a.sc, a.qw_info, a.sc_info, e, n, k, a.group, a.epilogue, "x"));
   *experts = e;
   *topk = kk;
   return Status::Ok();

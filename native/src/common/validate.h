@@ -7,6 +7,8 @@
 namespace kdtree {
 
 Status ValidateW4A16Pack(const W4A16PackArgs& a);
+// What a validated pack writes into qw_packed (scales = false) and sc_packed.
+PackedWeightInfo PackedWeightInfoOf(const W4A16PackArgs& a);
 Status ValidateW4A16Gemm(const W4A16GemmArgs& a);
 Status ValidateGemm(const GemmArgs& a);
 Status ValidateMoeGemm(const MoeGemmArgs& a, int64_t* experts, int64_t* topk);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -14,6 +15,8 @@
 #include <set>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "../common/half.h"
 #include "../common/validate.h"
@@ -113,6 +116,26 @@ float W4Dot(const float* x, const int8_t* q, const float* scales, int64_t k, int
   return acc;
 }
 
+// dot(x, w) over k (a multiple of 8) in the order of the cuda bf16 MoE GEMM's warp (moe_bf16.cu):
+// lane l sums chunks of 8 k, l, l + 32, ..., one FMA after another; the 32 lane sums meet in an
+// xor butterfly. The same bits on both backends, and for a row whatever else is in the call.
+float WarpOrderDot(const float* x, const float* w, int64_t k) {
+  float lanes[32];
+  for (int l = 0; l < 32; ++l) {
+    float acc = 0.f;
+    for (int64_t c = 8 * l; c < k; c += 8 * 32) {
+      for (int j = 0; j < 8; ++j) acc = std::fma(x[c + j], w[c + j], acc);
+    }
+    lanes[l] = acc;
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    float next[32];
+    for (int l = 0; l < 32; ++l) next[l] = lanes[l] + lanes[l ^ off];
+    std::copy(next, next + 32, lanes);
+  }
+  return lanes[0];
+}
+
 // Checkpoint -> packed, one output word (or scale) at a time: a gather, so every padding slot is
 // written too.
 void PackW4(const W4A16PackArgs& a, ThreadPool& pool) {
@@ -205,6 +228,31 @@ class CpuBackend final : public Backend {
     std::free(ptr);
     return Status::Ok();
   }
+  Status AllocHost(size_t bytes, void** ptr) override { return Alloc(bytes, ptr); }
+  Status FreeHost(void* ptr) override { return Free(ptr); }
+  Status CopyToDeviceAsync(void* dst, const void* src, size_t bytes, int stream) override {
+    KDTREE_RETURN_IF_ERROR(CheckStream(stream));
+    return Copy(dst, src, bytes);
+  }
+  // The host's memory: MemAvailable and MemTotal of /proc/meminfo (what the kernel could hand out
+  // without swapping), else the free and total physical pages.
+  Status MemoryInfo(int64_t* free, int64_t* total) override {
+    *free = *total = -1;
+    if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+      char key[64];
+      long long kib = 0;
+      while (std::fscanf(f, "%63s %lld kB", key, &kib) == 2) {
+        if (std::strcmp(key, "MemTotal:") == 0) *total = kib * 1024;
+        if (std::strcmp(key, "MemAvailable:") == 0) *free = kib * 1024;
+      }
+      std::fclose(f);
+    }
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    if (*total < 0) *total = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * page;
+    if (*free < 0) *free = static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * page;
+    if (*total <= 0 || *free < 0) return MakeStatus(Code::kDeviceError, "cpu: the host's memory could not be read (/proc/meminfo, sysconf)");
+    return Status::Ok();
+  }
   Status CopyToDevice(void* dst, const void* src, size_t bytes, int) override { return Copy(dst, src, bytes); }
   Status CopyToHost(void* dst, const void* src, size_t bytes, int) override { return Copy(dst, src, bytes); }
   Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, int) override { return Copy(dst, src, bytes); }
@@ -252,6 +300,11 @@ class CpuBackend final : public Backend {
     }
     *ms = static_cast<float>(events_[end] - events_[start]);
     return Status::Ok();
+  }
+
+  Status WaitEvent(int event, int stream) override {  // ops here are synchronous: nothing to wait for
+    if (!events_.count(event)) return Invalid("wait_event: unknown event ", event);
+    return CheckStream(stream);
   }
 
   // A graph is the op calls of its capture, replayed in order on the calling thread.
@@ -338,14 +391,61 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
+  // ids[t, j] in [0, experts): the cuda kernels skip the others, the twin rejects them.
+  static Status CheckExpertIds(const Tensor& ids, int64_t experts) {
+    const int64_t pairs = ids.numel(), topk = ids.dim(1);
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int32_t id = ids.as<const int32_t>()[i];
+      if (id < 0 || id >= experts) return Invalid("moe_gemm: ids[", i / topk, ", ", i % topk, "] = ", id, " is not an expert in [0, ", experts, ")");
+    }
+    return Status::Ok();
+  }
+
+  // bf16 experts as stored: every (pair, row) one WarpOrderDot; each used expert's row widened
+  // once per call.
+  Status MoeGemmBf16(const MoeGemmArgs& a) {
+    const int64_t experts = a.w.dim(0), n = a.w.dim(1), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1), pairs = t * topk;
+    KDTREE_RETURN_IF_ERROR(CheckExpertIds(a.ids, experts));
+    const std::vector<float> x = LoadAll(a.x);
+    const int32_t* ids = a.ids.as<const int32_t>();
+    std::map<int64_t, std::vector<int64_t>> pairs_of;  // expert -> its (token, slot) pairs
+    for (int64_t p = 0; p < pairs; ++p) pairs_of[ids[p]].push_back(p);
+    std::vector<float> out(static_cast<size_t>(pairs * n));  // [pair][weight row], f32
+    pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+      std::vector<float> w(static_cast<size_t>(k));
+      for (int64_t row = begin; row < end; ++row) {
+        for (const auto& [e, expert_pairs] : pairs_of) {
+          for (int64_t i = 0; i < k; ++i) w[i] = LoadF(a.w, (e * n + row) * k + i);
+          for (const int64_t p : expert_pairs) out[p * n + row] = WarpOrderDot(&x[(a.mode == MoeMode::kGather ? p / topk : p) * k], w.data(), k);
+        }
+      }
+    }, std::max<int64_t>(1, 4096 / k));
+    const int64_t cols = a.y.dim(1);
+    if (a.mode == MoeMode::kSum) {
+      for (int64_t tok = 0; tok < t; ++tok) {
+        for (int64_t col = 0; col < cols; ++col) {
+          float acc = 0.f;
+          for (int64_t j = 0; j < topk; ++j) acc = std::fma(a.weights.as<const float>()[tok * topk + j], out[(tok * topk + j) * n + col], acc);
+          StoreF(a.y, tok * cols + col, acc);
+        }
+      }
+    } else if (a.epilogue == Epilogue::kSiluMul) {  // rows [gate; up]: column j from rows j and I + j
+      for (int64_t p = 0; p < pairs; ++p) {
+        for (int64_t j = 0; j < cols; ++j) StoreF(a.y, p * cols + j, SiluMulValue(RoundTo(a.y.dtype, out[p * n + j]), RoundTo(a.y.dtype, out[p * n + cols + j])));
+      }
+    } else {
+      for (int64_t i = 0; i < pairs * n; ++i) StoreF(a.y, i, out[i]);
+    }
+    return Status::Ok();
+  }
+
   Status MoeGemm(const MoeGemmArgs& a, int) override {
+    if (a.w.present()) return MoeGemmBf16(a);
     const int64_t e_count = a.qw.dim(0), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1);
     const bool silu = a.epilogue == Epilogue::kSiluMul;
     const int64_t n = WeightRows(a.y, a.epilogue);
     const int32_t* ids = a.ids.as<const int32_t>();
-    for (int64_t i = 0; i < t * topk; ++i) {
-      if (ids[i] < 0 || ids[i] >= e_count) return Invalid("moe_gemm: ids[", i / topk, ", ", i % topk, "] = ", ids[i], " is not an expert in [0, ", e_count, ")");
-    }
+    KDTREE_RETURN_IF_ERROR(CheckExpertIds(a.ids, e_count));
     const std::vector<float> x = LoadAll(a.x);
     const int64_t tiles = w4::Tiles(n), q_tile = w4::Steps(k) * w4::kWordsPerStep, s_tile = w4::ScaleBlocks(k, a.group) * w4::kScalesPerBlock;
     const int64_t pairs = t * topk, groups = k / a.group;

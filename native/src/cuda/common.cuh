@@ -255,6 +255,7 @@ Status LaunchW4A16Pack(const W4A16PackArgs& a, cudaStream_t s);
 Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchGemm(const GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
+Status LaunchMoeGemmBf16(const MoeGemmArgs& a, cudaStream_t s);  // a.w: bf16 experts as stored
 Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s);
 Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t s);

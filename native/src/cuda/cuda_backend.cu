@@ -120,6 +120,30 @@ class CudaBackend final : public Backend {
     }
     return FromCuda(cudaFree(ptr), "cudaFree");
   }
+  Status AllocHost(size_t bytes, void** ptr) override {
+    KDTREE_RETURN_IF_ERROR(Device());
+    const cudaError_t e = cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) return MakeStatus(Code::kOutOfMemory, "allocHost: cannot pin ", bytes, " bytes of host memory");
+    return FromCuda(e, "cudaHostAlloc");
+  }
+  Status FreeHost(void* ptr) override {
+    // copies may still read it, and cudaFreeHost does not wait for them
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaDeviceSynchronize(), "freeHost: synchronize"));
+    return FromCuda(cudaFreeHost(ptr), "cudaFreeHost");
+  }
+  Status CopyToDeviceAsync(void* dst, const void* src, size_t bytes, int stream) override {
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    return FromCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s), "upload");
+  }
+  Status MemoryInfo(int64_t* free, int64_t* total) override {
+    KDTREE_RETURN_IF_ERROR(Device());
+    size_t f = 0, t = 0;
+    KDTREE_RETURN_IF_ERROR(FromCuda(cudaMemGetInfo(&f, &t), "cudaMemGetInfo"));
+    *free = static_cast<int64_t>(f);
+    *total = static_cast<int64_t>(t);
+    return Status::Ok();
+  }
   Status CopyToDevice(void* dst, const void* src, size_t bytes, int stream) override {
     cudaStream_t s;
     KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
@@ -218,6 +242,13 @@ class CudaBackend final : public Backend {
     return FromCuda(cudaEventElapsedTime(ms, events_[start], events_[end]), "cudaEventElapsedTime");
   }
 
+  Status WaitEvent(int event, int stream) override {
+    if (!events_.count(event)) return Invalid("wait_event: unknown event ", event);
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    return FromCuda(cudaStreamWaitEvent(s, events_[event], 0), "cudaStreamWaitEvent");
+  }
+
   // Relaxed capture mode: Scratch::Reserve may cudaMalloc during a capture, which the other modes
   // forbid. The stream's own work space is set aside meanwhile, so the graph's blocks are its own:
   // later direct calls on the stream may outgrow (and free) theirs while the graph still runs.
@@ -278,7 +309,11 @@ class CudaBackend final : public Backend {
   KDTREE_DISPATCH(W4A16Pack, LaunchW4A16Pack)
   KDTREE_DISPATCH(W4A16Gemm, LaunchW4A16Gemm, , ScratchOf(stream), info_.multiprocessors)
   KDTREE_DISPATCH(Gemm, LaunchGemm, , ScratchOf(stream), info_.multiprocessors)
-  KDTREE_DISPATCH(MoeGemm, LaunchMoeGemm, , ScratchOf(stream), info_.multiprocessors)
+  Status MoeGemm(const MoeGemmArgs& a, int stream) override {
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    return a.w.present() ? LaunchMoeGemmBf16(a, s) : LaunchMoeGemm(a, s, ScratchOf(stream), info_.multiprocessors);
+  }
   KDTREE_DISPATCH(MlaAttention, LaunchMlaAttention, , ScratchOf(stream), info_.multiprocessors)
   KDTREE_DISPATCH(Embedding, LaunchEmbedding)
   KDTREE_DISPATCH(RmsNorm, LaunchRmsNorm)

@@ -12,6 +12,23 @@ export type Dtype = NativeDtype;
 export type DeviceBuffer = NativeBuffer;
 export type Graph = NativeGraph;
 
+/**
+ * W4A16 weights in the GEMMs' layout (packW4A16), with the matrix they hold: the packed shapes
+ * are padded to 16 rows and 128 k, so N and K are kept here.
+ */
+export interface PackedW4A16 {
+  qw: DeviceTensor;
+  sc: DeviceTensor;
+  /** Rows of the checkpoint matrix (2I for gate_up weights). */
+  n: number;
+  k: number;
+  group: number;
+  /** E, for a stack of experts [E, N, K]; absent for one matrix. */
+  experts?: number;
+  /** Rows in the siluMul epilogue's order (tiles of 8 gate rows, then the same 8 up rows). */
+  interleaveGateUp: boolean;
+}
+
 /** A tensor in device memory: the unit every op takes. */
 export interface DeviceTensor extends TensorArg {
   buffer: DeviceBuffer;
@@ -105,22 +122,24 @@ export class KdtreeBackend {
   /**
    * Packs checkpoint W4A16 weights (qw i32 [(E,) N, K/8], sc [(E,) N, K/G]) into the layout the
    * GEMM kernels read, as new tensors; the inputs are left as they are. `interleaveGateUp`: qw and
-   * sc are an MLP's [gate; up] rows (N = 2I), packed for the GEMMs' 'siluMul' epilogue.
+   * sc are an MLP's [gate; up] rows (N = 2I), packed for the GEMMs' 'siluMul' epilogue. The result
+   * carries the matrix's true shape (the packed shapes are padded); the native side keeps it with
+   * the packed buffers too, and the GEMMs reject an x, y or group that does not match it.
    */
-  packW4A16(qw: DeviceTensor, sc: DeviceTensor, group: number, stream?: number, options: { interleaveGateUp?: boolean } = {}): { qw: DeviceTensor; sc: DeviceTensor } {
+  packW4A16(qw: DeviceTensor, sc: DeviceTensor, group: number, stream?: number, options: { interleaveGateUp?: boolean } = {}): PackedW4A16 {
     const lead = qw.shape.length - 2;
     if (lead !== 0 && lead !== 1) {
       throw invalidArgument(`packW4A16: qw must be [N, K/8] or [E, N, K/8], got [${qw.shape.join(', ')}]`);
     }
     const shapes = packedW4A16Shapes(qw.shape[lead], qw.shape[lead + 1] * 8, group, lead ? qw.shape[0] : undefined);
-    const out = { qw: this.empty('i32', shapes.qw), sc: this.empty(sc.dtype, shapes.sc) };
+    const packed = { qw: this.empty('i32', shapes.qw), sc: this.empty(sc.dtype, shapes.sc) };
     try {
-      this.native.w4a16Pack({ qw, sc, qwPacked: out.qw, scPacked: out.sc, group, interleaveGateUp: options.interleaveGateUp, stream });
+      this.native.w4a16Pack({ qw, sc, qwPacked: packed.qw, scPacked: packed.sc, group, interleaveGateUp: options.interleaveGateUp, stream });
     } catch (error) {
-      this.free(out.qw, out.sc);
+      this.free(packed.qw, packed.sc);
       throw error;
     }
-    return out;
+    return { ...packed, n: qw.shape[lead], k: qw.shape[lead + 1] * 8, group, ...(lead ? { experts: qw.shape[0] } : {}), interleaveGateUp: options.interleaveGateUp ?? false };
   }
 
   /**

@@ -37,6 +37,9 @@ export interface NativeDeviceInfo {
   runtimeVersion: number;
 }
 
+/** The experts of a moeGemm: packed W4A16 (qw, sc) or bf16 as stored (w), one or the other. */
+export type MoeExperts = { qw: TensorArg; sc: TensorArg; w?: undefined } | { w: TensorArg; qw?: undefined; sc?: undefined };
+
 /** What a W4A16 GEMM applies to its output before storing it. */
 export type W4A16Epilogue = 'none' | 'siluMul';
 
@@ -51,10 +54,41 @@ export interface NativeBackend {
   readonly kind: 'cpu' | 'cuda';
   info(): NativeDeviceInfo;
   alloc(bytes: number): NativeBuffer;
-  /** Frees at once. Throws for a buffer pinned by a call still reading its arguments (a getter freeing it). */
+  /**
+   * Frees at once (a safe point, see memoryInfo). Throws for a buffer pinned by a call still
+   * reading its arguments (a getter freeing it). A buffer the GC collects is not freed by its
+   * finalizer, which may run in the middle of a step, but at the next safe point: an explicit
+   * free, a synchronize or the next alloc / allocHost (graphs likewise).
+   */
   free(buffer: NativeBuffer): void;
-  upload(buffer: NativeBuffer, data: ArrayBufferView, offset?: number): void;
-  download(buffer: NativeBuffer, into: ArrayBufferView, offset?: number): void;
+  /**
+   * Pinned (page-locked) host memory of `bytes` bytes as an ArrayBuffer (cpu: ordinary aligned
+   * memory): upload() from it (or a view of it) is asynchronous on its stream. Lifetime: it stays
+   * valid until freeHost(array); one the GC collects without freeHost is freed at the next safe
+   * point after the device finished with it. Pinned memory is a scarce resource: pin staging
+   * buffers, not whole models.
+   */
+  allocHost(bytes: number): ArrayBuffer;
+  /**
+   * Frees allocHost memory now, after the device finished every copy (it waits for the whole
+   * device; not during a capture), and detaches the ArrayBuffer: its views then have length 0.
+   * Accepts the ArrayBuffer or a view of it; throws for any other memory, or freed twice.
+   */
+  freeHost(array: ArrayBuffer | ArrayBufferView): void;
+  /**
+   * Host -> device on `stream` (default 0). From allocHost memory the copy is queued and the call
+   * returns at once: leave the data unchanged until the stream has passed it (synchronize, or an
+   * event). From any other memory it is complete on return. Not on a capturing stream.
+   */
+  upload(buffer: NativeBuffer, data: ArrayBufferView, offset?: number, stream?: number): void;
+  /** Device -> host after the work queued on `stream` (default 0); complete on return. */
+  download(buffer: NativeBuffer, into: ArrayBufferView, offset?: number, stream?: number): void;
+  /**
+   * Free and total device memory in bytes (cudaMemGetInfo; cpu: the host's MemAvailable and
+   * MemTotal). `collected`: bytes of buffers and pinned memory the GC collected that the next safe
+   * point frees (not yet counted in `free`): synchronize() first for the figure after them.
+   */
+  memoryInfo(): { free: number; total: number; collected: number };
   copy(args: { dst: NativeBuffer; src: NativeBuffer; bytes?: number; dstOffset?: number; srcOffset?: number; stream?: number }): void;
   fill(buffer: NativeBuffer, value: number, stream?: number): void;
   /** Keeps the stream busy for about `microseconds` on the device (cuda); returns at once on cpu. */
@@ -70,6 +104,13 @@ export interface NativeBackend {
   /** Milliseconds between two recorded events (waits for `end`); throws if either was never recorded. */
   elapsedMs(start: number, end: number): number;
   /**
+   * Work queued on `stream` (default 0) after this call waits for the work queued before the
+   * event's last recordEvent, on the device (cudaStreamWaitEvent; the host does not wait): a
+   * dependency between streams. An event never recorded is no wait. Not on a capturing stream.
+   * The cpu backend runs every op synchronously, so it only checks the event and the stream.
+   */
+  waitEvent(event: number, stream?: number): void;
+  /**
    * Ops queued on `stream` (a created stream, not 0) are captured into a graph instead of run, until
    * endCapture. Meanwhile synchronize, recordEvent and destroyStream on that stream throw.
    */
@@ -81,7 +122,10 @@ export interface NativeBackend {
   /**
    * interleaveGateUp: qw and sc hold an MLP's [gate; up] rows (N = 2I); packed as tiles of 8 gate rows
    * and the same 8 up rows, the layout the 'siluMul' epilogue reads (a GEMM without it then writes
-   * the columns in that order).
+   * the columns in that order). The packed buffers remember what they hold (E, N, K, the group,
+   * interleaveGateUp) at the offsets written, until upload, copy or fill writes there: w4a16Gemm
+   * and moeGemm then reject an x of another K, a y of another N, another group, a siluMul epilogue
+   * on weights packed without interleaveGateUp, and qw and sc of different packs.
    */
   w4a16Pack(args: { qw: TensorArg; sc: TensorArg; qwPacked: TensorArg; scPacked: TensorArg; group?: number; interleaveGateUp?: boolean; stream?: number }): void;
   /**
@@ -98,16 +142,20 @@ export interface NativeBackend {
    */
   gemm(args: { x: TensorArg; w: TensorArg; y: TensorArg; stream?: number }): void;
   /**
-   * minWarpSteps (cuda; default 0): the least weight steps (16 rows x 128 k) in each warp range of
-   * the split. Longer ranges mean fewer blocks per expert: slower for a decode step. A row's bits
-   * depend on it, so use one value for every call on the same weights (decode and verify then agree
-   * bit for bit). A verify with short ranges already streams several ranges per warp (same bits),
-   * which is faster than 16 on one tensor-parallel rank's experts.
+   * The experts' weights are packed W4A16 (`qw`, `sc` from w4a16Pack, with a leading E), or bf16
+   * as the checkpoint stores them (`w` [E, N, K], x f32 or bf16, K a multiple of 8, x and w 16-byte
+   * aligned; with the siluMul epilogue its 2I rows are gate then up, in checkpoint order). On bf16
+   * experts every value is one f32 dot product in a fixed order (the same sums on both backends)
+   * and whatever else is in the call (batch-invariant); the cuda kernel is plain, not tuned.
+   *
+   * minWarpSteps (cuda, W4A16 experts; default 0): the least weight steps (16 rows x 128 k) in each
+   * warp range of the split. Longer ranges mean fewer blocks per expert: slower for a decode step. A
+   * row's bits depend on it, so use one value for every call on the same weights (decode and verify
+   * then agree bit for bit). A verify with short ranges already streams several ranges per warp
+   * (same bits), which is faster than 16 on one tensor-parallel rank's experts.
    */
-  moeGemm(args: {
+  moeGemm(args: MoeExperts & {
     x: TensorArg;
-    qw: TensorArg;
-    sc: TensorArg;
     ids: TensorArg;
     weights?: TensorArg;
     y: TensorArg;

@@ -17,8 +17,12 @@ import { fail, type KernelCheck } from './harness.js';
 export interface ChildHelpers {
   /** The loaded addon module (createBackend for a second backend, build). */
   addon: NativeModule;
+  /** Where the addon was loaded from (for a worker thread to load it). */
+  addonPath: string;
   kind: 'cpu' | 'cuda';
   device: number;
+  /** The child's require (node: modules, e.g. worker_threads). */
+  require(id: string): unknown;
   /** A tensor argument over `buffer`. */
   tensor(buffer: NativeBuffer, dtype: NativeDtype, shape: number[], offset?: number): TensorArg;
   /** A new buffer holding `values`' bytes. */
@@ -49,7 +53,7 @@ const addon = require(addonPath);
 const native = addon.createBackend(kind, device);
 const describeError = (e) => (e && typeof e === 'object' ? (e.code ?? e.name ?? 'Error') + ': ' + e.message : 'non-error ' + String(e));
 const h = {
-  addon, kind, device,
+  addon, addonPath, kind, device, require,
   tensor: (buffer, dtype, shape, offset) => (offset === undefined ? { buffer, dtype, shape } : { buffer, dtype, shape, offset }),
   upload(values) { const b = native.alloc(values.byteLength); native.upload(b, values); return b; },
   download(buffer, into) { const out = into ?? new Float32Array(buffer.bytes / 4); native.download(buffer, out); return out; },

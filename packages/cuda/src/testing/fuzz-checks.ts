@@ -123,6 +123,19 @@ const CALLS_BY_OP: Record<string, CallMaker> = {
       minWarpSteps: c.chance(0.2) ? c.num(2) : undefined,
     };
   },
+  // moeGemm over bf16 experts as stored (the maker's name ends in Bf16; the op is moeGemm)
+  moeGemmBf16: (c) => {
+    const t = c.size(), topk = c.pick([1, 2]), experts = c.pick([2, 3]), n = c.pick([5, 8, 16]), k = 8 * c.pick([1, 4, 33]), gather = c.chance(0.5), silu = gather && c.chance(0.3);
+    return {
+      x: c.tensor(floatDtype(c), [gather ? t : t * topk, k], 'float'),
+      w: c.tensor('bf16', [experts, silu ? 2 * n : n, k], 'float'),
+      ids: c.tensor('i32', [t, topk], c.chance(0.8) ? experts : undefined),
+      weights: gather ? undefined : c.tensor('f32', [t, topk], 'float'),
+      y: c.tensor(floatDtype(c), gather ? [t * topk, n] : [t, n]),
+      mode: gather ? 'gather' : 'sum',
+      epilogue: silu ? 'siluMul' : undefined,
+    };
+  },
   mlaAttention: (c) => {
     const t = c.size(), h = c.pick([1, 2]), slots = t + c.pick([0, 3, 9]), cache = floatDtype(c);
     return {
@@ -256,7 +269,7 @@ function run(b: KdtreeBackend, seed: number): string {
       } else {
         const args = shapelessArgs(c, CALLS_BY_OP[op](c));
         described = `${op}(${JSON.stringify(args, (key, v) => (key === 'buffer' ? undefined : v))})`;
-        (native as unknown as Record<string, (a: unknown) => void>)[op](args);
+        (native as unknown as Record<string, (a: unknown) => void>)[op.replace(/Bf16$/, '')](args);
         if (c.mustReject) fail(`call ${i} of seed ${seed}, ${described}: ran with ${c.mustReject}`);
       }
       native.synchronize();
@@ -280,7 +293,7 @@ function run(b: KdtreeBackend, seed: number): string {
 }
 
 /**
- * Streams, events, captures and graphs in random order: created, destroyed, captured into,
+ * Streams, events, captures, graphs and pinned host memory in random order: created, destroyed, captured into,
  * launched and freed while the buffers they use come and go. Every step runs or throws a KDTREE_
  * error; afterwards the captures still open are ended and everything is released.
  */
@@ -291,6 +304,7 @@ function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
   const streams = { live: [0], gone: [] as number[] };
   const buffers = { live: [native.alloc(16)], gone: [] as NativeBuffer[] };
   const events: number[] = [];
+  const hosts = { live: [] as Float32Array[], gone: [] as Float32Array[] }; // views of allocHost memory (empty once freed)
   const graphs = { live: [] as NativeGraph[], gone: [] as NativeGraph[] };
   const pickFrom = <T,>(pool: { live: T[]; gone: T[] }): T => (pool.gone.length > 0 && (pool.live.length === 0 || c.chance(0.1)) ? c.pick(pool.gone) : c.pick(pool.live));
   const release = <T,>(pool: { live: T[]; gone: T[] }, item: T, free: (item: T) => void) => {
@@ -311,6 +325,11 @@ function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
     createEvent: () => events.push(native.createEvent()),
     destroyEvent: () => native.destroyEvent(event()),
     recordEvent: () => native.recordEvent(event(), stream()),
+    waitEvent: () => native.waitEvent(event(), stream()),
+    allocHost: () => hosts.live.push(new Float32Array(native.allocHost(16))),
+    freeHost: () => hosts.live.length + hosts.gone.length > 0 && release(hosts, pickFrom(hosts), (x) => native.freeHost(x)),
+    uploadHost: () => hosts.live.length + hosts.gone.length > 0 && native.upload(buffer(), pickFrom(hosts), 0, stream()),
+    memoryInfo: () => native.memoryInfo(),
     elapsedMs: () => native.elapsedMs(event(), event()),
     synchronize: () => native.synchronize(c.pick([...streams.live, -1])),
     beginCapture: () => native.beginCapture(stream()),
@@ -355,6 +374,7 @@ function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
   for (const s of streams.live) if (s !== 0) native.destroyStream(s);
   for (const e of events) attempt(`destroying event ${e}`, () => native.destroyEvent(e));
   for (const x of buffers.live) native.free(x);
+  for (const x of hosts.live) native.freeHost(x);
   return tally;
 }
 
@@ -373,7 +393,7 @@ const fuzz: KernelCheck = {
 };
 
 const lifetimes: KernelCheck = {
-  name: 'fuzz: 3000 seeded random steps of streams, events, captures, graphs and buffers run or throw a KDTREE_ error, and the backend still works after',
+  name: 'fuzz: 3000 seeded random steps of streams, events (waits included), captures, graphs, buffers and pinned host memory run or throw a KDTREE_ error, and the backend still works after',
   run(b) {
     const detail = runLifetimes(b, 20261202, 3000);
     expectBackendWorks(b, 'add after the fuzzed lifetimes');

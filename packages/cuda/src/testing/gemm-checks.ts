@@ -585,6 +585,51 @@ const shapeErrors: KernelCheck = {
   },
 };
 
+const packedRecord: KernelCheck = {
+  name: 'w4a16_gemm and moe_gemm hold x, y, the group and the epilogue to what w4a16Pack packed (a K 256 weight refuses an x of K 224, whose packed shapes are the same), naming every shape',
+  run(b) {
+    withTensors(b, (track) => {
+      /** `experts` random matrices of n x k packed by packW4A16, every tensor tracked. */
+      const pack = (n: number, k: number, group: number, seed: number, experts = 1) => {
+        const cp = uploadCheckpoint(b, int4(n * experts, k, group, 'BF16', seed), experts);
+        track(cp.qw);
+        track(cp.sc);
+        const p = b.packW4A16(cp.qw, cp.sc, group);
+        track(p.qw);
+        track(p.sc);
+        return p;
+      };
+      // N 32 x K 256, G 32: K 224 and N 24 pack to the same shapes (2 steps of 128 k, 2 scale blocks, 2 tiles)
+      const packed = pack(32, 256, 32, 11);
+      const { qw, sc } = packed;
+      if (packed.n !== 32 || packed.k !== 256 || packed.group !== 32 || packed.experts !== undefined || packed.interleaveGateUp) fail(`packW4A16 returned n ${packed.n}, k ${packed.k}, group ${packed.group}, experts ${packed.experts}`);
+      const y = track(b.zeros('f32', [2, 32]));
+      b.native.w4a16Gemm({ x: track(b.zeros('bf16', [2, 256])), qw, sc, y, group: 32 });
+      const x224 = track(b.zeros('bf16', [2, 224]));
+      expectThrows('x of another K', () => b.native.w4a16Gemm({ x: x224, qw, sc, y, group: 32 }), /w4a16_gemm\(x: bf16 \[2, 224\], qw: i32 \[2, 2, 256\], sc: bf16 \[2, 2, 64\], y: f32 \[2, 32\]\): qw was packed by w4a16Pack for N = 32, K = 256, G = 32, but x has K = 224/);
+      expectThrows('y of another N', () => b.native.w4a16Gemm({ x: track(b.zeros('bf16', [2, 256])), qw, sc, y: track(b.zeros('f32', [2, 24])), group: 32 }), /y: f32 \[2, 24\]\): qw was packed by w4a16Pack for N = 32, K = 256, G = 32, but y has N = 24/);
+      expectThrows('siluMul on plain rows', () => b.native.w4a16Gemm({ x: track(b.zeros('bf16', [2, 256])), qw, sc, y: track(b.zeros('f32', [2, 16])), group: 32, epilogue: 'siluMul' }), /qw was packed by w4a16Pack for N = 32, K = 256, G = 32 without interleaveGateUp: the siluMul epilogue needs gate_up rows/);
+      // sc of another pack (K 224), with the right qw
+      const other = pack(32, 224, 32, 12);
+      expectThrows('sc of another pack', () => b.native.w4a16Gemm({ x: track(b.zeros('bf16', [2, 256])), qw, sc: other.sc, y, group: 32 }), /sc was packed by w4a16Pack for N = 32, K = 224, G = 32, but x has K = 256/);
+      // K 128: groups 32, 64 and 128 all pack to one scale block
+      const g32 = pack(16, 128, 32, 13);
+      expectThrows('another group', () => b.native.w4a16Gemm({ x: track(b.zeros('bf16', [1, 128])), qw: g32.qw, sc: g32.sc, y: track(b.zeros('f32', [1, 16])), group: 64 }), /qw was packed by w4a16Pack for N = 16, K = 128, G = 32, but the call says group 64/);
+      // experts
+      const experts = pack(32, 256, 32, 14, 3);
+      if (experts.experts !== 3 || experts.n !== 32) fail(`packW4A16 of experts returned experts ${experts.experts}, n ${experts.n}`);
+      const ids = track(b.zeros('i32', [2, 2]));
+      b.native.moeGemm({ x: track(b.zeros('bf16', [2, 256])), qw: experts.qw, sc: experts.sc, ids, y: track(b.zeros('f32', [4, 32])), mode: 'gather' });
+      expectThrows('moe x of another K', () => b.native.moeGemm({ x: x224, qw: experts.qw, sc: experts.sc, ids, y: track(b.zeros('f32', [4, 32])), mode: 'gather' }), /moe_gemm\(x: bf16 \[2, 224\], qw: i32 \[3, 2, 2, 256\].*\): qw was packed by w4a16Pack for N = 32, K = 256, G = 32, E = 3, but x has K = 224/);
+      expectThrows('moe y of another N', () => b.native.moeGemm({ x: track(b.zeros('bf16', [4, 256])), qw: experts.qw, sc: experts.sc, ids, weights: track(b.zeros('f32', [2, 2])), y: track(b.zeros('f32', [2, 24])), mode: 'sum' }), /E = 3, but y has N = 24/);
+      // what upload writes is not what w4a16Pack recorded: the record goes, and shapes alone are checked
+      b.native.upload(qw.buffer, b.toArray(qw));
+      b.native.upload(sc.buffer, b.toArray(sc));
+      b.native.w4a16Gemm({ x: x224, qw, sc, y, group: 32 });
+    });
+  },
+};
+
 export const GEMM_CHECKS: KernelCheck[] = [
   gemmCheck('f32', 'BF16', 'f32'),
   gemmCheck('f32', 'F32', 'f32'),
@@ -608,4 +653,5 @@ export const GEMM_CHECKS: KernelCheck[] = [
   moeEvenColumnsCheck(),
   moeRoutedEvenColumnsCheck(),
   shapeErrors,
+  packedRecord,
 ];

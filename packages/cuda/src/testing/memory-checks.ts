@@ -1,6 +1,6 @@
 /** Explicit device memory: round trips, streams, events, and errors instead of crashes. */
 import { KdtreeBackend } from '../backend.js';
-import { expectEqual, expectThrows, type KernelCheck } from './harness.js';
+import { expectEqual, expectThrows, fail, withTensors, type KernelCheck } from './harness.js';
 
 const memory: KernelCheck = {
   name: 'memory: upload/download/copy/fill round trips, offsets, streams and events',
@@ -58,4 +58,76 @@ const misuse: KernelCheck = {
   },
 };
 
-export const MEMORY_CHECKS: KernelCheck[] = [memory, misuse];
+const streamsAndPinned: KernelCheck = {
+  name: 'waitEvent orders one stream after another; upload from allocHost memory is queued on its stream (and from other memory complete on return); freeHost detaches; memoryInfo',
+  run(b) {
+    const n = 1 << 20;
+    const values = Float32Array.from({ length: n }, (_, i) => (i % 1000) - 500);
+    const s1 = b.native.createStream();
+    const s2 = b.native.createStream();
+    const e = b.native.createEvent();
+    withTensors(b, (track) => {
+      const src = track(b.fromArray('f32', [n], values));
+      const mid = track(b.zeros('f32', [n]));
+      const dst = track(b.zeros('f32', [n]));
+      // s1 is held, then writes mid; s2 reads mid only after s1's record (on cuda, without the
+      // wait its copy would run during the hold and read zeros)
+      b.native.hold(20_000, s1);
+      b.native.copy({ dst: mid.buffer, src: src.buffer, stream: s1 });
+      b.native.recordEvent(e, s1);
+      b.native.waitEvent(e, s2);
+      b.native.copy({ dst: dst.buffer, src: mid.buffer, stream: s2 });
+      b.native.synchronize(s2);
+      expectEqual('copied after waitEvent', b.toArray(dst) as Float32Array, values);
+      b.native.synchronize();
+
+      const host = b.native.allocHost(4 * n);
+      if (!(host instanceof ArrayBuffer) || host.byteLength !== 4 * n) fail(`allocHost returned ${String(host)}`);
+      const pinned = new Float32Array(host);
+      pinned.set(values.map((v) => -v));
+      b.native.hold(20_000, s1);
+      const t = performance.now();
+      b.native.upload(dst.buffer, pinned, 0, s1);
+      const ms = performance.now() - t;
+      // on cuda the copy waits behind the 20 ms hold: an upload that returned in far less was queued
+      if (b.kind === 'cuda' && ms > 10) fail(`upload from allocHost memory took ${ms.toFixed(1)} ms: it waited for the stream instead of queueing`);
+      b.native.synchronize(s1);
+      expectEqual('upload from pinned memory', b.toArray(dst) as Float32Array, pinned);
+      // a view into the middle of pinned memory is pinned memory too
+      b.native.upload(dst.buffer, pinned.subarray(16, 32), 64, s1);
+      b.native.synchronize(s1);
+      // from ordinary memory the upload is complete on return, whatever the stream holds
+      const pageable = Float32Array.from(values);
+      b.native.hold(20_000, s1);
+      b.native.upload(dst.buffer, pageable, 0, s1);
+      pageable.fill(0);
+      b.native.synchronize(s1);
+      expectEqual('upload from pageable memory', b.toArray(dst) as Float32Array, values);
+
+      b.native.freeHost(pinned);
+      if (host.byteLength !== 0 || pinned.length !== 0) fail(`after freeHost the ArrayBuffer has ${host.byteLength} bytes and its view ${pinned.length} elements: not detached`);
+      expectThrows('freeHost twice', () => b.native.freeHost(host), /freeHost: not an ArrayBuffer from allocHost\(\) of this backend, or one already freed/);
+      expectThrows('freeHost of ordinary memory', () => b.native.freeHost(new ArrayBuffer(16)), /freeHost: not an ArrayBuffer from allocHost\(\)/);
+      expectThrows('freeHost of a number', () => b.native.freeHost(5 as never), /freeHost\(array\): array must be the ArrayBuffer from allocHost\(\) \(or a view of it\), got the number 5/);
+      expectThrows('allocHost size', () => b.native.allocHost(-1), /bytes must be an integer >= 0, got -1/);
+      expectThrows('waitEvent of an unknown event', () => b.native.waitEvent(12345, s2), /wait_event: unknown event 12345/);
+      expectThrows('waitEvent on an unknown stream', () => b.native.waitEvent(e, 999), /unknown stream 999/);
+      expectThrows('upload on an unknown stream', () => b.native.upload(dst.buffer, values, 0, 999), /unknown stream 999/);
+      b.native.beginCapture(s2);
+      try {
+        expectThrows('waitEvent on a capturing stream', () => b.native.waitEvent(e, s2), /waitEvent: stream \d+ is capturing a graph/);
+        expectThrows('upload on a capturing stream', () => b.native.upload(dst.buffer, values, 0, s2), /upload: stream \d+ is capturing a graph/);
+      } finally {
+        b.native.freeGraph(b.native.endCapture(s2));
+      }
+    });
+    const m = b.native.memoryInfo();
+    if (!(m.total > 0 && m.free > 0 && m.free <= m.total && m.collected >= 0)) fail(`memoryInfo: ${JSON.stringify(m)}`);
+    b.native.destroyEvent(e);
+    b.native.destroyStream(s1);
+    b.native.destroyStream(s2);
+    return { detail: `memoryInfo: ${(m.free / 2 ** 30).toFixed(1)} of ${(m.total / 2 ** 30).toFixed(1)} GiB free` };
+  },
+};
+
+export const MEMORY_CHECKS: KernelCheck[] = [memory, misuse, streamsAndPinned];
