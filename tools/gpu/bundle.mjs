@@ -38,7 +38,7 @@ for (const variant of ['cuda', 'cpu']) {
 // The GPU host has no node_modules: an import rolldown cannot resolve (a workspace package whose
 // dist/ is not built yet) would be left as a bare import and fail there, so it fails here instead,
 // before that bundle is written (each bundle lands whole, through a temp file and a rename).
-for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'gpu/engine-check.ts', 'gpu/engine-bench.ts', ...(process.env.KDTREE_BUNDLE_DEBUG ? ['gpu/engine-debug.ts', 'gpu/engine-debug2.ts'] : []), 'bench/host-cost.mjs']) {
+for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'gpu/engine-check.ts', 'gpu/engine-bench.ts', 'bench/host-cost.mjs']) {
   const unresolved = new Set();
   const bundle = await rolldown({
     input: join(root, 'tools', input),

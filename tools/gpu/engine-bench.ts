@@ -100,11 +100,21 @@ async function median<T>(runs: number, fn: () => Promise<T>, key: (t: T) => numb
   return out.sort((x, y) => key(x) - key(y))[Math.floor(runs / 2)];
 }
 
-async function benchModel(experts: number, full: boolean): Promise<Record<string, unknown>> {
+/** Device ms of a decode step by stage, summed over layers. */
+function stages(profile: { part: string; ms: number }[]): Record<string, number> {
+  const sum = (re: RegExp) => profile.filter((p) => re.test(p.part)).reduce((s, p) => s + p.ms, 0);
+  return {
+    qProjection: sum(/^q \d/), kvProjection: sum(/^kv \d/), mlaAttention: sum(/^mla \d/), oProjection: sum(/^attention \d/),
+    routedExperts: sum(/^routed \d/), sharedExperts: sum(/^moe \d/), denseMlp: sum(/^mlp \d/), lmHead: sum(/^lm_head/), embedding: sum(/^embedding/),
+    device: profile.reduce((s, p) => s + p.ms, 0),
+  };
+}
+
+async function benchModel(experts: number, full: boolean, cacheTokens = 4096): Promise<Record<string, unknown>> {
   const json = k2Config(layers, experts);
   const source = new SeededSource(json, { seed: 7 });
   const t0 = performance.now();
-  const engine: Engine = await createEngine({ model: source, backend: b, cacheTokens: 4096, maxBudget: full ? 256 : 64, prefillChunk: 256 });
+  const engine: Engine = await createEngine({ model: source, backend: b, cacheTokens, maxBudget: full ? 256 : 64 });
   const loadS = (performance.now() - t0) / 1000;
   const out: Record<string, unknown> = { experts, loadSeconds: loadS, memory: engine.memory };
   log(`\n== ${layers} layers, ${experts} experts: loaded in ${loadS.toFixed(1)} s (${(engine.memory.total / 2 ** 30).toFixed(1)} GiB)`);
@@ -118,10 +128,9 @@ async function benchModel(experts: number, full: boolean): Promise<Record<string
     out.greedy = { tokensPerSecond: greedy.stats.tokensPerSecond, stepMs, bytesPerToken: bytes };
     log(`greedy: ${greedy.stats.tokensPerSecond.toFixed(1)} tokens/s (${stepMs.toFixed(3)} ms a token), ${(bytes / 1e9).toFixed(3)} GB read a token`);
     const profile = await engine.profileDecode(prompt);
-    const sum = (re: RegExp) => profile.filter((p) => re.test(p.part)).reduce((s, p) => s + p.ms, 0);
-    const device = profile.reduce((s, p) => s + p.ms, 0);
-    out.breakdown = { attention: sum(/^attention/), moe: sum(/^moe/), denseMlp: sum(/^mlp/), lmHead: sum(/^lm_head/), embedding: sum(/^embedding/), deviceMs: device, hostMs: Math.max(0, stepMs - device), parts: profile };
-    log(`step: device ${device.toFixed(3)} ms = attention ${sum(/^attention/).toFixed(3)} + MoE ${sum(/^moe/).toFixed(3)} + dense MLP ${sum(/^mlp/).toFixed(3)} + lm_head ${sum(/^lm_head/).toFixed(3)}; host and sync ${Math.max(0, stepMs - device).toFixed(3)} ms`);
+    const st = stages(profile);
+    out.breakdown = { ...st, hostMs: Math.max(0, stepMs - st.device), parts: profile };
+    log(`step (cache ${cacheTokens}): device ${st.device.toFixed(3)} ms = ${Object.entries(st).filter(([k]) => k !== 'device').map(([k, v]) => `${k} ${v.toFixed(3)}`).join(', ')}; host and sync ${Math.max(0, stepMs - st.device).toFixed(3)} ms`);
     if (!full) return out;
     const curve = engine.measureCosts(4);
     out.verifyCurve = { decodeMs: curve.decodeMs, verifyMs: Object.fromEntries(curve.verifyMs) };
@@ -160,7 +169,8 @@ report.copyBandwidth = bandwidth;
 log(`copy bandwidth: ${(bandwidth / 1e12).toFixed(3)} TB/s (bytes read + written)`);
 const models: Record<string, unknown>[] = [];
 for (const experts of (process.env.KDTREE_BENCH_EXPERTS ?? '384,64').split(',').map(Number)) {
-  const m = await benchModel(experts, experts === 384 || process.env.KDTREE_BENCH_FULL === '1');
+  const m = await benchModel(experts, experts === 384 || process.env.KDTREE_BENCH_FULL === '1', 4096);
+  if (experts === 384 && !smoke) m.smallCache = await benchModel(experts, false, 512);
   const g = m.greedy as { bytesPerToken: number; tokensPerSecond: number };
   const floorMs = (g.bytesPerToken / bandwidth) * 1000;
   m.floorMs = floorMs;

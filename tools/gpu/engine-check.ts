@@ -82,7 +82,7 @@ for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
 // the forward pass against the reference on transformers' fixtures: the GPU's GEMMs round x to bf16
 // run from the repository root, where the fixtures travel with the checkout
 const HF = join(process.cwd(), 'packages', 'reference', 'fixtures', 'hf');
-for (const fixture of ['yarn-qlora-moe-int4', 'rope-noqlora-grouped-int4-k25', 'yarn-mscale-dense']) {
+for (const fixture of ['yarn-qlora-moe', 'yarn-qlora-moe-int4', 'rope-noqlora-grouped', 'rope-noqlora-grouped-int4-k25', 'yarn-mscale-dense']) {
   const path = join(HF, fixture);
   const { model } = await loadModel(path);
   const tokens = [1, 7, 42, 3, 99, 5, 64, 11, 2, 77, 13, 8, 100, 31, 4, 9, 55];

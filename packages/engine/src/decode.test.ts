@@ -18,7 +18,7 @@ interface Setup {
   greedy: number[];
 }
 
-async function setup(dir: string, quant: 'kimi-k2' | 'seed', seed: number): Promise<Setup> {
+async function setup(dir: string, quant: 'kimi-k2' | 'seed' | undefined, seed: number): Promise<Setup> {
   const pair = await syntheticPair(dir, 'tiny', seed, quant);
   const { model } = await loadModel(pair.target);
   const greedy = greedyDecode(model, PROMPT, { maxNew: MAX_NEW, eos: [] }).tokens;
@@ -32,13 +32,14 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
   beforeAll(async () => {
     setups['kimi-k2'] = await setup(dir, 'kimi-k2', 11);
     setups.seed = await setup(dir, 'seed', 12);
+    setups.float = await setup(dir, undefined, 13);
   });
   afterAll(async () => {
     for (const s of Object.values(setups)) await s.engine.dispose();
   });
 
-  for (const quant of ['kimi-k2', 'seed'] as const) {
-    describe(`INT4 ${quant === 'kimi-k2' ? 'routed experts (Kimi K2)' : 'MLPs (seed scheme)'}`, () => {
+  for (const quant of ['kimi-k2', 'seed', 'float'] as const) {
+    describe(quant === 'float' ? 'float (bf16 weights, routed experts too)' : `INT4 ${quant === 'kimi-k2' ? 'routed experts (Kimi K2)' : 'MLPs (seed scheme)'}`, () => {
       it('greedy equals the reference, streamed one token a chunk', async () => {
         const { engine, greedy } = setups[quant];
         const chunks: number[][] = [];

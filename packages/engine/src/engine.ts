@@ -40,7 +40,7 @@ export interface EngineOptions {
   cacheTokens?: number;
   /** The latent cache's dtype (default bf16 on cuda, f32 on the cpu twin). */
   cacheDtype?: CacheDtype;
-  /** Tokens per prefill pass (default 256 on cuda, 64 on cpu). */
+  /** Tokens per prefill pass (default 2048 on cuda, so a long prompt reads the experts once; 64 on cpu). */
   prefillChunk?: number;
   /** The largest DDTree budget a generation may ask for (default 64; sizes the verify buffers). */
   maxBudget?: number;
@@ -593,7 +593,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     // f32 on the cpu twin, where memory is plentiful and the cache then matches the f32 reference
     const cacheDtype = options.cacheDtype ?? (backend.kind === 'cuda' ? 'bf16' : 'f32');
     if (cacheDtype !== 'bf16' && cacheDtype !== 'f32') throw argumentError('cacheDtype', `expected 'bf16' or 'f32', got '${String(cacheDtype)}'`);
-    const prefillChunk = checkInt('prefillChunk', options.prefillChunk ?? (backend.kind === 'cuda' ? 256 : 64), 1, 8192);
+    const prefillChunk = checkInt('prefillChunk', options.prefillChunk ?? Math.min(cacheTokens, backend.kind === 'cuda' ? 2048 : 64), 1, 8192);
     const maxBudget = checkInt('maxBudget', options.maxBudget ?? 64, 1, 1024);
     const maxDepth = checkInt('maxDepth', options.maxDepth ?? 16, 1, 64);
     const nodes = Math.max(maxBudget, maxDepth) + 1;

@@ -35,6 +35,8 @@ export interface Pass {
   baseOnDevice?: DeviceTensor;
   /** The sequence's cache rows of each layer. */
   cache: (layer: number) => { c: DeviceTensor; kpe: DeviceTensor };
+  /** A profiler's hook, called after each stage's ops are queued (see DeviceModel.forward). */
+  mark?: (part: string) => void;
 }
 
 /** Constants every attention layer shares: RoPE's inverse frequencies (f64 [rope / 2]) and scales. */
@@ -146,6 +148,7 @@ export class MlaAttention {
     const qPe = ws.get('qPe', T);
     applyLinear(b, w.qNope, qIn, qNope, stream);
     applyLinear(b, w.qPe, qIn, qPe, stream);
+    pass.mark?.(`q ${layer}`);
     const cRaw = ws.get('cRaw', T);
     const latent = ws.get('c', T);
     const kpe = ws.get('kpe', T);
@@ -157,6 +160,7 @@ export class MlaAttention {
     b.native.rope({ x: view(kpe, [T, 1, c.qkRopeDim]), ...rope });
     const cache = pass.cache(layer);
     b.native.kvWrite({ c: latent, kpe, cacheC: cache.c, cacheKpe: cache.kpe, slots: pass.slots, stream });
+    pass.mark?.(`kv ${layer}`);
     const attn = ws.get('attn', T);
     b.native.mlaAttention({
       qNope: view(qNope, [T, c.numHeads, c.qkNopeDim]),
@@ -171,6 +175,7 @@ export class MlaAttention {
       scale: k.scale,
       stream,
     });
+    pass.mark?.(`mla ${layer}`);
     applyLinear(b, w.o, attn, out, stream);
   }
 
@@ -274,9 +279,7 @@ export class Moe {
       done.push(gateUp);
       const down = await loadLinear(b, source, s.down);
       done.push(down);
-      if (gateUp.kind !== 'int4' || down.kind !== 'int4') {
-        throw modelError(`${s.p}experts.*`, 'routed experts stored as bf16 are not supported yet: the grouped GEMM reads INT4 experts (quantize them with `kdtree quantize --preset kimi-k2`)', source.path);
-      }
+      if (gateUp.kind !== down.kind) throw modelError(`${s.p}experts.*`, `gate/up are ${gateUp.kind} but down is ${down.kind}: quantize an expert's projections alike`, source.path);
       const shared = c.nSharedExperts > 0 ? await Mlp.load(b, source, `${s.p}shared_experts.`, s.sharedInter, c.hiddenSize) : undefined;
       return new Moe(c, router, bias, gateUp, down, shared);
     } catch (error) {
@@ -290,7 +293,7 @@ export class Moe {
     return this.shared?.floatGateUp ?? false;
   }
 
-  forward(b: KdtreeBackend, ws: Workspace, x: DeviceTensor, out: DeviceTensor, stream: number): void {
+  forward(b: KdtreeBackend, ws: Workspace, x: DeviceTensor, out: DeviceTensor, stream: number, mark?: (part: string) => void): void {
     const c = this.config;
     const T = x.shape[0];
     const logits = ws.get('routerLogits', T);
@@ -299,10 +302,12 @@ export class Moe {
     applyLinear(b, this.router, x, logits, stream);
     b.native.router({ logits, bias: this.bias, ids, weights, topk: c.numExpertsPerTok, nGroup: c.nGroup, topkGroup: c.topkGroup, normTopkProb: c.normTopkProb, scaling: c.routedScalingFactor, stream });
     const act = view(ws.moeAct, [T * c.numExpertsPerTok, c.moeIntermediateSize]);
-    const gu = this.gateUp as Extract<DeviceLinear, { kind: 'int4' }>;
-    const dn = this.down as Extract<DeviceLinear, { kind: 'int4' }>;
-    b.native.moeGemm({ x, qw: gu.qw, sc: gu.sc, ids, y: act, group: gu.group, mode: 'gather', epilogue: 'siluMul', stream });
-    b.native.moeGemm({ x: act, qw: dn.qw, sc: dn.sc, ids, weights, y: out, group: dn.group, mode: 'sum', stream });
+    // [gate; up] experts with the SiLU epilogue: each (token, expert) row's silu(gate) * up, then
+    // the down projections summed with the routing weights
+    const experts = (w: DeviceLinear) => (w.kind === 'int4' ? { qw: w.qw, sc: w.sc, group: w.group } : { w: w.w });
+    b.native.moeGemm({ x, ...experts(this.gateUp), ids, y: act, mode: 'gather', epilogue: 'siluMul', stream });
+    b.native.moeGemm({ x: act, ...experts(this.down), ids, weights, y: out, mode: 'sum', stream });
+    mark?.('routed');
     if (this.shared) {
       const shared = ws.get('sharedOut', T);
       this.shared.forward(b, ws, x, shared, stream);

@@ -118,12 +118,14 @@ export class DeviceModel {
    * Queues one forward pass of `pass.t` tokens (`ids`, i32 [T]) and, when `logits` is given, the
    * final norm and lm_head of its rows. `taps`: layer -> f32 [T, hidden] receiving the residual
    * stream after that layer (what a drafter of hidden states, or a test, reads). `mark(part)` is
-   * called after each part's ops are queued ('embedding', 'attention L', 'moe L' or 'mlp L',
-   * 'lm_head'): a profiler records an event there.
+   * called after each stage's ops are queued ('embedding'; per layer 'q L', 'kv L', 'mla L',
+   * 'attention L' (o_proj), 'routed L' and 'moe L' (shared experts) or 'mlp L'; 'lm_head'): a
+   * profiler records an event there.
    */
   forward(pass: Pass, ids: DeviceTensor, logits?: LogitRows, taps?: ReadonlyMap<number, DeviceTensor>, mark?: (part: string) => void): void {
     const { b, config: c, workspace: ws } = this;
     const { t: T, stream } = pass;
+    if (mark !== undefined) pass = { ...pass, mark };
     if (T > ws.rows) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `a pass of ${T} tokens exceeds the workspace of ${ws.rows} rows`, 'tokens');
     const x = ws.get('x', T);
     const h = ws.get('h', T);
@@ -138,7 +140,8 @@ export class DeviceModel {
       layer.attn.forward(b, ws, pass, l, this.constants, attnOut);
       mark?.(`attention ${l}`);
       b.native.rmsNorm({ x, weight: layer.postNorm, out: h, eps: c.rmsNormEps, residual: attnOut, sum: x, stream });
-      layer.mlp.forward(b, ws, h, mlpOut, stream);
+      if (layer.mlp instanceof Moe) layer.mlp.forward(b, ws, h, mlpOut, stream, mark && ((part) => mark(`${part} ${l}`)));
+      else layer.mlp.forward(b, ws, h, mlpOut, stream);
       mark?.(`${layer.mlp instanceof Moe ? 'moe' : 'mlp'} ${l}`);
       pending = true;
       const tap = taps?.get(l);

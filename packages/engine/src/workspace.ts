@@ -26,7 +26,7 @@ function layout(c: ModelConfig, hasFloatGateUp: boolean): Record<string, [Dtype,
     kpe: ['f32', c.qkRopeDim],
     attn: ['f32', c.numHeads * c.vHeadDim],
     act: ['f32', Math.max(1, mlpInter)],
-    gateUp: ['f32', hasFloatGateUp ? 2 * Math.max(mlpInter, c.moeIntermediateSize) : 1],
+    gateUp: ['f32', hasFloatGateUp ? 2 * mlpInter : 1],
     routerLogits: ['f32', c.nRoutedExperts],
     routeIds: ['i32', c.numExpertsPerTok],
     routeWeights: ['f32', c.numExpertsPerTok],
@@ -38,8 +38,6 @@ export class Workspace {
   private readonly buffers = new Map<string, DeviceTensor>();
   /** [rows * topk, moe_intermediate]: the routed experts' activations, one row per (token, expert). */
   readonly moeAct: DeviceTensor;
-  /** [rows * topk, 2 * moe_intermediate] for bf16 experts' [gate | up] (1 element otherwise). */
-  readonly moeGateUp: DeviceTensor;
 
   constructor(
     private readonly b: KdtreeBackend,
@@ -52,7 +50,6 @@ export class Workspace {
       for (const [name, [dtype, width]] of Object.entries(layout(config, hasFloatGateUp))) this.buffers.set(name, b.empty(dtype, [rows, width]));
       const pairs = rows * config.numExpertsPerTok;
       this.moeAct = b.empty('f32', [pairs, config.moeIntermediateSize]);
-      this.moeGateUp = b.empty('f32', hasFloatGateUp ? [pairs, 2 * config.moeIntermediateSize] : [1, 1]);
     } catch (error) {
       this.dispose();
       throw error;
@@ -65,7 +62,6 @@ export class Workspace {
     for (const [dtype, width] of Object.values(layout(config, hasFloatGateUp))) total += rows * width * (dtype === 'f32' || dtype === 'i32' ? 4 : 2);
     const pairs = rows * config.numExpertsPerTok;
     total += pairs * config.moeIntermediateSize * 4;
-    if (hasFloatGateUp) total += pairs * 2 * config.moeIntermediateSize * 4;
     return total;
   }
 
@@ -87,6 +83,5 @@ export class Workspace {
     this.b.free(...this.buffers.values());
     this.buffers.clear();
     if (this.moeAct) this.b.free(this.moeAct);
-    if (this.moeGateUp) this.b.free(this.moeGateUp);
   }
 }
