@@ -454,26 +454,8 @@ enum class Form { kSplit, kRows, kTiled, kTiledSplit, kWgmma };
 // lost to the split form at 32-64 tokens (run 322: layer 0's down, 7168 x 2304, 17.4 / 25.6 ->
 // 17.9 / 28.3 us), those of 28 won (q_a_proj 17.7 / 30.9 -> 16.1 / 21.6).
 constexpr int kTiledSplitMinChunks = 16;
-// KDTREE_GEMM_FORM=split|rows|tiled|tiled-split|wgmma overrides the rule (tests, tuning); read per
-// call. The tiled and wgmma forms take 16-bit x from 17 tokens (NT >= 4), the tiled forms in token
-// tiles of 32 or 64, the wgmma form (sm_90a) in tiles of 128.
-template <typename X, int NT>
-Form ChooseForm(const Params& p, int token_tiles, int sms) {
-  const int64_t tiled_groups = (p.tiles + kTiledWarps - 1) / kTiledWarps;
-  const bool sixteen_bit = NT >= 4 && !std::is_same<X, float>::value;
-  // (a thread's copy offsets within 64 rows are 32-bit)
-  const bool tiled_fits = sixteen_bit && tiled_groups * p.ranges <= kMaxGridY && int64_t{kTiledRows} * p.K * 2 < (int64_t{1} << 32);
-  const int64_t wgmma_groups = (p.N + gemm::kWgmmaRows - 1) / gemm::kWgmmaRows;
-  const int64_t wgmma_blocks = wgmma_groups * ((p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens);
-  const bool wgmma_fits = sixteen_bit && wgmma_groups <= kMaxGridY && gemm::WgmmaFits(p) && gemm::WgmmaAvailable();
-  const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
-  if (const char* v = std::getenv("KDTREE_GEMM_FORM")) {
-    if (std::strcmp(v, "split") == 0) return Form::kSplit;
-    if (std::strcmp(v, "rows") == 0 && groups <= kMaxGridY) return Form::kRows;
-    if (std::strcmp(v, "tiled") == 0 && tiled_fits) return Form::kTiled;
-    if (std::strcmp(v, "tiled-split") == 0 && tiled_fits) return Form::kTiledSplit;
-    if (std::strcmp(v, "wgmma") == 0 && wgmma_fits) return Form::kWgmma;
-  }
+// The form the rule picks for a call (a function of its shape and the device only).
+Form PreferredForm(const Params& p, int token_tiles, int sms, int64_t tiled_groups, bool tiled_fits, int64_t wgmma_blocks, bool wgmma_fits, int64_t groups) {
   const int64_t sm_count = sms;
   // The wgmma form: from 512 tokens on every shape with 17+ blocks (run 328 against run 327's
   // forms at 512 / 2048 tokens: lm_head 399 / 1596 -> 308 / 1225 us, kv_a_proj_with_mqa (20 / 80
@@ -505,6 +487,50 @@ Form ChooseForm(const Params& p, int token_tiles, int sms) {
   // last block per group sums 8 tiles' ranges alone).
   if (groups > kMaxGridY) return Form::kSplit;
   return groups * token_tiles >= 2 * sm_count ? Form::kRows : Form::kSplit;
+}
+
+// KDTREE_GEMM_FORM=split|rows|tiled|tiled-split|wgmma forces a form (tests, tuning); read per
+// call; unset or empty, the rule (PreferredForm) picks. A forced form that cannot run the call is an error, not
+// a fallback: a check or a benchmark named for a form must have run that form. The tiled and wgmma
+// forms take 16-bit x from 17 tokens (NT >= 4), the tiled forms in token tiles of 32 or 64, the
+// wgmma form (sm_90a) in tiles of 128.
+Status ForcedForm(const char* v, const Params& p, bool sixteen_bit, bool rows_fit, bool tiled_fit, bool wgmma_fit, Form* form) {
+  const auto cannot = [&](const char* why) { return Unsupported("gemm: KDTREE_GEMM_FORM=", v, " cannot run M = ", p.M, ", N = ", p.N, ", K = ", p.K, ": ", why); };
+  const char* sixteen_bit_only = "the tiled and wgmma forms take bf16 or f16 x of 17 or more tokens";
+  if (std::strcmp(v, "split") == 0) {
+    *form = Form::kSplit;
+  } else if (std::strcmp(v, "rows") == 0) {
+    if (!rows_fit) return cannot("its tile groups exceed a grid's 65535 rows");
+    *form = Form::kRows;
+  } else if (std::strcmp(v, "tiled") == 0 || std::strcmp(v, "tiled-split") == 0) {
+    if (!sixteen_bit) return cannot(sixteen_bit_only);
+    if (!tiled_fit) return cannot("its tile groups exceed a grid or 64 rows of K exceed 32-bit offsets");
+    *form = std::strcmp(v, "tiled") == 0 ? Form::kTiled : Form::kTiledSplit;
+  } else if (std::strcmp(v, "wgmma") == 0) {
+    if (!sixteen_bit) return cannot(sixteen_bit_only);
+    if (!gemm::WgmmaAvailable()) return cannot("the wgmma form is sm_90a code, which this device does not run");
+    if (!wgmma_fit) return cannot("its 128-row groups exceed a grid or 128 rows of K exceed 32-bit offsets");
+    *form = Form::kWgmma;
+  } else {
+    return Invalid("gemm: KDTREE_GEMM_FORM must be split, rows, tiled, tiled-split or wgmma, got '", v, "'");
+  }
+  return Status::Ok();
+}
+
+template <typename X, int NT>
+Status ChooseForm(const Params& p, int token_tiles, int sms, Form* form) {
+  const int64_t tiled_groups = (p.tiles + kTiledWarps - 1) / kTiledWarps;
+  const bool sixteen_bit = NT >= 4 && !std::is_same<X, float>::value;
+  // (a thread's copy offsets within 64 rows are 32-bit)
+  const bool tiled_fits = sixteen_bit && tiled_groups * p.ranges <= kMaxGridY && int64_t{kTiledRows} * p.K * 2 < (int64_t{1} << 32);
+  const int64_t wgmma_groups = (p.N + gemm::kWgmmaRows - 1) / gemm::kWgmmaRows;
+  const int64_t wgmma_blocks = wgmma_groups * ((p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens);
+  const bool wgmma_size_fits = sixteen_bit && wgmma_groups <= kMaxGridY && gemm::WgmmaFits(p);
+  const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
+  const char* forced = std::getenv("KDTREE_GEMM_FORM");
+  if (forced != nullptr && forced[0] != '\0') return ForcedForm(forced, p, sixteen_bit, groups <= kMaxGridY, tiled_fits, wgmma_size_fits, form);
+  *form = PreferredForm(p, token_tiles, sms, tiled_groups, tiled_fits, wgmma_blocks, wgmma_size_fits && gemm::WgmmaAvailable(), groups);
+  return Status::Ok();
 }
 
 // Work space (floats per token tile) and counters (per token tile) of the split form when it sums
@@ -551,7 +577,8 @@ Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
   const size_t elems = static_cast<size_t>(NT) * 4 * 32;
   const int groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   const dim3 block(kBlockWarps * 32);
-  const Form form = ChooseForm<X, NT>(p, token_tiles, sms);
+  Form form;
+  KDTREE_RETURN_IF_ERROR((ChooseForm<X, NT>(p, token_tiles, sms, &form)));
   if (form == Form::kRows) {
     return LaunchChunks(p, token_tiles, nullptr, scratch, s, [&](const Params& q, int n) { return LaunchPdl("gemm (rows form)", GemmRowsKernel<W, X, NT>, dim3(n, groups), block, 0, s, q); });
   }

@@ -1008,16 +1008,30 @@ bool UseWgmma(const GemmParams& p, DType x, int sms) {
 constexpr int kPrefillMinTokens = 256;
 constexpr int kPrefillMinBlocksPerFourSms = 3;
 // KDTREE_W4A16_PREFILL=always|never overrides the rule (tests, tuning); read per call, so a
-// process may change it between calls.
-int PrefillOverride() {
+// process may change it between calls; unset or empty, the rule decides. `always` runs the prefill
+// kernel on every W4A16 call (w4a16Gemm and moeGemm alike) or fails the call where that kernel
+// cannot run it, never falling back: a check named for the prefill kernel must have run it.
+enum class PrefillOverride { kRule, kAlways, kNever };
+Status ReadPrefillOverride(PrefillOverride* out) {
   const char* v = std::getenv("KDTREE_W4A16_PREFILL");
-  if (v == nullptr) return 0;
-  return std::strcmp(v, "always") == 0 ? 1 : std::strcmp(v, "never") == 0 ? -1 : 0;
+  if (v == nullptr || v[0] == '\0') *out = PrefillOverride::kRule;
+  else if (std::strcmp(v, "always") == 0) *out = PrefillOverride::kAlways;
+  else if (std::strcmp(v, "never") == 0) *out = PrefillOverride::kNever;
+  else return Invalid("w4a16: KDTREE_W4A16_PREFILL must be always or never, got '", v, "'");
+  return Status::Ok();
 }
-bool UsePrefill(const GemmParams& p, int group, int sms) {
-  const int force = PrefillOverride();
-  if (!PrefillSupports(group, p.sc_f32) || force < 0) return false;
-  if (force > 0) return true;
+// Why the prefill kernel cannot run a call, or nullptr: it is sm_90a code for dense bf16 x of
+// 17+ tokens (the warpgroup kernels' calls), groups 32 (bf16 scales) and 64.
+const char* PrefillCannotRun(const GemmParams& p, DType x, int group) {
+  if (x != DType::kBF16) return "it takes bf16 x";
+  if (p.moe_tiles != nullptr) return "MoE calls run the stream-K kernel";
+  if (p.M <= 16) return "it takes 17 or more tokens";
+  if (!PrefillSupports(group, p.sc_f32)) return "it takes group 32 with bf16 scales or group 64";
+  if (!WgmmaAvailable()) return "it is sm_90a code, which this device does not run";
+  return nullptr;
+}
+bool PrefillRule(const GemmParams& p, int group, int sms) {
+  if (!PrefillSupports(group, p.sc_f32)) return false;
   const int64_t blocks = (p.tiles + 3) / 4 * static_cast<int64_t>((p.M + kPrefillTileTokens - 1) / kPrefillTileTokens);
   const bool wave_mostly_full = 4 * blocks >= kPrefillMinBlocksPerFourSms * static_cast<int64_t>(sms);
   // one token tile whose 32-token tiles would be 4 (97-128 tokens), in one wave
@@ -1036,9 +1050,10 @@ Status RunChunks(GemmParams p, int tiles, int chunk, size_t staged_per_tile, Scr
   }
   return Status::Ok();
 }
-// The warpgroup kernels' token tiles of p.M rows (p's stream-K ranges set: they replay them).
-Status RunWgmma(const GemmParams& p, int group, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
-  if (UsePrefill(p, group, sms)) {
+// The warpgroup kernels' token tiles of p.M rows (p's stream-K ranges set: they replay them), on the
+// prefill kernel or the 32-token one.
+Status RunWgmma(const GemmParams& p, bool prefill, int group, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
+  if (prefill) {
     const int tiles = (p.M + kPrefillTileTokens - 1) / kPrefillTileTokens;
     const size_t staged = PrefillStagedBytes(p.steps);
     const int chunk = std::min(tiles, static_cast<int>(std::max<size_t>(1, kWgmmaStagedBytesMax / staged)));
@@ -1064,7 +1079,15 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   p.by_steps = MakeDivisor(p.steps);
   p.by_steps_per_warp = MakeDivisor(r.steps_per_warp);
   p.range_blocks = r.blocks;
-  if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, group, sms, scratch, scratch_used, s);
+  PrefillOverride prefill;
+  KDTREE_RETURN_IF_ERROR(ReadPrefillOverride(&prefill));
+  if (prefill == PrefillOverride::kAlways) {
+    if (const char* why = PrefillCannotRun(p, x_dtype, group)) {
+      return Unsupported("w4a16: KDTREE_W4A16_PREFILL=always cannot run M = ", p.M, ", N = ", p.N, ", K = ", p.K, ", group ", group, " on the prefill kernel: ", why);
+    }
+    return RunWgmma(p, true, group, sms, scratch, scratch_used, s);
+  }
+  if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, prefill == PrefillOverride::kRule && PrefillRule(p, group, sms), group, sms, scratch, scratch_used, s);
   p.slices = p.steps * 8;
   const Form form = ChooseForm(p, x_dtype, nt);
   const int pieces = PiecesPerWarp(p, x_dtype, nt, form, r);
