@@ -36,12 +36,17 @@ export class AddonLoadError extends Error {
   }
 }
 
+/** The codes of the errors a native op throws (the binding's Status codes). */
+export const NATIVE_ERROR_CODES = ['KDTREE_INVALID_ARGUMENT', 'KDTREE_UNSUPPORTED', 'KDTREE_DEVICE_ERROR', 'KDTREE_OUT_OF_MEMORY'] as const;
+export type NativeErrorCode = (typeof NATIVE_ERROR_CODES)[number];
+
 /** A native op failed: the message names the op and every tensor with its dtype and shape. */
 export interface NativeError extends Error {
-  code: 'KDTREE_INVALID_ARGUMENT' | 'KDTREE_UNSUPPORTED' | 'KDTREE_DEVICE_ERROR' | 'KDTREE_OUT_OF_MEMORY';
+  code: NativeErrorCode;
 }
 
+/** Whether `error` is an op's error (one of NATIVE_ERROR_CODES); an AddonLoadError, or any other KDTREE_ code, is not. */
 export function isNativeError(error: unknown): error is NativeError {
   const code = error instanceof Error ? (error as Error & { code?: unknown }).code : undefined;
-  return typeof code === 'string' && code.startsWith('KDTREE_');
+  return typeof code === 'string' && (NATIVE_ERROR_CODES as readonly string[]).includes(code);
 }
