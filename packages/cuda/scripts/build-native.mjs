@@ -49,15 +49,23 @@ function sourceHash() {
     }
   };
   walk(nativeDir);
-  h.update(pkg.version).update(cuda.cuda ? 'cuda' : 'cpu');
   return h.digest('hex').slice(0, 16);
 }
 
-const hash = sourceHash();
-const stamp = join(binDir, 'source-hash');
-const previous = existsSync(stamp) ? readFileSync(stamp, 'utf8') : undefined;
-if (!force && previous === hash && existsSync(join(binDir, 'kdtree_cpu.node'))) {
-  say(`native addon is current (${platformKey}, sources ${hash})`);
+// What a build is of: the sources, the version the binaries record and the variants. The stamp in
+// bin/ holds the last build's, so a build says which of them changed.
+const wanted = { sources: sourceHash(), version: pkg.version, variants: cuda.cuda ? 'cpu + cuda' : 'cpu' };
+const hash = createHash('sha256').update(JSON.stringify(wanted)).digest('hex').slice(0, 16);
+const stamp = join(binDir, 'build-stamp.json');
+let previous;
+try {
+  previous = JSON.parse(readFileSync(stamp, 'utf8'));
+} catch {
+  previous = undefined; // no build yet, or one from before the stamp
+}
+const changed = previous ? Object.keys(wanted).filter((k) => previous[k] !== wanted[k]) : [];
+if (!force && previous && changed.length === 0 && existsSync(join(binDir, 'kdtree_cpu.node'))) {
+  say(`native addon is current (${platformKey}, ${wanted.variants}, sources ${wanted.sources})`);
   process.exit(0);
 }
 
@@ -76,7 +84,11 @@ const extra = { NODE_ADDON_API_DIR: nodeAddonApi, ...(cuda.cuda ? { CMAKE_CUDA_C
 dropStaleCache(join(buildDir, 'CMakeCache.txt'), definitions);
 const args = [cmakeJs, 'compile', '--directory', nativeDir, '--out', buildDir, '--config', 'Release', ...Object.entries({ ...definitions, ...extra }).map(([k, v]) => `--CD${k}=${v}`)];
 
-const why = force ? '--force' : previous === undefined ? 'no build yet' : 'the sources, the version or the cuda choice changed';
+const why = force
+  ? '--force'
+  : previous === undefined
+    ? 'no build yet'
+    : changed.map((k) => (k === 'sources' ? 'the native sources changed' : `${k} ${previous[k]} -> ${wanted[k]}`)).join(', ');
 say(`building the native addon for ${platformKey} (${why}): the cpu variant${cuda.cuda ? ` and the cuda variant (${cuda.why}; ~3 minutes of nvcc on 2 cores)` : `; the cuda variant is skipped: ${cuda.why}`}`);
 const started = Date.now();
 const output = await runBuild(process.execPath, args, { cwd: pkgDir, env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? '2' } });
@@ -115,7 +127,7 @@ for (const variant of ['cpu', 'cuda']) {
     cudaArchitectures: variant === 'cuda' ? ['90-real', '90-virtual', '90a-real'] : [],
     // the newest glibc / libstdc++ symbol versions the binary needs: its platform floor
     requires: elfNeeds(target) ?? {},
-    sourceHash: hash,
+    sourceHash: wanted.sources,
     built: new Date().toISOString(),
   };
   const metaPath = join(binDir, `kdtree_${variant}.json`);
@@ -127,7 +139,9 @@ if (cuda.cuda && !found.includes('cuda')) {
   console.error('@kdtree/cuda: the build produced no cuda variant although nvcc was found (see CMake\'s "kdtree:" lines above)');
   process.exit(1);
 }
-writeFileSync(stamp, hash);
+writeFileSync(`${stamp}.tmp`, `${JSON.stringify({ ...wanted, hash }, null, 2)}\n`);
+renameSync(`${stamp}.tmp`, stamp);
+rmSync(join(binDir, 'source-hash'), { force: true }); // the stamp of earlier builds
 say(`built ${found.join(' + ')} into ${relative(pkgDir, binDir)} in ${((Date.now() - started) / 1000).toFixed(0)}s`);
 
 /**
