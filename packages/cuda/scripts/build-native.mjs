@@ -2,10 +2,11 @@
 // Builds the addon from its C++/CUDA sources with cmake-js and installs the binaries with their
 // build metadata into bin/<platform>-<arch>/ of this package, where the loader looks first. The
 // cpu variant always builds; the cuda variant where KDTREE_CUDA=ON asks for it, or (unset) where
-// nvcc is found and the machine has an NVIDIA GPU; KDTREE_CUDA=OFF skips it.
-//   in the repository:                  pnpm --filter @kdtree/cuda build:native
+// nvcc is found and the machine has an NVIDIA GPU (with --with-nvcc: wherever nvcc is found);
+// KDTREE_CUDA=OFF skips it.
+//   in the repository:                  pnpm --filter @kdtree/cuda build:native   (--force --with-nvcc)
 //   in a project that installed it:     npx kdtree-build-native
-//   node scripts/build-native.mjs [--force]    (--force: rebuild even when the binaries are current)
+//   node scripts/build-native.mjs [--force] [--with-nvcc]   (--force: rebuild even when current)
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -26,13 +27,14 @@ const platformKey = `${process.platform}-${process.arch}`;
 const binDir = join(pkgDir, 'bin', platformKey);
 const buildDir = join(pkgDir, 'build');
 const force = process.argv.includes('--force');
+const withNvcc = process.argv.includes('--with-nvcc');
 const say = (line) => console.log(`@kdtree/cuda: ${line}`);
 
 if (!existsSync(join(nativeDir, 'CMakeLists.txt'))) {
   console.error(`@kdtree/cuda: no native sources at ${nativeDir} (this copy of @kdtree/cuda was packed without native/)`);
   process.exit(1);
 }
-const prerequisites = checkPrerequisites();
+const prerequisites = checkPrerequisites(process.env, { withNvcc });
 if (prerequisites.problems) {
   console.error(missingLine(prerequisites.problems));
   process.exit(1);
@@ -63,7 +65,10 @@ try {
 } catch {
   previous = undefined; // no build yet, or one from before the stamp
 }
-const changed = previous ? Object.keys(wanted).filter((k) => previous[k] !== wanted[k]) : [];
+// a cuda build of the same sources stays where the cuda variant is skipped only for lack of a GPU
+// (an explicit build made it, and the set-up step after it should not throw it away)
+const keepsCuda = cuda.unasked && previous?.variants === 'cpu + cuda' && existsSync(join(binDir, 'kdtree_cuda.node'));
+const changed = previous ? Object.keys(wanted).filter((k) => previous[k] !== wanted[k] && !(k === 'variants' && keepsCuda)) : [];
 if (!force && previous && changed.length === 0 && existsSync(join(binDir, 'kdtree_cpu.node'))) {
   say(`native addon is current (${platformKey}, ${wanted.variants}, sources ${wanted.sources})`);
   process.exit(0);

@@ -13,7 +13,10 @@ const nvcc = { path: '/usr/local/cuda/bin/nvcc', release: '13.0' };
 describe('cudaDecision', () => {
   it('builds the cuda variant unasked only where nvcc and an NVIDIA GPU are both present', () => {
     expect(cudaDecision({}, nvcc, true)).toEqual({ cuda: true, why: 'an NVIDIA GPU and nvcc 13.0' });
-    expect(cudaDecision({}, nvcc, false)).toEqual({ cuda: false, why: 'no NVIDIA GPU on this machine (KDTREE_CUDA=ON builds it anyway)' });
+    expect(cudaDecision({}, nvcc, false)).toEqual({ cuda: false, why: 'no NVIDIA GPU on this machine (KDTREE_CUDA=ON builds it anyway)', unasked: true });
+    // the repository's explicit build:native builds it wherever nvcc is
+    expect(cudaDecision({}, nvcc, false, true)).toEqual({ cuda: true, why: 'nvcc 13.0 found (KDTREE_CUDA=OFF skips it)' });
+    expect(cudaDecision({ KDTREE_CUDA: 'OFF' }, nvcc, false, true)).toEqual({ cuda: false, why: 'KDTREE_CUDA=OFF' });
     expect(cudaDecision({}, null, true)).toEqual({ cuda: false, why: 'no nvcc found (KDTREE_CUDA=ON with nvcc 13 builds it)' });
   });
 

@@ -70,10 +70,13 @@ export function hasNvidiaGpu() {
 
 /**
  * Whether to build the cuda variant: KDTREE_CUDA=ON asks for it (an error without nvcc), OFF
- * skips it; unset, it is built where nvcc is found and the machine has an NVIDIA GPU, since
- * elsewhere it could not run and costs minutes of compiling. Returns { cuda, why, problem? }.
+ * skips it. Unset, `withNvcc` (the repository's explicit `build:native`) builds it wherever nvcc is
+ * found; otherwise (the set-up step, `npx kdtree-build-native`) only where nvcc is found and the
+ * machine has an NVIDIA GPU, since elsewhere it could not run and costs minutes of compiling.
+ * Returns { cuda, why, unasked, problem? }; `unasked`: the choice was made for lack of a GPU, so an
+ * existing cuda build of the same sources may stay.
  */
-export function cudaDecision(env = process.env, nvcc = findNvcc(), gpu = hasNvidiaGpu()) {
+export function cudaDecision(env = process.env, nvcc = findNvcc(), gpu = hasNvidiaGpu(), withNvcc = false) {
   const asked = (env.KDTREE_CUDA ?? '').toUpperCase();
   if (asked !== '' && asked !== 'ON' && asked !== 'OFF') return { cuda: false, why: '', problem: `KDTREE_CUDA must be ON or OFF, got '${env.KDTREE_CUDA}'` };
   if (asked === 'OFF') return { cuda: false, why: 'KDTREE_CUDA=OFF' };
@@ -82,18 +85,20 @@ export function cudaDecision(env = process.env, nvcc = findNvcc(), gpu = hasNvid
     return { cuda: true, why: `KDTREE_CUDA=ON, nvcc ${nvcc.release}` };
   }
   if (!nvcc) return { cuda: false, why: 'no nvcc found (KDTREE_CUDA=ON with nvcc 13 builds it)' };
-  if (!gpu) return { cuda: false, why: 'no NVIDIA GPU on this machine (KDTREE_CUDA=ON builds it anyway)' };
+  if (withNvcc) return { cuda: true, why: `nvcc ${nvcc.release} found (KDTREE_CUDA=OFF skips it)` };
+  if (!gpu) return { cuda: false, why: 'no NVIDIA GPU on this machine (KDTREE_CUDA=ON builds it anyway)', unasked: true };
   return { cuda: true, why: `an NVIDIA GPU and nvcc ${nvcc.release}` };
 }
 
 /**
  * Everything a native build needs, checked: { cmake, cxx, cuda } or { problems: string[] }
+ * (`withNvcc`: see cudaDecision)
  * (each names the tool, the version wanted and how to get it).
  */
-export function checkPrerequisites(env = process.env) {
+export function checkPrerequisites(env = process.env, { withNvcc = false } = {}) {
   const cmake = findCmake();
   const cxx = findCxx17();
-  const cuda = cudaDecision(env);
+  const cuda = cudaDecision(env, findNvcc(), hasNvidiaGpu(), withNvcc);
   const problems = [cmake.problem, cxx.problem, cuda.problem].filter(Boolean);
   return problems.length > 0 ? { problems } : { cmake, cxx, cuda };
 }

@@ -49,7 +49,7 @@ export function howToFix(requested: string, attempts: readonly LoadAttempt[], co
   } else if (cuda.length > 0 && cuda.every((a) => MISSING.test(a.reason))) {
     fixes.push(
       context.inRepository
-        ? `The cuda variant is not built: \`${buildCommand(context, true)}\` (nvcc 13; without KDTREE_CUDA=ON it is built only on a machine with an NVIDIA GPU).`
+        ? `The cuda variant is not built: \`${buildCommand(context, true)}\` (nvcc 13; the set-up step builds it only on a machine with an NVIDIA GPU).`
         : prebuilt
         ? `The cuda variant is not installed: \`npm install ${prebuiltPackage(context.platformKey, 'cuda')}${at}\` (prebuilt, for an NVIDIA GPU of compute capability 9.0+ and driver 580+), or build it from source: \`${buildCommand(context, true)}\` (${NEEDS}, and nvcc 13).`
         : `No prebuilt cuda variant exists for ${context.platformKey}: build it from source with \`${buildCommand(context, true)}\` (${NEEDS}, and nvcc 13).`,
