@@ -32,7 +32,7 @@ describe('the repository launchers', () => {
     expect(statSync(shim).mode & 0o111).not.toBe(0);
     expect(readFileSync(shim, 'utf8')).toContain(join(root, 'packages', 'cli', 'dist', 'bin.js'));
     const cwd = mkdtempSync(join(scratch, 'shim-'));
-    const env = { ...process.env, PATH: `${bin}:${process.env.PATH}` };
+    const env: NodeJS.ProcessEnv = { ...process.env, PATH: `${bin}:${process.env.PATH}` };
     delete env.INIT_CWD;
     const r = spawnSync('kdtree', genModel, { cwd, env, encoding: 'utf8' });
     expect(r.status, r.stderr).toBe(0);
