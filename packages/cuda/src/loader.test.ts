@@ -72,7 +72,7 @@ describe('loadAddon', () => {
     expect(loaded.skipped).toEqual([{ candidate: `${join(dir, 'kdtree_cuda.node')} (search path)`, variant: 'cuda', reason: 'not built' }]);
   });
 
-  it('looks for the cuda variant in its own package, which is not installed in the repository, and says how to get it', () => {
+  it('looks for the cuda variant in its own package, after bin/ of @kdtree/cuda, and says how to get it', () => {
     let error: AddonLoadError;
     try {
       loadAddon({ backend: 'cuda' });
@@ -81,8 +81,11 @@ describe('loadAddon', () => {
       if (!(thrown instanceof AddonLoadError)) throw thrown;
       error = thrown;
     }
+    // the package is not a dependency here; pnpm's scripts may still resolve it through NODE_PATH
     const last = error.attempts[error.attempts.length - 1];
-    expect(last).toEqual({ candidate: `@kdtree/cuda-${PLATFORM_KEY}-cuda (package)`, variant: 'cuda', reason: 'not installed' });
+    expect(last.variant).toBe('cuda');
+    expect(last.candidate).toMatch(new RegExp(`^(@kdtree/cuda-${PLATFORM_KEY}-cuda \\(package\\)|.*kdtree_cuda\\.node \\(@kdtree/cuda-${PLATFORM_KEY}-cuda\\))$`));
+    if (last.candidate.endsWith('(package)')) expect(last.reason).toBe('not installed');
     expect(error.attempts[0].candidate).toMatch(/\(bin\/ of @kdtree\/cuda\)$/);
     // without a cuda build here: build it; with one (CI builds it) but no driver: install a driver
     expect(error.message).toMatch(/Fix: (The cuda variant is not built: `KDTREE_CUDA=ON pnpm --filter @kdtree\/cuda build:native`|No NVIDIA driver is loaded)/);

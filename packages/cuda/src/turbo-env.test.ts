@@ -21,7 +21,7 @@ it("every KDTREE_ variable the package, its build and the native code read is in
   const read = new Set<string>();
   for (const dir of ['packages/cuda/src', 'packages/cuda/scripts', 'native/src']) {
     for (const file of files(join(root, dir))) {
-      for (const m of readFileSync(file, 'utf8').matchAll(/process\.env\.(KDTREE_[A-Z0-9_]+)|getenv\("(KDTREE_[A-Z0-9_]+)"\)/g)) read.add(m[1] ?? m[2]);
+      for (const m of readFileSync(file, 'utf8').matchAll(/\benv\.(KDTREE_[A-Z0-9_]+)|getenv\("(KDTREE_[A-Z0-9_]+)"\)/g)) read.add(m[1] ?? m[2]);
     }
   }
   expect([...read]).toEqual(expect.arrayContaining(['KDTREE_TEST_BACKEND', 'KDTREE_GEMM_FORM', 'KDTREE_W4A16_PREFILL', 'KDTREE_CUDA']));
