@@ -29,7 +29,7 @@ for (const variant of ['cuda', 'cpu']) {
   for (const ext of ['node', 'json']) {
     const file = join(bin, `kdtree_${variant}.${ext}`);
     if (!existsSync(file)) {
-      console.error(`missing ${file}: build the addon first (pnpm --filter @kdtree/cuda build:native, with nvcc for the cuda variant)`);
+      console.error(`missing ${file}: build the addon first (pnpm --filter @kdtree/cuda build:native: the cuda variant needs nvcc)`);
       process.exit(1);
     }
     copyFileSync(file, join(out, `kdtree_${variant}.${ext}`));

@@ -206,8 +206,8 @@ __global__ void __launch_bounds__(kTopkThreads) RowTopkKernel(const float* x, in
 // The k best of a row's segment candidates when they are few (<= kSortCandidatesMax): one block
 // sorts all of them in shared memory (bitonic, key descending, id ascending) and keeps the first k.
 // The radix select above costs the same four passes for 160 candidates as for a segment of 8192
-// values: at k = 8 (160 candidates) the sort is 4.3 us faster, but at k = 64 (1280 candidates) 17.6
-// us slower (run 279). A block of n / 2 threads instead of 1024 was slower at k = 8 (run 280).
+// values: at k = 8 (160 candidates) the sort is ~4 us faster, but at k = 64 (1280 candidates)
+// ~18 us slower, hence the bound. A block of n / 2 threads instead of 1024 is slower at k = 8.
 constexpr int kSortCandidatesMax = 512;
 __global__ void __launch_bounds__(kTopkThreads) SortCandidatesKernel(const float* cand_values, const int32_t* cand_ids, int candidates, int k, float* values, int32_t* ids) {
   PdlWait();
@@ -455,7 +455,7 @@ __global__ void NextStartKernel(int64_t start, const int32_t* start_on_device, c
 }  // namespace
 
 // Segments per row of the two-pass top-k: one block per row left 8 of 132 SMs busy for a draft's
-// 8 rows of 163840 logits (259 us, Nsight run 15). Each segment's k best are candidates; the k
+// 8 rows of 163840 logits (~260 us). Each segment's k best are candidates; the k
 // best of a row's candidates are its k best, with the same ties: a row's candidates run in
 // segment order and, among equal values, in index order.
 int TopkSegments(int64_t cols, int k) {

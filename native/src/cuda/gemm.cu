@@ -20,16 +20,15 @@
 //    each keeping its running sum; they read the same x at about the same time (from L1), and no
 //    work space is needed.
 //  * Tiled form (16-bit x, 17+ tokens, many 64-row groups): the split form reads x once per 16-row
-//    tile, 4x the weight bytes at 64 tokens, all from L2 (lm_head at 64 tokens ran at 2.6x its
-//    weight-read floor, run 308). Here a block of 4 warps stages 64 weight rows and the token
-//    tile's x through a shared-memory ring (cp.async) and each warp walks all ranges of its tile
-//    as the rows form does, so x comes from L2 once per 64 rows (run 321: lm_head at 64 tokens
-//    183 -> 92 us, at 512 tokens 898 -> 589 us against the rows form). Its variant with a block
+//    tile, 4x the weight bytes at 64 tokens, all from L2. Here a block of 4 warps stages 64 weight
+//    rows and the token tile's x through a shared-memory ring (cp.async) and each warp walks all
+//    ranges of its tile as the rows form does, so x comes from L2 once per 64 rows (lm_head at 64
+//    tokens about twice as fast as the rows form). Its variant with a block
 //    per range (tiled-split, for N with few groups: q_a_proj, layer 0's MLP) stores its ranges'
 //    partials for a small kernel to sum.
 //  * Wgmma form (16-bit x, 128+ tokens, sm_90a; gemm_wgmma.cu): 128 weight rows x 128 tokens per
 //    block on the warpgroup MMA, x staged in its operand order, a copy warpgroup feeding two MMA
-//    warpgroups (lm_head at 512 / 2048 tokens 308 / 1225 us, run 328; the tiled form 593 / 2396).
+//    warpgroups (lm_head at 512-2048 tokens about twice as fast as the tiled form).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -233,8 +232,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32) GemmSplitKernel(Params p) {
 // 8 group + w and walks all its ranges, summing the partials in order as it goes (no work space).
 // The block's warps read the same x at about the same time (from L1: 8x less x traffic from L2 than
 // a warp per tile), and the token tile is the grid's fastest index, so the token tiles of one
-// weight group run together and read it from L2 rather than HBM (run 295: 12% faster at 512-2048
-// tokens than tile-major order).
+// weight group run together and read it from L2 rather than HBM (~12% faster at 512-2048 tokens
+// than tile-major order).
 template <typename W, typename X, int NT>
 __global__ void __launch_bounds__(kBlockWarps * 32, 2) GemmRowsKernel(Params p) {
   const int tile = blockIdx.y * kBlockWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -315,8 +314,8 @@ struct TiledCopier {
 // takes one range and stores its partials in work space, which GemmSumRangesKernel then sums in
 // range order, as the split form's last block does. Either way the bits are the split form's.
 // (Two instances, not a runtime switch: with a cross-block sum in the same kernel the one-block
-// form ran 1.8x slower, runs 319-320; the sum is a kernel of its own so that the block-per-range
-// loop keeps the code it had without it, run 320: q_a_proj at 64 tokens 13.1 us.)
+// form runs 1.8x slower; the sum is a kernel of its own so that the block-per-range loop keeps
+// the code it has without it.)
 template <typename W, typename X, int NT, bool kAcrossBlocks>
 __global__ void __launch_bounds__(kTiledWarps * 32, 3) GemmTiledKernel(Params p) {
   using A = MmaType<X>;
@@ -325,7 +324,7 @@ __global__ void __launch_bounds__(kTiledWarps * 32, 3) GemmTiledKernel(Params p)
   const uint32_t ring_base = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // token tiles are the fastest grid index: the token tiles of one weight group run together and
-  // read it from L2 rather than HBM (as in the rows form, run 295)
+  // read it from L2 rather than HBM (as in the rows form)
   const int token_tile = blockIdx.x, token0 = (p.token_tile0 + token_tile) * 8 * NT;
   const int group = kAcrossBlocks ? blockIdx.y / p.ranges : blockIdx.y;
   const int row0 = group * kTiledRows, tile = group * kTiledWarps + warp;
@@ -356,8 +355,8 @@ __global__ void __launch_bounds__(kTiledWarps * 32, 3) GemmTiledKernel(Params p)
   const uint32_t a_off = TiledOffset(warp * kTileRows + g, t), x_off = kXBlock + TiledOffset(g, t);
   constexpr uint32_t kRowsOf8 = 8 * kTiledRowBytes;
   // Ranges outside, chunks inside: the accumulators stay in their registers through the chunk loop
-  // (run 317: a stage loop with per-chunk range checks and per-group exits cost ~130 register moves
-  // per chunk), and the ring is refilled at every even chunk.
+  // (a stage loop with per-chunk range checks and per-group exits costs ~130 register moves per
+  // chunk), and the ring is refilled at every even chunk.
   float sum[NT][4];
   int c = c_first;
   for (int r = r_begin; r < r_end; ++r) {
@@ -435,11 +434,10 @@ __global__ void __launch_bounds__(128) GemmSumRangesKernel(Params p) {
 
 // The K split: enough ranges that tiles x ranges fills kWarpsPerSm warps per SM, each at least
 // kMinRangeChunks chunks long, and at most one block's worth (8) unless the tiles cannot fill half
-// the SMs: a range sum across blocks (work space, fences, a counter) cost more than the warps it
-// adds (run 296, at most 8 ranges against as many as the split wants: q_a_proj 1536 x 7168 at
-// M = 1 11.8 -> 10.1 us, at M = 512 176 -> 92; 7168 x 2304 at M = 16 19.9 -> 13.8; but
-// kv_a_proj_with_mqa 576 x 7168, 36 tiles, at M = 1 7.5 -> 8.6). A function of N, K and the device
-// only (batch invariance).
+// the SMs: a range sum across blocks (work space, fences, a counter) costs more than the warps it
+// adds on shapes with enough tiles (q_a_proj, layer 0's down), while shapes of few tiles
+// (kv_a_proj_with_mqa, 36 tiles) need the extra ranges to fill the device. A function of N, K and
+// the device only (batch invariance).
 void ChooseRanges(Params* p, int sms) {
   const int64_t want = (static_cast<int64_t>(sms) * kWarpsPerSm + p->tiles - 1) / p->tiles;
   const int64_t most = std::max<int64_t>(1, p->chunks / kMinRangeChunks);
@@ -450,61 +448,82 @@ void ChooseRanges(Params* p, int sms) {
 }
 
 enum class Form { kSplit, kRows, kTiled, kTiledSplit, kWgmma };
-// The block-per-range tiled form's shortest range: 16 chunks (8 stages of the ring). Ranges of 8
-// lost to the split form at 32-64 tokens (run 322: layer 0's down, 7168 x 2304, 17.4 / 25.6 ->
-// 17.9 / 28.3 us), those of 28 won (q_a_proj 17.7 / 30.9 -> 16.1 / 21.6).
+// The block-per-range tiled form's shortest range: 16 chunks (8 stages of the ring), so that a
+// range pays for the ring's fill and the partials' round trip: ranges of 8 lose to the split form
+// at 32-64 tokens (layer 0's down, 7168 x 2304), those of 28 win (q_a_proj).
 constexpr int kTiledSplitMinChunks = 16;
-// KDTREE_GEMM_FORM=split|rows|tiled|tiled-split|wgmma overrides the rule (tests, tuning); read per
-// call. The tiled and wgmma forms take 16-bit x from 17 tokens (NT >= 4), the tiled forms in token
-// tiles of 32 or 64, the wgmma form (sm_90a) in tiles of 128.
+// The form the rule picks for a call (a function of its shape and the device only).
+Form PreferredForm(const Params& p, int token_tiles, int sms, int64_t tiled_groups, bool tiled_fits, int64_t wgmma_blocks, bool wgmma_fits, int64_t groups) {
+  const int64_t sm_count = sms;
+  // The wgmma form: from 512 tokens on every shape with 17+ blocks (faster than every other form
+  // there, also for kv_a_proj_with_mqa's 20-80 blocks); below 512 from one block per SM with one
+  // token tile and from half of that with two or more (with fewer blocks, q_a_proj's 24 and
+  // kv_a_proj_with_mqa's 10 at 256 tokens, it is 1.5-1.8x slower than the tiled forms).
+  const bool wgmma_prefill = wgmma_fits && p.M >= gemm::kWgmmaTokens;
+  const bool several_token_tiles = (p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens >= 2;
+  if (wgmma_prefill && p.M >= 512 && 8 * wgmma_blocks >= sm_count) return Form::kWgmma;
+  if (wgmma_prefill && (several_token_tiles ? 2 * wgmma_blocks : wgmma_blocks) >= sm_count) return Form::kWgmma;
+  // The tiled form once its blocks fill the device twice over: from 32 tokens on lm_head and the
+  // dense MLP, 512+ tokens on 4608- and 7168-row shapes (faster than the rows form wherever it
+  // fills the device; its blocks are 4 warps, so fewer blocks leave SMs idle).
+  if (tiled_fits && tiled_groups * token_tiles >= 2 * sm_count) return Form::kTiled;
+  // With fewer groups, a block per range where the ranges are long enough to pay for the ring's
+  // fill and the partials' round trip (q_a_proj and layer 0's gate_up at 32-512 tokens).
+  if (tiled_fits && p.ranges > 1 && p.range_chunks >= kTiledSplitMinChunks && tiled_groups * p.ranges * token_tiles >= sm_count) return Form::kTiledSplit;
+  // Below those, the wgmma form still beats the rows and split forms from 128 tokens once it has a
+  // quarter of the SMs' worth of blocks (o_proj and layer 0's down at 128 tokens, 56 blocks; with
+  // 12 or 5 blocks, q_b_proj and kv_a_proj, it is 2.5-3.6x slower).
+  if (wgmma_prefill && 4 * wgmma_blocks >= sm_count) return Form::kWgmma;
+  // Then the rows form once its blocks fill the device twice over. Below that the split form is faster
+  // even where its warps each read their own x (a form with the rows form's 8 tiles per block and
+  // one range per block, summed across blocks, takes 1.1-5x as long at 32-128 tokens: its last
+  // block per group sums 8 tiles' ranges alone).
+  if (groups > kMaxGridY) return Form::kSplit;
+  return groups * token_tiles >= 2 * sm_count ? Form::kRows : Form::kSplit;
+}
+
+// KDTREE_GEMM_FORM=split|rows|tiled|tiled-split|wgmma forces a form (tests, tuning); read per
+// call; unset or empty, the rule (PreferredForm) picks. A forced form that cannot run the call is an error, not
+// a fallback: a check or a benchmark named for a form must have run that form. The tiled and wgmma
+// forms take 16-bit x from 17 tokens (NT >= 4), the tiled forms in token tiles of 32 or 64, the
+// wgmma form (sm_90a) in tiles of 128.
+Status ForcedForm(const char* v, const Params& p, bool sixteen_bit, bool rows_fit, bool tiled_fit, bool wgmma_fit, Form* form) {
+  const auto cannot = [&](const char* why) { return Unsupported("gemm: KDTREE_GEMM_FORM=", v, " cannot run M = ", p.M, ", N = ", p.N, ", K = ", p.K, ": ", why); };
+  const char* sixteen_bit_only = "the tiled and wgmma forms take bf16 or f16 x of 17 or more tokens";
+  if (std::strcmp(v, "split") == 0) {
+    *form = Form::kSplit;
+  } else if (std::strcmp(v, "rows") == 0) {
+    if (!rows_fit) return cannot("its tile groups exceed a grid's 65535 rows");
+    *form = Form::kRows;
+  } else if (std::strcmp(v, "tiled") == 0 || std::strcmp(v, "tiled-split") == 0) {
+    if (!sixteen_bit) return cannot(sixteen_bit_only);
+    if (!tiled_fit) return cannot("its tile groups exceed a grid or 64 rows of K exceed 32-bit offsets");
+    *form = std::strcmp(v, "tiled") == 0 ? Form::kTiled : Form::kTiledSplit;
+  } else if (std::strcmp(v, "wgmma") == 0) {
+    if (!sixteen_bit) return cannot(sixteen_bit_only);
+    if (!gemm::WgmmaAvailable()) return cannot("the wgmma form is sm_90a code, which this device does not run");
+    if (!wgmma_fit) return cannot("its 128-row groups exceed a grid or 128 rows of K exceed 32-bit offsets");
+    *form = Form::kWgmma;
+  } else {
+    return Invalid("gemm: KDTREE_GEMM_FORM must be split, rows, tiled, tiled-split or wgmma, got '", v, "'");
+  }
+  return Status::Ok();
+}
+
 template <typename X, int NT>
-Form ChooseForm(const Params& p, int token_tiles, int sms) {
+Status ChooseForm(const Params& p, int token_tiles, int sms, Form* form) {
   const int64_t tiled_groups = (p.tiles + kTiledWarps - 1) / kTiledWarps;
   const bool sixteen_bit = NT >= 4 && !std::is_same<X, float>::value;
   // (a thread's copy offsets within 64 rows are 32-bit)
   const bool tiled_fits = sixteen_bit && tiled_groups * p.ranges <= kMaxGridY && int64_t{kTiledRows} * p.K * 2 < (int64_t{1} << 32);
   const int64_t wgmma_groups = (p.N + gemm::kWgmmaRows - 1) / gemm::kWgmmaRows;
   const int64_t wgmma_blocks = wgmma_groups * ((p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens);
-  const bool wgmma_fits = sixteen_bit && wgmma_groups <= kMaxGridY && gemm::WgmmaFits(p) && gemm::WgmmaAvailable();
+  const bool wgmma_size_fits = sixteen_bit && wgmma_groups <= kMaxGridY && gemm::WgmmaFits(p);
   const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
-  if (const char* v = std::getenv("KDTREE_GEMM_FORM")) {
-    if (std::strcmp(v, "split") == 0) return Form::kSplit;
-    if (std::strcmp(v, "rows") == 0 && groups <= kMaxGridY) return Form::kRows;
-    if (std::strcmp(v, "tiled") == 0 && tiled_fits) return Form::kTiled;
-    if (std::strcmp(v, "tiled-split") == 0 && tiled_fits) return Form::kTiledSplit;
-    if (std::strcmp(v, "wgmma") == 0 && wgmma_fits) return Form::kWgmma;
-  }
-  const int64_t sm_count = sms;
-  // The wgmma form: from 512 tokens on every shape with 17+ blocks (run 328 against run 327's
-  // forms at 512 / 2048 tokens: lm_head 399 / 1596 -> 308 / 1225 us, kv_a_proj_with_mqa (20 / 80
-  // blocks) 87.5 / 101.9 -> 75.0 / 87.2, q_a_proj 66.1 / 180.0 -> 65.8 / 137.4); below 512 from
-  // one block per SM with one token tile and from half of that with two or more (run 335, every
-  // form forced at 128 / 256 tokens: lm_head 177 -> 141 us at 128; at 256 o_proj 26.8 -> 17.2,
-  // layer 0's gate_up 90.4 -> 64.9 and down 51.3 -> 28.5, while q_a_proj's 24 blocks and
-  // kv_a_proj_with_mqa's 10 lost 1.5-1.8x; at 128 the 36-56-block shapes were even or lost).
-  const bool wgmma_prefill = wgmma_fits && p.M >= gemm::kWgmmaTokens;
-  const bool several_token_tiles = (p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens >= 2;
-  if (wgmma_prefill && p.M >= 512 && 8 * wgmma_blocks >= sm_count) return Form::kWgmma;
-  if (wgmma_prefill && (several_token_tiles ? 2 * wgmma_blocks : wgmma_blocks) >= sm_count) return Form::kWgmma;
-  // The tiled form once its blocks fill the device twice over: from 32 tokens on lm_head and the
-  // dense MLP, 512+ tokens on 4608- and 7168-row shapes (run 321: faster than the rows form
-  // wherever it fills the device; its blocks are 4 warps, so fewer blocks leave SMs idle).
-  if (tiled_fits && tiled_groups * token_tiles >= 2 * sm_count) return Form::kTiled;
-  // With fewer groups, a block per range where the ranges are long enough to pay for the ring's
-  // fill and the partials' round trip (run 322 at 32 / 64 / 512 tokens: q_a_proj 17.7 / 30.9 /
-  // 94.9 -> 16.1 / 21.6 / 66.2 us; layer 0's gate_up at 32 / 64 tokens 39.6 / 64.0 -> 29.7 / 35.6).
-  if (tiled_fits && p.ranges > 1 && p.range_chunks >= kTiledSplitMinChunks && tiled_groups * p.ranges * token_tiles >= sm_count) return Form::kTiledSplit;
-  // Below those, the wgmma form still beats the rows and split forms from 128 tokens once it has a
-  // quarter of the SMs' worth of blocks (run 327 at 128 tokens, 56 blocks: o_proj 27.4 -> 19.0 us,
-  // layer 0's down 48.0 -> 32.3; with 12 or 5 blocks, q_b_proj and kv_a_proj, 2.5-3.6x slower in
-  // run 323).
-  if (wgmma_prefill && 4 * wgmma_blocks >= sm_count) return Form::kWgmma;
-  // Then the rows form once its blocks fill the device twice over. Below that the split form is faster
-  // even where its warps each read their own x (run 295: a form with the rows form's 8 tiles per
-  // block and one range per block, summed across blocks, took 1.1-5x as long at 32-128 tokens: its
-  // last block per group sums 8 tiles' ranges alone).
-  if (groups > kMaxGridY) return Form::kSplit;
-  return groups * token_tiles >= 2 * sm_count ? Form::kRows : Form::kSplit;
+  const char* forced = std::getenv("KDTREE_GEMM_FORM");
+  if (forced != nullptr && forced[0] != '\0') return ForcedForm(forced, p, sixteen_bit, groups <= kMaxGridY, tiled_fits, wgmma_size_fits, form);
+  *form = PreferredForm(p, token_tiles, sms, tiled_groups, tiled_fits, wgmma_blocks, wgmma_size_fits && gemm::WgmmaAvailable(), groups);
+  return Status::Ok();
 }
 
 // Work space (floats per token tile) and counters (per token tile) of the split form when it sums
@@ -551,7 +570,8 @@ Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
   const size_t elems = static_cast<size_t>(NT) * 4 * 32;
   const int groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   const dim3 block(kBlockWarps * 32);
-  const Form form = ChooseForm<X, NT>(p, token_tiles, sms);
+  Form form;
+  KDTREE_RETURN_IF_ERROR((ChooseForm<X, NT>(p, token_tiles, sms, &form)));
   if (form == Form::kRows) {
     return LaunchChunks(p, token_tiles, nullptr, scratch, s, [&](const Params& q, int n) { return LaunchPdl("gemm (rows form)", GemmRowsKernel<W, X, NT>, dim3(n, groups), block, 0, s, q); });
   }

@@ -4,12 +4,11 @@
 // Why: the tiled form (gemm.cu) multiplies 64 weight rows by up to 64 tokens with mma.sync, each
 // warp loading its x fragments from shared memory for every chunk and token group, and through L2
 // it reads the weights once per 64 tokens and x once per 64 rows: lm_head's rank share at 512
-// tokens moved ~4.7 GB through L2 in 589 us, 0.34x of cuBLAS (run 321). Here a block holds 128
+// tokens moves ~4.7 GB through L2, and runs at a third of cuBLAS's speed. Here a block holds 128
 // weight rows (two MMA warpgroups of 64) and 128 tokens, and the tensor cores read x straight from
 // shared memory as wgmma's B operand: an MMA warp's work per 32-k chunk is two LDS.128 of its
-// weight rows and two wgmmas, and the L2 traffic of 128 x 128 tiles is half the tiled form's.
-// Measured (run 328): lm_head at 512 / 2048 tokens 308 / 1225 us (0.65x / 0.71x of cuBLAS; the
-// tiled form 593 / 2396 in run 327).
+// weight rows and two wgmmas, and the L2 traffic of 128 x 128 tiles is half the tiled form's
+// (lm_head at 512-2048 tokens runs about twice as fast as the tiled form; docs/benchmarks/cuda.md).
 //  * x is staged first (GemmWgmmaStageXKernel) in wgmma's B order. The split form's k order (a
 //    lane's k 8t + 4h + {0..3} fill MMA h's k slots {2t, 2t + 1, 2t + 8, 2t + 9}) puts the 8 k of
 //    one 16-byte core-matrix row in 4 words 16 bytes apart in x, which no async copy gathers.
@@ -38,8 +37,7 @@ constexpr int kChunkBytes = kChunkK * 2;            // one row's (or token's) ch
 constexpr int kWBytes = kWgmmaRows * kChunkBytes;   // a chunk's weights, [128 rows][64 B]: 8 KB
 constexpr int kXBytes = kTokens * kChunkBytes;      // a chunk's staged x, [4 units][128 tokens][16 B]: 8 KB
 constexpr int kStageBytes = kWBytes + kXBytes;
-// Chunks in the ring (128 KB). With a block barrier per chunk instead of the copy warpgroup, 13
-// were 3-7% slower than 8 (run 325).
+// Chunks in the ring (128 KB); a deeper ring (13) was slower.
 constexpr int kStages = 8;
 constexpr int kSmem = kStages * kStageBytes;
 
@@ -146,9 +144,9 @@ static_assert(kPublishLag <= kStages - 3, "see kPublishLag");
 // (the loop unrolled by 3 so that they never move): a set is rewritten while the chunk before is in
 // flight, and with A loaded just before its own wgmma ptxas serialized every wgmma of the kernel
 // (C7513), as with two sets.
-// Why a copy warpgroup (run 328): with all 8 warps copying and meeting at a block barrier per
-// chunk, the warps waited on each other and on the wgmmas (Nsight, run 326: 0.31 eligible warps per
-// scheduler); decoupled, lm_head at 512 / 2048 tokens took 390 / 1549 -> 308 / 1225 us.
+// Why a copy warpgroup: with all 8 warps copying and meeting at a block barrier per chunk, the
+// warps wait on each other and on the wgmmas (Nsight: 0.31 eligible warps per scheduler);
+// decoupled through mbarriers, the kernel is ~1.26x faster.
 template <typename W>
 __global__ void __launch_bounds__(kThreads + 128, 1) GemmWgmmaKernel(Params p, const uint4* xs) {
   extern __shared__ __align__(128) unsigned char ring[];  // [kStages][weights 8 KB, staged x 8 KB], then [kStages] full and empty

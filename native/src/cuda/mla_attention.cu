@@ -20,12 +20,11 @@ constexpr int kQLatR = 32;        // q_lat values per block (one per lane)
 constexpr int kQLatSplit = 8;     // warps per block, each summing dn / 8 of the terms
 constexpr int kQLatTokens = 8;    // tokens per block (<= kQLatSplit: warp k writes token k)
 static_assert(kQLatTokens <= kQLatSplit, "a warp writes each token's sum");
-constexpr int kOutVPerBlock = 8;    // output values per merge block when rows are few (8 instead of 32: decode merge 26 -> 20 us, run 68)
+constexpr int kOutVPerBlock = 8;    // output values per merge block when rows are few (8 rather than 32: more blocks for a decode's few rows, ~1.3x faster)
 constexpr int kCombineAloneRows = 128;  // from this many rows, one merge kernel (CombineOutKernel) instead of two
 // Up to this many rows over the committed prefix (a tree verify of up to 34 tokens at 8 heads) the
-// 24-row whole-chunk tiles are at least as fast as the 64-row staged ones: a 9-token verify 115 ->
-// 83 us, 17 tokens 134 -> 128, 33 tokens 219 either way, 65 tokens 312 -> 383 (runs 212-215,
-// same-run A/Bs).
+// 24-row whole-chunk tiles are at least as fast as the 64-row staged ones (a 9-token verify ~1.4x
+// faster, 33 tokens even); above it they are slower (65 tokens ~1.2x).
 constexpr int kSmallTilesMaxRows = 272;
 
 // The latent cache holds f32 or bf16 values (CacheT): a bf16 cache is half the bytes to keep and
@@ -59,10 +58,10 @@ __device__ __forceinline__ float4 CacheValues4(const __nv_bfloat16* p) {
 
 // q_lat[t, h, r] = sum_i q_nope[t, h, i] kv_b[h * (dn + dv) + i, r]: a block owns 32 values of r
 // of one head (a warp's loads are 128 contiguous bytes of a kv_b row) for up to kQLatTokens
-// tokens, so each kv_b value is read once for all of them (once per token cost a 65-node verify
-// 48 us, Nsight run 63); its 8 warps split i and add up in warp order through shared memory
-// (deterministic, the same order for every token count). One thread per r over all of i left 32
-// blocks on the GPU, each walking 128 rows: 54 us for a decode token (Nsight, run 50).
+// tokens, so each kv_b value is read once for all of them (once per token costs a 65-node verify
+// ~48 us); its 8 warps split i and add up in warp order through shared memory (deterministic, the
+// same order for every token count). One thread per r over all of i would leave 32 blocks on the
+// GPU, each walking 128 rows (~54 us for a decode token).
 __global__ void __launch_bounds__(kQLatR * kQLatSplit) QLatentKernel(const float* q_nope, const void* kv_b, DType kvb_dtype, int T, int H, int dn, int dv, int R,
                                                                    float* q_lat) {
   PdlWait();
@@ -114,9 +113,8 @@ __global__ void KeyCountKernel(const uint8_t* mask, int T, int H, int64_t base, 
 // two small GEMMs on CUDA cores: scores S = [q_lat | q_pe] . [c | kpe]^T (ROWS x 64, over
 // D = R + dr in stages of kTileD through shared memory), the chunk's softmax per row, then the
 // partial context P . c (ROWS x R, kTileCols columns at a time). Every key row is read once per
-// tile instead of once per (token, head): one block per (token, head, chunk) re-read the cache
-// 8 x 65 times for a 65-node tree verify (2.5 ms; run 55 found per-query latency, not traffic,
-// to be what limits that form).
+// tile instead of once per (token, head): one block per (token, head, chunk) re-reads the cache
+// 8 x 65 times for a 65-node tree verify (~2.5 ms, limited by per-query latency, not traffic).
 // Chunks are fixed cuts of each row's key list (the committed slots, then its allowed new tokens),
 // and each row's arithmetic has one order whatever the tile: a score is one f32 FMA chain over d,
 // the softmax runs over the chunk's keys in order in one thread, a context value is one FMA chain
@@ -137,7 +135,7 @@ struct TileLayout {
   static constexpr int kTx = kThreads / 16;
   static constexpr int kRowsPerThread = ROWS / 16;
   static constexpr int kKeysPerThread = kAttnChunk / kTx;
-  static constexpr int kTileD = ROWS <= 16 ? 64 : 32;       // dims of q and keys per stage (128: slower, run 68)
+  static constexpr int kTileD = ROWS <= 16 ? 64 : 32;       // dims of q and keys per stage (128 is slower)
   static constexpr int kTileCols = ROWS <= 16 ? 128 : 64;   // context columns per pass
   static constexpr int kColsPerThread = kTileCols / kTx;
   static constexpr int kQStride = ROWS + 4, kKStride = kAttnChunk + 4, kPStride = ROWS + 4, kCStride = kTileCols + 4;
@@ -363,7 +361,7 @@ __device__ __forceinline__ void Load8AsF32(const void* p, DType t, int64_t i, fl
 // form (many rows) and the two-kernel form (few rows), so a row gets the same bits from either.
 
 // A warp turns each chunk's (m, l) into its weight once (the weights recomputed per thread and per
-// r took 57 us for a decode token; Nsight, run 50). Each lane keeps its chunks' maxima in `weight`
+// r take ~57 us for a decode token). Each lane keeps its chunks' maxima in `weight`
 // (read from global memory once, the loads of a loop in flight together) and reads their sums once.
 __device__ __forceinline__ void ChunkWeights(const float* p, int chunks, int R, float* weight) {
   const int lane = threadIdx.x & 31;
@@ -390,9 +388,9 @@ __device__ __forceinline__ void ChunkWeights(const float* p, int chunks, int R, 
 
 // ctx[r]: one FMA chain over the chunks in order. Spread thin (decode: a few rows over many
 // blocks) each thread's chain is the critical path, and 16 chunks' loads go out before their FMAs
-// (9.1 us against 11.6 with the compiler's unrolling, Nsight run 97). With a block per row the
-// compiler's own unrolling measured best (unrolled by 16: prefill's merge 201 -> 211 us, run 95;
-// not unrolled: verify's 49 -> 86 us, run 96).
+// (~1.3x faster than the compiler's unrolling). With a block per row the compiler's own unrolling
+// measured best (unrolled by 16, prefill's merge is ~5% slower; not unrolled, a verify's merge
+// ~1.75x slower).
 template <bool kSpread>
 __device__ __forceinline__ float ContextValue(const float* p, const float* weight, int chunks, int R, int r) {
   float num = 0.f;
@@ -406,7 +404,7 @@ __device__ __forceinline__ float ContextValue(const float* p, const float* weigh
 }
 
 // ctx[r], ctx[r + 1] (r even, R even: 8-byte loads) for a block per row: ContextValue's chains, with
-// 8 chunks' loads issued before their FMAs (4 or 16: within 1 us, run 247).
+// 8 chunks' loads issued before their FMAs (4 or 16 measure the same).
 __device__ __forceinline__ float2 ContextPair(const float* p, const float* weight, int chunks, int R, int r) {
   constexpr int kUnroll = 8;
   float2 num = make_float2(0.f, 0.f);
@@ -526,11 +524,11 @@ __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, Ke
 
 // Few rows (decode, a small tree): a row's merge is spread over many blocks in two launches. Blocks
 // of kContextCols values of r merge the chunks into ctx (global, [rows, R]); then blocks of
-// kOutVPerBlock values of v project it. One kernel with a block per (row, v range) merged every
-// chunk again in each of its 16 blocks per row (16 x the partial reads: 16 us of a 36 us decode,
-// run 89). The projection is launched programmatically dependent: its blocks prefetch their
+// kOutVPerBlock values of v project it. One kernel with a block per (row, v range) would merge
+// every chunk again in each of its 16 blocks per row (16 x the partial reads: ~16 us of a 36 us
+// decode). The projection is launched programmatically dependent: its blocks prefetch their
 // W_vb rows into L2 while the merge runs, and wait for it only before reading ctx.
-constexpr int kContextCols = 32;  // one warp per block: a decode's 8 rows in 128 blocks, not 32 of 4 warps (decode 0.4 us faster, run 248)
+constexpr int kContextCols = 32;  // one warp per block: a decode's 8 rows in 128 blocks, not 32 of 4 warps (decode ~0.4 us faster)
 __global__ void __launch_bounds__(kContextCols) CombineContextKernel(const float* partial, KeyCounts key_counts, int max_chunks, int R, float* ctx_out) {
   PdlWait();
   PdlLaunchDependents();
@@ -570,10 +568,10 @@ __global__ void __launch_bounds__(256) ProjectOutKernel(const float* ctx_in, int
 // context value one chain over the 64 keys), so both kernels give a row the same bits.
 // 512 threads; phases 1 and 3 give each thread a register tile of rows (ChunkScores,
 // ChunkContext), and a 4-row decode tile still keeps 8 (phase 1) and 16 (phase 3) warps busy.
-// 24 rows: 211 KB of shared memory at D = 576. Against 16 (190 KB): a 9-token verify 90.6 -> 83.3
-// us, 17 tokens 134 -> 128, decode 27.0 -> 26.3, but a 65-token verify's 8-row tail no longer fits
-// beside a 64-row tile block on an SM: 312 -> 320 (run 215). A bf16 cache's chunk is half the
-// bytes (82 KB of keys instead of 148 at D = 576).
+// 24 rows: 211 KB of shared memory at D = 576. Against 16 (190 KB) small verifies and decode are
+// 3-8% faster, at the cost of a 65-token verify's 8-row tail no longer fitting beside a 64-row
+// tile block on an SM (~2.5% slower there). A bf16 cache's chunk is half the bytes (82 KB of keys
+// instead of 148 at D = 576).
 struct ChunkLayout {
   static constexpr int kRows = 24, kThreads = 512, kWarps = kThreads / 32;
   static constexpr int kPStride = kRows + 4;
@@ -918,12 +916,12 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   if (T * H >= kCombineAloneRows) {
     // tokens per block: up to 8 while the blocks stay >= 4 per SM (a row's merge reads all its
     // chunks' partials, 131 KB per row at 64 chunks, so a verify wants its blocks) and their ctx and
-    // chunk weights fit in 48 KB. A 512-token prefill (8 rows of W_vb reuse) 415 -> 382 us; a
-    // 65-node verify with 4-8 rows per block (72-136 blocks) 214 -> 256-277 (run 237; the rule and the grid order: runs 238-241).
+    // chunk weights fit in 48 KB: a 512-token prefill gains 8 rows of W_vb reuse (~8% faster), while
+    // a 65-node verify with 4-8 rows per block (72-136 blocks) would be 1.2-1.3x slower.
     int G = 8;
     while (G > 1 && ((T + G - 1) / G * H < 4 * sms || static_cast<size_t>(G) * (ctx_stride + max_chunks) * sizeof(float) > 48 * 1024)) G /= 2;
     const size_t smem = static_cast<size_t>(G) * (ctx_stride * sizeof(float) + weight_bytes);
-    const dim3 grid(H, (T + G - 1) / G);  // a head's blocks next to each other: prefill 390 vs 399 us (run 240)
+    const dim3 grid(H, (T + G - 1) / G);  // a head's blocks next to each other (they share W_vb in L2; prefill ~2% faster)
     const auto launch = [&](auto kernel) {
       return LaunchPdl("mla combine + out", kernel, grid, dim3(256), smem, s, static_cast<const float*>(partial), key_counts, max_chunks, T, H, R,
                        static_cast<const void*>(a.kv_b.data), a.kv_b.dtype, vector_rows, dn, dv, out);

@@ -18,13 +18,11 @@
 // verify equals decoding, and the tile size is a free choice (TileGroups).
 // Rows are slots t Hp + h, Hp = H rounded up to 8, so a token's heads start an 8-row column group
 // and a tree token's tile (its heads, keys looked up through its mask row) holds no other token.
-// Measured (H200, one Kimi K2 rank: 8 heads over 4096 slots, docs/gpu/notes.md runs 227-235),
-// against the CUDA-core kernels on the same bf16 cache: decode 23.5 -> 21.9 us, a 65-node tree
-// verify 319 -> 214, prefill of 512 tokens 415 -> 370. Under Nsight the attention of the 65-node
-// verify is 156 us (355 before) and now about 70% of the call. What bounds it is per-chunk work
-// besides the MMAs: ~1300 instructions per warp and chunk (the key copy's address arithmetic, the
-// softmax, the stores), with a 16-row tile sharing each chunk's shared-memory reads; a copy per
-// chunk of the q fragments (no double buffer, 32-row tiles) was slower at 164 us (run 230).
+// On one Kimi K2 rank (8 heads over 4096 slots) it is ~1.5x faster than the CUDA-core kernels on
+// the same bf16 cache for a 65-node tree verify (docs/benchmarks/cuda.md). What bounds it is
+// per-chunk work besides the MMAs: ~1300 instructions per warp and chunk (the key copy's address
+// arithmetic, the softmax, the stores), with a 16-row tile sharing each chunk's shared-memory
+// reads; a copy per chunk of the q fragments (no double buffer, 32-row tiles) was slower.
 #include <algorithm>
 
 #include "mla_chunk.cuh"
@@ -96,7 +94,7 @@ struct SlotRows {
 };
 
 // One score slice of a warp's 16 keys for its column groups nt0, nt0 + 2, ...: the three planes of
-// q, smallest first, into the chains `acc`. (A chain per plane was 1-3 us slower, run 234.)
+// q, smallest first, into the chains `acc`. (A chain per plane is slower.)
 template <int NT>
 __device__ __forceinline__ void ScoreSlice(uint32_t keys_addr, const uint2* q, int nt0, int slice, int slices, float (&acc)[(NT + 1) / 2][4]) {
   uint32_t a[4];
@@ -140,9 +138,9 @@ __device__ __forceinline__ void CopyKeys(__nv_bfloat16* dst, const int64_t* slot
 // A block walks chunks_per_block chunks from chunk0 + blockIdx.x * chunks_per_block. With the
 // committed slots on the device (kBaseOnDevice) it walks every gridDim.x-th chunk of the range the
 // resolved base leaves instead: contiguous ranges sized for the bound would put a shorter committed
-// prefix's chunks all in the first few blocks (a 17-node verify at 4096 keys 70 -> 279 us with a
-// bound of 32768, run 286). Host calls keep the contiguous walk: strided with the same ranges, and
-// the resolve in the kernel, cost the 65-node verify's kernel 2.2 us (run 289).
+// prefix's chunks all in the first few blocks (a 17-node verify at 4096 keys would be 4x slower
+// with a bound of 32768). Host calls keep the contiguous walk: strided with the same ranges, and
+// the resolve in the kernel, cost the 65-node verify's kernel ~2 us.
 template <int NT, bool SHARED, bool kBaseOnDevice>
 __global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, const float* q_pe, const __nv_bfloat16* cache_c, const __nv_bfloat16* cache_kpe, const uint8_t* mask, int T, int H, int Hp,
                                                             int R, int dr, bool wide, int64_t base, float scale, int max_chunks, int chunk0, int chunk_end,
@@ -316,7 +314,7 @@ int TileGroups(const AttendMmaArgs& a, bool shared) {
 // chunks with the next one's copy in flight; a decode keeps a chunk per block. With the committed
 // slots on the device the blocks stride over the chunks instead, as many ranges as fit in one wave:
 // a second wave for a few blocks costs a whole walk again once the chunks are spread evenly (a
-// 33-node verify, 17 tiles in 136 blocks, 110 -> 147 us, run 287).
+// 33-node verify, 17 tiles in 136 blocks, ~1.3x slower).
 template <int NT, bool SHARED>
 Status Launch(const AttendMmaArgs& a, int chunks, int chunk0, int sms, cudaStream_t s) {
   const int Hp = PaddedHeads(a.H), Dp = PaddedDims(a.R + a.dr);

@@ -15,8 +15,8 @@ constexpr int kAttnChunk = 64;  // keys per chunk: a token's key list is cut int
 // its mask row allows. Causal (no mask: decode, prefill) that is base + t + 1. With a mask the
 // CUDA-core path counts them in a kernel of its own (`counts`: its attention kernels read them
 // directly); the tensor-core path counts a tile's rows in the attention kernel and a row's in the
-// merge, so no counting kernel sits between a call's q absorption and its attention (a 65-node
-// verify 181 -> 176 us, run 249).
+// merge, so no counting kernel sits between a call's q absorption and its attention (a launch
+// less in the dependent chain).
 struct KeyCounts {
   const int64_t* counts;  // [T H], or null: causal, or counted from the mask
   const uint8_t* mask;    // [T, T], or null: causal
@@ -130,8 +130,8 @@ __device__ __forceinline__ int2 CallChunks(int chunk0, int chunk_end, int64_t ba
 
 // The chunk of a kernel that takes one per block (or -1: none). With the committed slots on the
 // device (kBaseOnDevice) it resolves them first, into `base` and the key counts; host calls take
-// chunk0 + blockIdx.x as launched, with no resolve in their kernels (the f32 verify kernels ran
-// 0.7-1.5 us slower with it, run 290).
+// chunk0 + blockIdx.x as launched, with no resolve in their kernels (the resolve slows the f32
+// verify kernels by ~1 us).
 template <bool SHARED, bool kBaseOnDevice>
 __device__ __forceinline__ int BlockChunk(int chunk0, int64_t& base, KeyCounts& key_counts, const uint8_t* mask) {
   if constexpr (!kBaseOnDevice) {

@@ -1,7 +1,7 @@
 // The MLA output projection on tensor cores, for a bf16 kv_b: out[t, h, v] = W_vb[h, v, :] . ctx[t, h, :]
 // (W_vb[h] = kv_b rows h (dn + dv) + dn .. + dv - 1, [dv, R]). Why: on CUDA cores a many-row merge
 // re-read each row's ctx from shared memory for every v and reduced every (row, v) by a shuffle
-// tree: 155 us of a 512-token prefill (L1 84% busy) and 46 us of a 65-node verify (Nsight, run 245).
+// tree: ~155 us of a 512-token prefill (L1 84% busy) and ~46 us of a 65-node verify under Nsight.
 //  * out^T [v, rows] = W_vb [v, R] . ctx^T: v on the 16-row side (a lane's W_vb values straight from
 //    global memory, 16 bytes per row), up to 8 rows of one head on the 8-wide side. W_vb values are
 //    exact bf16 operands and ctx is split into three bf16 planes (SplitPair), so every product is
@@ -84,8 +84,8 @@ __device__ __forceinline__ void StoreProjectTile(const float (&chains)[kProjectC
 
 // A whole (16 v from v0, `rows` <= 8) tile by one warp: the four chains side by side, each block
 // loaded right before its MMAs. Against 2 or 4 blocks loaded ahead (76 and 117 registers), this
-// keeps the merge kernel that runs it at 4 blocks per SM: a 512-token prefill 167.6 us against
-// 176.6 and 185.0, a 65-node verify 185.5 against 192.0 and 189.2 (run 246).
+// keeps the merge kernel that runs it at 4 blocks per SM, which is 2-10% faster for a prefill and
+// a verify than the loads ahead.
 __device__ __forceinline__ void ProjectTileMma(const __nv_bfloat16* w_vb, int v0, int dv, int R, const float* ctx_rows, int64_t ctx_stride, int rows, float* out, int64_t out_stride) {
   const ProjectLane l(w_vb, v0, dv, R, ctx_rows, ctx_stride, rows);
   float chains[kProjectChains][4] = {};

@@ -2,8 +2,8 @@
 // (W_kb[h] = kv_b rows h (dn + dv) .. + dn - 1, [dn, R]). kv_b values are exact bf16 operands and
 // q_nope is split into three bf16 planes (SplitPair), so the products are exact and the MMA's f32
 // sums the only roundings. Why: the CUDA-core kernel (mla_attention.cu, QLatentKernel) reads a
-// head's 128 KB of W_kb once per 8 tokens and spends an FMA per (token, i, r): 142 us of a 512-token
-// prefill and 23 us of a 65-node verify under Nsight (run 235).
+// head's 128 KB of W_kb once per 8 tokens and spends an FMA per (token, i, r): ~140 us of a
+// 512-token prefill and ~23 us of a 65-node verify under Nsight.
 //  * q_lat^T [R, tokens] = W_kb^T [R, dn] . q_nope^T: r on the 16-row side (`ldmatrix.trans` of the
 //    W_kb rows in shared memory, loaded once per block), tokens on the 8-wide side (their fragments
 //    split from q_nope in registers).
@@ -27,7 +27,7 @@ template <int MT>
 constexpr int kAbsorbStride = kAbsorbR<MT> + 8;
 
 // A block per (head, kAbsorbR<MT> values of r, 8 `groups` tokens). (Prefetching its W_kb rows into
-// L2 before the wait, as the projection does with W_vb, made decode 0.2 us slower: run 248.)
+// L2 before the wait, as the projection does with W_vb, makes decode slower.)
 template <int MT>
 __global__ void __launch_bounds__(kAbsorbThreads) QLatentMmaKernel(const float* q_nope, const __nv_bfloat16* kv_b, int T, int H, int dn, int dv, int R, int groups, float* q_lat) {
   constexpr int kR = kAbsorbR<MT>, kStride = kAbsorbStride<MT>;
@@ -95,9 +95,8 @@ bool QLatentMmaFits(const void* kv_b, DType kvb_dtype, const float* q_nope, int 
 }
 
 // Token groups per block: 4 from 256 tokens (W_kb fragments reused for 32 tokens), 2 from 128, else
-// 1: a small verify wants the blocks (33 tokens in blocks of 32: 122 -> 129 us, run 243). Below
-// 128 tokens a warp takes one r tile instead of two: twice the blocks (64 at decode on one rank;
-// decode 21.8 -> 21.55 us, run 248).
+// 1: a small verify wants the blocks (33 tokens in blocks of 32 is ~6% slower). Below 128 tokens a
+// warp takes one r tile instead of two: twice the blocks (64 at decode on one rank).
 Status LaunchQLatentMma(const float* q_nope, const __nv_bfloat16* kv_b, int T, int H, int dn, int dv, int R, float* q_lat, cudaStream_t s) {
   const int groups = T >= 256 ? 4 : T >= 128 ? 2 : 1;
   static_assert(kAbsorbMaxGroups == 4, "the rule above");

@@ -27,8 +27,8 @@ __device__ float BlockSum(float v, float* shared32) {
   return total;
 }
 
-// One block per token; its row's loads issued four at a time per thread (one at a time took 5.6 us
-// for a 7168-wide bf16 row, run 277: a decode step's embedding is one block, bound by load latency).
+// One block per token; its row's loads issued four at a time per thread (a decode step's embedding
+// is one block, bound by load latency: one load at a time is ~1.7x slower for a 7168-wide bf16 row).
 constexpr int kEmbedThreads = 512;
 __global__ void __launch_bounds__(kEmbedThreads) EmbeddingKernel(const void* table, DType dtype, int64_t rows, int H, const int32_t* ids, float* out) {
   PdlWait();
@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(kEmbedThreads) EmbeddingKernel(const void* tab
 // the same bits in any call, whether its loads are float4 (kVector: H % 4 == 0, x and out on 16
 // bytes) or not. A decode step's row is one block, bound by the latency of its loads: a thread issues
 // kNormUnroll chunks at a time, keeps the first round (all of a row up to H 8192) in registers for
-// the output, and loads its weights before the reduction (one float per thread in sequence took
-// 10.5 us for H 7168, run 271).
+// the output, and loads its weights before the reduction (one float per thread in sequence is ~3.5x
+// slower for H 7168).
 constexpr int kNormThreads = kRmsNormThreads;
 constexpr int kNormUnroll = 4;
 template <bool kVector>
@@ -174,7 +174,7 @@ __global__ void AddKernel(const float* a, const float* b, float* out, int64_t n)
 // The warp's best (value, index) pair, by value and then by the lower index (the order of the
 // router's picks), as every lane sees it; index -1 where no lane has one. Two redux.sync: the largest
 // value as an order-preserving key (-0 counted as +0, as a float compare does), then the lowest index
-// among the lanes that hold it (run 274: with 10 shuffles and compares, each of 8 picks took ~0.8 us).
+// among the lanes that hold it (10 shuffles and compares instead cost ~0.8 us per pick).
 __device__ __forceinline__ int WarpBestIndex(float v, int i) {
   const uint32_t key = i < 0 ? 0u : OrderKey(v + 0.f);
   const uint32_t best_key = __reduce_max_sync(0xffffffffu, key);
@@ -183,8 +183,8 @@ __device__ __forceinline__ int WarpBestIndex(float v, int i) {
 }
 
 // One block per token. Group scores a warp per group; the group and expert picks on warp 0, each
-// pick the best of every lane's strided candidates (8 picks of 384 experts on one thread took 130 us
-// a token, run 271). Ties go to the lower index, as in the reference (@kdtree/reference route).
+// pick the best of every lane's strided candidates (8 picks of 384 experts on one thread take
+// ~130 us a token). Ties go to the lower index, as in the reference (@kdtree/reference route).
 __global__ void RouterKernel(const float* logits, const float* bias, int E, int topk, int n_group, int topk_group, bool norm, float scaling,
                              int32_t* ids, float* weights) {
   PdlWait();
@@ -312,7 +312,7 @@ __global__ void RouterKernel(const float* logits, const float* bias, int E, int 
 // (segment, row) take the best of kArgmaxSegment values each (float4 loads where the rows allow, four
 // in flight per thread), then a warp per row the best of its segments. The pair order makes the
 // result the row's argmax however the row is cut (one 1024-thread block per row, 160 loads in
-// sequence per thread, took 37 us for a 163840-wide row, run 277).
+// sequence per thread, is ~9x slower for a 163840-wide row).
 constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxSegment = 4096;
 __device__ __forceinline__ void KeepBest(float& v, int& i, float ov, int oi) {

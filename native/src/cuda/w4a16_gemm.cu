@@ -9,8 +9,8 @@
 //    load is 512 contiguous bytes), kRing steps ahead in a register ring (no shared memory).
 //    One LOP3 + one HSUB2 turn a nibble pair into an exact bf16x2 (or f16x2) code pair q = u - 8.
 //  * x: the layout's k order makes a lane's B fragments for both k16 slices of a 32-k block eight
-//    consecutive k, one 16-byte load (layout v2; v1's 8-byte load per slice cost 18432x7168 at
-//    8 tokens 28.2 us against 23.0 now: each load of 8 token rows is 8 L1 wavefronts). Up to 8
+//    consecutive k, one 16-byte load (layout v2; an 8-byte load per slice would make each load of
+//    8 token rows 8 L1 wavefronts instead of 4). Up to 8
 //    tokens with K a multiple of 128, x is read in place (L1-resident, no K-tail predicates);
 //    otherwise a staging kernel first rewrites it in fragment order, zero-padded, so a warp's load
 //    is 512 contiguous bytes; at 9-16 tokens each warp copies its next step of it into shared
@@ -31,16 +31,14 @@
 //    independent; the ranges depend only on N, K and the device), so results are batch-invariant.
 //  * At 17+ tokens on large N, w4a16_wgmma.cu's warpgroup kernel (sm_90a) takes over: whole tiles
 //    per warp and x shared by four warps through the tensor cores, replaying these ranges' rounding.
-// Measured limits (docs/gpu/notes.md, docs/benchmarks/cuda.md): at M = 1 the kernel streams 85-88%
-// of the copy bandwidth on H200 on the large shapes (runs 157-164); a pure read at its occupancy
-// reaches 85-87%, at 4 blocks per SM 92-94% (tools/gpu/stream_floor.cu). In run 78 (then at ~75%)
-// its loads alone ran at the floor, the step arithmetic (~150-160 instructions per KB of weights,
-// 88 of them dequantization; 8 HMMA.16816 per KB at M <= 8, 16 at M <= 16) cost 3.4-3.8 us per
-// large-shape launch and the end (barrier, split-tile combine, stores) 1.4-2.1 us. The arithmetic
-// is bound by its dependency chains and control code at 4 warps per scheduler, not by its
-// dequantization count: dropping the HSUB2s (biased codes, runs 76-77) and a deeper shared-memory
-// ring (run 80) were both slower, a flatter loop with the same instruction count faster (runs
-// 155-157).
+// Limits (docs/benchmarks/cuda.md; the measurements behind them in docs/gpu/notes.md): at M = 1
+// the kernel streams the large shapes as fast as a pure read in its own access pattern and
+// occupancy (tools/gpu/stream_floor.cu); a read at 4 blocks per SM, which 128 registers per thread
+// do not allow, is a few percent faster. The step arithmetic (~150-160 instructions per KB of
+// weights, 88 of them dequantization; 8 HMMA.16816 per KB at M <= 8, 16 at M <= 16) is bound by
+// its dependency chains and control code at 4 warps per scheduler, not by its dequantization
+// count: fewer dequantization instructions (biased codes) and a deeper shared-memory ring were
+// both slower, a flatter loop with the same instruction count faster.
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
@@ -60,7 +58,7 @@ template <typename X>
 using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
 
 // A block's warps split its step range and combine the tiles they share in shared memory; only a
-// tile that crosses a block boundary is combined across blocks, by one exchange (run 45).
+// tile that crosses a block boundary is combined across blocks, by one exchange.
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 // Pieces per warp of a MoE verify launch whose split gives a warp fewer than kPiecesMinSteps steps
@@ -69,36 +67,29 @@ constexpr int kPiecesMax = 4;
 constexpr int kPiecesMinSteps = 16;
 // Steps in flight per warp: at one token group 3 KB of weights in registers, with 16 warps per SM
 // (<= 128 registers) 48 KB per SM; with more groups fewer, which leaves their x and accumulators
-// the registers. Same-run A/Bs: a ring of 2 everywhere (run 161) made M = 16 0.2-0.8 us faster on
-// every shape, 4096x7168 M = 32 20.5 -> 19.35 and M = 64 40.45 -> 38.3, 7168x18432 M = 32 81 ->
-// 78.7, but M = 1 0.5-0.6 us slower on the large shapes and the MoE verify step 2077 -> 2113 us;
-// a ring of 1 above one group (run 163) made M = 32 faster still (7168x18432 78.9 -> 73.65,
-// 4096x7168 19.35 -> 18.6) but M = 64 on 4096x7168 38.25 -> 39.45 and M = 16 on the large shapes
-// 0.3-0.7 us slower. Letting 16- and 32-token tiles use more registers at 12 warps per SM was
-// 10-45% slower (runs 38 and 40); 20 warps per SM spill (run 43).
+// the registers. Each depth is the fastest one measured for its token groups: a deeper ring slows
+// the 2- and 4-group tiles (their x needs the registers), a shallower one the one-token stream.
+// Tiles given more registers at 12 warps per SM were slower; 20 warps per SM spill.
 template <int NT>
 constexpr int kRing = NT == 1 ? 3 : NT == 4 ? 1 : 2;
 // Steps a decode launch (one token group, dense) prefetches into L2 before it waits for the
-// previous kernel. Measured (runs 109-112, M = 1): 2 steps 18432x7168 22.9 -> 21.9 us, 7168x2048
-// 6.7 -> 5.9; 3-4 steps a little less, 8-16 slower on the large shapes (the prefetches then compete
-// with the previous kernel's last warps); with more token groups (x staged) it was slower. Since
-// the launch start got shorter (run 125), 1 step is 0.1-0.2 us faster than 2 on every shape but
-// 7168x2048 (+0.1) (run 129).
+// previous kernel: the weight stream starts while that kernel drains. More steps compete with the
+// previous kernel's last warps (8-16 were slower on the large shapes), and with more token groups
+// (x staged) prefetching was slower; one step is the fastest measured.
 constexpr int kPrefetchSteps = 1;
 constexpr int kWarpsPerSm = 16;          // stream-K ranges per SM and weight matrix (= resident warps up to 32 tokens)
 // Token tiles per launch. Staged x (16 tiles of 64 tokens: 15 MB at K = 7168) bounds a chunk at
 // kChunkTiles; read in place, only the exchange slots do, up to kChunkExchangeBytes of them. Fewer
 // launches are faster where a launch has many tiles: every launch ends on a tail, and a MoE launch
-// runs all of its tile slots while the routing (on the device) fills only some: the 65-token MoE
-// verify step (449 slots per projection, ~290 used) took 2074 us in launches of 16 tiles, 1910 in
-// 128, 1873 in 256 and 1848 in one launch of 512 (run 168, same-run A/B); on one rank's experts
-// (I = 256) 539 -> 388 us (run 169). A block that loops over several tiles instead (run 172) was
-// no faster there and slowed the kernel's other uses by up to 0.5 us.
+// runs all of its tile slots while the routing (on the device) fills only some (a 65-token MoE
+// verify step has ~450 slots per projection, ~290 used), so read in place a MoE launch takes all
+// of them at once. A block that loops over several tiles instead was no faster there and slowed
+// the kernel's other uses.
 constexpr int kChunkTiles = 16;
 constexpr size_t kChunkExchangeBytes = size_t{32} << 20;
 
 // Where the NT-token-group kernel divides: with the multiply the 16-token kernel's loop came out
-// slower (run 124: 18432x7168 M = 16 34.45 -> 35.1 us, same-run A/B), so that one keeps the division.
+// slower (the compiler schedules it worse), so that one keeps the division.
 template <int NT>
 __device__ __forceinline__ int Quotient(const Divisor& v, int n) {
   if constexpr (NT == 2) {
@@ -117,8 +108,8 @@ __device__ __forceinline__ int Quotient(const Divisor& v, int n) {
 //  kEvenColumns  2-4 tokens per tile (NT = 1), token u in MMA column 2 u (read in place by the
 //             lanes g = 2 u, 2 u + 1): as in the one-token form the odd columns are not scaled,
 //             parked or exchanged, so a step has 8 scale FMAs instead of 16. One token keeps a
-//             form of its own: as an even-column tile it measured 0.05-0.2 us slower at M = 1
-//             (runs 341-343), the same arithmetic in a different schedule.
+//             form of its own: as an even-column tile it is slightly slower at M = 1 (the same
+//             arithmetic in a different schedule).
 //  kXInPlace  two groups reading the x rows in place, as one group does (ChooseForm says where)
 enum class Form { kStandard, kOneToken, kEvenColumns, kXInPlace };
 // Tokens per tile of the even-column form.
@@ -194,8 +185,8 @@ __device__ __forceinline__ BlockB<X> LoadBlockB(const X* xk, bool valid) {
   }
 }
 // The same from the warp's shared-memory copy of staged 16-bit x (SharedX), by its 32-bit shared
-// address: a generic pointer into shared memory made the compiler rebuild the shared window base
-// (S2R SR_CgaCtaId, LEA) at every step (run 329).
+// address: a generic pointer into shared memory makes the compiler rebuild the shared window base
+// (S2R SR_CgaCtaId, LEA) at every step.
 template <typename X>
 __device__ __forceinline__ BlockB<X> SharedBlockB(uint32_t addr) {
   static_assert(!std::is_same<X, float>::value, "f32 x is never staged (StagesX)");
@@ -301,21 +292,20 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 }
 
 // MoE with few (token, expert) pairs (a decode step): every block orders the pairs by expert itself
-// instead of waiting for a MoeSortKernel launch (a separate sort cost each projection one more
-// kernel in the chain; run 119: MoE decode step 72.0 -> 69.8 us). Same convention as the sort:
+// instead of waiting for a MoeSortKernel launch (a separate sort costs each projection one more
+// kernel in the dependent chain, which at decode is latency). Same convention as the sort:
 // logical rows are the valid pairs in expert order (pair order within an expert), cut into tiles of
 // tile_tokens rows per expert; the rows of this block's tile get x_row/out_row written (other
 // blocks of the tile write the same values). Block-wide: every thread calls it; returns false when
 // the tile does not exist.
 // Its shared memory comes after the kernel's other dynamic shared memory, and only one-token-group
 // launches have it: a static array here would also sit in every 16-token block, whose 80 KB then no
-// longer fit twice per SM (18432x7168 M = 16 36 -> 87 us in runs 117-118; 36 again in run 119).
+// longer fit twice per SM (which more than doubles the 16-token time).
 constexpr int kRoutePairsMax = 32;
 constexpr int kRouteSharedBytes = (2 * kRoutePairsMax + 4) * sizeof(int);
 // kTileRows is tile_tokens: 8 (one token group), 4 in the even-column form, or 1 in the one-token
 // form (a tile per pair).
-// A compile-time count: with the tile size read at run time a MoE decode step took 0.4 us longer
-// (run 341).
+// A compile-time count: with the tile size read at run time a MoE decode step is measurably slower.
 template <int kTileRows>
 __device__ bool RouteTile(const GemmParams& p, int tile, int* shared, int* expert, int* row_start, int* rows) {
   int* expert_of = shared;                       // [kRoutePairsMax]
@@ -387,13 +377,13 @@ __global__ void StageXKernel(const GemmParams p, int chunk_tiles, X* xs) {
   reinterpret_cast<uint4*>(xs)[i] = v;
 }
 
-// kSilu: the SiLU epilogue (p.silu_mul), a compile-time choice in every kernel that has it: at run
-// time its code raised the registers and stack of the plain instances too (run 261: the prefill
-// kernel 154 -> 168 registers and 1.6-4% slower at 512-2048 tokens, the 1-token expert GEMMs +0.1 us).
+// kSilu: the SiLU epilogue (p.silu_mul), a compile-time choice in every kernel that has it: as a
+// run-time flag its code raises the registers and stack of the plain instances too (the prefill
+// kernel by 14 registers, a few percent slower).
 template <int NT, Form F, bool kSilu>
 __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[NT][4], int tile, int row_start, int rows, int g, int t) {
   // The even-column form skips its dead columns; the one-token form keeps its guarded stores of
-  // them (never taken), the code its M = 1 times were measured with (run 344).
+  // them (never taken): removing them changes its schedule, not its bytes, and was no faster.
   constexpr bool kEven = F == Form::kEvenColumns;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -416,16 +406,15 @@ __device__ __forceinline__ void StoreTile(const GemmParams& p, const float (&v)[
 // tile) is then finished by whichever of its two blocks comes second: one 64-bit exchange per
 // element hands over the other's sum, and a + b = b + a exactly, so the result does not depend on
 // which block was first. No global fence or counter: the value travels in the atomic (a fence +
-// counter + reload chain at the end of every warp's range cost ~2.5 us per call, run 44). A
-// per-tile shared-memory counter instead of the barrier (no warp waits for another) measured
-// slower everywhere (run 46).
+// counter + reload chain at the end of every warp's range costs ~2.5 us per call). A per-tile
+// shared-memory counter instead of the barrier (no warp waits for another) is slower everywhere.
 template <int NT>
 constexpr int kSlotFloats = NT * 8 * w4::kTileRows;
 // Whether a warp copies its next step's staged x into shared memory (cp.async) while it computes
-// the current one. At 16 tokens the x loads, issued right before their MMAs, were the top stall
-// (long scoreboard, run 57); 2 KB per token group and step, two slots per warp (three, copied two
-// steps ahead, were slower: run 331). Only at NT = 2: at NT = 4 the slots leave one block per SM,
-// faster on the dense shapes and slower on the expert ones (run 65).
+// the current one: at 16 tokens the x loads, issued right before their MMAs, are otherwise the top
+// stall (long scoreboard). 2 KB per token group and step, two slots per warp (three, copied two
+// steps ahead, are slower). Only at NT = 2: at NT = 4 the slots leave one block per SM, faster on
+// the dense shapes and slower on the expert ones.
 template <int NT, Form F>
 constexpr bool SharedX() { return NT == 2 && F != Form::kXInPlace; }
 constexpr int kXSlots = 2;
@@ -525,7 +514,7 @@ __device__ __forceinline__ void CombineTile(const GemmParams& p, const BlockRang
   }
   // The boundary between blocks b and b + 1 has exchange slot b. All of a lane's exchanges are in
   // flight before any result is looked at: checking each before issuing the next cost one round
-  // trip per element (4 per lane at 8 tokens, 32 at 64: the 6-17% loss at 16-64 tokens of run 45).
+  // trip per element (4 per lane at 8 tokens, 32 at 64: 6-17% of the time at 16-64 tokens).
   const int boundary = t0 < br.begin ? blockIdx.x - 1 : blockIdx.x;
   uint64_t* slots = p.exchange + (static_cast<int64_t>(blockIdx.y) * p.range_blocks + boundary) * kSlotFloats<NT>;
   if constexpr (kSilu) {
@@ -624,21 +613,17 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
   const S* ld_s = sq + (static_cast<int64_t>(first_tile) * p.blocks + ld_step / kStepsPerBlock) * w4::kScalesPerBlock;
   // kRing + 1 register slots, the loop unrolled over them: step i reads slot i % kSlots while step
   // i + kRing loads into another, so no slot is copied aside before its reload (with kRing slots
-  // the compiler moved each step's 12 registers: ~28 of ~210 instructions per step; run 42).
+  // the compiler moves each step's 12 registers: ~28 of ~210 instructions per step).
   constexpr int kSlots = kRing<NT> + 1;
   uint4 ring_w[kSlots][2];
   ScaleFrag<S> ring_s[kSlots];
   // The flat loop: the cursor advances whether or not the range has a step left to load, so that
   // the unrolled slots address their loads as immediate offsets from one pointer per iteration (at
   // G = 32 a step is one scale block and tiles' blocks follow each other, so the scale cursor is
-  // linear too), and a step ends a tile's segment when it reaches a precomputed step index.
-  // Measured (runs 155-156, same-run A/B): at one token group M = 1-8 0.4-1.1 us faster on the
-  // large shapes (18432x7168 M = 1 20.8 -> 20.15 us, 7168x18432 21.45 -> 20.4), MoE decode step
-  // 63.9 -> 62.2; at four groups (M = 17-32 where the warpgroup kernel does not run) 4096x7168 M =
-  // 32 20.9 -> 20.4, 7168x18432 83 -> 80.6; but at two and eight groups slower (M = 16 0.3-0.6 us,
-  // 4096x7168 M = 64 40.4 -> 42.4): the compiler's schedule and spills of those loops change for
-  // the worse, so they keep the per-step cursor (so does the in-place form at two groups: 4096x7168
-  // M = 16 11.45 -> 12.4, run 158).
+  // linear too), and a step ends a tile's segment when it reaches a precomputed step index. It is
+  // faster at one and four token groups (~1 us at M = 1 on the large shapes); at two and eight
+  // groups the compiler's schedule and spills of the flat loop are worse, so they keep the
+  // per-step cursor (so does the in-place form at two groups).
   constexpr bool kFlatLoop = kFlatLoopFor(NT);
 #define KDTREE_ISSUE(SLOT)                                                                                                           \
   do {                                                                                                                               \
@@ -693,9 +678,9 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
   // A lane reads back only the 16-byte units it copied itself (its B fragments), so its own
   // cp.async.wait_group orders copy and read: no warp barrier. The addressing is set up once: the
   // copy source advances 2 KB a step, wrapping to step 0 at a tile end (x does not depend on the
-  // weight tile), and the slots alternate by one XOR. Run 330: 259 -> 224 instructions per step,
-  // 18432x7168 at 16 tokens 33.8 -> 31.0 us (a generic pointer into shared memory made the
-  // compiler rebuild the shared window base and both copy addresses at every step).
+  // weight tile), and the slots alternate by one XOR (a generic pointer into shared memory makes
+  // the compiler rebuild the shared window base and both copy addresses at every step: ~35 more
+  // instructions per step).
   constexpr bool kSharedX = SharedX<NT, F>();
   constexpr uint32_t kXSlotBytes = NT * kXStepBytes;
   const uint32_t x_lane = static_cast<uint32_t>(__cvta_generic_to_shared(shared_partials)) + kWarps * 2 * kSlotFloats<NT> * sizeof(float) + wib * kXSlots * kXSlotBytes + 16 * lane;
@@ -719,7 +704,7 @@ __global__ void __launch_bounds__(kThreads / kPieces, (NT <= 4 ? kWarpsPerSm / k
   int piece_first_tile = tile;
   int seg_end = min(piece_end, (tile + 1) * p.steps);  // where this piece's part of `tile` ends (a step index)
   // x of this step: in place (one token group) a pointer advanced step by step (no per-step
-  // address arithmetic, run 43); staged, an offset from the step index (cheaper for several groups)
+  // address arithmetic); staged, an offset from the step index (cheaper for several groups)
   constexpr int kXPerStep = kStaged ? 8 * 32 * 4 : w4::kStepK;  // elements per step (staged: 8 slices x 32 lanes x 4)
   const X* x_step = xr[0] + step * kXPerStep;
   for (int base = f_begin; base < f_end; base += kSlots) {
@@ -794,7 +779,7 @@ __global__ void MoeSumKernel(const float* pair, int T, int topk, int N, const fl
 
 // MoE: counts pairs per expert, orders them by expert and cuts tiles of <= tile_rows rows. Every
 // thread owns a contiguous run of experts, and one block-wide scan gives each run its first row and
-// first tile (a single thread walking the 384 experts took 30 us, half of a decode step; run 50).
+// first tile (a single thread walking the 384 experts through global memory takes ~30 us).
 // Positions inside an expert are not deterministic, and need not be: rows are independent.
 __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int experts, bool gather, int tile_rows,
                               int* x_row, int* out_row, Tile* tiles, int* num_tiles, int* counts) {
@@ -840,8 +825,7 @@ __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int exper
 // decode launch streams (top-k experts of a token), in blocks of kWarps; a block's range is at
 // least one tile, so a tile spans at most two blocks. A caller may ask for longer warp ranges
 // (MoeGemmArgs::min_warp_steps): fewer blocks per expert, which a verify that uses most experts
-// runs faster and a decode step slower (one rank's experts, I = 256, 16 steps: verify 388 -> 313
-// us, decode 18.2 -> 25.2; runs 170-171).
+// could run faster and a decode step runs slower (docs/benchmarks/cuda.md, the MoE table).
 struct Ranges {
   int steps_per_block, steps_per_warp, blocks;
 };
@@ -921,15 +905,11 @@ Status LaunchNt(const GemmParams& p, int nt, Form form, int pieces, int group, d
 }
 
 // The kernel's form for a launch (see Form). Up to 4 tokens per tile: the one-token and even-column
-// forms drop half of the 16 scale FMAs per step and half of a tile's parks (run 153, one token:
-// 18432x7168 M = 1 20.85 -> 20.6 us, MoE decode step 63.75 -> 63.5; run 341, 2-4 tokens, from
-// tiles of 8: 18432x7168 M = 2 / 3 / 4 20.5 / 20.6 / 20.7 -> 20.15 / 20.25 / 20.3, 7168x2048
-// 4.85 / 4.9 / 4.95 -> 4.7 / 4.7 / 4.75, 4096x7168 7.1 / 7.2 / 7.2 -> 6.9 / 7.0 / 7.0).
-// Two token groups of bf16 x read in place on matrices of up to 8192 x 8192 (the expert shapes):
-// no staging launch and no per-warp copy, 4096x7168 M = 16 12.55 -> 11.45 us, 7168x2048 8.7 ->
-// 7.5 (run 158); on the dense shapes in place was slower (18432x7168 34.45 -> 34.7, 7168x18432
-// 36.25 -> 39.25, whose 16 rows of x are 590 KB), so they stay staged. In place needs whole steps
-// of K (no K-tail predicates on the x loads).
+// forms drop half of the 16 scale FMAs per step and half of a tile's parks, which makes 1-4 tokens
+// cost about what one does. Two token groups of bf16 x read in place on matrices of up to
+// 8192 x 8192 (the expert shapes): no staging launch and no per-warp copy; on the dense shapes,
+// whose 16 rows of x are 590 KB, in place is slower, so they stay staged. In place needs whole
+// steps of K (no K-tail predicates on the x loads).
 Form ChooseForm(const GemmParams& p, DType x, int nt) {
   if (nt == 1 && p.tile_tokens == 1) return Form::kOneToken;
   if (nt == 1 && p.tile_tokens <= kEvenColumnTokens) return Form::kEvenColumns;
@@ -942,9 +922,9 @@ Form ChooseForm(const GemmParams& p, DType x, int nt) {
 // consecutive warps' ranges instead, in blocks of kWarps / kPiecesMax warps. The split and its
 // rounding stay those of the decode step, which needs the short ranges to fill the GPU with 8
 // experts, while a warp's weight stream gets 4 times longer, so its ring fills and drains once per
-// 4 ranges instead of once per range of 4-7 KB. One tensor-parallel rank's 65-token verify step (7
-// and 4 steps per range): 389.6 -> 318.9 us with 2 pieces, 301.5 with 4, decode unchanged (run 189);
-// `minWarpSteps: 16`, which lengthens the ranges themselves, took 318 and the decode step 24 us.
+// 4 ranges instead of once per range of 4-7 KB (a tensor-parallel rank's 65-token verify step, 7
+// and 4 steps per range, runs ~1.3x faster; decode is unchanged). `minWarpSteps: 16`, which
+// lengthens the ranges themselves, is no faster there and slows the decode step.
 int PiecesPerWarp(const GemmParams& p, DType x, int nt, Form form, const Ranges& r) {
   const bool eligible = x == DType::kBF16 && nt == 1 && form != Form::kXInPlace && p.moe_tiles != nullptr && p.route_ids == nullptr;
   return eligible && r.steps_per_warp < kPiecesMinSteps ? kPiecesMax : 1;
@@ -959,24 +939,18 @@ size_t ScratchAfter(size_t used, int chunk, int nt, Form form, int slices, DType
 // Dense bf16 x of 17 or more tokens runs on the warpgroup kernel (w4a16_wgmma.cu) where the binary
 // and the device have it: the same bits as the stream-K kernels (it replays their ranges), and the
 // weights streamed once per 32 tokens with x read by the tensor cores from shared memory, instead of
-// 8-16 KB of x per warp and KB of weights (18432x7168: M = 32 76 -> 48 us, 64 149 -> 77, 128 293
-// -> 135; runs 142-148). At 9-16 tokens its 16-token form was slower than the stream-K kernel (38 vs
-// 34.5 us), so those stay there. A warpgroup takes 4 whole tiles and one token tile, and a launch
-// needs >= 1.5 warpgroups per SM from N and its token tiles together (runs 145-146: 1.5 took
-// 4096x7168 M = 128 78 -> 51 us, 7168x2048 M = 64 26 -> 18, 7168x18432 M = 64 154 -> 115 and made
-// nothing slower; 0.8 made 7168x18432 M = 32 84 -> 113; at 112 warpgroups, one per SM, M = 16 was
-// 2.3x slower in run 136). Since its dequant-ahead form (run 182), 0.75 per SM pays from 2 token
-// tiles on, where the stream-K kernel's 64-token tiles read 16 KB of x per warp and KB of weights
-// (4096x7168 M = 64 38.4 -> 34.05 us), but not at one (7168x18432 M = 32 73.7 -> 77.35,
-// 7168x2048 12.4 -> 12.9; run 185).
+// 8-16 KB of x per warp and KB of weights (at 32-128 tokens on the large shapes 1.6-2.2x faster).
+// At 9-16 tokens its 16-token form is slower than the stream-K kernel, so those stay there. A
+// warpgroup takes 4 whole tiles and one token tile, and a lone warpgroup per SM is latency-bound:
+// a launch needs >= 1.5 warpgroups per SM from N and its token tiles together, or >= 0.75 from 2
+// token tiles on (its dequant-ahead form hides the latency there, where the stream-K kernel's
+// 64-token tiles read 16 KB of x per warp), but not at one token tile.
 // Token tiles per launch: enough for kWgmmaLaunchGroups warpgroups (at least 16 token tiles, at
 // most 64), and no more than kWgmmaStagedBytesMax of staged x. Prefill runs many chunks, and a
 // launch of few warpgroups leaves SMs idle (4096x7168 at 4 token tiles: 256 warpgroups for 396
-// slots) and ends on a tail: 16 instead of 4 took 4096x7168 M = 512 196.6 -> 124.4 us, M = 2048
-// 786 -> 492; 7168x18432 M = 2048 2610 -> 2034; 18432x7168 M = 2048 2171 -> 2032 (run 177). On
-// the expert shapes (64-112 warpgroups per token tile) 32 and 64 were faster still at M = 2048
-// (run 183: 4096x7168 471 -> 457.5 / 443 us, 7168x2048 273 -> 256 / 247); on the dense ones
-// (112-288) within noise. M <= 512 has at most 16 token tiles.
+// slots) and ends on a tail: at least 16 token tiles per launch made prefill of the expert shapes
+// up to 1.6x faster, and up to 64 helps the expert shapes (64-112 warpgroups per token tile) while
+// the dense ones (112-288) do not care. M <= 512 has at most 16 token tiles.
 constexpr int kWgmmaLaunchGroups = 8192;
 constexpr int kWgmmaChunkTilesMin = 16, kWgmmaChunkTilesMax = 64;
 constexpr size_t kWgmmaStagedBytesMax = size_t{128} << 20;
@@ -995,29 +969,39 @@ bool UseWgmma(const GemmParams& p, DType x, int sms) {
 }
 // Prefill sizes take w4a16_prefill.cu's kernel: a producer warpgroup dequantizes each weight once
 // per 128 tokens into shared memory for two consumer warpgroups. Each of its blocks walks all of K
-// for 64 rows, so it needs most SMs busy in its first wave (>= 3/4 of a block per SM). Same-run
-// timings against the 32-token kernel (run 203, us, 32-token -> prefill): from 256 tokens it is
-// faster or even on every Kimi K2 shape (4096x7168 M = 256 66.6 -> 52.0, 2048 446 -> 387;
-// 7168x2048 M = 1024 129 -> 117; 7168x18432 M = 512 481 -> 443, 1024 1000 -> 779); at 128 tokens
-// it is not (4096x7168 36.9 -> 50.6: 64 blocks; 18432x7168 132 -> 138), though 7168x18432 would
-// gain there (156 -> 114). Run 337 measured why: one token tile of the prefill kernel costs about
-// what 4 of the 32-token kernels' tiles do where its blocks make one wave, mostly full (the
-// 7168-row shapes' 112 blocks: 7168x18432 M = 128 155.4 -> 114.2 us, 7168x2048 24.3 -> 22.2), and
-// loses with half a wave (4096x7168: 64 blocks) or two and a bit (18432x7168: 288); at 192 tokens
-// its second, half-empty tile lost everywhere (7168x18432 210.3 -> 220.7).
+// for 64 rows, so it needs most SMs busy in its first wave (>= 3/4 of a block per SM). Against the
+// 32-token kernel it is faster or even on every Kimi K2 shape from 256 tokens. Below that, one
+// token tile of the prefill kernel costs about what 4 of the 32-token kernel's tiles do where its
+// blocks make one wave, mostly full (the 7168-row shapes' 112 blocks at 97-128 tokens, where it is
+// ~1.35x faster), and loses with half a wave (4096x7168: 64 blocks), two and a bit (18432x7168:
+// 288), or a second, half-empty tile (129-255 tokens).
 constexpr int kPrefillMinTokens = 256;
 constexpr int kPrefillMinBlocksPerFourSms = 3;
 // KDTREE_W4A16_PREFILL=always|never overrides the rule (tests, tuning); read per call, so a
-// process may change it between calls.
-int PrefillOverride() {
+// process may change it between calls; unset or empty, the rule decides. `always` runs the prefill
+// kernel on every W4A16 call (w4a16Gemm and moeGemm alike) or fails the call where that kernel
+// cannot run it, never falling back: a check named for the prefill kernel must have run it.
+enum class PrefillOverride { kRule, kAlways, kNever };
+Status ReadPrefillOverride(PrefillOverride* out) {
   const char* v = std::getenv("KDTREE_W4A16_PREFILL");
-  if (v == nullptr) return 0;
-  return std::strcmp(v, "always") == 0 ? 1 : std::strcmp(v, "never") == 0 ? -1 : 0;
+  if (v == nullptr || v[0] == '\0') *out = PrefillOverride::kRule;
+  else if (std::strcmp(v, "always") == 0) *out = PrefillOverride::kAlways;
+  else if (std::strcmp(v, "never") == 0) *out = PrefillOverride::kNever;
+  else return Invalid("w4a16: KDTREE_W4A16_PREFILL must be always or never, got '", v, "'");
+  return Status::Ok();
 }
-bool UsePrefill(const GemmParams& p, int group, int sms) {
-  const int force = PrefillOverride();
-  if (!PrefillSupports(group, p.sc_f32) || force < 0) return false;
-  if (force > 0) return true;
+// Why the prefill kernel cannot run a call, or nullptr: it is sm_90a code for dense bf16 x of
+// 17+ tokens (the warpgroup kernels' calls), groups 32 (bf16 scales) and 64.
+const char* PrefillCannotRun(const GemmParams& p, DType x, int group) {
+  if (x != DType::kBF16) return "it takes bf16 x";
+  if (p.moe_tiles != nullptr) return "MoE calls run the stream-K kernel";
+  if (p.M <= 16) return "it takes 17 or more tokens";
+  if (!PrefillSupports(group, p.sc_f32)) return "it takes group 32 with bf16 scales or group 64";
+  if (!WgmmaAvailable()) return "it is sm_90a code, which this device does not run";
+  return nullptr;
+}
+bool PrefillRule(const GemmParams& p, int group, int sms) {
+  if (!PrefillSupports(group, p.sc_f32)) return false;
   const int64_t blocks = (p.tiles + 3) / 4 * static_cast<int64_t>((p.M + kPrefillTileTokens - 1) / kPrefillTileTokens);
   const bool wave_mostly_full = 4 * blocks >= kPrefillMinBlocksPerFourSms * static_cast<int64_t>(sms);
   // one token tile whose 32-token tiles would be 4 (97-128 tokens), in one wave
@@ -1036,9 +1020,10 @@ Status RunChunks(GemmParams p, int tiles, int chunk, size_t staged_per_tile, Scr
   }
   return Status::Ok();
 }
-// The warpgroup kernels' token tiles of p.M rows (p's stream-K ranges set: they replay them).
-Status RunWgmma(const GemmParams& p, int group, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
-  if (UsePrefill(p, group, sms)) {
+// The warpgroup kernels' token tiles of p.M rows (p's stream-K ranges set: they replay them), on the
+// prefill kernel or the 32-token one.
+Status RunWgmma(const GemmParams& p, bool prefill, int group, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
+  if (prefill) {
     const int tiles = (p.M + kPrefillTileTokens - 1) / kPrefillTileTokens;
     const size_t staged = PrefillStagedBytes(p.steps);
     const int chunk = std::min(tiles, static_cast<int>(std::max<size_t>(1, kWgmmaStagedBytesMax / staged)));
@@ -1064,7 +1049,15 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
   p.by_steps = MakeDivisor(p.steps);
   p.by_steps_per_warp = MakeDivisor(r.steps_per_warp);
   p.range_blocks = r.blocks;
-  if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, group, sms, scratch, scratch_used, s);
+  PrefillOverride prefill;
+  KDTREE_RETURN_IF_ERROR(ReadPrefillOverride(&prefill));
+  if (prefill == PrefillOverride::kAlways) {
+    if (const char* why = PrefillCannotRun(p, x_dtype, group)) {
+      return Unsupported("w4a16: KDTREE_W4A16_PREFILL=always cannot run M = ", p.M, ", N = ", p.N, ", K = ", p.K, ", group ", group, " on the prefill kernel: ", why);
+    }
+    return RunWgmma(p, true, group, sms, scratch, scratch_used, s);
+  }
+  if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, prefill == PrefillOverride::kRule && PrefillRule(p, group, sms), group, sms, scratch, scratch_used, s);
   p.slices = p.steps * 8;
   const Form form = ChooseForm(p, x_dtype, nt);
   const int pieces = PiecesPerWarp(p, x_dtype, nt, form, r);
@@ -1147,8 +1140,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   // One token routed in the GEMM (a decode step): a tile per pair, in the one-token form. At most 2
   // rows expected per expert, routed (a decode batch of 2-4 tokens) or sorted (a verify step): tiles
   // of up to 4 rows in the even-column form (ChooseForm). Both have half the scale FMAs of an 8-row
-  // tile. Against 8-row tiles: one rank's 65-token verify step 300.1 -> 292.0 us, the whole layer's
-  // 1874 -> 1860 (run 344); a decode batch of 2 / 4 tokens 119.4 / 228.2 -> 117.75 / 224.95 (run 346).
+  // tile, which makes a verify step and a decode batch of 2-4 tokens 1-3% faster than 8-row tiles.
   const int tile_rows = route && t == 1 ? 1 : nt == 1 && expected_rows <= 2 ? kEvenColumnTokens : 8 * nt;
   const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);

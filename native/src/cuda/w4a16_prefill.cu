@@ -12,19 +12,18 @@
 //    and scale each group's exact sums into their accumulators, a step's groups in pairs.
 // Stages pass between them through mbarriers (full: the producer's 128 threads wrote it; empty:
 // the consumers' 256 threads are done with it), so neither side waits on a block barrier.
-// Measured (runs 202-205, 18432x7168 at 2048 tokens): 1550-1600 us, ~340 TFLOPS, 0.46x of dense
-// bf16. The x copies stay cp.async by all 128 producer threads: one bulk copy (TMA) per step took
-// 1551 -> 1720 us (run 205).
-// Nsight before the pairs (run 199): L2 35% and DRAM 5% busy, issue slots 51%, tensor pipe 32%:
-// latency, not bandwidth. What bounds the pairs is the scaling: a consumer's group is 131k MACs
-// for the tensor pipe and 4096 fmaf for the FP32 pipe (half the time at the peak rates of 2048 and
-// 128 per SM and clock), and each group's fmaf wait for its wgmma; a consumer-only loop of these
-// pairs (a diagnostic of run 202) ran 3.3x slower with the scaling than without it.
+// 18432x7168 at 2048 tokens runs at ~340 TFLOPS, 0.46x of dense bf16 (docs/benchmarks/cuda.md).
+// The x copies stay cp.async by all 128 producer threads: one bulk copy (TMA) per step is ~10%
+// slower. The kernel is latency-bound, not bandwidth-bound (L2 35% and DRAM 5% busy under
+// Nsight), and what bounds the pairs is the scaling: a consumer's group is 131k MACs for the
+// tensor pipe and 4096 fmaf for the FP32 pipe (half the time at the peak rates of 2048 and 128 per
+// SM and clock), and each group's fmaf wait for its wgmma; a consumer-only loop of these pairs
+// runs 3.3x slower with the scaling than without it.
 //
 // Batch invariance: the bits are the stream-K kernel's. The A operand holds, at every MMA k index,
 // the code the register fragments of the other kernels hold there (and x is staged in that order),
-// so every k16 slice sums the same products; wgmma rounds chained slices as mma.sync does (runs 132,
-// 144); the group scaling is the same fmaf chain; and each consumer warp replays the stream-K
+// so every k16 slice sums the same products; wgmma rounds chained slices as mma.sync does
+// (tools/gpu/wgmma_equiv.cu); the group scaling is the same fmaf chain; and each consumer warp replays the stream-K
 // split of its tile (wgmma.cuh: SplitOf), as the 32-token kernel does.
 #include <algorithm>
 #include <cstddef>
@@ -54,16 +53,15 @@ struct Stage {
   uint4 sc[4][kScaleUint4<S>];  // each tile's scale block
 };
 // Stages of the ring: as many as fit beside the first block sums (32 KB) in 227 KB: 4 with bf16
-// scales (48.5 KB each), 3 with f32 (49 KB). The fourth is slack between producer and consumers:
-// worth 6% before the consumers issued their groups in pairs (run 201: 1802 -> 1701 us on
-// 18432x7168 at 2048 tokens), within noise after (run 202: 1573 with 3 stages, 1557-1571 with 4).
+// scales (48.5 KB each), 3 with f32 (49 KB). The fourth is slack between producer and consumers
+// (with the groups issued in pairs, 3 and 4 stages measure within noise of each other).
 template <typename S>
 constexpr int kStages = sizeof(S) == 2 ? 4 : 3;
 // Steps whose x copies are in flight ahead of the one being dequantized. The producer waits for
 // the consumers to release step s + kXAhead - kStages before it publishes step s; they release a
 // step once its own groups are done, so any kXAhead < kStages is deadlock-free (when they released
-// it only after issuing the next step's first group, kStages - 1 deadlocked: run 194). 2 was
-// slower than 1 with 4 stages (runs 201-202): the slack stage is worth more.
+// it only after issuing the next step's first group, kStages - 1 deadlocked). 2 is slower than 1
+// with 4 stages: the slack stage is worth more.
 constexpr int kXAhead = 1;
 template <typename S>
 struct Shared {
@@ -206,8 +204,8 @@ __global__ void __launch_bounds__(kThreads, 1) W4A16PrefillKernel(const GemmPara
   // it lands. The other consumer warpgroup keeps the tensor cores busy while this one scales.
   // Why not one group always in flight (issue q + 1, then scale q)? ptxas then sees the scaling
   // read accumulators inside another wgmma's pipeline stage and serializes every wgmma of the
-  // kernel (warning C7514; C7518 with the waits in a branch): the tensor pipe ran 32% busy (run 199),
-  // and the pairs took 18432x7168 at 2048 tokens from 1796 to 1564 us (run 202).
+  // kernel (warning C7514; C7518 with the waits in a branch; build-native.mjs fails such a build):
+  // the tensor pipe runs 32% busy, and the pairs are ~15% faster.
   int f = min(tile, p.tiles - 1) * steps;
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;

@@ -10,8 +10,7 @@
 // thread and step.
 //
 // Batch invariance: a row must come out with the bits the decode kernel gives it alone. wgmma
-// rounds a column's chained k16 sums exactly as mma.sync does (tools/gpu/wgmma_equiv.cu, runs 132
-// and 144),
+// rounds a column's chained k16 sums exactly as mma.sync does (tools/gpu/wgmma_equiv.cu),
 // the group scaling is the same fmaf chain, and a warp replays the stream-K kernel's split of its
 // tile: it restarts its accumulator where that kernel's warp ranges (multiples of steps_per_warp)
 // cut the tile, sums the pieces of each block in order from 0.f as the block combine does, and adds
@@ -26,9 +25,8 @@
 // scales each group as it lands. A launch of up to 2 warpgroups per SM dequantizes step s + 1
 // while step s's wgmmas run (two A register sets); a larger one keeps one set and 3 warpgroups per
 // SM (kStages, BlocksPerSm). Its limit is issue and latency: ~2 warps per scheduler at ~2.4
-// instructions per cycle per SM (Nsight, run 138), so every instruction per step counts (run 140:
-// descriptors and stage indices as offsets, the piece bookkeeping a branch: 42.7 -> 38.3 us at 16
-// tokens).
+// instructions per cycle per SM (Nsight), so every instruction per step counts (descriptors and
+// stage indices are offsets, the piece bookkeeping a branch).
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -50,18 +48,15 @@ constexpr int kXStepBytes = 8 * kSliceBytes;      // one step's x (128 k x 32 to
 // Steps in shared memory per warpgroup (up to kStages - 1 ahead of the one in use): at 2-3
 // warpgroups per SM and 4 KB of weights per step, the 30-50 KB in flight per SM that the stream-K
 // kernel keeps with 16 warps; 5 stages of 13 KB (+ 8 KB of first block sums) fit 3 times per SM.
-// (7 stages at 2 warpgroups per SM: 1-2% slower, run 182.)
+// (7 stages at 2 warpgroups per SM are 1-2% slower.)
 constexpr int kStages = 5;
-// The kernel's two forms (run 182, same-run A/B against the one before them, which issued one
-// scale group ahead of the one it scaled and held two A register sets at 3 warpgroups per SM):
+// The kernel's two forms:
 //  * dequant-ahead: two A register sets, the next step dequantized while this step's wgmmas run;
 //    ~200 registers, so 2 warpgroups per SM. For launches of up to 2 warpgroups per SM, where
-//    each warpgroup's own latency is the time: 4096x7168 M = 128 48.8 -> 36.7 us, 7168x2048 M = 64
-//    17.2 -> 14.5, 7168x18432 M = 64 109.7 -> 80.8.
+//    each warpgroup's own latency is the time (1.2-1.35x faster there than one set).
 //  * one A set, dequantized once the step's wgmmas are done; 168 registers, 3 warpgroups per SM,
-//    which hide each other's dequantization. For larger launches: 3-5% faster than before at
-//    M = 32 - 2048 (18432x7168 M = 512 496 -> 477 us, 4096x7168 M = 2048 491.6 -> 471), where the
-//    dequant-ahead form at 2 per SM was 5-15% slower.
+//    which hide each other's dequantization. For larger launches, where the dequant-ahead form at
+//    2 per SM is 5-15% slower.
 // Both put every scale group of a step in flight at once (one part buffer per group) and scale
 // them as they land, instead of one group ahead.
 constexpr int BlocksPerSm(bool dequant_ahead) { return dequant_ahead ? 2 : 3; }
@@ -91,7 +86,7 @@ __device__ __forceinline__ void Wgmma(float (&d)[16], const uint32_t (&a)[4], ui
 }
 
 // kSilu: the SiLU epilogue (p.silu_mul), a compile-time choice so that its division and exp do not
-// add registers to the plain kernel (run 261: 154 -> 168 in a prefill instance, 1.6-4% slower).
+// add registers to the plain kernel (as a run-time flag: +14 registers, a few percent slower).
 template <typename S, int G, bool kDequantAhead, bool kSilu>
 __global__ void __launch_bounds__(kThreads, BlocksPerSm(kDequantAhead)) W4A16WgmmaKernel(const GemmParams p, int copies) {
   PdlLaunchDependents();

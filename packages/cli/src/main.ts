@@ -2,7 +2,7 @@ import { AddonLoadError } from '@kdtree/cuda';
 import { EngineError } from '@kdtree/engine';
 import { FormatError } from '@kdtree/format';
 import { QuantError } from '@kdtree/quant';
-import { ReferenceError } from '@kdtree/reference';
+import { GoldenReferenceError } from '@kdtree/reference';
 import { didYouMean, helpText, parseCommand, terminalWidth, wrap, type CommandSpec, type Parsed } from './args.js';
 import { CliError } from './cli-error.js';
 import { backendSpec, runBackend } from './commands/backend.js';
@@ -86,7 +86,7 @@ export function reportError(error: unknown, io: CommandIO): number {
     io.err(`kdtree: error: ${error.message}`);
     return error.exitCode;
   }
-  if (error instanceof FormatError || error instanceof QuantError || error instanceof ReferenceError || error instanceof AddonLoadError || error instanceof EngineError) {
+  if (error instanceof FormatError || error instanceof QuantError || error instanceof GoldenReferenceError || error instanceof AddonLoadError || error instanceof EngineError) {
     io.err(`kdtree: error: ${error.message}`);
     return 1;
   }

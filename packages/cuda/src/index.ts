@@ -1,4 +1,4 @@
-export { AddonLoadError, isNativeError, type LoadAttempt, type NativeError } from './errors.js';
+export { AddonLoadError, isNativeError, NATIVE_ERROR_CODES, type LoadAttempt, type NativeError, type NativeErrorCode } from './errors.js';
 export { BACKEND_KINDS, loadAddon, PLATFORM_KEY, resolveBackendKind, type BackendKind, type LoadedAddon, type LoadOptions } from './loader.js';
 export { createBackend, DTYPE_BYTES, KdtreeBackend, numel, type DeviceBuffer, type DeviceTensor, type Dtype, type Graph, type PackedW4A16 } from './backend.js';
 export type { BuildMeta, CudaProbe, MoeExperts, NativeBackend, NativeDeviceInfo, NativeGraph, NativeModule, TensorArg, W4A16Epilogue } from './native-types.js';

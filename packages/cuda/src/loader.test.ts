@@ -72,6 +72,25 @@ describe('loadAddon', () => {
     expect(loaded.skipped).toEqual([{ candidate: `${join(dir, 'kdtree_cuda.node')} (search path)`, variant: 'cuda', reason: 'not built' }]);
   });
 
+  it('looks for the cuda variant in its own package, after bin/ of @kdtree/cuda, and says how to get it', () => {
+    let error: AddonLoadError;
+    try {
+      loadAddon({ backend: 'cuda' });
+      return; // a GPU machine with a cuda build: nothing to fix
+    } catch (thrown) {
+      if (!(thrown instanceof AddonLoadError)) throw thrown;
+      error = thrown;
+    }
+    // the package is not a dependency here; pnpm's scripts may still resolve it through NODE_PATH
+    const last = error.attempts[error.attempts.length - 1];
+    expect(last.variant).toBe('cuda');
+    expect(last.candidate).toMatch(new RegExp(`^(@kdtree/cuda-${PLATFORM_KEY}-cuda \\(package\\)|.*kdtree_cuda\\.node \\(@kdtree/cuda-${PLATFORM_KEY}-cuda\\))$`));
+    if (last.candidate.endsWith('(package)')) expect(last.reason).toBe('not installed');
+    expect(error.attempts[0].candidate).toMatch(/\(bin\/ of @kdtree\/cuda\)$/);
+    // without a cuda build here: build it; with one (CI builds it) but no driver: install a driver
+    expect(error.message).toMatch(/Fix: (The cuda variant is not built: `KDTREE_CUDA=ON pnpm --filter @kdtree\/cuda build:native`|No NVIDIA driver is loaded)/);
+  });
+
   it('rejects an unknown KDTREE_BACKEND', () => {
     const saved = process.env.KDTREE_BACKEND;
     process.env.KDTREE_BACKEND = 'tpu';

@@ -1,7 +1,10 @@
 /**
- * Finds and loads the addon. Candidates, in order: bin/<platform>-<arch>/ of this package (the
- * prebuilt binaries it is published with, or a `build:native` build from source), then a
- * per-platform package @kdtree/cuda-<platform>-<arch> if one is installed.
+ * Finds and loads the addon. Candidates per variant, in order: the caller's search paths,
+ * bin/<platform>-<arch>/ of this package (a build from source: `build:native` in the repository,
+ * `npx kdtree-build-native` where it is installed), then the variant's prebuilt package:
+ * @kdtree/cuda-<platform>-<arch> (the cpu variant, an optional dependency of this package) or
+ * @kdtree/cuda-<platform>-<arch>-cuda (the cuda variant, which a machine with a GPU installs
+ * beside it), resolved from this package and then from the application's directory.
  * A binary is accepted only with a build-metadata file of the same package version and variant.
  * A cuda binary is first probed in a child process (an incompatible binary or driver can take
  * down only the probe), and must see a device of compute capability >= 9.0 with a driver at
@@ -14,6 +17,7 @@ import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { AddonLoadError, type LoadAttempt } from './errors.js';
+import { howToFix, prebuiltPackage, type FixContext } from './load-fix.js';
 import type { BuildMeta, CudaProbe, NativeBackend, NativeModule } from './native-types.js';
 
 export type BackendKind = 'auto' | 'cuda' | 'cpu';
@@ -40,7 +44,7 @@ export interface LoadedAddon {
   device: number;
   path: string;
   meta: BuildMeta;
-  /** Where the binary came from: 'search path', 'bin/ of @kdtree/cuda' or '@kdtree/cuda-<platform>-<arch>'. */
+  /** Where the binary came from: 'search path', 'bin/ of @kdtree/cuda', '@kdtree/cuda-<platform>-<arch>' or '@kdtree/cuda-<platform>-<arch>-cuda'. */
   source: string;
   /** Why this one was chosen (and what was skipped before it). */
   reason: string;
@@ -65,21 +69,40 @@ const PACKAGE_VERSION = packageVersion();
 export const PLATFORM_KEY = `${process.platform}-${process.arch}`;
 
 interface Candidate {
-  dir: string;
+  /** undefined: a prebuilt package that is not installed */
+  dir: string | undefined;
   source: string;
 }
 
-function candidateDirs(options: LoadOptions): Candidate[] {
+/** The directory of an installed package: resolved from this package, else from the application's directory. */
+function packageDir(name: string): string | undefined {
+  for (const from of [require, createRequire(join(process.cwd(), 'package.json'))]) {
+    try {
+      return dirname(from.resolve(`${name}/package.json`));
+    } catch {
+      // not installed where this base resolves from
+    }
+  }
+  return undefined;
+}
+
+function candidateDirs(variant: 'cpu' | 'cuda', options: LoadOptions): Candidate[] {
   const dirs: Candidate[] = (options.searchPaths ?? []).map((dir) => ({ dir, source: 'search path' }));
   if (options.onlySearchPaths) return dirs;
   dirs.push({ dir: join(PACKAGE_DIR, 'bin', PLATFORM_KEY), source: 'bin/ of @kdtree/cuda' });
-  try {
-    const prebuilt = dirname(require.resolve(`@kdtree/cuda-${PLATFORM_KEY}/package.json`));
-    dirs.push({ dir: join(prebuilt, 'bin'), source: `@kdtree/cuda-${PLATFORM_KEY}` });
-  } catch {
-    // no prebuilt package installed for this platform
-  }
+  const name = prebuiltPackage(PLATFORM_KEY, variant);
+  const dir = packageDir(name);
+  dirs.push({ dir: dir === undefined ? undefined : join(dir, 'bin'), source: name });
   return dirs;
+}
+
+/** Whether this is the repository's packages/cuda (built with pnpm) rather than an installed copy. */
+function inRepository(): boolean {
+  return existsSync(join(PACKAGE_DIR, '..', '..', 'pnpm-workspace.yaml')) && existsSync(join(PACKAGE_DIR, '..', '..', 'native', 'CMakeLists.txt'));
+}
+
+function fixContext(): FixContext {
+  return { platformKey: PLATFORM_KEY, version: PACKAGE_VERSION, inRepository: inRepository() };
 }
 
 function readMeta(path: string): BuildMeta | string {
@@ -166,7 +189,7 @@ function tryCandidate(path: string, variant: 'cpu' | 'cuda', source: string, opt
 export function resolveBackendKind(requested: string | undefined): BackendKind {
   const kind = requested ?? process.env.KDTREE_BACKEND ?? 'auto';
   if (!(BACKEND_KINDS as readonly string[]).includes(kind)) {
-    throw new AddonLoadError(PLATFORM_KEY, kind, [{ candidate: 'KDTREE_BACKEND', variant: 'cpu', reason: `'${kind}' is not one of auto, cuda, cpu` }]);
+    throw new AddonLoadError(PLATFORM_KEY, kind, [{ candidate: 'KDTREE_BACKEND', variant: 'cpu', reason: `'${kind}' is not one of auto, cuda, cpu` }], 'set KDTREE_BACKEND (or the backend option) to auto, cuda or cpu.');
   }
   return kind as BackendKind;
 }
@@ -177,7 +200,11 @@ export function loadAddon(options: LoadOptions = {}): LoadedAddon {
   const variants: ('cuda' | 'cpu')[] = requested === 'auto' ? ['cuda', 'cpu'] : [requested];
   const attempts: LoadAttempt[] = [];
   for (const variant of variants) {
-    for (const { dir, source } of candidateDirs(options)) {
+    for (const { dir, source } of candidateDirs(variant, options)) {
+      if (dir === undefined) {
+        attempts.push({ candidate: `${source} (package)`, variant, reason: 'not installed' });
+        continue;
+      }
       const path = join(dir, `kdtree_${variant}.node`);
       const result = tryCandidate(path, variant, source, options);
       if ('native' in result) {
@@ -192,5 +219,5 @@ export function loadAddon(options: LoadOptions = {}): LoadedAddon {
       if (existsSync(path)) options.log?.(`@kdtree/cuda: ${variant} from ${source} unusable: ${result.reason}`);
     }
   }
-  throw new AddonLoadError(PLATFORM_KEY, requested, attempts);
+  throw new AddonLoadError(PLATFORM_KEY, requested, attempts, howToFix(requested, attempts, fixContext()));
 }

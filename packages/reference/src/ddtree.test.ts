@@ -24,7 +24,9 @@ describe('DDTree build', () => {
         for (let i = 1; i < tree.size; i++) {
           expect(tree.parents[i]).toBeLessThan(i);
           expect(tree.depths[i]).toBe(tree.depths[tree.parents[i]] + 1);
-          expect(tree.logProbs[i]).toBeLessThanOrEqual(tree.logProbs[i - 1] + 1e-12 || 0); // pop order is best-first
+          // pop order is best-first; a NaN log-prob (which compares false either way) fails here
+          expect(Number.isFinite(tree.logProbs[i]), `log-prob of node ${i}: ${tree.logProbs[i]}`).toBe(true);
+          expect(tree.logProbs[i]).toBeLessThanOrEqual(tree.logProbs[i - 1] + 1e-12);
         }
         // brute force: every prefix (token path of length 1..depth) with its log-prob
         const k = Math.min(budget, vocab);

@@ -1,5 +1,9 @@
-/** Typed errors of @kdtree/reference, each naming the config field or tensor at fault. */
-export class ReferenceError extends Error {
+/**
+ * Typed errors of @kdtree/reference, each naming the config field or tensor at fault. Base class:
+ * `instanceof GoldenReferenceError` catches every failure this package reports (named so that it
+ * does not shadow the JavaScript global `ReferenceError`).
+ */
+export class GoldenReferenceError extends Error {
   readonly code: string = 'KDTREE_REFERENCE';
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
@@ -8,7 +12,7 @@ export class ReferenceError extends Error {
 }
 
 /** A model config field is missing, of the wrong type, or inconsistent with another. */
-export class ConfigError extends ReferenceError {
+export class ConfigError extends GoldenReferenceError {
   override readonly code = 'KDTREE_CONFIG';
   constructor(
     message: string,
@@ -20,7 +24,7 @@ export class ConfigError extends ReferenceError {
 }
 
 /** A weight is missing or has a shape the config does not allow. */
-export class WeightError extends ReferenceError {
+export class WeightError extends GoldenReferenceError {
   override readonly code = 'KDTREE_WEIGHT';
   constructor(
     message: string,
@@ -32,6 +36,6 @@ export class WeightError extends ReferenceError {
 }
 
 /** Bad arguments to a reference function (tokens out of range, cache overflow, bad budgets). */
-export class ReferenceUsageError extends ReferenceError {
+export class ReferenceUsageError extends GoldenReferenceError {
   override readonly code = 'KDTREE_REFERENCE_USAGE';
 }

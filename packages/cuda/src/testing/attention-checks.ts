@@ -112,11 +112,11 @@ function referenceCheck(cache: CacheDtype, name: string): KernelCheck {
         for (const { rope, rank } of SHAPES) {
           const at = `rope ${rope} rank ${rank}`;
           const s1 = rounded(setup(1, 1, rope, rank));
-          details.push(expectClose(`${at} decode base 20`, run(b, track, s1, 1, 20, undefined, cache), reference(s1, 1, 20), 1e-5));
+          details.push(expectClose(`${at} decode base 20`, run(b, track, s1, 1, 20, undefined, cache), reference(s1, 1, 20), 1e-5, V));
           const s7 = rounded(setup(2, 7, rope, rank));
-          details.push(expectClose(`${at} prefill base 0`, run(b, track, s7, 7, 0, undefined, cache), reference(s7, 7, 0), 1e-5));
-          details.push(expectClose(`${at} prefill base 9`, run(b, track, s7, 7, 9, undefined, cache), reference(s7, 7, 9), 1e-5));
-          details.push(expectClose(`${at} tree base 11`, run(b, track, s7, 7, 11, TREE7, cache), reference(s7, 7, 11, (i, j) => TREE7[i * 7 + j] === 1), 1e-5));
+          details.push(expectClose(`${at} prefill base 0`, run(b, track, s7, 7, 0, undefined, cache), reference(s7, 7, 0), 1e-5, V));
+          details.push(expectClose(`${at} prefill base 9`, run(b, track, s7, 7, 9, undefined, cache), reference(s7, 7, 9), 1e-5, V));
+          details.push(expectClose(`${at} tree base 11`, run(b, track, s7, 7, 11, TREE7, cache), reference(s7, 7, 11, (i, j) => TREE7[i * 7 + j] === 1), 1e-5, V));
         }
         return { detail: details.join('; ') };
       });
@@ -189,7 +189,7 @@ const longPrefill: KernelCheck = {
         };
         const at = `${T} tokens, ${cache} cache, ${kvb} kv_b`;
         const all = call(T, 0, s.qNope, s.qPe);
-        details.push(expectClose(at, all, latentAttention({ q: joinQ(s, T), kvB: s.kvB, cacheC: s.cacheC, cacheKpe: s.cacheKpe, base: 0, tokens: T, heads: H, nope: NOPE, rope: ROPE, v: V, rank: R, scale: SCALE }), 1e-5));
+        details.push(expectClose(at, all, latentAttention({ q: joinQ(s, T), kvB: s.kvB, cacheC: s.cacheC, cacheKpe: s.cacheKpe, base: 0, tokens: T, heads: H, nope: NOPE, rope: ROPE, v: V, rank: R, scale: SCALE }), 1e-5, V));
         for (const t of [0, 1, 3, 4, 7, 8, 15, 16, 31, 32, 127, 128, 129, 351, 699, 700, 702].filter((t) => t < T)) {
           const one = call(1, t, s.qNope.subarray(t * H * NOPE, (t + 1) * H * NOPE), s.qPe.subarray(t * H * ROPE, (t + 1) * H * ROPE));
           if (!sameBits(one, all.subarray(t * H * V, (t + 1) * H * V))) fail(`${at}, token ${t}: prefill row differs from its decode step`);
@@ -304,7 +304,7 @@ const kimiRank: KernelCheck = {
         latentAttention({ q: joinQRows(tokens, qNope, qPe), kvB, cacheC, cacheKpe, base, tokens, heads: h, nope, rope, v, rank, scale, attends });
       const details: string[] = [];
       const d = { nope: randomF32(h * nope, 44), pe: randomF32(h * rope, 45) };
-      details.push(expectClose('decode base 299', call(1, 299, d.nope, d.pe, cacheC, cacheKpe), reference(1, 299, d.nope, d.pe), 1e-5));
+      details.push(expectClose('decode base 299', call(1, 299, d.nope, d.pe, cacheC, cacheKpe), reference(1, 299, d.nope, d.pe), 1e-5, v));
       // 9 nodes x 8 heads = 72 rows merge like a decode (two kernels), 17 x 8 = 136 in one block per
       // row: both must give a node the bits of decoding it
       const trees = [
@@ -316,7 +316,7 @@ const kimiRank: KernelCheck = {
         const mask = ancestorMask(parents);
         const t = { nope: randomF32(T * h * nope, 46 + 2 * n), pe: randomF32(T * h * rope, 47 + 2 * n) };
         const verify = call(T, base, t.nope, t.pe, cacheC, cacheKpe, mask);
-        details.push(expectClose(`${T}-node tree base ${base}`, verify, reference(T, base, t.nope, t.pe, (i, j) => mask[i * T + j] === 1), 1e-5));
+        details.push(expectClose(`${T}-node tree base ${base}`, verify, reference(T, base, t.nope, t.pe, (i, j) => mask[i * T + j] === 1), 1e-5, v));
         for (let i = 0; i < T; i++) {
           const { c, kpe, keys } = committedPath(cacheC, cacheKpe, rank, rope, base, mask, T, i);
           const decoded = call(1, base + keys - 1, t.nope.subarray(i * h * nope, (i + 1) * h * nope), t.pe.subarray(i * h * rope, (i + 1) * h * rope), c, kpe);
@@ -330,7 +330,7 @@ const kimiRank: KernelCheck = {
         const base = 200;
         const t = { nope: randomF32(T * h * nope, 60 + 2 * n), pe: randomF32(T * h * rope, 61 + 2 * n) };
         const prefill = call(T, base, t.nope, t.pe, cacheC, cacheKpe);
-        details.push(expectClose(`${T}-token prefill base ${base}`, prefill, reference(T, base, t.nope, t.pe), 1e-5));
+        details.push(expectClose(`${T}-token prefill base ${base}`, prefill, reference(T, base, t.nope, t.pe), 1e-5, v));
         for (let i = 0; i < T; i++) {
           const decoded = call(1, base + i, t.nope.subarray(i * h * nope, (i + 1) * h * nope), t.pe.subarray(i * h * rope, (i + 1) * h * rope), cacheC, cacheKpe);
           if (!sameBits(decoded, prefill.subarray(i * h * v, (i + 1) * h * v))) fail(`${T}-token prefill, token ${i}: row differs from decoding it`);
@@ -344,17 +344,17 @@ const kimiRank: KernelCheck = {
       const tree = ancestorMask(trees[0]);
       const q41 = { nope: randomF32(41 * h * nope, 70), pe: randomF32(41 * h * rope, 71) };
       const decode16 = call(1, 299, d.nope, d.pe, c16, kpe16, undefined, 'bf16');
-      details.push(expectClose('bf16 cache decode base 299', decode16, reference16(1, 299, d.nope, d.pe), 1e-5));
+      details.push(expectClose('bf16 cache decode base 299', decode16, reference16(1, 299, d.nope, d.pe), 1e-5, v));
       const tq = { nope: q41.nope.subarray(0, 9 * h * nope), pe: q41.pe.subarray(0, 9 * h * rope) };
       const verify16 = call(9, 200, tq.nope, tq.pe, c16, kpe16, tree, 'bf16');
-      details.push(expectClose('bf16 cache 9-node tree base 200', verify16, reference16(9, 200, tq.nope, tq.pe, (i, j) => tree[i * 9 + j] === 1), 1e-5));
+      details.push(expectClose('bf16 cache 9-node tree base 200', verify16, reference16(9, 200, tq.nope, tq.pe, (i, j) => tree[i * 9 + j] === 1), 1e-5, v));
       for (let i = 0; i < 9; i++) {
         const { c, kpe, keys } = committedPath(c16, kpe16, rank, rope, 200, tree, 9, i);
         const decoded = call(1, 200 + keys - 1, tq.nope.subarray(i * h * nope, (i + 1) * h * nope), tq.pe.subarray(i * h * rope, (i + 1) * h * rope), c, kpe, undefined, 'bf16');
         if (!sameBits(decoded, verify16.subarray(i * h * v, (i + 1) * h * v))) fail(`bf16 cache, 9-node tree, node ${i}: tree-verify row differs from decoding it over its committed ancestors`);
       }
       const prefill16 = call(41, 200, q41.nope, q41.pe, c16, kpe16, undefined, 'bf16');
-      details.push(expectClose('bf16 cache 41-token prefill base 200', prefill16, reference16(41, 200, q41.nope, q41.pe), 1e-5));
+      details.push(expectClose('bf16 cache 41-token prefill base 200', prefill16, reference16(41, 200, q41.nope, q41.pe), 1e-5, v));
       for (let i = 0; i < 41; i++) {
         const decoded = call(1, 200 + i, q41.nope.subarray(i * h * nope, (i + 1) * h * nope), q41.pe.subarray(i * h * rope, (i + 1) * h * rope), c16, kpe16, undefined, 'bf16');
         if (!sameBits(decoded, prefill16.subarray(i * h * v, (i + 1) * h * v))) fail(`bf16 cache, 41-token prefill, token ${i}: row differs from decoding it`);

@@ -9,6 +9,7 @@
  * broken and fail it.
  */
 import type { KdtreeBackend } from '../backend.js';
+import { isNativeError } from '../errors.js';
 import type { NativeBackend, NativeBuffer, NativeDtype, NativeGraph, TensorArg } from '../native-types.js';
 import { childCheck, type ChildCase } from './child.js';
 import { CheckFailure, expectEqual, fail, rng, type KernelCheck } from './harness.js';
@@ -357,7 +358,7 @@ function runLifetimes(b: KdtreeBackend, seed: number, steps: number): string {
       counts.ran++;
     } catch (error) {
       const code = (error as { code?: unknown }).code;
-      if (!(error instanceof Error) || typeof code !== 'string' || !code.startsWith('KDTREE_')) fail(`${what}: threw ${String(code)} ${String(error)}`);
+      if (!isNativeError(error)) fail(`${what}: threw ${String(code)} ${String(error)}`);
       counts.threw++;
     }
   };

@@ -4,7 +4,8 @@ import { dequantizeInt4, quantizeInt4, type Int4Matrix } from '@kdtree/quant';
 import { matmulT } from '@kdtree/reference';
 import type { DeviceTensor, Dtype, KdtreeBackend } from '../backend.js';
 import { packedW4A16Shapes } from '../w4a16-layout.js';
-import { expectClose, expectThrows, fail, randomF32, relError, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
+import { expectThrows, fail, randomF32, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
+import { expectGemmClose, gemmBound } from './tolerance.js';
 
 /** x as the kernel sees it: rounded to bf16/f16 when that is its dtype. */
 export function roundX(x: Float32Array, dtype: Dtype): Float32Array {
@@ -17,6 +18,21 @@ export function upload(b: KdtreeBackend, dtype: Dtype, shape: number[], x: Float
   if (dtype === 'bf16') return b.fromArray(dtype, shape, f32ArrayToBf16(x));
   if (dtype === 'f16') return b.fromArray(dtype, shape, f32ArrayToF16(x));
   return b.fromArray('f32', shape, x);
+}
+
+/**
+ * The reference y [m, n] = x W^T over x rounded to `xDtype` (what the kernel reads), and each
+ * element's magnitude sum_k |x_k w_k|, which scales its accumulation error (tolerance.ts).
+ */
+export function referenceGemm(x: Float32Array, xDtype: Dtype, m: number, k: number, w: Float32Array, n: number): { ref: Float32Array; magnitude: Float32Array } {
+  const xr = roundX(x, xDtype);
+  return { ref: matmulT(xr, m, k, w, n), magnitude: matmulT(xr.map(Math.abs), m, k, w.map(Math.abs), n) };
+}
+
+/** A GEMM's y [m, n] (as f32) against referenceGemm, each element within its bound. */
+export function expectGemm(what: string, out: ArrayLike<number>, x: Float32Array, xDtype: Dtype, yDtype: Dtype, m: number, k: number, w: Float32Array, n: number): string {
+  const { ref, magnitude } = referenceGemm(x, xDtype, m, k, w, n);
+  return expectGemmClose(what, out, ref, magnitude, n, gemmBound(xDtype, yDtype, k));
 }
 
 export function asF32(dtype: Dtype, data: ArrayLike<number>): Float32Array {
@@ -99,7 +115,6 @@ export function packReference(m: Int4Matrix): { qw: Int32Array; sc: Uint16Array 
   return { qw, sc };
 }
 
-export const TOLERANCE: Record<Dtype, number> = { f32: 1e-5, bf16: 1e-2, f16: 1e-2, i32: 0, u8: 0, f64: 0 };
 const SHAPES = [
   { n: 200, k: 224, group: 32 },
   { n: 72, k: 192, group: 64 },
@@ -111,7 +126,7 @@ function gemmCheck(xDtype: Dtype, scaleDtype: 'BF16' | 'F32', yDtype: Dtype): Ke
   return {
     name: `w4a16_gemm x ${xDtype}, scales ${scaleDtype.toLowerCase()}, y ${yDtype}: M 1/3/17/118 x 3 shapes vs reference`,
     run(b) {
-      let worst = 0;
+      const details: string[] = [];
       for (const [si, { n, k, group }] of SHAPES.entries()) {
         const w = int4(n, k, group, scaleDtype, 10 + si);
         const wf = dequantizeInt4(w);
@@ -122,15 +137,11 @@ function gemmCheck(xDtype: Dtype, scaleDtype: 'BF16' | 'F32', yDtype: Dtype): Ke
             const xd = track(upload(b, xDtype, [m, k], x));
             const y = track(b.empty(yDtype, [m, n]));
             b.native.w4a16Gemm({ x: xd, qw, sc, y, group });
-            const out = asF32(yDtype, b.toArray(y));
-            const ref = matmulT(roundX(x, xDtype), m, k, wf, n);
-            const tol = Math.max(TOLERANCE[xDtype], TOLERANCE[yDtype]);
-            expectClose(`M=${m} N=${n} K=${k} G=${group}`, out, ref, tol);
-            worst = Math.max(worst, relError(out, ref));
+            details.push(expectGemm(`M=${m} N=${n} K=${k} G=${group}`, asF32(yDtype, b.toArray(y)), x, xDtype, yDtype, m, k, wf, n));
           }
         });
       }
-      return { detail: `worst rel ${worst.toExponential(1)} (tolerance ${Math.max(TOLERANCE[xDtype], TOLERANCE[yDtype])})` };
+      return { detail: details.join('; ') };
     },
   };
 }
@@ -200,16 +211,22 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
           for (let t = 0; t < T; t++) if (ids[t * topk] === ids[t * topk + 1]) ids[t * topk + 1] = (ids[t * topk + 1] + 1) % E;
           const weights = Float32Array.from({ length: T * topk }, (_, i) => 0.3 + 0.1 * i);
           const x = randomF32(T * k, 900 + T);
-          const xr = roundX(x, xDtype);
-          const expert = (e: number, row: Float32Array) => matmulT(row, 1, k, wf.subarray(e * n * k, (e + 1) * n * k), n);
+          const expert = (e: number, row: Float32Array) => referenceGemm(row, xDtype, 1, k, wf.subarray(e * n * k, (e + 1) * n * k), n);
+          const bound = gemmBound(xDtype, 'f32', k);
           // gather: y[t * topk + j] = x[t] . W[ids[t, j]]^T
           const yg = track(b.empty('f32', [T * topk, n]));
           const idsD = track(b.fromArray('i32', [T, topk], ids));
           b.native.moeGemm({ x: track(upload(b, xDtype, [T, k], x)), qw, sc, ids: idsD, y: yg, mode: 'gather' });
           const refG = new Float32Array(T * topk * n);
-          for (let p = 0; p < T * topk; p++) refG.set(expert(ids[p], xr.subarray(Math.floor(p / topk) * k, (Math.floor(p / topk) + 1) * k)), p * n);
+          const magG = new Float32Array(T * topk * n);
+          for (let p = 0; p < T * topk; p++) {
+            const t = Math.floor(p / topk);
+            const { ref, magnitude } = expert(ids[p], x.subarray(t * k, (t + 1) * k));
+            refG.set(ref, p * n);
+            magG.set(magnitude, p * n);
+          }
           const gathered = b.toArray(yg) as Float32Array;
-          detail = expectClose(`gather T=${T}`, gathered, refG, TOLERANCE[xDtype]);
+          detail = expectGemmClose(`gather T=${T}`, gathered, refG, magG, n, bound);
           if (T >= 13) {
             // token 11 alone: its two rows, bit for bit (rows do not depend on the tiles around them,
             // nor on whether the kernel or the sort routed them)
@@ -217,20 +234,25 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
             b.native.moeGemm({ x: track(upload(b, xDtype, [1, k], x.subarray(11 * k, 12 * k))), qw, sc, ids: track(b.fromArray('i32', [1, topk], ids.subarray(11 * topk, 12 * topk))), y: one, mode: 'gather' });
             if (!sameBits(b.toArray(one), gathered.subarray(11 * topk * n, 12 * topk * n))) fail(`token 11 alone differs from its rows in the ${T}-token call`);
           }
-          // sum: y[t] = sum_j w[t, j] * (x[t * topk + j] . W[ids[t, j]]^T)
+          // sum: y[t] = sum_j w[t, j] * (x[t * topk + j] . W[ids[t, j]]^T); each weighted term keeps
+          // its accumulation bound, and weighting and summing round once per term (|w y| u32, inside
+          // the accumulation bound's margin when added to the magnitude)
           const xp = randomF32(T * topk * k, 950 + T);
-          const xpr = roundX(xp, xDtype);
           const ys = track(b.empty('f32', [T, n]));
           b.native.moeGemm({ x: track(upload(b, xDtype, [T * topk, k], xp)), qw, sc, ids: idsD, weights: track(b.fromArray('f32', [T, topk], weights)), y: ys, mode: 'sum' });
           const refS = new Float32Array(T * n);
+          const magS = new Float32Array(T * n);
           for (let t = 0; t < T; t++) {
             for (let j = 0; j < topk; j++) {
               const p = t * topk + j;
-              const y = expert(ids[p], xpr.subarray(p * k, (p + 1) * k));
-              for (let i = 0; i < n; i++) refS[t * n + i] += weights[p] * y[i];
+              const { ref, magnitude } = expert(ids[p], xp.subarray(p * k, (p + 1) * k));
+              for (let i = 0; i < n; i++) {
+                refS[t * n + i] += weights[p] * ref[i];
+                magS[t * n + i] += weights[p] * (magnitude[i] + Math.abs(ref[i]));
+              }
             }
           }
-          detail += `; ${expectClose(`sum T=${T}`, b.toArray(ys) as Float32Array, refS, TOLERANCE[xDtype])}`;
+          detail += `; ${expectGemmClose(`sum T=${T}`, b.toArray(ys) as Float32Array, refS, magS, n, bound)}`;
         }
         {
           // one token routed twice to one expert: on cuda each pair is a one-row tile of its own
@@ -238,8 +260,7 @@ function moeCheck(xDtype: Dtype, k: number): KernelCheck {
           const yd = track(b.empty('f32', [topk, n]));
           b.native.moeGemm({ x: track(upload(b, xDtype, [1, k], x)), qw, sc, ids: track(b.fromArray('i32', [1, topk], new Int32Array(topk).fill(3))), y: yd, mode: 'gather' });
           const rows = b.toArray(yd) as Float32Array;
-          const ref = matmulT(roundX(x, xDtype), 1, k, wf.subarray(3 * n * k, 4 * n * k), n);
-          detail += `; ${expectClose('gather T=1, one expert twice (row 0)', rows.subarray(0, n), ref, TOLERANCE[xDtype])}`;
+          detail += `; ${expectGemm('gather T=1, one expert twice (row 0)', rows.subarray(0, n), x, xDtype, 'f32', 1, k, wf.subarray(3 * n * k, 4 * n * k), n)}`;
           if (!sameBits(rows.subarray(0, n), rows.subarray(n, 2 * n))) fail('the two rows of one token and one expert differ');
         }
         return { detail };
@@ -263,7 +284,6 @@ function moeGatherCheck(name: string, o: { E: number; n: number; k: number; T: n
         const { qw, sc } = trackedInt4(b, track, w, E);
         const ids = Int32Array.from({ length: T * topk }, (_, i) => o.expertOf(Math.floor(i / topk), i % topk));
         const x = randomF32(T * k, o.seed * 10);
-        const xr = roundX(x, 'bf16');
         const gather = (tokens: number, first: number) => {
           const y = track(b.empty('f32', [tokens * topk, n]));
           const xs = track(upload(b, 'bf16', [tokens, k], x.subarray(first * k, (first + tokens) * k)));
@@ -273,11 +293,14 @@ function moeGatherCheck(name: string, o: { E: number; n: number; k: number; T: n
         };
         const rows = gather(T, 0);
         const ref = new Float32Array(T * topk * n);
+        const mag = new Float32Array(T * topk * n);
         for (let p = 0; p < T * topk; p++) {
           const t = Math.floor(p / topk);
-          ref.set(matmulT(xr.subarray(t * k, (t + 1) * k), 1, k, wf.subarray(ids[p] * n * k, (ids[p] + 1) * n * k), n), p * n);
+          const one = referenceGemm(x.subarray(t * k, (t + 1) * k), 'bf16', 1, k, wf.subarray(ids[p] * n * k, (ids[p] + 1) * n * k), n);
+          ref.set(one.ref, p * n);
+          mag.set(one.magnitude, p * n);
         }
-        const detail = expectClose(`gather T=${T}`, rows, ref, TOLERANCE.bf16);
+        const detail = expectGemmClose(`gather T=${T}`, rows, ref, mag, n, gemmBound('bf16', 'f32', k));
         if (!sameBits(gather(1, alone), rows.subarray(alone * topk * n, (alone + 1) * topk * n))) fail(`token ${alone} alone differs from its rows in the ${T}-token call`);
         return { detail };
       });
@@ -431,7 +454,7 @@ const streamKCheck: KernelCheck = {
         const y = track(b.empty('f32', [m, n]));
         b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
         const all = b.toArray(y) as Float32Array;
-        detail = expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16);
+        detail = expectGemm(`M=${m}`, all, x, 'bf16', 'f32', m, k, wf, n);
         if (m > 1) expectRowsAlone(b, track, { x, xDtype: 'bf16', k, n, qw, sc, group }, all, m === 17 ? [5] : [0, 1, 2], `M=${m}`);
       }
     });
@@ -447,8 +470,12 @@ interface Bf16Case {
   ms: readonly number[];
 }
 
-/** bf16 GEMMs of each case at each M vs the reference; rows 0, 5 and M - 1 must equal the row alone bit for bit. */
-function bf16CasesAgainstReference(b: KdtreeBackend, cases: readonly Bf16Case[], seed: number): string {
+/**
+ * bf16 GEMMs of each case at each M vs the reference; rows 0, 5 and M - 1 must equal the row alone
+ * bit for bit. `forced` wraps the M-row calls (a kernel forced by an environment variable, which
+ * the rows alone, one token each, cannot take).
+ */
+function bf16CasesAgainstReference(b: KdtreeBackend, cases: readonly Bf16Case[], seed: number, forced: <T>(call: () => T) => T = (call) => call()): string {
   let detail = '';
   for (const { n, k, group, scales, ms } of cases) {
     const w = int4(n, k, group, scales, seed + group);
@@ -458,9 +485,10 @@ function bf16CasesAgainstReference(b: KdtreeBackend, cases: readonly Bf16Case[],
       for (const m of ms) {
         const x = randomF32(m * k, 10 * seed + m + group);
         const y = track(b.empty('f32', [m, n]));
-        b.native.w4a16Gemm({ x: track(upload(b, 'bf16', [m, k], x)), qw, sc, y, group });
+        const xd = track(upload(b, 'bf16', [m, k], x));
+        forced(() => b.native.w4a16Gemm({ x: xd, qw, sc, y, group }));
         const all = b.toArray(y) as Float32Array;
-        detail += `${detail ? '; ' : ''}N=${n} G=${group} ${expectClose(`M=${m}`, all, matmulT(roundX(x, 'bf16'), m, k, wf, n), TOLERANCE.bf16)}`;
+        detail += `${detail ? '; ' : ''}N=${n} G=${group} ${expectGemm(`M=${m}`, all, x, 'bf16', 'f32', m, k, wf, n)}`;
         expectRowsAlone(b, track, { x, xDtype: 'bf16', k, n, qw, sc, group }, all, [0, 5, m - 1], `N=${n} G=${group} M=${m}`);
       }
     });
@@ -527,20 +555,21 @@ const wgmmaCheck: KernelCheck = {
  * KDTREE_W4A16_PREFILL=always. Rows 0, 5 and M - 1 equal the row alone (the stream-K kernel's bits).
  */
 const prefillCheck: KernelCheck = {
-  name: 'w4a16_gemm bf16: N 2000 x K 640 at M 100 and 260 (group 32, bf16 scales), N 1000 x K 448 at M 300 (group 64, f32) and N 520 x K 1152 at M 257 (group 64, bf16) vs reference and batch-invariant (on sm_90a: the prefill kernel)',
-  // shapes this small take it only when forced (the rule wants >= 3/4 of a block per SM)
-  run: (b) =>
-    withEnv('KDTREE_W4A16_PREFILL', 'always', () => ({
-      detail: bf16CasesAgainstReference(
-        b,
-        [
-          { n: 2000, k: 640, group: 32, scales: 'BF16', ms: [100, 260] },
-          { n: 1000, k: 448, group: 64, scales: 'F32', ms: [300] },
-          { n: 520, k: 1152, group: 64, scales: 'BF16', ms: [257] },
-        ],
-        73,
-      ),
-    })),
+  name: 'w4a16_gemm bf16: N 2000 x K 640 at M 100 and 260 (group 32, bf16 scales), N 1000 x K 448 at M 300 (group 64, f32) and N 520 x K 1152 at M 257 (group 64, bf16) vs reference and batch-invariant (on sm_90a: the prefill kernel, forced)',
+  // shapes this small take it only when forced (the rule wants >= 3/4 of a block per SM); a forced
+  // call the kernel cannot run throws, so passing means these calls ran on it
+  run: (b) => ({
+    detail: bf16CasesAgainstReference(
+      b,
+      [
+        { n: 2000, k: 640, group: 32, scales: 'BF16', ms: [100, 260] },
+        { n: 1000, k: 448, group: 64, scales: 'F32', ms: [300] },
+        { n: 520, k: 1152, group: 64, scales: 'BF16', ms: [257] },
+      ],
+      73,
+      (call) => withEnv('KDTREE_W4A16_PREFILL', 'always', call),
+    ),
+  }),
 };
 
 const shapeErrors: KernelCheck = {
@@ -627,6 +656,34 @@ const packedRecord: KernelCheck = {
       b.native.upload(sc.buffer, b.toArray(sc));
       b.native.w4a16Gemm({ x: x224, qw, sc, y, group: 32 });
     });
+/**
+ * KDTREE_GEMM_FORM and KDTREE_W4A16_PREFILL force a cuda kernel form; one that cannot run a call
+ * must throw rather than fall back, or a check named for a form could pass on another. The cpu
+ * twin has one form per op and reads neither.
+ */
+const forcedFormErrors: KernelCheck = {
+  name: 'forced kernel forms (KDTREE_GEMM_FORM, KDTREE_W4A16_PREFILL) that cannot run a call throw, naming the call; unknown values throw (cuda)',
+  run(b) {
+    if (b.kind !== 'cuda') return { detail: 'not run: the cpu backend has no kernel forms to force' };
+    withTensors(b, (track) => {
+      const w = int4(64, 256, 32, 'BF16', 62);
+      const { qw, sc } = trackedInt4(b, track, w);
+      const x = (m: number) => track(upload(b, 'bf16', [m, 256], randomF32(m * 256, 63)));
+      const gemm = (m: number, group = 32) => b.native.w4a16Gemm({ x: x(m), qw, sc, y: track(b.empty('f32', [m, 64])), group });
+      withEnv('KDTREE_W4A16_PREFILL', 'always', () => {
+        expectThrows('prefill, one token', () => gemm(1), /KDTREE_W4A16_PREFILL=always cannot run M = 1, N = 64, K = 256, group 32 on the prefill kernel: it takes 17 or more tokens/);
+        expectThrows('prefill, f32 x', () => b.native.w4a16Gemm({ x: track(upload(b, 'f32', [40, 256], randomF32(40 * 256, 64))), qw, sc, y: track(b.empty('f32', [40, 64])), group: 32 }), /cannot run M = 40.*it takes bf16 x/);
+      });
+      withEnv('KDTREE_W4A16_PREFILL', 'sometimes', () => expectThrows('prefill value', () => gemm(40), /KDTREE_W4A16_PREFILL must be always or never, got 'sometimes'/));
+      withEnv('KDTREE_W4A16_PREFILL', 'never', () => gemm(40));
+      const wf = track(b.fromArray('bf16', [64, 256], f32ArrayToBf16(randomF32(64 * 256, 65))));
+      const dense = (m: number) => b.native.gemm({ x: x(m), w: wf, y: track(b.empty('f32', [m, 64])) });
+      withEnv('KDTREE_GEMM_FORM', 'tiled', () => expectThrows('tiled form, 3 tokens', () => dense(3), /KDTREE_GEMM_FORM=tiled cannot run M = 3, N = 64, K = 256: the tiled and wgmma forms take bf16 or f16 x of 17 or more tokens/));
+      withEnv('KDTREE_GEMM_FORM', 'wgmma', () => expectThrows('wgmma form, 3 tokens', () => dense(3), /KDTREE_GEMM_FORM=wgmma cannot run M = 3/));
+      withEnv('KDTREE_GEMM_FORM', 'fast', () => expectThrows('form value', () => dense(3), /KDTREE_GEMM_FORM must be split, rows, tiled, tiled-split or wgmma, got 'fast'/));
+      withEnv('KDTREE_GEMM_FORM', 'split', () => dense(3));
+    });
+    return { detail: 'each refused with its reason' };
   },
 };
 
@@ -654,4 +711,5 @@ export const GEMM_CHECKS: KernelCheck[] = [
   moeRoutedEvenColumnsCheck(),
   shapeErrors,
   packedRecord,
+  forcedFormErrors,
 ];

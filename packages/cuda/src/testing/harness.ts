@@ -5,6 +5,7 @@
  */
 import { SeededRandom } from '@kdtree/reference';
 import type { KdtreeBackend } from '../backend.js';
+import { isNativeError } from '../errors.js';
 
 export interface CheckResult {
   /** e.g. "rel 3.1e-7 <= 1e-5" */
@@ -47,10 +48,22 @@ export function relError(out: ArrayLike<number>, ref: ArrayLike<number>): number
   return Math.sqrt(num) / Math.max(Math.sqrt(den), 1e-30);
 }
 
-export function expectClose(what: string, out: ArrayLike<number>, ref: ArrayLike<number>, tolerance: number): string {
-  const e = relError(out, ref);
-  if (!(e <= tolerance)) fail(`${what}: relative error ${e.toExponential(2)} > ${tolerance}`);
-  return `${what}: rel ${e.toExponential(1)}`;
+/**
+ * Each row of `rowLength` elements within `tolerance` relative error of the reference's row (one
+ * wrong row fails however many others are right); returns the worst row's error. The GEMM checks
+ * bound each element instead (tolerance.ts).
+ */
+export function expectClose(what: string, out: ArrayLike<number>, ref: ArrayLike<number>, tolerance: number, rowLength: number): string {
+  if (out.length !== ref.length) fail(`${what}: length ${out.length} vs reference ${ref.length}`);
+  if (!(rowLength > 0) || ref.length % rowLength !== 0) fail(`${what}: ${ref.length} values are not rows of ${rowLength}`);
+  let worst = 0;
+  for (let r = 0; r < ref.length / rowLength; r++) {
+    const at = r * rowLength;
+    const e = relError(Array.prototype.slice.call(out, at, at + rowLength) as number[], Array.prototype.slice.call(ref, at, at + rowLength) as number[]);
+    if (!(e <= tolerance)) fail(`${what}: row ${r} has relative error ${e.toExponential(2)} > ${tolerance}`);
+    worst = Math.max(worst, e);
+  }
+  return `${what}: worst row rel ${worst.toExponential(1)}`;
 }
 
 export function expectEqual<T>(what: string, got: ArrayLike<T>, want: ArrayLike<T>): void {
@@ -70,8 +83,7 @@ export function expectThrows(what: string, fn: () => void, pattern: RegExp): voi
     fn();
   } catch (error) {
     const message = (error as Error).message;
-    const code = (error as { code?: string }).code;
-    if (!code?.startsWith('KDTREE_')) fail(`${what}: threw without a KDTREE_ code: ${message}`);
+    if (!isNativeError(error)) fail(`${what}: threw something other than a native error (${String((error as { code?: unknown }).code)}): ${message}`);
     if (!pattern.test(message)) fail(`${what}: message '${message}' does not match ${pattern}`);
     return;
   }
