@@ -5,7 +5,7 @@
  * beside a 1e-2 tolerance.
  */
 import { afterAll, describe, expect, it } from 'vitest';
-import { createBackend, KdtreeBackend, type DeviceTensor } from '../backend.js';
+import { createBackend, KdtreeBackend, type DeviceTensor, type PackedW4A16 } from '../backend.js';
 import { EPILOGUE_CHECKS } from './epilogue-checks.js';
 import { FLOAT_GEMM_CHECKS } from './float-gemm-checks.js';
 import { GEMM_CHECKS } from './gemm-checks.js';
@@ -24,7 +24,7 @@ class ZeroedRowBackend extends KdtreeBackend {
     super(base.loaded);
   }
 
-  override packW4A16(qw: DeviceTensor, sc: DeviceTensor, group: number, stream?: number, options: { interleaveGateUp?: boolean } = {}): { qw: DeviceTensor; sc: DeviceTensor } {
+  override packW4A16(qw: DeviceTensor, sc: DeviceTensor, group: number, stream?: number, options: { interleaveGateUp?: boolean } = {}): PackedW4A16 {
     const scales = this.toArray(sc);
     const perRow = sc.shape[sc.shape.length - 1];
     scales.fill(0, this.row * perRow, (this.row + 1) * perRow);

@@ -656,6 +656,10 @@ const packedRecord: KernelCheck = {
       b.native.upload(sc.buffer, b.toArray(sc));
       b.native.w4a16Gemm({ x: x224, qw, sc, y, group: 32 });
     });
+    return { detail: 'every mismatch refused naming the packed shapes' };
+  },
+};
+
 /**
  * KDTREE_GEMM_FORM and KDTREE_W4A16_PREFILL force a cuda kernel form; one that cannot run a call
  * must throw rather than fall back, or a check named for a form could pass on another. The cpu
