@@ -3,6 +3,7 @@ import { EngineError } from '@kdtree/engine';
 import { FormatError } from '@kdtree/format';
 import { QuantError } from '@kdtree/quant';
 import { GoldenReferenceError } from '@kdtree/reference';
+import { TokenizerError } from '@kdtree/tokenizer';
 import { didYouMean, helpText, parseCommand, terminalWidth, wrap, type CommandSpec, type Parsed } from './args.js';
 import { CliError } from './cli-error.js';
 import { backendSpec, runBackend } from './commands/backend.js';
@@ -86,7 +87,7 @@ export function reportError(error: unknown, io: CommandIO): number {
     io.err(`kdtree: error: ${error.message}`);
     return error.exitCode;
   }
-  if (error instanceof FormatError || error instanceof QuantError || error instanceof GoldenReferenceError || error instanceof AddonLoadError || error instanceof EngineError) {
+  if (error instanceof FormatError || error instanceof QuantError || error instanceof GoldenReferenceError || error instanceof AddonLoadError || error instanceof EngineError || error instanceof TokenizerError) {
     io.err(`kdtree: error: ${error.message}`);
     return 1;
   }

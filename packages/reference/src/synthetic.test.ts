@@ -64,6 +64,16 @@ describe('synthetic models', () => {
     expect(greedyDecode(model, GOLDEN_PROMPT, { maxNew: golden.max_new, eos: [] }).tokens).toEqual(golden.tokens);
   });
 
+  it('carry extra metadata entries, and refuse one that would replace their own', async () => {
+    const path = join(dir, 'tiny-extra.kdtr');
+    await writeSyntheticModel(path, { preset: 'tiny', seed: 1, extraMetadata: { tokenizer: { schema: 'x/1', files: {} } } }, 'test');
+    const b = await openBundle(path);
+    expect(b.metadata.tokenizer).toEqual({ schema: 'x/1', files: {} });
+    expect((b.metadata.config as { vocab_size: number }).vocab_size).toBe(128);
+    await b.close();
+    await expect(writeSyntheticModel(join(dir, 'tiny-clash.kdtr'), { preset: 'tiny', seed: 1, extraMetadata: { golden: {} } }, 'test')).rejects.toThrow(/extraMetadata: key 'golden' is written by writeSyntheticModel itself/);
+  });
+
   it('refuse to quantize dimensions that do not divide into groups, naming the tensor', () => {
     const config = parseModelConfig({ ...presetConfigJson('tiny'), moe_intermediate_size: 40 });
     expect(() => checkQuantizable(config, 'kimi-k2')).toThrow(GroupShapeError);

@@ -204,8 +204,16 @@ export interface SyntheticModelOptions {
   quant?: PresetName;
   /** Weights to write instead of fresh random ones (a draft's target). */
   weights?: Map<string, Float32Array>;
+  /**
+   * More metadata entries for the bundle (a tokenizer, say): written beside `config`, `golden`,
+   * `provenance` and `quantization`, whose keys they may not take.
+   */
+  extraMetadata?: Readonly<Record<string, unknown>>;
   onProgress?: (step: string) => void;
 }
+
+/** The metadata keys writeSyntheticModel writes itself. */
+const OWN_METADATA_KEYS = ['config', 'golden', 'provenance', 'quantization'];
 
 /**
  * Writes a synthetic model bundle: config, weights (BF16, or INT4 .qw/.sc for the selected
@@ -213,6 +221,9 @@ export interface SyntheticModelOptions {
  * (`golden.logits`, F32 [prompt + new, vocab]). Returns the golden record.
  */
 export async function writeSyntheticModel(path: string, options: SyntheticModelOptions, referenceVersion: string): Promise<GoldenRecord> {
+  const extra = options.extraMetadata ?? {};
+  const taken = Object.keys(extra).filter((k) => OWN_METADATA_KEYS.includes(k));
+  if (taken.length > 0) throw new ReferenceUsageError(`extraMetadata: key '${taken[0]}' is written by writeSyntheticModel itself (its own keys: ${OWN_METADATA_KEYS.join(', ')})`);
   const configJson = presetConfigJson(options.preset);
   const config = parseModelConfig(configJson, `preset ${options.preset}`);
   const weights = options.weights ?? randomWeights(config, options.seed);
@@ -250,6 +261,7 @@ export async function writeSyntheticModel(path: string, options: SyntheticModelO
       config: configJson,
       golden,
       provenance: { tool: `kdtree gen-model (${referenceVersion})`, preset: options.preset, seed: options.seed, created: new Date().toISOString() },
+      ...extra,
     },
   });
   try {

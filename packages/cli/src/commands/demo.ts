@@ -6,6 +6,7 @@ import { BACKEND_KINDS } from '@kdtree/cuda';
 import { createEngine, type Engine, type GenerateOptions } from '@kdtree/engine';
 import { openBundle } from '@kdtree/format';
 import { greedyDecode, loadModel, MODEL_PRESET_NAMES, type GoldenRecord } from '@kdtree/reference';
+import { MIN_SYNTHETIC_VOCAB, TOKENIZER_METADATA_KEY } from '@kdtree/tokenizer';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliError } from '../cli-error.js';
 import { CLI_VERSION, type CommandIO } from '../io.js';
@@ -54,6 +55,9 @@ async function modelPair(dir: string, preset: string, io: CommandIO): Promise<{ 
         try {
           const provenance = b.metadata.provenance as { tool?: string; preset?: string } | undefined;
           if (provenance?.preset !== preset || !provenance.tool?.includes(CLI_VERSION)) throw new Error('another version');
+          // written before gen-model put a tokenizer into the bundles that have room for one
+          const vocab = (b.metadata.config as { vocab_size?: number } | undefined)?.vocab_size ?? 0;
+          if (vocab >= MIN_SYNTHETIC_VOCAB && b.metadata[TOKENIZER_METADATA_KEY] === undefined) throw new Error('no tokenizer');
           if (!(await b.verify()).ok) throw new Error('checksum');
         } finally {
           await b.close();

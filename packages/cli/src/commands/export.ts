@@ -2,6 +2,7 @@ import { mkdir, stat, unlink } from 'node:fs/promises';
 import { dirname, join, sep } from 'node:path';
 import { modelConfigNameFor, writeFileAtomic, writeSafetensors, type AnyTensorStore, type SafetensorsTensor } from '@kdtree/format';
 import { planCompressedTensorsExport, quantizationConfigFor, SAFETENSORS_QUANTIZATION_KEY, validateQuantizedStore, withQuantizationConfig } from '@kdtree/quant';
+import { tokenizerFromMetadata } from '@kdtree/tokenizer';
 import { parseChoice, type CommandSpec, type Parsed } from '../args.js';
 import { CliError, CliUsageError } from '../cli-error.js';
 import { jsonReport, type CommandIO } from '../io.js';
@@ -11,7 +12,7 @@ import { counted, openSources } from './import.js';
 
 export const exportSpec: CommandSpec = {
   name: 'export',
-  summary: 'Write the tensors of a bundle back out as one safetensors file, byte-identical. With --format compressed-tensors, INT4 weights go back to weight_packed / weight_scale / weight_shape with a matching quantization_config. A directory output (DIR/, or an existing directory) gets model.safetensors + config.json (a HuggingFace model directory); a file output NAME.safetensors gets its config as NAME.config.json beside it, where `kdtree import` and `kdtree golden` find it. INT4 descriptors travel in the file\'s __metadata__ ("kdtree.quantization").',
+  summary: 'Write the tensors of a bundle back out as one safetensors file, byte-identical. With --format compressed-tensors, INT4 weights go back to weight_packed / weight_scale / weight_shape with a matching quantization_config. A directory output (DIR/, or an existing directory) gets model.safetensors + config.json (a HuggingFace model directory), and the tokenizer the bundle carries as tiktoken.model, tokenizer_config.json and chat_template.jinja; a file output NAME.safetensors gets its config as NAME.config.json beside it, where `kdtree import` and `kdtree golden` find it. INT4 descriptors travel in the file\'s __metadata__ ("kdtree.quantization").',
   usage: 'kdtree export IN.kdtr -o OUT.safetensors|DIR/ [--format safetensors|compressed-tensors] [--json] [--quiet]',
   help: [
     '-o, --output PATH     NAME.safetensors (a file), or DIR/ or an existing directory (model.safetensors + config.json); any other name is refused',
@@ -101,24 +102,33 @@ export async function runExport(p: Parsed, io: CommandIO): Promise<number> {
     const plan = format === 'compressed-tensors' ? compressedTensorsPlan(store, onBytes) : plainPlan(store, onBytes);
     const { file } = targets;
     const configFile = plan.config === undefined ? undefined : targets.configFile;
-    await refuseOverwritingInputs('export', [{ flag: '-o', path: file }, ...(configFile ? [{ flag: '-o (config)', path: configFile }] : [])], storeFiles([store]));
     // Everything that can fail on content is done before the first byte is written.
-    const configText = plan.config === undefined ? undefined : `${JSON.stringify(plan.config, null, 2)}\n`;
+    const sideFiles: { flag: string; path: string; text: string }[] = [];
+    if (configFile !== undefined) sideFiles.push({ flag: '-o (config)', path: configFile, text: `${JSON.stringify(plan.config, null, 2)}\n` });
+    // a model directory carries its tokenizer as Kimi ships it (where import takes it from)
+    const tokenizer = targets.isDir ? tokenizerFromMetadata(store.metadata as Record<string, unknown>, store.path) : undefined;
+    if (tokenizer !== undefined) {
+      for (const [name, text] of Object.entries(tokenizer.toFiles())) sideFiles.push({ flag: '-o (tokenizer)', path: join(output, name), text });
+      tokenizer.free();
+    }
+    await refuseOverwritingInputs('export', [{ flag: '-o', path: file }, ...sideFiles], storeFiles([store]));
     if (targets.isDir) await mkdir(output, { recursive: true });
     await writeSafetensors(file, plan.tensors, { metadata: plan.metadata });
-    if (configFile !== undefined) {
-      try {
-        await writeFileAtomic(configFile, configText!);
-      } catch (error) {
-        // Half an export (weights without their config) is not left behind.
-        await unlink(file).catch(() => undefined);
-        throw error;
+    const written: string[] = [];
+    try {
+      for (const { path, text } of sideFiles) {
+        await writeFileAtomic(path, text);
+        written.push(path);
       }
+    } catch (error) {
+      // Half an export (weights without their config or tokenizer) is not left behind.
+      for (const path of [file, ...written]) await unlink(path).catch(() => undefined);
+      throw error;
     }
     bar.finish();
     const seconds = (performance.now() - started) / 1000;
-    if (p.values.json) io.out(jsonReport('kdtree.export/1', { output: file, format, tensors: plan.tensors.length, bytes: total, config: configFile ?? null, seconds: Number(seconds.toFixed(3)) }));
-    else io.out(`exported ${plan.tensors.length} tensors (${formatBytes(total)}) to ${file}${format === 'compressed-tensors' ? ' in compressed-tensors form' : ''}${configFile ? `, config in ${configFile}` : ''} in ${formatDuration(seconds)}`);
+    if (p.values.json) io.out(jsonReport('kdtree.export/1', { output: file, format, tensors: plan.tensors.length, bytes: total, config: configFile ?? null, tokenizer: tokenizer !== undefined, seconds: Number(seconds.toFixed(3)) }));
+    else io.out(`exported ${plan.tensors.length} tensors (${formatBytes(total)}) to ${file}${format === 'compressed-tensors' ? ' in compressed-tensors form' : ''}${configFile ? `, config in ${configFile}` : ''}${tokenizer ? ', tokenizer beside it' : ''} in ${formatDuration(seconds)}`);
     return 0;
   } finally {
     await store.close();

@@ -1,6 +1,7 @@
 import { stat } from 'node:fs/promises';
 import { PRESETS } from '@kdtree/quant';
 import { MODEL_PRESET_NAMES, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, weightSpecs, writeSyntheticModel } from '@kdtree/reference';
+import { MIN_SYNTHETIC_VOCAB, SPECIAL_SLOTS, syntheticTokenizerFiles, Tokenizer, tokenizerMetadata, TOKENIZER_METADATA_KEY, type TokenizerMetadata } from '@kdtree/tokenizer';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
 import { CLI_VERSION, jsonReport, type CommandIO } from '../io.js';
@@ -12,7 +13,7 @@ export const DEFAULT_SEED = 1;
 
 export const genModelSpec: CommandSpec = {
   name: 'gen-model',
-  summary: 'Generate a synthetic DeepSeek-V3 / Kimi K2-shaped model bundle with seeded weights, its config, and golden greedy tokens and logits for a fixed prompt (INT4 bundles: golden on the dequantized weights). With --draft, also a correlated draft model (target = draft + noise) for speculative decoding.',
+  summary: "Generate a synthetic DeepSeek-V3 / Kimi K2-shaped model bundle with seeded weights, its config, golden greedy tokens and logits for a fixed prompt (INT4 bundles: golden on the dequantized weights), and a Kimi-style tokenizer in its metadata where the vocabulary holds one (k2-mini: BPE ranks trained on a bundled corpus; small: the 256 byte tokens only; tiny: none). With --draft, also a correlated draft model (target = draft + noise) for speculative decoding.",
   usage: 'kdtree gen-model --preset tiny|small|k2-mini -o OUT.kdtr [--seed S] [--quant seed|kimi-k2] [--draft DRAFT.kdtr [--draft-noise X]] [--json] [--quiet]',
   help: [
     `--preset NAME         ${MODEL_PRESET_NAMES.join(', ')} (tiny: CI-fast; k2-mini: Kimi K2's ratios, shrunk)`,
@@ -37,6 +38,34 @@ export const genModelSpec: CommandSpec = {
   positionals: [0, 0],
 };
 
+/** What gen-model says about the tokenizer it wrote (--json: `tokenizer`). */
+interface TokenizerSummary {
+  vocab_size: number;
+  /** BPE ranks: the 256 byte tokens and the merges trained on the corpus. */
+  ranks: number;
+  merges: number;
+  special_tokens: number;
+}
+
+/**
+ * The tokenizer a synthetic model of `vocabSize` tokens carries (Kimi's layout: BPE ranks, then
+ * 256 special slots), or none where the vocabulary is too small for the special slots.
+ */
+export function syntheticModelTokenizer(vocabSize: number): { metadata: TokenizerMetadata; summary: TokenizerSummary } | undefined {
+  if (vocabSize < MIN_SYNTHETIC_VOCAB) return undefined;
+  const files = syntheticTokenizerFiles({ vocabSize });
+  const tokenizer = new Tokenizer(files, { source: `synthetic tokenizer (${vocabSize})` });
+  const summary = { vocab_size: tokenizer.vocabSize, ranks: tokenizer.numBaseTokens, merges: tokenizer.numBaseTokens - 256, special_tokens: tokenizer.specialTokens.length };
+  tokenizer.free();
+  return { metadata: tokenizerMetadata(files), summary };
+}
+
+function tokenizerLine(vocabSize: number, s: TokenizerSummary | undefined): string {
+  if (s === undefined) return `none (a vocabulary of ${vocabSize} has no room for 256 byte tokens and Kimi's ${SPECIAL_SLOTS} special slots; run --text, chat and serve need one)`;
+  const ranks = s.merges > 0 ? `${s.ranks} BPE ranks (256 bytes + ${s.merges} merges trained on the bundled corpus)` : `the 256 byte tokens only (no room for merges in ${vocabSize})`;
+  return `${ranks} + ${s.special_tokens} special tokens, Kimi's chat template (metadata.${TOKENIZER_METADATA_KEY})`;
+}
+
 export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   const preset = parseChoice(p.values.preset as string | undefined, '--preset', MODEL_PRESET_NAMES);
   if (preset === undefined) throw new CliUsageError(`gen-model: --preset is required (${MODEL_PRESET_NAMES.join(', ')})`, 'gen-model');
@@ -57,24 +86,27 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   const log = (step: string) => quiet || io.err(`gen-model: ${step}`);
   const config = parseModelConfig(presetConfigJson(preset), `preset ${preset}`);
   const reference = `@kdtree/cli ${CLI_VERSION}`;
+  const tokenizer = syntheticModelTokenizer(config.vocabSize);
+  const extraMetadata = tokenizer === undefined ? undefined : { [TOKENIZER_METADATA_KEY]: tokenizer.metadata };
   let target;
   let draftGolden;
   if (draftPath !== undefined) {
     const base = randomWeights(config, seed);
     log(`draft model -> ${draftPath}`);
-    draftGolden = await writeSyntheticModel(draftPath, { preset, seed, weights: base, quant, onProgress: (s) => log(`draft: ${s}`) }, reference);
+    draftGolden = await writeSyntheticModel(draftPath, { preset, seed, weights: base, quant, extraMetadata, onProgress: (s) => log(`draft: ${s}`) }, reference);
     target = perturbWeights(base, noise, seed + 1);
   }
   log(`target model -> ${output}`);
-  const golden = await writeSyntheticModel(output, { preset, seed, quant, weights: target, onProgress: log }, reference);
+  const golden = await writeSyntheticModel(output, { preset, seed, quant, weights: target, extraMetadata, onProgress: log }, reference);
   const params = weightSpecs(config).reduce((s, w) => s + w.shape.reduce((a, b) => a * b, 1), 0);
   const bytes = (await stat(output)).size;
   const seconds = (performance.now() - started) / 1000;
-  const summary = { output, preset, seed, quant: quant ?? null, parameters: params, bytes, golden, draft: draftPath ? { output: draftPath, noise, golden: draftGolden } : null, seconds: Number(seconds.toFixed(3)) };
+  const summary = { output, preset, seed, quant: quant ?? null, parameters: params, bytes, golden, tokenizer: tokenizer?.summary ?? null, draft: draftPath ? { output: draftPath, noise, golden: draftGolden } : null, seconds: Number(seconds.toFixed(3)) };
   if (p.values.json) io.out(jsonReport('kdtree.gen-model/1', summary));
   else {
     io.out(`wrote ${output}: preset ${preset}, seed ${seed}, ${(params / 1e6).toFixed(2)}M parameters, ${quant ? `INT4 (${quant}), ` : ''}${formatBytes(bytes)}, in ${formatDuration(seconds)}`);
     io.out(`golden: prompt [${golden.prompt.join(', ')}] -> [${golden.tokens.join(', ')}]${golden.float_tokens ? `\n        float weights -> [${golden.float_tokens.join(', ')}]` : ''}`);
+    io.out(`tokenizer: ${tokenizerLine(config.vocabSize, tokenizer?.summary)}`);
     if (draftPath) io.out(`draft:  ${draftPath} (target = draft + ${noise} x noise)`);
   }
   return 0;

@@ -1,4 +1,5 @@
 import { stat } from 'node:fs/promises';
+import { join } from 'node:path';
 import {
   findModelConfig,
   KdtrWriter,
@@ -10,6 +11,7 @@ import {
   type TensorInfo,
 } from '@kdtree/format';
 import { findCompressedTensorsConfig, planCompressedTensorsImport, validateQuantizedStore, type QuantizationMetadata } from '@kdtree/quant';
+import { loadTokenizer, TOKENIZER_METADATA_KEY, tokenizerFromMetadata, tokenizerMetadata, type TokenizerMetadata } from '@kdtree/tokenizer';
 import { parseByteSize, type CommandSpec, type Parsed } from '../args.js';
 import { CliError, CliUsageError } from '../cli-error.js';
 import { CLI_VERSION, jsonReport, type CommandIO } from '../io.js';
@@ -18,7 +20,7 @@ import { formatBytes, formatDuration } from '../output.js';
 
 export const importSpec: CommandSpec = {
   name: 'import',
-  summary: 'Import safetensors files, a sharded checkpoint (model.safetensors.index.json) or a HuggingFace model directory into a KDTR bundle. Tensors keep their names, dtypes and bytes; config.json goes into the metadata. A compressed-tensors pack-quantized checkpoint (Kimi K2.x) keeps its packed codes and scales, renamed to <weight>.qw / <weight>.sc.',
+  summary: "Import safetensors files, a sharded checkpoint (model.safetensors.index.json) or a HuggingFace model directory into a KDTR bundle. Tensors keep their names, dtypes and bytes; config.json goes into the metadata, and so does a directory's Kimi tokenizer (tiktoken.model, tokenizer_config.json, chat_template.jinja), checked by loading it, so that run --text, chat and serve need nothing else. A compressed-tensors pack-quantized checkpoint (Kimi K2.x) keeps its packed codes and scales, renamed to <weight>.qw / <weight>.sc.",
   usage: 'kdtree import SRC... -o OUT.kdtr [--config config.json] [--shard-size 5GB] [--json] [--quiet]',
   help: [
     '-o, --output FILE     the bundle to write (with --shard-size: the index, e.g. model.kdtr.json)',
@@ -78,6 +80,30 @@ function sourceQuantization(stores: readonly AnyTensorStore[]): QuantizationMeta
   return merged;
 }
 
+/**
+ * The tokenizer the sources bring: a model directory's Kimi tokenizer files (where it has a
+ * tiktoken.model; a directory without one has no tokenizer this package reads), else a KDTR
+ * source's `metadata.tokenizer`. Loaded, so that broken files stop the import naming the file.
+ */
+async function sourceTokenizer(paths: readonly string[], stores: readonly AnyTensorStore[]): Promise<{ metadata: TokenizerMetadata; from: string } | undefined> {
+  for (const path of paths) {
+    if (!(await stat(path)).isDirectory() || (await stat(join(path, 'tiktoken.model')).catch(() => undefined)) === undefined) continue;
+    const tokenizer = await loadTokenizer(path);
+    const metadata = tokenizerMetadata(tokenizer.toFiles());
+    tokenizer.free();
+    return { metadata, from: path };
+  }
+  for (const store of stores) {
+    if (!store.format.startsWith('kdtr')) continue;
+    const tokenizer = tokenizerFromMetadata(store.metadata as Record<string, unknown>, store.path);
+    if (tokenizer === undefined) continue;
+    const metadata = tokenizerMetadata(tokenizer.toFiles());
+    tokenizer.free();
+    return { metadata, from: store.path };
+  }
+  return undefined;
+}
+
 /** Every file the stores at `paths` read (opened for their headers only, then closed). */
 export async function inputFiles(paths: readonly string[]): Promise<string[]> {
   const stores = await openSources([...paths]);
@@ -122,6 +148,7 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
     const plan = found
       ? await planCompressedTensorsImport(all, found, async (name) => Array.from(typedView(owner.get(name)!.get(name).dtype, await owner.get(name)!.read(name)) as ArrayLike<number | bigint>, Number))
       : { tensors: all.map((t) => ({ source: t.name, target: t.name })), quantization: sourceQuantization(stores) };
+    const tokenizer = await sourceTokenizer(p.positionals, stores);
     const first = stores[0];
     const metadata: Record<string, unknown> = {
       provenance: {
@@ -133,6 +160,7 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
     if (config !== undefined) metadata.config = config;
     if (first.format === 'safetensors' || first.format === 'safetensors-index') metadata['safetensors.metadata'] = first.metadata;
     if (plan.quantization !== undefined) metadata.quantization = plan.quantization;
+    if (tokenizer !== undefined) metadata[TOKENIZER_METADATA_KEY] = tokenizer.metadata;
     const writer = shardSize === undefined ? await KdtrWriter.create(output, { metadata }) : await ShardedKdtrWriter.create(output, { metadata, maxShardBytes: shardSize });
     const total = plan.tensors.reduce((sum, e) => sum + owner.get(e.source)!.get(e.source).size, 0);
     const bar = io.progress('import', total, { enabled: !p.values.quiet && !p.values.json });
@@ -155,8 +183,8 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
     const seconds = (performance.now() - started) / 1000;
     const quantized = plan.quantization ? Object.keys(plan.quantization.tensors).length : 0;
     const configSource = configPath ?? (config !== undefined ? 'the source bundle' : null);
-    if (p.values.json) io.out(jsonReport('kdtree.import/1', { output, tensors: count, bytes: total, sources: stores.length, config: configPath ?? null, int4_weights: quantized, seconds: Number(seconds.toFixed(3)) }));
-    else io.out(`imported ${count} tensors (${formatBytes(total)}) from ${stores.length} source(s) into ${output} in ${formatDuration(seconds)}${configSource ? `, config from ${configSource}` : ''}${quantized ? `; ${quantized} INT4 weights kept packed` : ''}`);
+    if (p.values.json) io.out(jsonReport('kdtree.import/1', { output, tensors: count, bytes: total, sources: stores.length, config: configPath ?? null, int4_weights: quantized, tokenizer: tokenizer?.from ?? null, seconds: Number(seconds.toFixed(3)) }));
+    else io.out(`imported ${count} tensors (${formatBytes(total)}) from ${stores.length} source(s) into ${output} in ${formatDuration(seconds)}${configSource ? `, config from ${configSource}` : ''}${tokenizer ? `, tokenizer from ${tokenizer.from}` : ''}${quantized ? `; ${quantized} INT4 weights kept packed` : ''}`);
     return 0;
   } finally {
     await Promise.all(stores.map((s) => s.close()));
