@@ -113,6 +113,20 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     }
   });
 
+  it('scratchSlots is the room a generation leaves: prompt + maxNew + scratchSlots = cacheTokens fits, one more does not', async () => {
+    const { engine } = setups['kimi-k2'];
+    const cap = engine.options.cacheTokens;
+    const cases: GenerateOptions[] = [{ maxNew: 0 }, { maxNew: 0, spec: 'ddtree', budget: 8, depth: 3 }, { maxNew: 0, spec: 'chain', depth: 12, budget: 2 }, { maxNew: 0, spec: 'ddtree', budget: 'auto' }];
+    expect(cases.map((o) => engine.scratchSlots(o))).toEqual([1, 9, 13, engine.options.maxBudget + 1]);
+    for (const o of cases) {
+      const room = cap - PROMPT.length - engine.scratchSlots(o);
+      await expect(engine.complete(PROMPT, { ...o, maxNew: room + 1, eos: [] })).rejects.toThrow(/exceed the KV cache/);
+    }
+    // the largest request that fits runs (greedy: every slot of the cache but the step's one)
+    const room = cap - PROMPT.length - engine.scratchSlots({});
+    expect((await engine.complete(PROMPT, { maxNew: room, eos: [] })).tokens).toHaveLength(room);
+  });
+
   it('bad requests throw a clear EngineError and leave the engine usable', async () => {
     const { engine, greedy } = setups['kimi-k2'];
     const bad: [string, () => Promise<unknown>, RegExp][] = [

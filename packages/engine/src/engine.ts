@@ -240,7 +240,7 @@ export class Engine {
       } else checkInt('budget', budget, 1, this.options.maxBudget);
       state = { drafter, depth, budget, skip: 0, backoff: 1 };
     }
-    const lookahead = state ? Math.max(state.depth, state.budget === 'auto' ? this.options.maxBudget : state.budget) + 1 : 1;
+    const lookahead = this.scratchSlots({ spec, budget: state?.budget, depth: state?.depth });
     if (tokens.length + maxNew + lookahead > cap) {
       throw new EngineError('KDTREE_ENGINE_CAPACITY', `prompt (${tokens.length}) + maxNew (${maxNew}) + a step's ${lookahead} scratch slots exceed the KV cache of ${cap} tokens (cacheTokens; kdtree run --cache-tokens)`, 'maxNew');
     }
@@ -251,6 +251,18 @@ export class Engine {
     } finally {
       release();
     }
+  }
+
+  /**
+   * The KV cache slots a step of a generation with these options holds beyond the sequence (the
+   * chain or tree it verifies; 1 for greedy). A generation fits when prompt + maxNew + this is at
+   * most `cacheTokens`, so `cacheTokens - prompt - scratchSlots(options)` is the most it may ask
+   * for (what a server offers as the room left in its context).
+   */
+  scratchSlots(options: Pick<GenerateOptions, 'spec' | 'budget' | 'depth'> = {}): number {
+    if ((options.spec ?? 'greedy') === 'greedy') return 1;
+    const budget = options.budget ?? 16;
+    return Math.max(options.depth ?? 4, budget === 'auto' ? this.options.maxBudget : budget) + 1;
   }
 
   /**
