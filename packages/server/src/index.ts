@@ -1,0 +1,10 @@
+export { createServer, KdtreeServer, type ListenOptions, type ServerOptions } from './server.js';
+export { ApiError, ServerError, invalidRequest, unsupported, type ApiErrorBody, type ApiErrorType, type ServerErrorCode } from './errors.js';
+export { completionStopTokens } from './completions.js';
+export { chatCompletionSchema, completionSchema, CHAT_ROLES } from './schemas.js';
+export { RequestQueue, type Ticket } from './request-queue.js';
+export { ServerMetrics, type Endpoint } from './metrics.js';
+export { StopMatcher } from './stop-matcher.js';
+export type { DecodingOptions, FinishReason, Usage } from './generation.js';
+export type { ChatCompletionBody, ChatDelta, ToolCallDelta } from './chat.js';
+export type { CompletionBody, TextDelta } from './completions.js';
