@@ -15,6 +15,8 @@ import { importSpec, runImport } from './commands/import.js';
 import { inspectSpec, runInspect } from './commands/inspect.js';
 import { quantizeSpec, runQuantize } from './commands/quantize.js';
 import { runRun, runSpec } from './commands/run.js';
+import { chatSpec, runChat } from './commands/chat.js';
+import { runServe, serveSpec } from './commands/serve.js';
 import { detokenizeSpec, runDetokenize, runTokenize, tokenizeSpec } from './commands/tokenize.js';
 import { runVerify, verifySpec } from './commands/verify.js';
 import { CLI_VERSION, processIO, type CommandIO } from './io.js';
@@ -32,6 +34,8 @@ export const COMMANDS: Command[] = [
   { spec: quantizeSpec, run: runQuantize },
   { spec: genModelSpec, run: runGenModel },
   { spec: runSpec, run: runRun },
+  { spec: chatSpec, run: runChat },
+  { spec: serveSpec, run: runServe },
   { spec: goldenSpec, run: runGolden },
   { spec: verifySpec, run: runVerify },
   { spec: backendSpec, run: runBackend },
@@ -42,7 +46,7 @@ export const COMMANDS: Command[] = [
 function topHelp(width = terminalWidth()): string {
   const column = Math.max(...COMMANDS.map((c) => c.spec.name.length));
   return [
-    wrap(`kdtree ${CLI_VERSION}: KDTR bundles, INT4 quantization and golden references for Kimi K2.x`, width),
+    wrap(`kdtree ${CLI_VERSION}: KDTR bundles, INT4 quantization, golden references and an OpenAI-compatible server for Kimi K2.x`, width),
     '',
     'usage: kdtree <command> [options]',
     '',

@@ -1,43 +1,34 @@
-import { BACKEND_KINDS } from '@kdtree/cuda';
-import { createEngine, SPECS, type GenerateOptions, type GenerationStats, type StepTrace } from '@kdtree/engine';
-import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
+import type { GenerateOptions, GenerationStats, StepTrace } from '@kdtree/engine';
+import { completionStopTokens } from '@kdtree/server';
+import { parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
+import { ENGINE_HELP, ENGINE_OPTIONS, ENGINE_USAGE, openEngine, parseEngineArgs } from '../engine-args.js';
 import { jsonReport, type CommandIO } from '../io.js';
-import { formatBytes } from '../output.js';
+import { openTokenizer } from '../model-tokenizer.js';
 import { tokenList } from '../token-list.js';
 
 export const runSpec: CommandSpec = {
   name: 'run',
   summary:
-    'Decode with the engine on the best native backend (cuda, else the cpu twin): greedy, or chain / DDTree speculation with an ngram or draft-model drafter, which emit exactly the tokens of greedy decoding. Tokens stream to stdout as steps accept them; the stats go to stderr.',
-  usage: 'kdtree run MODEL --prompt 1,2,3 --max-new N [--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH] [--budget B|auto] [--depth L] [--eos IDS] [--json] [--trace]',
+    "Decode with the engine on the best native backend (cuda, else the cpu twin): greedy, or chain / DDTree speculation with an ngram or draft-model drafter, which emit exactly the tokens of greedy decoding. The prompt is token ids (--prompt), or text (--text) encoded with the model's tokenizer, which then decodes the answer as it streams (the text kdtree serve's /v1/completions answers). Tokens or text stream to stdout as steps accept them; the stats go to stderr.",
+  usage: `kdtree run MODEL --prompt 1,2,3 | --text "..." --max-new N ${ENGINE_USAGE} [--eos IDS] [--tokenizer DIR] [--json] [--trace]`,
   help: [
     '--prompt IDS          comma-separated token ids',
+    "--text TEXT           the prompt as text, encoded with the model's tokenizer (special-token text parsed); the answer is printed as text",
     '--max-new N           tokens to generate at most',
-    '--backend KIND        auto (cuda, else cpu), cuda or cpu; default: $KDTREE_BACKEND, else auto',
-    '--device N            CUDA device ordinal (default 0)',
-    '--spec MODE           greedy (default), chain or ddtree',
-    '--drafter D           ngram (default) or model:PATH, a draft model of the same vocabulary',
-    '--budget B            draft nodes per step, or auto (ddtree: chosen each step from the cost curve); default 16',
-    '--depth L             draft depth (default 4)',
-    '--eos IDS             stop tokens (default: the config\'s eos_token_id; "" for none)',
-    '--cache-tokens N      KV cache capacity (default: 4096, or the model\'s max positions)',
-    '--cache-dtype T       bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
-    '--json                print the result as JSON (schema "kdtree.run/1": prompt, tokens, stats) at the end instead of streaming',
-    '--trace               with each step: the drafter\'s argmax per depth, the tree size and the tokens accepted',
+    ...ENGINE_HELP,
+    "--eos IDS             stop tokens (default: the config's eos_token_id, and with --text the tokenizer's eos; \"\" for none)",
+    "--tokenizer DIR       the tokenizer's model directory (default: the one the bundle carries, or MODEL's directory)",
+    '--json                print the result as JSON (schema "kdtree.run/1": prompt, tokens, stats; with --text also text) at the end instead of streaming',
+    "--trace               with each step: the drafter's argmax per depth, the tree size and the tokens accepted",
   ],
   options: {
     prompt: { type: 'string' },
+    text: { type: 'string' },
     'max-new': { type: 'string' },
-    backend: { type: 'string' },
-    device: { type: 'string' },
-    spec: { type: 'string' },
-    drafter: { type: 'string' },
-    budget: { type: 'string' },
-    depth: { type: 'string' },
+    ...ENGINE_OPTIONS,
     eos: { type: 'string' },
-    'cache-tokens': { type: 'string' },
-    'cache-dtype': { type: 'string' },
+    tokenizer: { type: 'string' },
     json: { type: 'boolean' },
     trace: { type: 'boolean' },
   },
@@ -59,66 +50,61 @@ function stepJson(t: StepTrace) {
 }
 
 export async function runRun(p: Parsed, io: CommandIO): Promise<number> {
-  if (p.values.prompt === undefined) throw new CliUsageError('run: --prompt is required', 'run');
-  const prompt = tokenList(p.values.prompt as string, '--prompt');
-  if (prompt.length === 0) throw new CliUsageError('--prompt: needs at least one token', 'run');
+  const text = p.values.text as string | undefined;
+  if ((p.values.prompt === undefined) === (text === undefined)) throw new CliUsageError(`run: give --prompt IDS or --text TEXT, not ${text === undefined ? 'neither' : 'both'}`, 'run');
+  if (p.values.tokenizer !== undefined && text === undefined) throw new CliUsageError('run: --tokenizer applies to --text', 'run');
+  const ids = text === undefined ? tokenList(p.values.prompt as string, '--prompt') : undefined;
+  if (ids?.length === 0) throw new CliUsageError('--prompt: needs at least one token', 'run');
   const maxNew = parseIntArg(p.values['max-new'] as string | undefined, '--max-new', { min: 0, max: 1 << 24 });
   if (maxNew === undefined) throw new CliUsageError('run: --max-new is required', 'run');
-  const spec = parseChoice(p.values.spec as string | undefined, '--spec', SPECS) ?? 'greedy';
-  const budgetText = p.values.budget as string | undefined;
-  const budget = budgetText === 'auto' ? 'auto' : parseIntArg(budgetText, '--budget', { min: 1, max: 1024 });
-  const depth = parseIntArg(p.values.depth as string | undefined, '--depth', { min: 1, max: 64 });
-  const cacheDtype = parseChoice(p.values['cache-dtype'] as string | undefined, '--cache-dtype', ['bf16', 'f32'] as const);
-  const options: GenerateOptions = {
-    maxNew,
-    spec,
-    drafter: p.values.drafter as string | undefined,
-    budget,
-    depth,
-    eos: p.values.eos === undefined ? undefined : tokenList(p.values.eos as string, '--eos'),
-    trace: Boolean(p.values.trace),
-  };
-  if (spec === 'greedy' && (options.drafter !== undefined || budget !== undefined || depth !== undefined)) {
-    throw new CliUsageError('run: --drafter, --budget and --depth apply to --spec chain or ddtree', 'run');
-  }
-  const cacheTokens = parseIntArg(p.values['cache-tokens'] as string | undefined, '--cache-tokens', { min: 2, max: 2 ** 30 });
-  const progress = p.values.json ? undefined : io.progress('loading', 1, { unit: 'bytes' });
-  let bar = progress;
-  const engine = await createEngine({
-    model: p.positionals[0],
-    backend: parseChoice(p.values.backend as string | undefined, '--backend', BACKEND_KINDS),
-    device: parseIntArg(p.values.device as string | undefined, '--device', { min: 0, max: 2 ** 31 - 1 }),
-    cacheTokens,
-    cacheDtype,
-    maxBudget: typeof budget === 'number' ? Math.max(64, budget) : undefined,
-    maxDepth: depth !== undefined ? Math.max(16, depth) : undefined,
-    onLoadProgress: (l) => {
-      if (bar === progress && progress) bar = io.progress('loading', l.bytesTotal, { unit: 'bytes' });
-      bar?.update(l.bytesDone, l.part);
-    },
-  });
+  const args = parseEngineArgs(p, 'run');
+  const eosGiven = p.values.eos === undefined ? undefined : tokenList(p.values.eos as string, '--eos');
+  // the tokenizer first: a model without one fails before the weights load
+  const tokenizer = text === undefined ? undefined : await openTokenizer((p.values.tokenizer as string | undefined) ?? p.positionals[0]);
   try {
-    bar?.finish(`${formatBytes(engine.memory.total)} on ${engine.backend.kind}`);
-    const tokens: number[] = [];
-    const steps: StepTrace[] = [];
-    let stats: GenerationStats | undefined;
-    for await (const chunk of engine.generate(prompt, options)) {
-      if (!p.values.json && chunk.tokens.length > 0) io.write(`${tokens.length > 0 ? ', ' : ''}${chunk.tokens.join(', ')}`);
-      tokens.push(...chunk.tokens);
-      if (chunk.step) {
-        steps.push(chunk.step);
-        if (!p.values.json) io.err(`\nstep ${steps.length}: draft top-1 [${chunk.step.draftTop1.join(', ')}], tree ${chunk.step.treeSize} nodes, ${chunk.step.accepted} accepted`);
+    const prompt = ids ?? tokenizer!.encode(text!);
+    if (prompt.length === 0) throw new CliUsageError('--text: the text encodes to no tokens', 'run');
+    const engine = await openEngine(p.positionals[0], args, io, Boolean(p.values.json));
+    try {
+      // with text, the answer ends where /v1/completions ends it: the config's eos and the tokenizer's
+      const eos = eosGiven ?? (tokenizer ? completionStopTokens(engine.config, tokenizer) : undefined);
+      const options: GenerateOptions = { maxNew, ...args.decoding, eos, trace: Boolean(p.values.trace) };
+      const tokens: number[] = [];
+      const steps: StepTrace[] = [];
+      let stats: GenerationStats | undefined;
+      // the text of /v1/completions: special tokens and the stop token left out
+      const stops = new Set(eos ?? []);
+      const decoder = tokenizer?.streamDecoder({ skipSpecial: true });
+      let answer = '';
+      for await (const chunk of engine.generate(prompt, options)) {
+        if (decoder !== undefined) {
+          const piece = decoder.push(chunk.tokens.filter((t) => !stops.has(t)));
+          answer += piece;
+          if (!p.values.json) io.write(piece);
+        } else if (!p.values.json && chunk.tokens.length > 0) io.write(`${tokens.length > 0 ? ', ' : ''}${chunk.tokens.join(', ')}`);
+        tokens.push(...chunk.tokens);
+        if (chunk.step) {
+          steps.push(chunk.step);
+          if (!p.values.json) io.err(`\nstep ${steps.length}: draft top-1 [${chunk.step.draftTop1.join(', ')}], tree ${chunk.step.treeSize} nodes, ${chunk.step.accepted} accepted`);
+        }
+        stats = chunk.stats ?? stats;
       }
-      stats = chunk.stats ?? stats;
+      if (decoder !== undefined) {
+        const tail = decoder.flush();
+        answer += tail;
+        if (!p.values.json) io.write(tail);
+      }
+      if (p.values.json) {
+        io.out(jsonReport('kdtree.run/1', { prompt, ...(text !== undefined ? { text: answer } : {}), tokens, stats: statsJson(stats!), ...(options.trace ? { steps: steps.map(stepJson) } : {}) }));
+      } else {
+        io.write('\n');
+        io.err(statsLine(stats!, tokens.length));
+      }
+      return 0;
+    } finally {
+      await engine.dispose();
     }
-    if (p.values.json) {
-      io.out(jsonReport('kdtree.run/1', { prompt, tokens, stats: statsJson(stats!), ...(options.trace ? { steps: steps.map(stepJson) } : {}) }));
-    } else {
-      io.write('\n');
-      io.err(statsLine(stats!, tokens.length));
-    }
-    return 0;
   } finally {
-    await engine.dispose();
+    tokenizer?.free();
   }
 }

@@ -1,9 +1,8 @@
-import { readFile, stat } from 'node:fs/promises';
-import { openBundle } from '@kdtree/format';
-import { loadTokenizer, TOKENIZER_METADATA_KEY, tokenizerFromMetadata, TokenizerError, type Tokenizer } from '@kdtree/tokenizer';
+import { readFile } from 'node:fs/promises';
 import type { CommandSpec, Parsed } from '../args.js';
 import { CliError, CliUsageError } from '../cli-error.js';
 import { json, type CommandIO } from '../io.js';
+import { openTokenizer } from '../model-tokenizer.js';
 
 const MODEL_HELP = 'MODEL                 a model directory (tiktoken.model, tokenizer_config.json) or a KDTR bundle carrying its tokenizer';
 
@@ -35,35 +34,6 @@ export const detokenizeSpec: CommandSpec = {
   positionals: [2, 2],
 };
 
-/**
- * The tokenizer of a model directory, or of a KDTR bundle that carries one in its metadata
- * (`metadata.tokenizer`, see docs/tokenizer.md).
- */
-export async function openTokenizer(path: string): Promise<Tokenizer> {
-  const info = await stat(path).catch(() => undefined);
-  if (info === undefined) throw new CliError(`${path}: no such file or directory (expected a model directory or a KDTR bundle)`);
-  return withTokenizerErrors(async () => {
-    if (info.isDirectory()) return loadTokenizer(path);
-    const bundle = await openBundle(path);
-    try {
-      const tokenizer = tokenizerFromMetadata(bundle.metadata, path);
-      if (tokenizer === undefined) throw new CliError(`${path}: the bundle carries no tokenizer (metadata.${TOKENIZER_METADATA_KEY}); give the model directory it came from`);
-      return tokenizer;
-    } finally {
-      await bundle.close();
-    }
-  });
-}
-
-/** TokenizerError is this command's expected failure: one line, exit 1. */
-async function withTokenizerErrors<T>(run: () => Promise<T> | T): Promise<T> {
-  try {
-    return await run();
-  } catch (error) {
-    throw error instanceof TokenizerError ? new CliError(error.message) : error;
-  }
-}
-
 async function readText(file: string): Promise<string> {
   const bytes = file === '-' ? await readStdin() : await readFile(file);
   try {
@@ -85,7 +55,7 @@ export async function runTokenize(p: Parsed, io: CommandIO): Promise<number> {
   if ((text === undefined) === (file === undefined)) throw new CliUsageError(`tokenize: give the text or --file F, not ${text === undefined ? 'neither' : 'both'}\nusage: ${tokenizeSpec.usage}`, 'tokenize');
   const input = text ?? (await readText(file!));
   const tokenizer = await openTokenizer(model);
-  const ids = await withTokenizerErrors(() => tokenizer.encode(input, { allowSpecial: !p.values['no-special'] }));
+  const ids = tokenizer.encode(input, { allowSpecial: !p.values['no-special'] });
   io.out(p.values.json ? json({ schema: 'kdtree.tokenize/1', ids }) : ids.join(','));
   return 0;
 }
@@ -105,7 +75,7 @@ export async function runDetokenize(p: Parsed, io: CommandIO): Promise<number> {
   const [model, idsText] = p.positionals;
   const tokenizer = await openTokenizer(model);
   const ids = parseIds(idsText, tokenizer.vocabSize);
-  const text = await withTokenizerErrors(() => tokenizer.decode(ids, { skipSpecial: Boolean(p.values['skip-special']) }));
+  const text = tokenizer.decode(ids, { skipSpecial: Boolean(p.values['skip-special']) });
   io.out(p.values.json ? json({ schema: 'kdtree.detokenize/1', text }) : text);
   return 0;
 }

@@ -1,0 +1,29 @@
+import { stat } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { openBundle } from '@kdtree/format';
+import { loadTokenizer, TOKENIZER_METADATA_KEY, tokenizerFromMetadata, type Tokenizer } from '@kdtree/tokenizer';
+import { CliError } from './cli-error.js';
+
+/**
+ * The tokenizer of a model: a model directory's files (tiktoken.model, tokenizer_config.json,
+ * chat_template.jinja), or what a KDTR bundle carries in its metadata (`metadata.tokenizer`, see
+ * docs/tokenizer.md), or the files beside a safetensors checkpoint.
+ */
+export async function openTokenizer(path: string): Promise<Tokenizer> {
+  const info = await stat(path).catch(() => undefined);
+  if (info === undefined) throw new CliError(`${path}: no such file or directory (expected a model directory or a KDTR bundle)`);
+  if (info.isDirectory()) return loadTokenizer(path);
+  if (/\.safetensors$/i.test(path)) {
+    const dir = dirname(path);
+    if ((await stat(join(dir, 'tiktoken.model')).catch(() => undefined)) !== undefined) return loadTokenizer(dir);
+    throw new CliError(`${path}: no tokenizer beside it (no ${join(dir, 'tiktoken.model')}); give its model directory with --tokenizer DIR`);
+  }
+  const bundle = await openBundle(path);
+  try {
+    const tokenizer = tokenizerFromMetadata(bundle.metadata, path);
+    if (tokenizer === undefined) throw new CliError(`${path}: the bundle carries no tokenizer (metadata.${TOKENIZER_METADATA_KEY}); give the model directory it came from (--tokenizer DIR), or import it from there`);
+    return tokenizer;
+  } finally {
+    await bundle.close();
+  }
+}
