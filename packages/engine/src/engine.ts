@@ -129,9 +129,6 @@ export class Engine {
   /** f32 [maxDepth, vocab]: the drafter's per-depth logits. */
   private readonly draftLogits: DeviceTensor;
   private readonly draftTop1: DeviceTensor;
-  /** i32: parents of a chain (-1, 0, 1, ...) and each chain length's node count. */
-  private readonly chainParents: DeviceTensor;
-  private readonly chainSizes = new Map<number, DeviceTensor>();
   private readonly drafters = new Map<string, Promise<Drafter>>();
   private readonly costs = new Map<number, CostCurve>();
   private tail: Promise<void> = Promise.resolve();
@@ -152,7 +149,6 @@ export class Engine {
     this.tree = this.runner.treeBuffers(nodes);
     this.draftLogits = this.runner.own(b.zeros('f32', [options.maxDepth, model.config.vocabSize]));
     this.draftTop1 = this.runner.own(b.zeros('i32', [options.maxDepth]));
-    this.chainParents = this.runner.own(b.fromArray('i32', [nodes], Int32Array.from({ length: nodes }, (_, i) => i - 1)));
   }
 
   get device(): string {
@@ -393,46 +389,13 @@ export class Engine {
   /** The graph of a tree verify with budget `budget` at depth `depth`: build on the device, then verify, accept, commit. */
   private treeGraph(budget: number, depth: number): Graph {
     const r = this.runner;
-    const t = this.tree;
-    const n = budget + 1;
-    const V = this.config.vocabSize;
-    return r.graph(`tree ${budget} ${depth}`, (stream) => {
-      const nodes = (x: DeviceTensor) => view(x, [n]);
-      this.backend.native.ddtreeBuild({
-        draftLogits: view(this.draftLogits, [depth, V]),
-        rootOnDevice: r.token,
-        budget,
-        startOnDevice: r.cache.length[0],
-        tokens: nodes(t.tokens),
-        parents: nodes(t.parents),
-        depths: nodes(t.depths),
-        positions: nodes(t.positions),
-        mask: view(t.mask, [n, n]),
-        size: t.size,
-        stream,
-      });
-      r.queueVerify(t, n, stream);
-    });
+    return r.graph(`tree ${budget} ${depth}`, (stream) => r.queueTreeStep(this.tree, view(this.draftLogits, [depth, this.config.vocabSize]), budget, stream));
   }
 
   /** The graph of a chain of `length` draft tokens: the drafter's argmax at depths 1..length, causal. */
   private chainGraph(length: number): Graph {
     const r = this.runner;
-    const b = this.backend;
-    const n = length + 1;
-    const V = this.config.vocabSize;
-    let size = this.chainSizes.get(n);
-    if (size === undefined) {
-      size = r.own(b.fromArray('i32', [1], Int32Array.of(n)));
-      this.chainSizes.set(n, size);
-    }
-    const tree = { ...this.tree, parents: this.chainParents, size };
-    return r.graph(`chain ${length}`, (stream) => {
-      b.native.copy({ dst: tree.tokens.buffer, src: r.token.buffer, bytes: 4, stream });
-      b.native.argmax({ x: view(this.draftLogits, [length, V]), out: view(tree.tokens, [length], 1), stream });
-      b.native.arange({ out: view(tree.positions, [n]), startOnDevice: r.cache.length[0], stream });
-      r.queueVerify(tree, n, stream, true);
-    });
+    return r.graph(`chain ${length}`, (stream) => r.queueChainStep(this.tree, view(this.draftLogits, [length, this.config.vocabSize]), length, stream));
   }
 
   private speculativeStep(spec: Spec, state: SpecState, context: number[], trace: boolean): { emitted: number[]; trace?: StepTrace } {

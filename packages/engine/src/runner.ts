@@ -231,6 +231,56 @@ export class Runner {
     b.native.kvCommit({ caches: this.cache.all(), path: view(tree.path, [n]), pathLen: tree.pathLen, startOnDevice: L, nextStart: L, stream });
   }
 
+  /**
+   * A DDTree step on the device: the best tree of `budget` nodes under `draftLogits` [depth,
+   * vocab], rooted at `token` at position L, built into `tree`, then verified, accepted and
+   * committed (queueVerify).
+   */
+  queueTreeStep(tree: TreeBuffers, draftLogits: DeviceTensor, budget: number, stream: number, logProbs?: DeviceTensor): void {
+    const n = budget + 1;
+    const nodes = (x: DeviceTensor) => view(x, [n]);
+    this.b.native.ddtreeBuild({
+      draftLogits,
+      rootOnDevice: this.token,
+      budget,
+      startOnDevice: this.cache.length[0],
+      tokens: nodes(tree.tokens),
+      parents: nodes(tree.parents),
+      depths: nodes(tree.depths),
+      positions: nodes(tree.positions),
+      mask: view(tree.mask, [n, n]),
+      size: tree.size,
+      logProbs: logProbs && view(logProbs, [n]),
+      stream,
+    });
+    this.queueVerify(tree, n, stream);
+  }
+
+  /** i32 [nodes]: a chain's parents (-1, 0, 1, ...); i32 [1] per length: its node count. */
+  private chainParents: DeviceTensor | undefined;
+  private readonly chainSizes = new Map<number, DeviceTensor>();
+
+  /**
+   * A chain step (DFlash's verification): the root `token` and the argmax of each of the
+   * `length` rows of `draftLogits`, verified causally at positions L.., accepted and committed.
+   */
+  queueChainStep(tree: TreeBuffers, draftLogits: DeviceTensor, length: number, stream: number): void {
+    const b = this.b;
+    const n = length + 1;
+    const nodes = tree.tokens.shape[0];
+    this.chainParents ??= this.own(b.fromArray('i32', [nodes], Int32Array.from({ length: nodes }, (_, i) => i - 1)));
+    let size = this.chainSizes.get(n);
+    if (size === undefined) {
+      size = this.own(b.fromArray('i32', [1], Int32Array.of(n)));
+      this.chainSizes.set(n, size);
+    }
+    const chain = { ...tree, parents: this.chainParents, size };
+    b.native.copy({ dst: chain.tokens.buffer, src: this.token.buffer, bytes: 4, stream });
+    b.native.argmax({ x: view(draftLogits, [length, this.model.config.vocabSize]), out: view(chain.tokens, [length], 1), stream });
+    b.native.arange({ out: view(chain.positions, [n]), startOnDevice: this.cache.length[0], stream });
+    this.queueVerify(chain, n, stream, true);
+  }
+
   dispose(): void {
     for (const g of this.graphs.values()) if (!g.freed) this.b.native.freeGraph(g);
     this.graphs.clear();
