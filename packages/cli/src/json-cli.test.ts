@@ -13,6 +13,8 @@ import { runCli } from './test-support/run-cli.js';
 const dir = mkdtempSync(join(tmpdir(), 'kdtree-json-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 const README = readFileSync(join(import.meta.dirname, '..', 'README.md'), 'utf8');
+/** The synthetic tokenizer directory @kdtree/tokenizer commits for its tests. */
+const TOKENIZER = join(import.meta.dirname, '..', '..', 'tokenizer', 'fixtures', 'synthetic-8192');
 
 /** Keys of `value` at every depth, except inside user data (bundle metadata, model configs). */
 function keys(value: unknown, path = ''): string[] {
@@ -36,6 +38,8 @@ describe('--json outputs', () => {
       golden: ['golden', model, '--prompt', '1,2', '--max-new', '2', '--json'],
       run: ['run', model, '--prompt', '1,2', '--max-new', '3', '--backend', 'cpu', '--spec', 'ddtree', '--budget', '4', '--depth', '2', '--trace', '--json'],
       backend: ['backend', '--backend', 'cpu', '--json'],
+      tokenize: ['tokenize', TOKENIZER, 'Hello, 世界', '--json'],
+      detokenize: ['detokenize', TOKENIZER, '1,2,3', '--json'],
     };
     const withJson = COMMANDS.filter((c) => 'json' in c.spec.options).map((c) => c.spec.name);
     expect(Object.keys(runs).sort()).toEqual(withJson.sort());
