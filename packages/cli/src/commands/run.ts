@@ -10,7 +10,7 @@ export const runSpec: CommandSpec = {
   name: 'run',
   summary:
     'Decode with the engine on the best native backend (cuda, else the cpu twin): greedy, or chain / DDTree speculation with an ngram or draft-model drafter, which emit exactly the tokens of greedy decoding. Tokens stream to stdout as steps accept them; the stats go to stderr.',
-  usage: 'kdtree run MODEL --prompt 1,2,3 --max-new N [--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH] [--budget B|auto] [--depth L] [--eos IDS] [--json] [--trace]',
+  usage: 'kdtree run MODEL --prompt 1,2,3 --max-new N [--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH] [--budget B|auto] [--depth L] [--eos IDS] [--tp N] [--json] [--trace]',
   help: [
     '--prompt IDS          comma-separated token ids',
     '--max-new N           tokens to generate at most',
@@ -23,6 +23,8 @@ export const runSpec: CommandSpec = {
     '--eos IDS             stop tokens (default: the config\'s eos_token_id; "" for none)',
     '--cache-tokens N      KV cache capacity (default: 4096, or the model\'s max positions)',
     '--cache-dtype T       bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
+    '--tp N                tensor-parallel ranks (default 1): the model split over N ranks, started as worker threads (cpu backend)',
+    '--tp-timeout MS       how long a rank may go silent before the run ends naming it (default 20000)',
     '--json                print the result as JSON (schema "kdtree.run/1": prompt, tokens, stats) at the end instead of streaming',
     '--trace               with each step: the drafter\'s argmax per depth, the tree size and the tokens accepted',
   ],
@@ -38,6 +40,8 @@ export const runSpec: CommandSpec = {
     eos: { type: 'string' },
     'cache-tokens': { type: 'string' },
     'cache-dtype': { type: 'string' },
+    tp: { type: 'string' },
+    'tp-timeout': { type: 'string' },
     json: { type: 'boolean' },
     trace: { type: 'boolean' },
   },
@@ -46,12 +50,12 @@ export const runSpec: CommandSpec = {
 
 function statsLine(s: GenerationStats, tokens: number): string {
   const spec = s.drafter ? `${s.spec} (${s.drafter})` : s.spec;
-  return `${tokens} tokens, ${spec} on ${s.backend} (${s.device}): ${s.tokensPerSecond.toFixed(1)} tokens/s, prefill ${s.prefillMs.toFixed(1)} ms, decode ${s.decodeMs.toFixed(1)} ms, ${s.targetForwards} target forwards, ${s.meanAcceptedLength.toFixed(2)} tokens per step`;
+  return `${tokens} tokens, ${spec} on ${s.backend} (${s.device}${s.tp > 1 ? `, ${s.tp} ranks` : ''}): ${s.tokensPerSecond.toFixed(1)} tokens/s, prefill ${s.prefillMs.toFixed(1)} ms, decode ${s.decodeMs.toFixed(1)} ms, ${s.targetForwards} target forwards, ${s.meanAcceptedLength.toFixed(2)} tokens per step`;
 }
 
 /** The --json forms of the engine's stats and step traces: snake_case, as every --json output. */
 function statsJson(s: GenerationStats) {
-  return { backend: s.backend, device: s.device, spec: s.spec, drafter: s.drafter, tokens_per_second: s.tokensPerSecond, prefill_ms: s.prefillMs, decode_ms: s.decodeMs, target_forwards: s.targetForwards, steps: s.steps, mean_accepted_length: s.meanAcceptedLength, stopped_by: s.stoppedBy };
+  return { backend: s.backend, device: s.device, tp: s.tp, spec: s.spec, drafter: s.drafter, tokens_per_second: s.tokensPerSecond, prefill_ms: s.prefillMs, decode_ms: s.decodeMs, target_forwards: s.targetForwards, steps: s.steps, mean_accepted_length: s.meanAcceptedLength, stopped_by: s.stoppedBy };
 }
 
 function stepJson(t: StepTrace) {
@@ -90,6 +94,8 @@ export async function runRun(p: Parsed, io: CommandIO): Promise<number> {
     device: parseIntArg(p.values.device as string | undefined, '--device', { min: 0, max: 2 ** 31 - 1 }),
     cacheTokens,
     cacheDtype,
+    tp: parseIntArg(p.values.tp as string | undefined, '--tp', { min: 1, max: 64 }),
+    tpTimeoutMs: parseIntArg(p.values['tp-timeout'] as string | undefined, '--tp-timeout', { min: 100, max: 3_600_000 }),
     maxBudget: typeof budget === 'number' ? Math.max(64, budget) : undefined,
     maxDepth: depth !== undefined ? Math.max(16, depth) : undefined,
     onLoadProgress: (l) => {
