@@ -14,7 +14,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { argmax, greedyDecode, loadModel, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, teacherForcedLogits, top2Margin, writeSyntheticModel, type ModelPreset } from '@kdtree/reference';
 import { createBackend } from '@kdtree/cuda';
-import { createEngine, type GenerateOptions } from '@kdtree/engine';
+import { createEngine, DeviceModel, ModelSource, Runner, type GenerateOptions } from '@kdtree/engine';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const results: { check: string; ok: boolean; detail: string }[] = [];
@@ -23,7 +23,8 @@ const record = (check: string, ok: boolean, detail: string) => {
   console.log(`${ok ? 'PASS' : 'FAIL'} ${check}${detail ? `\n     ${detail}` : ''}`);
 };
 const work = mkdtempSync(join(tmpdir(), 'kdtree-engine-check-'));
-const loadOptions = { backend: createBackend({ backend: 'cuda', searchPaths: [here], onlySearchPaths: true }) };
+// KDTREE_ENGINE_CHECK_BACKEND=cpu runs the same checks on the cpu twin (a check of the script itself)
+const loadOptions = { backend: createBackend({ backend: (process.env.KDTREE_ENGINE_CHECK_BACKEND ?? 'cuda') as 'cuda' | 'cpu', searchPaths: [here], onlySearchPaths: true }) };
 
 async function pair(preset: ModelPreset, seed: number) {
   const config = parseModelConfig(presetConfigJson(preset), preset);
@@ -36,6 +37,7 @@ async function pair(preset: ModelPreset, seed: number) {
 }
 
 const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
+const view = (t: { buffer: any; dtype: any; offset?: number }, shape: number[]) => ({ buffer: t.buffer, dtype: t.dtype, shape, offset: t.offset ?? 0 });
 
 for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
   const t0 = performance.now();
@@ -77,6 +79,51 @@ for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
     await engine.dispose();
   }
   console.log(`   (${preset}: ${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+}
+
+// every captured step (decode, DDTree steps, a chain step) against the same ops called directly,
+// from the same state, step after step: the cache, the token, the committed length, the path
+{
+  const { target } = await pair('tiny', 31);
+  const b = loadOptions.backend;
+  const source = await ModelSource.open(target);
+  const model = await DeviceModel.load(b, source, { rows: 64 });
+  await source.close();
+  const r = new Runner(b, model, 256, 'bf16', 64);
+  const tree = r.treeBuffers(33);
+  const V = model.config.vocabSize;
+  let x = 99;
+  const draft = r.own(b.fromArray('f32', [4, V], Float32Array.from({ length: 4 * V }, () => ((x = (Math.imul(x, 1103515245) + 12345) >>> 0) / 2 ** 32) * 6)));
+  const tensors = () => [...r.cache.all(), r.token, r.cache.length[0], tree.path, tree.pathLen];
+  const state = () => tensors().map((t) => Buffer.from((b.toArray(t) as Uint8Array).buffer.slice(0)));
+  const failures: string[] = [];
+  const steps: [string, (s: number) => void][] = [
+    ['decode', (s) => r.queueAppend(1, r.token, view(tree.logits, [1, V]), s)],
+    ...[4, 16, 32].map((budget): [string, (s: number) => void] => [`tree ${budget}`, (s) => r.queueTreeStep(tree, draft, budget, s)]),
+    ['chain 4', (s) => r.queueChainStep(tree, draft, 4, s)],
+  ];
+  for (const [label, queue] of steps) {
+    r.prefill(PROMPT, 0);
+    const start = state();
+    const direct: Buffer[][] = [];
+    for (let i = 0; i < 4; i++) {
+      queue(0);
+      b.synchronize();
+      direct.push(state());
+    }
+    tensors().forEach((t, i) => b.native.upload(t.buffer, new Uint8Array(start[i]), t.offset ?? 0));
+    const graph = r.graph(label, queue);
+    for (let i = 0; i < 4; i++) {
+      r.launch(graph);
+      b.synchronize();
+      state().forEach((bytes, j) => {
+        if (!bytes.equals(direct[i][j])) failures.push(`${label} step ${i + 1} tensor ${j}`);
+      });
+    }
+  }
+  record('captured steps (decode, DDTree budgets 4/16/32, chain 4) == the same ops called directly, 4 steps each', failures.length === 0, failures.slice(0, 8).join('; '));
+  r.dispose();
+  model.dispose();
 }
 
 // the forward pass against the reference on transformers' fixtures: the GPU's GEMMs round x to bf16

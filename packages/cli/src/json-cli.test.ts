@@ -13,6 +13,8 @@ import { runCli } from './test-support/run-cli.js';
 const dir = mkdtempSync(join(tmpdir(), 'kdtree-json-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 const README = readFileSync(join(import.meta.dirname, '..', 'README.md'), 'utf8');
+/** The synthetic tokenizer directory @kdtree/tokenizer commits for its tests. */
+const TOKENIZER = join(import.meta.dirname, '..', '..', 'tokenizer', 'fixtures', 'synthetic-8192');
 
 /** Keys of `value` at every depth, except inside user data (bundle metadata, model configs). */
 function keys(value: unknown, path = ''): string[] {
@@ -25,8 +27,6 @@ describe('--json outputs', () => {
   it('each carries its schema first and uses snake_case keys', async () => {
     const model = join(dir, 'm.kdtr');
     const st = join(dir, 'w.safetensors');
-    const small = join(dir, 'small.kdtr'); // a bundle with a tokenizer
-    expect(runCli(['gen-model', '--preset', 'small', '-o', small, '-q']).status).toBe(0);
     await writeSafetensors(st, [{ name: 'model.layers.0.mlp.experts.0.up_proj.weight', dtype: 'F32', shape: [8, 32], data: new Uint8Array(1024) }]);
     const runs: Record<string, string[]> = {
       'gen-model': ['gen-model', '--preset', 'tiny', '-o', model, '--quant', 'seed', '--json'],
@@ -38,8 +38,8 @@ describe('--json outputs', () => {
       golden: ['golden', model, '--prompt', '1,2', '--max-new', '2', '--json'],
       run: ['run', model, '--prompt', '1,2', '--max-new', '3', '--backend', 'cpu', '--spec', 'ddtree', '--budget', '4', '--depth', '2', '--trace', '--json'],
       backend: ['backend', '--backend', 'cpu', '--json'],
-      tokenize: ['tokenize', small, 'hi', '--json'],
-      detokenize: ['detokenize', small, '104,105', '--json'],
+      tokenize: ['tokenize', TOKENIZER, 'Hello, 世界', '--json'],
+      detokenize: ['detokenize', TOKENIZER, '1,2,3', '--json'],
     };
     const withJson = COMMANDS.filter((c) => 'json' in c.spec.options).map((c) => c.spec.name);
     expect(Object.keys(runs).sort()).toEqual(withJson.sort());

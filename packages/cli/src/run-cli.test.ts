@@ -55,3 +55,41 @@ describe('kdtree run', () => {
     }
   });
 });
+
+describe('kdtree run --tp', () => {
+  const float = join(dir, 'tiny-float.kdtr');
+  let floatGolden: { prompt: number[]; tokens: number[] };
+  beforeAll(() => {
+    const r = runCli(['gen-model', '--preset', 'tiny', '--seed', '4', '-o', float, '--json']);
+    expect(r.status, r.stderr).toBe(0);
+    floatGolden = JSON.parse(r.stdout).golden;
+  });
+
+  it('2 ranks (worker threads) reproduce kdtree golden, greedy and DDTree', () => {
+    for (const spec of [[], ['--spec', 'ddtree', '--budget', '6', '--depth', '3']]) {
+      const r = runCli(['run', float, '--prompt', floatGolden.prompt.join(','), '--max-new', '16', '--eos', '', '--backend', 'cpu', '--tp', '2', '--json', ...spec]);
+      expect(r.status, r.stderr).toBe(0);
+      expect(JSON.parse(r.stdout)).toMatchObject({ tokens: floatGolden.tokens, stats: { backend: 'cpu', tp: 2 } });
+    }
+  });
+
+  it('a rank that throws or stalls ends the run: exit 1, one line naming the rank, no thread left behind', () => {
+    const cases: [string, RegExp][] = [
+      ['1:collective=12:throw', /tensor-parallel rank 1 threw during a decode step: injected fault at collective 12/],
+      ['1:collective=12:stall', /tensor-parallel rank 1 stalled: it did not reach an? (all-reduce|all-gather) \(collective 12\) within 1000 ms/],
+    ];
+    for (const [fault, message] of cases) {
+      const t0 = Date.now();
+      // a worker thread left running would keep the process alive: spawnSync would not return
+      const r = runCli(['run', float, '--prompt', '1,2,3', '--max-new', '8', '--backend', 'cpu', '--tp', '2', '--tp-timeout', '1000'], { env: { KDTREE_TP_FAULT: fault }, timeoutMs: 60_000 });
+      expect(r.status, r.stderr).toBe(1);
+      expect(r.stderr).toMatch(message);
+      expect(r.stderr).not.toMatch(/internal error|    at /);
+      expect(Date.now() - t0).toBeLessThan(20_000);
+    }
+    const bad = runCli(['run', float, '--prompt', '1,2', '--max-new', '2', '--backend', 'cpu', '--tp', '4']);
+    expect(bad.status).toBe(1);
+    expect(bad.stderr).toMatch(/q_b_proj\.weight \[48, 32\]: its heads \(num_attention_heads\) \(2\) does not split over 4 ranks/);
+  });
+});
+

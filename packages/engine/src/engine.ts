@@ -11,8 +11,9 @@
  * Generations on one engine run one after another (a call waits for the previous one to finish).
  * Speculative decoding (chain, ddtree) emits exactly the tokens of greedy decoding of the target.
  */
-import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor, type Graph } from '@kdtree/cuda';
+import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor } from '@kdtree/cuda';
 import { bucketsUpTo, BudgetPolicy, type CostCurve } from './budget.js';
+import { HostCollective } from './collective.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
 import { argumentError, checkInt, EngineError } from './errors.js';
 import type { CacheDtype } from './kv-cache.js';
@@ -21,6 +22,8 @@ import { checkFits, estimateMemory, type MemoryEstimate } from './memory.js';
 import { DeviceModel, type LoadProgress } from './model.js';
 import { ModelSource, type WeightReader } from './model-source.js';
 import { Runner, type TreeBuffers } from './runner.js';
+import type { Shard } from './shard.js';
+import { parseTpFault, TP_TIMEOUT_MS, TpGroup, type TpFault } from './tp.js';
 
 export type Spec = 'greedy' | 'chain' | 'ddtree';
 export const SPECS: readonly Spec[] = ['greedy', 'chain', 'ddtree'];
@@ -46,6 +49,17 @@ export interface EngineOptions {
   maxBudget?: number;
   /** The deepest draft (default 16). */
   maxDepth?: number;
+  /**
+   * Tensor-parallel ranks (default 1): the model split over `tp` ranks (heads, intermediate
+   * channels and vocabulary; docs/tp.md). On the cpu backend the engine starts tp - 1 worker
+   * threads itself; `model` must then be a path, which every rank reads its shard of.
+   */
+  tp?: number;
+  /** Under tp > 1: how long a rank may go silent (loading a part, reaching a collective) before the run ends with an error naming it (default 20000 ms). */
+  tpTimeoutMs?: number;
+  /** Under tp > 1, for tests: a fault to inject, `RANK:load:KIND` or `RANK:collective=N:KIND` (KIND throw, stall or exit); default $KDTREE_TP_FAULT. */
+  tpFault?: string;
+  /** Progress of the model's load (rank 0's shard under tp > 1). */
   onLoadProgress?: (progress: LoadProgress) => void;
   signal?: AbortSignal;
   /** Backend choice and fallbacks, one line each. */
@@ -82,6 +96,8 @@ export interface StepTrace {
 export interface GenerationStats {
   backend: 'cpu' | 'cuda';
   device: string;
+  /** Tensor-parallel ranks the model ran on. */
+  tp: number;
   spec: Spec;
   drafter: string | null;
   /** Tokens after the first, per second of decoding. */
@@ -129,9 +145,6 @@ export class Engine {
   /** f32 [maxDepth, vocab]: the drafter's per-depth logits. */
   private readonly draftLogits: DeviceTensor;
   private readonly draftTop1: DeviceTensor;
-  /** i32: parents of a chain (-1, 0, 1, ...) and each chain length's node count. */
-  private readonly chainParents: DeviceTensor;
-  private readonly chainSizes = new Map<number, DeviceTensor>();
   private readonly drafters = new Map<string, Promise<Drafter>>();
   private readonly costs = new Map<number, CostCurve>();
   private tail: Promise<void> = Promise.resolve();
@@ -143,7 +156,10 @@ export class Engine {
     readonly model: DeviceModel,
     readonly source: { path: string; configJson: Record<string, unknown> },
     readonly options: Required<Pick<EngineOptions, 'cacheTokens' | 'cacheDtype' | 'prefillChunk' | 'maxBudget' | 'maxDepth'>>,
+    /** Per rank under tensor parallelism (rank 0's shard). */
     readonly memory: MemoryEstimate,
+    /** The other tensor-parallel ranks (absent with one). */
+    private readonly group?: TpGroup,
   ) {
     this.config = model.config;
     const b = backend;
@@ -152,7 +168,34 @@ export class Engine {
     this.tree = this.runner.treeBuffers(nodes);
     this.draftLogits = this.runner.own(b.zeros('f32', [options.maxDepth, model.config.vocabSize]));
     this.draftTop1 = this.runner.own(b.zeros('i32', [options.maxDepth]));
-    this.chainParents = this.runner.own(b.fromArray('i32', [nodes], Int32Array.from({ length: nodes }, (_, i) => i - 1)));
+    this.runner.useStepBuffers(this.tree, this.draftLogits);
+    this.runner.peers = group;
+  }
+
+  /** Tensor-parallel ranks the model runs on. */
+  get tp(): number {
+    return this.group?.world ?? 1;
+  }
+
+  /** Throws the failure of a tensor-parallel rank, once one has ended the group. */
+  private checkRanks(): void {
+    const failed = this.group?.failure();
+    if (failed) throw failed;
+  }
+
+  /** Runs `fn`; when a rank failed meanwhile, terminates the other ranks and throws that failure. */
+  private async guarded<T>(fn: () => Promise<T> | T): Promise<T> {
+    this.checkRanks();
+    try {
+      return await fn();
+    } catch (error) {
+      const failed = this.group?.failure();
+      if (failed) {
+        await this.group!.close();
+        throw failed;
+      }
+      throw error;
+    }
   }
 
   get device(): string {
@@ -247,7 +290,16 @@ export class Engine {
     const release = await this.lock();
     try {
       if (this.disposed) throw new EngineError('KDTREE_ENGINE_DISPOSED', 'the engine was disposed', 'engine');
+      this.checkRanks();
       return yield* this.decode(tokens, maxNew, eos, spec, state, options);
+    } catch (error) {
+      const failed = this.group?.failure();
+      if (failed) {
+        // the other ranks are stopping or stopped: end every thread now, not at dispose
+        await this.group!.close();
+        throw failed;
+      }
+      throw error;
     } finally {
       release();
     }
@@ -281,10 +333,12 @@ export class Engine {
     const taps = new Map<number, DeviceTensor>();
     let logits: DeviceTensor | undefined;
     try {
-      for (let l = 0; l < c.numLayers; l++) taps.set(l, b.empty('f32', [T, c.hiddenSize]));
-      logits = b.empty('f32', [T, c.vocabSize]);
-      this.runner.teacherForced(ids, 0, logits, taps);
-      return { logits: b.toArray(logits) as Float32Array, hidden: [...taps.values()].map((t) => b.toArray(t) as Float32Array) };
+      return await this.guarded(() => {
+        for (let l = 0; l < c.numLayers; l++) taps.set(l, b.empty('f32', [T, c.hiddenSize]));
+        logits = b.empty('f32', [T, c.vocabSize]);
+        this.runner.teacherForced(ids, 0, logits, taps);
+        return { logits: b.toArray(logits) as Float32Array, hidden: [...taps.values()].map((t) => b.toArray(t) as Float32Array) };
+      });
     } finally {
       b.free(...taps.values(), ...(logits ? [logits] : []));
       release();
@@ -298,6 +352,7 @@ export class Engine {
    */
   async profileDecode(prompt: readonly number[]): Promise<{ part: string; ms: number }[]> {
     const tokens = this.checkPrompt(prompt);
+    if (this.tp > 1) throw argumentError('profileDecode', 'profiles one device; it does not run under tensor parallelism (tp > 1)');
     if (tokens.length + 2 > this.options.cacheTokens) throw argumentError('prompt', `needs ${tokens.length + 2} cache slots, the cache has ${this.options.cacheTokens}`);
     const release = await this.lock();
     try {
@@ -336,6 +391,7 @@ export class Engine {
       const stats: GenerationStats = {
         backend: this.backend.kind,
         device: this.device,
+        tp: this.tp,
         spec,
         drafter: state?.drafter.name ?? null,
         tokensPerSecond: out.length > 1 && decodeMs > 0 ? ((out.length - 1) * 1000) / decodeMs : 0,
@@ -397,54 +453,9 @@ export class Engine {
 
   private greedyStep(): { emitted: number[]; trace?: StepTrace } {
     const r = this.runner;
-    r.launch(r.decodeGraph());
+    r.run({ kind: 'decode' });
     r.advance(1);
     return { emitted: [r.readToken()] };
-  }
-
-  /** The graph of a tree verify with budget `budget` at depth `depth`: build on the device, then verify, accept, commit. */
-  private treeGraph(budget: number, depth: number): Graph {
-    const r = this.runner;
-    const t = this.tree;
-    const n = budget + 1;
-    const V = this.config.vocabSize;
-    return r.graph(`tree ${budget} ${depth}`, (stream) => {
-      const nodes = (x: DeviceTensor) => view(x, [n]);
-      this.backend.native.ddtreeBuild({
-        draftLogits: view(this.draftLogits, [depth, V]),
-        rootOnDevice: r.token,
-        budget,
-        startOnDevice: r.cache.length[0],
-        tokens: nodes(t.tokens),
-        parents: nodes(t.parents),
-        depths: nodes(t.depths),
-        positions: nodes(t.positions),
-        mask: view(t.mask, [n, n]),
-        size: t.size,
-        stream,
-      });
-      r.queueVerify(t, n, stream);
-    });
-  }
-
-  /** The graph of a chain of `length` draft tokens: the drafter's argmax at depths 1..length, causal. */
-  private chainGraph(length: number): Graph {
-    const r = this.runner;
-    const b = this.backend;
-    const n = length + 1;
-    const V = this.config.vocabSize;
-    let size = this.chainSizes.get(n);
-    if (size === undefined) {
-      size = r.own(b.fromArray('i32', [1], Int32Array.of(n)));
-      this.chainSizes.set(n, size);
-    }
-    const tree = { ...this.tree, parents: this.chainParents, size };
-    return r.graph(`chain ${length}`, (stream) => {
-      b.native.copy({ dst: tree.tokens.buffer, src: r.token.buffer, bytes: 4, stream });
-      b.native.argmax({ x: view(this.draftLogits, [length, V]), out: view(tree.tokens, [length], 1), stream });
-      b.native.arange({ out: view(tree.positions, [n]), startOnDevice: r.cache.length[0], stream });
-      r.queueVerify(tree, n, stream, true);
-    });
   }
 
   private speculativeStep(spec: Spec, state: SpecState, context: number[], trace: boolean): { emitted: number[]; trace?: StepTrace } {
@@ -494,10 +505,10 @@ export class Engine {
     if (spec === 'chain') {
       const length = Math.min(budget, depth);
       n = length + 1;
-      r.launch(this.chainGraph(length));
+      r.run({ kind: 'chain', length });
     } else {
       n = budget + 1;
-      r.launch(this.treeGraph(budget, depth));
+      r.run({ kind: 'tree', budget, depth });
     }
     const pathLen = (b.toArray(this.tree.pathLen) as Int32Array)[0];
     const path = (b.toArray(this.tree.path) as Int32Array).subarray(0, pathLen);
@@ -549,13 +560,13 @@ export class Engine {
       noise[i] = ((x >>> 0) / 2 ** 32) * 4;
     }
     this.backend.native.upload(this.draftLogits.buffer, noise);
-    const decodeMs = this.timeStep(() => r.launch(r.decodeGraph()));
+    const decodeMs = this.timeStep(() => r.run({ kind: 'decode' }));
     const verifyMs = new Map<number, number>();
     const buckets = bucketsUpTo(this.options.maxBudget);
     // the cpu twin's steps are compute-bound, nearly linear in the nodes: every third bucket and
     // the last are timed, the others interpolated (a verify of 65 nodes there takes most of a second)
     const timed = this.backend.kind === 'cuda' ? buckets : buckets.filter((_, i) => i % 3 === 0 || i === buckets.length - 1);
-    for (const budget of timed) verifyMs.set(budget, this.timeStep(() => r.launch(this.treeGraph(budget, depth))));
+    for (const budget of timed) verifyMs.set(budget, this.timeStep(() => r.run({ kind: 'tree', budget, depth })));
     for (const budget of buckets) {
       if (verifyMs.has(budget)) continue;
       const lo = Math.max(...timed.filter((t) => t < budget));
@@ -579,6 +590,7 @@ export class Engine {
         }
       }
       this.drafters.clear();
+      await this.group?.close();
       this.runner.dispose();
       this.model.dispose();
     } finally {
@@ -591,14 +603,24 @@ export class Engine {
   }
 }
 
-/** Opens the model, checks it fits, loads it on the chosen backend. */
+/** Opens the model, checks it fits, loads it on the chosen backend (on `tp` ranks when asked). */
 export async function createEngine(options: EngineOptions): Promise<Engine> {
   const given = options?.model;
   if (!(typeof given === 'string' && given !== '') && !(typeof given === 'object' && given !== null && 'config' in given)) {
     throw argumentError('model', 'expected the path of a bundle or checkpoint, or a WeightReader');
   }
+  const tp = checkInt('tp', options.tp ?? 1, 1, 64);
+  const timeoutMs = checkInt('tpTimeoutMs', options.tpTimeoutMs ?? TP_TIMEOUT_MS, 100, 3_600_000);
+  const faultText = options.tpFault ?? process.env.KDTREE_TP_FAULT;
+  const fault: TpFault | undefined = tp > 1 && faultText ? parseTpFault(faultText, tp) : undefined;
+  if (tp > 1 && typeof given !== 'string') throw argumentError('model', 'tensor parallelism (tp > 1) needs the path of a bundle or checkpoint, which every rank reads its shard of');
   const backend = options.backend instanceof KdtreeBackend ? options.backend : createBackend({ backend: options.backend, device: options.device, log: options.log });
-  const source = typeof given === 'string' ? await ModelSource.open(given, { config: options.config }) : given;
+  if (tp > 1 && backend.kind !== 'cpu') {
+    throw argumentError('tp', `tensor parallelism runs on the cpu backend's ranks today; the ${backend.kind} backend's NCCL ranks are not built yet (use --backend cpu)`);
+  }
+  const shard: Shard = { rank: 0, world: tp };
+  const source = typeof given === 'string' ? await ModelSource.open(given, { config: options.config, shard }) : given;
+  let group: TpGroup | undefined;
   try {
     const c = source.config;
     const cacheTokens = checkInt('cacheTokens', options.cacheTokens ?? Math.min(4096, c.maxPositionEmbeddings), 2, c.maxPositionEmbeddings);
@@ -610,16 +632,67 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     const maxDepth = checkInt('maxDepth', options.maxDepth ?? 16, 1, 64);
     const nodes = Math.max(maxBudget, maxDepth) + 1;
     const rows = Math.max(prefillChunk, nodes);
-    const memory = estimateMemory(source, { capacity: cacheTokens, cacheDtype, rows, nodes, depth: maxDepth });
-    checkFits(backend, memory, source.path);
-    const model = await DeviceModel.load(backend, source, { rows, onProgress: options.onLoadProgress, signal: options.signal });
+    const memory = estimateMemory(source, { capacity: cacheTokens, cacheDtype, rows, nodes, depth: maxDepth, shard });
+    // the cpu ranks share the host's memory: all of their shards must fit together
+    checkFits(backend, tp > 1 ? scaleEstimate(memory, tp) : memory, tp > 1 ? `${source.path} on ${tp} ranks` : source.path);
+    let collective: HostCollective | undefined;
+    if (tp > 1) {
+      const slotFloats = Math.max(rows * c.hiddenSize, rows * Math.ceil(c.vocabSize / tp), Math.ceil((nodes * (nodes + 16) + 4) / 4));
+      group = TpGroup.start(tp, { model: given as string, config: options.config, rows, cacheTokens, cacheDtype, prefillChunk, nodes, maxDepth }, { slotFloats, timeoutMs, fault });
+      collective = new HostCollective(backend, group.transport);
+    }
+    const model = await loadRank0(backend, source, { rows, shard, collective, onProgress: options.onLoadProgress, signal: options.signal }, group);
     try {
-      return new Engine(backend, model, { path: source.path, configJson: source.configJson }, { cacheTokens, cacheDtype, prefillChunk, maxBudget, maxDepth }, memory);
+      return new Engine(backend, model, { path: source.path, configJson: source.configJson }, { cacheTokens, cacheDtype, prefillChunk, maxBudget, maxDepth }, memory, group);
     } catch (error) {
       model.dispose();
       throw error;
     }
+  } catch (error) {
+    await group?.close();
+    throw error;
   } finally {
     await source.close();
+  }
+}
+
+/** `estimate` for `ranks` ranks of about the same shard. */
+function scaleEstimate(estimate: MemoryEstimate, ranks: number): MemoryEstimate {
+  return { weights: estimate.weights * ranks, cache: estimate.cache * ranks, workspace: estimate.workspace * ranks, staging: estimate.staging * ranks, total: estimate.total * ranks };
+}
+
+/**
+ * Loads rank 0's model while the worker ranks load theirs; a worker's failure stops rank 0's
+ * load at its next part and is what is thrown.
+ */
+async function loadRank0(b: KdtreeBackend, source: WeightReader, options: Parameters<typeof DeviceModel.load>[2], group: TpGroup | undefined): Promise<DeviceModel> {
+  if (group === undefined) return DeviceModel.load(b, source, options);
+  const stop = new AbortController();
+  const outer = options.signal;
+  const onOuter = () => stop.abort(outer!.reason);
+  outer?.addEventListener('abort', onOuter);
+  const ready = group.ready(stop.signal).catch((error: unknown) => {
+    stop.abort(error);
+    throw error;
+  });
+  // awaited below, after rank 0's own load: handled, not an unhandled rejection meanwhile
+  ready.catch(() => undefined);
+  try {
+    const model = await DeviceModel.load(b, source, { ...options, signal: stop.signal }).catch(async (error: unknown) => {
+      // stopped because a worker failed: that failure; else rank 0's own error (the workers stop)
+      const workerFailure = stop.signal.aborted ? group.failure() : undefined;
+      stop.abort(error);
+      await ready.catch(() => undefined);
+      throw workerFailure ?? error;
+    });
+    try {
+      await ready;
+    } catch (error) {
+      model.dispose();
+      throw group.failure() ?? error;
+    }
+    return model;
+  } finally {
+    outer?.removeEventListener('abort', onOuter);
   }
 }

@@ -14,7 +14,11 @@ export type EngineErrorCode =
   /** The generation was aborted through its AbortSignal. */
   | 'KDTREE_ENGINE_ABORTED'
   /** The engine was disposed. */
-  | 'KDTREE_ENGINE_DISPOSED';
+  | 'KDTREE_ENGINE_DISPOSED'
+  /** A weight cannot be split over the tensor-parallel ranks (names the tensor and its shape). */
+  | 'KDTREE_ENGINE_SHARD'
+  /** A tensor-parallel rank failed to load, died, stalled or threw (names the rank and what happened). */
+  | 'KDTREE_ENGINE_RANK';
 
 export class EngineError extends Error {
   constructor(

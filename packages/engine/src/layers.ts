@@ -9,6 +9,12 @@
  *   MLP:  down(silu(gate(h)) * up(h))
  *   MoE:  router -> routed experts (grouped GEMM, weighted sum) + shared experts
  *
+ * Under tensor parallelism (a Shard) each rank keeps a block of the heads (q_b / q_proj and kv_b
+ * column-parallel, o_proj row-parallel over the same heads) and of every MLP's intermediate
+ * channels (gate / up column-parallel, down row-parallel); q_a, kv_a, their norms and the router
+ * are replicated. MLA's latent cache has no head dimension, so each rank keeps all of it and runs
+ * its heads over it. o_proj and down then hold partial sums: DeviceModel all-reduces them.
+ *
  * q_b (and q_proj) is read as two weights, the rows of every head's nope part and of every head's
  * rope part, and kv_a as its latent rows and its rope rows: each GEMM then writes a contiguous
  * tensor the next op takes as it is, instead of a strided view no op reads.
@@ -18,6 +24,7 @@ import { qkHeadDim, type ModelConfig } from '@kdtree/reference';
 import { modelError } from './errors.js';
 import { applyLinear, linearBytes, linearTensors, loadLinear, view, type DeviceLinear, type LinearSpec } from './linear.js';
 import type { WeightReader } from './model-source.js';
+import { blockRange, shardBlock, WHOLE, type Block, type Shard } from './shard.js';
 import type { Workspace } from './workspace.js';
 
 /** What one forward pass over T new tokens of one sequence needs beyond the activations. */
@@ -48,10 +55,10 @@ export interface AttentionConstants {
 
 const range = (start: number, count: number) => Array.from({ length: count }, (_, i) => start + i);
 
-/** The rows of every head's [nope | rope] block that belong to one part. */
-function headRows(heads: number, nope: number, rope: number, part: 'nope' | 'rope'): number[] {
+/** The rows of every head's [nope | rope] block that belong to one part, for the heads of `heads`. */
+function headRows(heads: Block, nope: number, rope: number, part: 'nope' | 'rope'): number[] {
   const rows: number[] = [];
-  for (let h = 0; h < heads; h++) rows.push(...range(h * (nope + rope) + (part === 'nope' ? 0 : nope), part === 'nope' ? nope : rope));
+  for (let h = heads.start; h < heads.start + heads.count; h++) rows.push(...range(h * (nope + rope) + (part === 'nope' ? 0 : nope), part === 'nope' ? nope : rope));
   return rows;
 }
 
@@ -59,9 +66,17 @@ function freeLinears(b: KdtreeBackend, ...ws: (DeviceLinear | undefined)[]): voi
   for (const w of ws) if (w) b.free(...linearTensors(w));
 }
 
+/** The INT4 group of a weight, or 1 when it is float (a block of its K then needs no alignment). */
+function kUnit(source: WeightReader, name: string): { unit: number; unitName: string } {
+  const d = source.int4(name);
+  return d === undefined ? { unit: 1, unitName: 'a column' } : { unit: d.group_size, unitName: 'its INT4 group' };
+}
+
 export class MlaAttention {
   private constructor(
     private readonly config: ModelConfig,
+    /** Heads this rank runs (all of them on one device). */
+    private readonly heads: number,
     private readonly w: {
       qA?: DeviceLinear;
       qANorm?: DeviceTensor;
@@ -76,7 +91,7 @@ export class MlaAttention {
     },
   ) {}
 
-  private static specs(c: ModelConfig, layer: number) {
+  private static specs(source: WeightReader, c: ModelConfig, layer: number, shard: Shard) {
     const a = `model.layers.${layer}.self_attn.`;
     const H = c.hiddenSize;
     const nh = c.numHeads;
@@ -86,29 +101,38 @@ export class MlaAttention {
     const qShape = [nh * qd, qIn] as const;
     const kvA = `${a}kv_a_proj_with_mqa.weight`;
     const kvAShape = [c.kvLoraRank + c.qkRopeDim, H] as const;
-    const spec = (name: string, shape: readonly [number, number], rows?: number[]): LinearSpec => ({ names: [name], shapes: [shape], rows: [rows] });
+    const kvBName = `${a}kv_b_proj.weight`;
+    const kvBShape: [number, number] = [nh * (c.qkNopeDim + c.vHeadDim), c.kvLoraRank];
+    const oName = `${a}o_proj.weight`;
+    const oShape = [H, nh * c.vHeadDim] as const;
+    const heads = shardBlock(shard, nh, { tensor: qName, shape: qShape, dim: 'heads (num_attention_heads)' });
+    // o_proj's K is heads x v_head_dim: the same heads, in whole INT4 groups
+    const oCols = shardBlock(shard, nh * c.vHeadDim, { tensor: oName, shape: oShape, dim: 'K (heads x v_head_dim)', ...kUnit(source, oName) });
+    const kvBRows = { start: heads.start * (c.qkNopeDim + c.vHeadDim), count: heads.count * (c.qkNopeDim + c.vHeadDim) };
+    const spec = (name: string, shape: readonly [number, number], rows?: number[], cols?: Block): LinearSpec => ({ names: [name], shapes: [shape], rows: [rows], cols });
     return {
       a,
+      heads: heads.count,
       qA: c.qLoraRank === null ? undefined : spec(`${a}q_a_proj.weight`, [c.qLoraRank, H]),
-      qNope: spec(qName, qShape, headRows(nh, c.qkNopeDim, c.qkRopeDim, 'nope')),
-      qPe: spec(qName, qShape, headRows(nh, c.qkNopeDim, c.qkRopeDim, 'rope')),
+      qNope: spec(qName, qShape, headRows(heads, c.qkNopeDim, c.qkRopeDim, 'nope')),
+      qPe: spec(qName, qShape, headRows(heads, c.qkNopeDim, c.qkRopeDim, 'rope')),
       kvAC: spec(kvA, kvAShape, range(0, c.kvLoraRank)),
       kvAPe: spec(kvA, kvAShape, range(c.kvLoraRank, c.qkRopeDim)),
-      kvB: { name: `${a}kv_b_proj.weight`, shape: [nh * (c.qkNopeDim + c.vHeadDim), c.kvLoraRank] as [number, number] },
-      o: spec(`${a}o_proj.weight`, [H, nh * c.vHeadDim]),
+      kvB: { name: kvBName, shape: kvBShape, rows: shard.world > 1 ? blockRange(kvBRows) : undefined, count: kvBRows.count },
+      o: spec(oName, oShape, undefined, shard.world > 1 ? oCols : undefined),
     };
   }
 
-  static bytes(source: WeightReader, c: ModelConfig, layer: number): number {
-    const s = MlaAttention.specs(c, layer);
+  static bytes(source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): number {
+    const s = MlaAttention.specs(source, c, layer, shard);
     let total = 0;
     for (const spec of [s.qA, s.qNope, s.qPe, s.kvAC, s.kvAPe, s.o]) if (spec) total += linearBytes(source, spec);
-    const [n, k] = s.kvB.shape;
-    return total + n * k * (source.int4(s.kvB.name) ? 4 : 2) + 4 * ((c.qLoraRank ?? 0) + c.kvLoraRank);
+    const k = s.kvB.shape[1];
+    return total + s.kvB.count * k * (source.int4(s.kvB.name) ? 4 : 2) + 4 * ((c.qLoraRank ?? 0) + c.kvLoraRank);
   }
 
-  static async load(b: KdtreeBackend, source: WeightReader, c: ModelConfig, layer: number): Promise<MlaAttention> {
-    const s = MlaAttention.specs(c, layer);
+  static async load(b: KdtreeBackend, source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): Promise<MlaAttention> {
+    const s = MlaAttention.specs(source, c, layer, shard);
     const loaded: Partial<MlaAttention['w']> = {};
     try {
       if (s.qA) {
@@ -123,9 +147,9 @@ export class MlaAttention {
       if (source.int4(s.kvB.name) !== undefined) {
         throw modelError(s.kvB.name, 'is INT4; the attention kernel reads kv_b_proj in bf16 (keep self_attn float, as Kimi K2 does)', source.path);
       }
-      loaded.kvB = b.fromArray('bf16', s.kvB.shape, (await source.readBf16(s.kvB.name, s.kvB.shape)).bits);
+      loaded.kvB = b.fromArray('bf16', [s.kvB.count, s.kvB.shape[1]], (await source.readBf16(s.kvB.name, s.kvB.shape, s.kvB.rows)).bits);
       loaded.o = await loadLinear(b, source, [s.o]);
-      return new MlaAttention(c, loaded as MlaAttention['w']);
+      return new MlaAttention(c, s.heads, loaded as MlaAttention['w']);
     } catch (error) {
       freeLinears(b, loaded.qA, loaded.qNope, loaded.qPe, loaded.kvAC, loaded.kvAPe, loaded.o);
       b.free(...[loaded.qANorm, loaded.kvANorm, loaded.kvB].filter((t): t is DeviceTensor => t !== undefined));
@@ -133,19 +157,23 @@ export class MlaAttention {
     }
   }
 
-  /** out [T, hidden] = attention of the normed input ws.h over the cache, the new tokens' latent KV written at `pass.slots`. */
+  /**
+   * out [T, hidden] = attention of the normed input ws.h over the cache, the new tokens' latent KV
+   * written at `pass.slots` (under tensor parallelism: this rank's heads' share of o_proj's sum).
+   */
   forward(b: KdtreeBackend, ws: Workspace, pass: Pass, layer: number, k: AttentionConstants, out: DeviceTensor): void {
     const c = this.config;
     const { t: T, stream } = pass;
     const w = this.w;
+    const nh = this.heads;
     const h = ws.get('h', T);
     const qIn = w.qA ? ws.get('qaNormed', T) : h;
     if (w.qA) {
       applyLinear(b, w.qA, h, ws.get('qa', T), stream);
       b.native.rmsNorm({ x: ws.get('qa', T), weight: w.qANorm!, out: qIn, eps: c.mlaNormEps, stream });
     }
-    const qNope = ws.get('qNope', T);
-    const qPe = ws.get('qPe', T);
+    const qNope = ws.get('qNope', T, [nh * c.qkNopeDim]);
+    const qPe = ws.get('qPe', T, [nh * c.qkRopeDim]);
     applyLinear(b, w.qNope, qIn, qNope, stream);
     applyLinear(b, w.qPe, qIn, qPe, stream);
     pass.mark?.(`q ${layer}`);
@@ -156,20 +184,20 @@ export class MlaAttention {
     applyLinear(b, w.kvAPe, h, kpe, stream);
     b.native.rmsNorm({ x: cRaw, weight: w.kvANorm, out: latent, eps: c.mlaNormEps, stream });
     const rope = { positions: pass.positions, invFreq: k.invFreq, attentionFactor: k.attentionFactor, interleave: c.ropeInterleave, stream };
-    b.native.rope({ x: view(qPe, [T, c.numHeads, c.qkRopeDim]), ...rope });
+    b.native.rope({ x: view(qPe, [T, nh, c.qkRopeDim]), ...rope });
     b.native.rope({ x: view(kpe, [T, 1, c.qkRopeDim]), ...rope });
     const cache = pass.cache(layer);
     b.native.kvWrite({ c: latent, kpe, cacheC: cache.c, cacheKpe: cache.kpe, slots: pass.slots, stream });
     pass.mark?.(`kv ${layer}`);
-    const attn = ws.get('attn', T);
+    const attn = ws.get('attn', T, [nh * c.vHeadDim]);
     b.native.mlaAttention({
-      qNope: view(qNope, [T, c.numHeads, c.qkNopeDim]),
-      qPe: view(qPe, [T, c.numHeads, c.qkRopeDim]),
+      qNope: view(qNope, [T, nh, c.qkNopeDim]),
+      qPe: view(qPe, [T, nh, c.qkRopeDim]),
       kvB: w.kvB,
       cacheC: cache.c,
       cacheKpe: cache.kpe,
       mask: pass.mask,
-      out: view(attn, [T, c.numHeads, c.vHeadDim]),
+      out: view(attn, [T, nh, c.vHeadDim]),
       base: pass.base,
       baseOnDevice: pass.baseOnDevice,
       scale: k.scale,
@@ -186,11 +214,19 @@ export class MlaAttention {
   }
 }
 
-/** gate_up and down of one MLP (dense layer, shared experts, or one routed expert). */
-function mlpSpecs(prefix: string, inter: number, hidden: number): { gateUp: LinearSpec; down: LinearSpec } {
+/**
+ * gate_up and down of one MLP (dense layer, shared experts, or one routed expert): this rank's
+ * block of the intermediate channels, the rows of gate and up and the same columns of down (whole
+ * INT4 groups of down's K).
+ */
+function mlpSpecs(source: WeightReader, prefix: string, inter: number, hidden: number, shard: Shard): { gateUp: LinearSpec; down: LinearSpec; inter: number } {
+  const downName = `${prefix}down_proj.weight`;
+  const block = shardBlock(shard, inter, { tensor: downName, shape: [hidden, inter], dim: 'intermediate size (K)', ...kUnit(source, downName) });
+  const rows = shard.world > 1 ? blockRange(block) : undefined;
   return {
-    gateUp: { names: [`${prefix}gate_proj.weight`, `${prefix}up_proj.weight`], shapes: [[inter, hidden], [inter, hidden]] },
-    down: { names: [`${prefix}down_proj.weight`], shapes: [[hidden, inter]] },
+    gateUp: { names: [`${prefix}gate_proj.weight`, `${prefix}up_proj.weight`], shapes: [[inter, hidden], [inter, hidden]], rows: [rows, rows] },
+    down: { names: [downName], shapes: [[hidden, inter]], cols: shard.world > 1 ? block : undefined },
+    inter: block.count,
   };
 }
 
@@ -201,16 +237,16 @@ export class Mlp {
     private readonly down: DeviceLinear,
   ) {}
 
-  static bytes(source: WeightReader, prefix: string, inter: number, hidden: number): number {
-    const s = mlpSpecs(prefix, inter, hidden);
+  static bytes(source: WeightReader, prefix: string, inter: number, hidden: number, shard: Shard = WHOLE): number {
+    const s = mlpSpecs(source, prefix, inter, hidden, shard);
     return linearBytes(source, s.gateUp) + linearBytes(source, s.down);
   }
 
-  static async load(b: KdtreeBackend, source: WeightReader, prefix: string, inter: number, hidden: number): Promise<Mlp> {
-    const s = mlpSpecs(prefix, inter, hidden);
+  static async load(b: KdtreeBackend, source: WeightReader, prefix: string, inter: number, hidden: number, shard: Shard = WHOLE): Promise<Mlp> {
+    const s = mlpSpecs(source, prefix, inter, hidden, shard);
     const gateUp = await loadLinear(b, source, [s.gateUp], { gateUp: true });
     try {
-      return new Mlp(inter, gateUp, await loadLinear(b, source, [s.down]));
+      return new Mlp(s.inter, gateUp, await loadLinear(b, source, [s.down]));
     } catch (error) {
       freeLinears(b, gateUp);
       throw error;
@@ -237,6 +273,8 @@ export class Mlp {
 export class Moe {
   private constructor(
     private readonly config: ModelConfig,
+    /** Each routed expert's intermediate channels on this rank. */
+    private readonly inter: number,
     private readonly router: DeviceLinear,
     /** f32 [E]: e_score_correction_bias, which chooses experts but does not weight them. */
     private readonly bias: DeviceTensor,
@@ -246,11 +284,12 @@ export class Moe {
     private readonly shared: Mlp | undefined,
   ) {}
 
-  private static specs(c: ModelConfig, layer: number) {
+  private static specs(source: WeightReader, c: ModelConfig, layer: number, shard: Shard) {
     const p = `model.layers.${layer}.mlp.`;
-    const experts = Array.from({ length: c.nRoutedExperts }, (_, e) => mlpSpecs(`${p}experts.${e}.`, c.moeIntermediateSize, c.hiddenSize));
+    const experts = Array.from({ length: c.nRoutedExperts }, (_, e) => mlpSpecs(source, `${p}experts.${e}.`, c.moeIntermediateSize, c.hiddenSize, shard));
     return {
       p,
+      inter: experts[0].inter,
       router: { names: [`${p}gate.weight`], shapes: [[c.nRoutedExperts, c.hiddenSize]] } as LinearSpec,
       gateUp: experts.map((e) => e.gateUp),
       down: experts.map((e) => e.down),
@@ -258,16 +297,16 @@ export class Moe {
     };
   }
 
-  static bytes(source: WeightReader, c: ModelConfig, layer: number): number {
-    const s = Moe.specs(c, layer);
+  static bytes(source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): number {
+    const s = Moe.specs(source, c, layer, shard);
     let total = linearBytes(source, s.router) + 4 * c.nRoutedExperts;
     total += linearBytes(source, s.gateUp[0], c.nRoutedExperts) + linearBytes(source, s.down[0], c.nRoutedExperts);
-    if (c.nSharedExperts > 0) total += Mlp.bytes(source, `${s.p}shared_experts.`, s.sharedInter, c.hiddenSize);
+    if (c.nSharedExperts > 0) total += Mlp.bytes(source, `${s.p}shared_experts.`, s.sharedInter, c.hiddenSize, shard);
     return total;
   }
 
-  static async load(b: KdtreeBackend, source: WeightReader, c: ModelConfig, layer: number): Promise<Moe> {
-    const s = Moe.specs(c, layer);
+  static async load(b: KdtreeBackend, source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): Promise<Moe> {
+    const s = Moe.specs(source, c, layer, shard);
     const done: DeviceLinear[] = [];
     const tensors: DeviceTensor[] = [];
     try {
@@ -280,8 +319,8 @@ export class Moe {
       const down = await loadLinear(b, source, s.down);
       done.push(down);
       if (gateUp.kind !== down.kind) throw modelError(`${s.p}experts.*`, `gate/up are ${gateUp.kind} but down is ${down.kind}: quantize an expert's projections alike`, source.path);
-      const shared = c.nSharedExperts > 0 ? await Mlp.load(b, source, `${s.p}shared_experts.`, s.sharedInter, c.hiddenSize) : undefined;
-      return new Moe(c, router, bias, gateUp, down, shared);
+      const shared = c.nSharedExperts > 0 ? await Mlp.load(b, source, `${s.p}shared_experts.`, s.sharedInter, c.hiddenSize, shard) : undefined;
+      return new Moe(c, s.inter, router, bias, gateUp, down, shared);
     } catch (error) {
       freeLinears(b, ...done);
       b.free(...tensors);
@@ -301,7 +340,7 @@ export class Moe {
     const weights = ws.get('routeWeights', T);
     applyLinear(b, this.router, x, logits, stream);
     b.native.router({ logits, bias: this.bias, ids, weights, topk: c.numExpertsPerTok, nGroup: c.nGroup, topkGroup: c.topkGroup, normTopkProb: c.normTopkProb, scaling: c.routedScalingFactor, stream });
-    const act = view(ws.moeAct, [T * c.numExpertsPerTok, c.moeIntermediateSize]);
+    const act = view(ws.moeAct, [T * c.numExpertsPerTok, this.inter]);
     // [gate; up] experts with the SiLU epilogue: each (token, expert) row's silu(gate) * up, then
     // the down projections summed with the routing weights
     const experts = (w: DeviceLinear) => (w.kind === 'int4' ? { qw: w.qw, sc: w.sc, group: w.group } : { w: w.w });

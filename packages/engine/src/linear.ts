@@ -8,6 +8,7 @@
 import { numel, packedW4A16Shapes, type DeviceTensor, type KdtreeBackend } from '@kdtree/cuda';
 import type { HostBf16, HostInt4, WeightReader } from './model-source.js';
 import { modelError } from './errors.js';
+import type { Block } from './shard.js';
 
 export type DeviceLinear =
   /** Packed W4A16: qw i32 and sc [(E,) N/16, ...] (packedW4A16Shapes); `gateUp`: packed for the SiLU epilogue. */
@@ -23,10 +24,17 @@ export interface LinearSpec {
   shapes: readonly (readonly [number, number])[];
   /** Rows of each name to keep (all when absent), in order. */
   rows?: readonly (readonly number[] | undefined)[];
+  /** The block of K every name keeps (a row-parallel shard; all of K when absent). */
+  cols?: Block;
 }
 
 function rowsOf(spec: LinearSpec, i: number): number {
   return spec.rows?.[i]?.length ?? spec.shapes[i][0];
+}
+
+/** K of the weight as loaded (the shard's block of it). */
+function colsOf(spec: LinearSpec): number {
+  return spec.cols?.count ?? spec.shapes[0][1];
 }
 
 /** Whether every part of `spec` is INT4 (a mix is rejected: one GEMM applies the whole weight). */
@@ -39,7 +47,7 @@ function isInt4(source: WeightReader, spec: LinearSpec): boolean {
 /** Device bytes of the weight once loaded, without loading it (the memory estimate). */
 export function linearBytes(source: WeightReader, spec: LinearSpec, experts = 1): number {
   const n = spec.names.reduce((s, _, i) => s + rowsOf(spec, i), 0);
-  const k = spec.shapes[0][1];
+  const k = colsOf(spec);
   if (!isInt4(source, spec)) return experts * n * k * 2;
   const d = source.int4(spec.names[0])!;
   const shapes = packedW4A16Shapes(n, k, d.group_size);
@@ -47,8 +55,8 @@ export function linearBytes(source: WeightReader, spec: LinearSpec, experts = 1)
 }
 
 async function readParts(source: WeightReader, spec: LinearSpec): Promise<HostInt4[] | HostBf16[]> {
-  if (isInt4(source, spec)) return Promise.all(spec.names.map((n, i) => source.readInt4(n, spec.shapes[i] as [number, number], spec.rows?.[i])));
-  return Promise.all(spec.names.map((n, i) => source.readBf16(n, spec.shapes[i] as [number, number], spec.rows?.[i])));
+  if (isInt4(source, spec)) return Promise.all(spec.names.map((n, i) => source.readInt4(n, spec.shapes[i] as [number, number], spec.rows?.[i], spec.cols)));
+  return Promise.all(spec.names.map((n, i) => source.readBf16(n, spec.shapes[i] as [number, number], spec.rows?.[i], spec.cols)));
 }
 
 /**
@@ -59,7 +67,7 @@ export async function loadLinear(b: KdtreeBackend, source: WeightReader, specs: 
   const experts = specs.length;
   const first = specs[0];
   const n = first.names.reduce((s, _, i) => s + rowsOf(first, i), 0);
-  const k = first.shapes[0][1];
+  const k = colsOf(first);
   const gateUp = options.gateUp ?? false;
   const lead = experts > 1 ? [experts] : [];
   if (!isInt4(source, first)) {

@@ -11,6 +11,7 @@ import { EngineError } from './errors.js';
 import { KvCache, type CacheDtype } from './kv-cache.js';
 import { weightBytes } from './model.js';
 import type { WeightReader } from './model-source.js';
+import { WHOLE, type Shard } from './shard.js';
 import { Workspace } from './workspace.js';
 
 export interface MemoryEstimate {
@@ -22,14 +23,15 @@ export interface MemoryEstimate {
   total: number;
 }
 
-/** Device memory of a loaded model (`rows`: its workspace; `nodes`: its largest tree). */
-export function estimateMemory(source: WeightReader, options: { capacity: number; cacheDtype: CacheDtype; rows: number; nodes: number; depth: number }): MemoryEstimate {
+/** Device memory of a loaded model, or of one rank's shard of it (`rows`: its workspace; `nodes`: its largest tree). */
+export function estimateMemory(source: WeightReader, options: { capacity: number; cacheDtype: CacheDtype; rows: number; nodes: number; depth: number; shard?: Shard }): MemoryEstimate {
   const c: ModelConfig = source.config;
-  const parts = weightBytes(source, c);
+  const shard = options.shard ?? WHOLE;
+  const parts = weightBytes(source, c, shard);
   const weights = parts.reduce((s, p) => s + p.bytes, 0);
   const cache = KvCache.bytes(c, options.capacity, options.cacheDtype);
   // bf16 experts would need [gate | up] scratch; the workspace is sized for the worst case
-  const workspace = Workspace.bytes(c, options.rows, true) + 4 * c.vocabSize * (options.nodes + options.depth + 1) + options.nodes * (options.nodes + 24);
+  const workspace = Workspace.bytes(c, options.rows, true, shard.world) + 4 * c.vocabSize * (options.nodes + options.depth + 1) + options.nodes * (options.nodes + 24);
   const moeLayer = parts.slice(1, -1).reduce((m, p) => Math.max(m, p.bytes), 0);
   const staging = Math.max(c.vocabSize * c.hiddenSize * 2, moeLayer / 2);
   return { weights, cache, workspace, staging, total: weights + cache + workspace + staging };

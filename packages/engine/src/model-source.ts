@@ -10,6 +10,7 @@ import { f16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorSt
 import { describeCompressedTensors, findCompressedTensorsConfig, floatToF32, readInt4, readQuantizationMetadata, type Int4Descriptor, type QuantizationMetadata } from '@kdtree/quant';
 import { parseModelConfig, type ModelConfig } from '@kdtree/reference';
 import { modelError } from './errors.js';
+import { checkShard, WHOLE, type Block, type Shard } from './shard.js';
 
 /** An INT4 weight in the checkpoint layout: qw i32 [rows, K/8], sc [rows, K/group]. */
 export interface HostInt4 {
@@ -38,8 +39,13 @@ export interface WeightReader {
   /** The INT4 descriptor of a weight, or undefined when it is a float tensor. */
   int4(name: string): Pick<Int4Descriptor, 'shape' | 'group_size' | 'scale_dtype'> | undefined;
   readF32(name: string, shape: readonly number[]): Promise<Float32Array>;
-  readBf16(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostBf16>;
-  readInt4(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostInt4>;
+  /**
+   * A float weight [rows, cols] as bf16 bits: only the given rows in that order (all when absent)
+   * and of each only the columns `cols` (a row-parallel shard's block of K; all when absent).
+   */
+  readBf16(name: string, shape: readonly [number, number], rows?: readonly number[], cols?: Block): Promise<HostBf16>;
+  /** An INT4 weight's checkpoint parts, rows and columns selected as readBf16's (`cols` in whole groups). */
+  readInt4(name: string, shape: readonly [number, number], rows?: readonly number[], cols?: Block): Promise<HostInt4>;
   close(): Promise<void>;
 }
 
@@ -53,9 +59,21 @@ export class ModelSource implements WeightReader {
     readonly quantization: QuantizationMetadata | undefined,
     /** Tensor name prefix of this checkpoint ('language_model.' inside Kimi K2.5's wrapper). */
     readonly prefix: string,
+    /**
+     * The tensor-parallel rank this source is read for: with more than one rank, a selection of
+     * rows or columns reads only the bytes of those rows (TensorStore.readRange), unchecked.
+     */
+    readonly shard: Shard,
   ) {}
 
-  static async open(path: string, options: { config?: string } = {}): Promise<ModelSource> {
+  /**
+   * Opens a checkpoint. `shard` (a tensor-parallel rank): selections are then read as byte ranges
+   * without their CRC-32 — a checksum covers a whole tensor, so checking it would read every byte
+   * on every rank (`kdtree verify` checks the bundle once); without it every read is a whole,
+   * checked tensor, selections cut from it in memory.
+   */
+  static async open(path: string, options: { config?: string; shard?: Shard } = {}): Promise<ModelSource> {
+    const shard = checkShard(options.shard ?? WHOLE);
     const store = await openTensors(path);
     try {
       const { json, source } = await configFor(store, path, options.config);
@@ -70,7 +88,7 @@ export class ModelSource implements WeightReader {
         }
       }
       const prefix = config.weightPrefix || (store.has('language_model.model.embed_tokens.weight') ? 'language_model.' : '');
-      return new ModelSource(path, store, config, json as Record<string, unknown>, quantization, prefix);
+      return new ModelSource(path, store, config, json as Record<string, unknown>, quantization, prefix, shard);
     } catch (error) {
       await store.close();
       throw error;
@@ -118,43 +136,88 @@ export class ModelSource implements WeightReader {
     return floatToF32(info.dtype, await this.store.read(this.full(name)), this.full(name));
   }
 
+  /** Whether selections are read as byte ranges (a tensor-parallel rank) rather than cut from whole reads. */
+  private get ranged(): boolean {
+    return this.shard.world > 1;
+  }
+
   /**
-   * A float weight [rows, cols] as bf16 bits, optionally only the given rows in that order (a layer
-   * splitting one projection into two, or a tensor-parallel rank taking its shard).
+   * The bytes of the given rows (of `rowBytes` each) of tensor `full`, in that order: runs of
+   * consecutive rows are each one ranged read (unchecked: see open), or, for a whole-model source,
+   * cut from the whole checked tensor.
    */
-  async readBf16(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostBf16> {
+  private async readRows(full: string, rowBytes: number, rows: readonly number[]): Promise<Uint8Array> {
+    if (!this.ranged) {
+      const all = await this.store.read(full);
+      const out = new Uint8Array(rows.length * rowBytes);
+      rows.forEach((r, i) => out.set(all.subarray(r * rowBytes, (r + 1) * rowBytes), i * rowBytes));
+      return out;
+    }
+    const out = new Uint8Array(rows.length * rowBytes);
+    for (let i = 0; i < rows.length; ) {
+      let j = i + 1;
+      while (j < rows.length && rows[j] === rows[j - 1] + 1) j++;
+      await this.store.readRange(full, rows[i] * rowBytes, (j - i) * rowBytes, out.subarray(i * rowBytes, j * rowBytes), { verify: false });
+      i = j;
+    }
+    return out;
+  }
+
+  private checkCols(name: string, cols: Block | undefined, k: number, unit: number, unitName: string): void {
+    if (cols === undefined) return;
+    if (cols.start < 0 || cols.count < 1 || cols.start + cols.count > k || cols.start % unit !== 0 || cols.count % unit !== 0) {
+      throw modelError(this.full(name), `columns [${cols.start}, ${cols.start + cols.count}) of K = ${k} are not whole ${unitName}s of ${unit}`, this.path);
+    }
+  }
+
+  async readBf16(name: string, shape: readonly [number, number], rows?: readonly number[], cols?: Block): Promise<HostBf16> {
     const info = this.info(name);
     this.checkShape(name, info.shape, shape);
-    const bytes = await this.store.read(this.full(name));
+    const [r, c] = shape;
+    this.checkCols(name, cols, c, 1, 'column');
+    const full = this.full(name);
+    const elementBytes = ({ BF16: 2, F16: 2, F32: 4, F64: 8 } as Record<string, number | undefined>)[info.dtype];
+    if (elementBytes === undefined) throw modelError(full, `is ${info.dtype}; expected a float tensor (BF16, F16, F32) or an INT4 descriptor`, this.path);
+    const selected = rows ?? (cols === undefined ? undefined : range(r));
+    const bytes = selected === undefined ? await this.store.read(full) : await this.readRows(full, c * elementBytes, selected);
     let bits: Uint16Array;
     switch (info.dtype) {
       case 'BF16':
         bits = typedView('BF16', bytes);
         break;
-      case 'F32':
-      case 'F64':
-        bits = f32ArrayToBf16(floatToF32(info.dtype, bytes, this.full(name)));
-        break;
       case 'F16':
         bits = f32ArrayToBf16(f16ArrayToF32(typedView('F16', bytes)));
         break;
       default:
-        throw modelError(this.full(name), `is ${info.dtype}; expected a float tensor (BF16, F16, F32) or an INT4 descriptor`, this.path);
+        bits = f32ArrayToBf16(floatToF32(info.dtype, bytes, full));
     }
-    const [r, c] = shape;
-    return rows === undefined ? { rows: r, cols: c, bits } : { rows: rows.length, cols: c, bits: pickRows(bits, c, rows) as Uint16Array };
+    const n = selected?.length ?? r;
+    if (cols === undefined) return { rows: n, cols: c, bits };
+    return { rows: n, cols: cols.count, bits: pickCols(bits, c, cols.start, cols.count) };
   }
 
-  /** An INT4 weight's checkpoint parts, optionally only the given rows in that order. */
-  async readInt4(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostInt4> {
+  async readInt4(name: string, shape: readonly [number, number], rows?: readonly number[], cols?: Block): Promise<HostInt4> {
     const d = this.int4(name);
     if (d === undefined) throw modelError(this.full(name), 'is not INT4', this.path);
     this.checkShape(name, d.shape, shape);
-    const m = await readInt4(this.store, this.full(name), d);
     const [n, k] = shape;
-    const host: HostInt4 = { rows: n, cols: k, group: m.groupSize, scaleDtype: m.scaleDtype === 'BF16' ? 'bf16' : 'f32', qw: m.packed, sc: m.scales };
-    if (rows === undefined) return host;
-    return { ...host, rows: rows.length, qw: pickRows(m.packed, k / 8, rows) as Int32Array, sc: pickRows(m.scales, k / m.groupSize, rows) as Uint16Array | Float32Array };
+    const g = d.group_size;
+    this.checkCols(name, cols, k, g, 'INT4 group');
+    const scaleDtype = d.scale_dtype === 'BF16' ? 'bf16' : 'f32';
+    if (rows === undefined && cols === undefined) {
+      const m = await readInt4(this.store, this.full(name), d);
+      return { rows: n, cols: k, group: m.groupSize, scaleDtype, qw: m.packed, sc: m.scales };
+    }
+    const selected = rows ?? range(n);
+    const scBytes = scaleDtype === 'bf16' ? 2 : 4;
+    const qwBytes = await this.readRows(d.qw, (k / 8) * 4, selected);
+    const scRaw = await this.readRows(d.sc, (k / g) * scBytes, selected);
+    let qw = new Int32Array(qwBytes.buffer, qwBytes.byteOffset, qwBytes.byteLength / 4);
+    let sc: Uint16Array | Float32Array = scaleDtype === 'bf16' ? new Uint16Array(scRaw.buffer, scRaw.byteOffset, scRaw.byteLength / 2) : new Float32Array(scRaw.buffer, scRaw.byteOffset, scRaw.byteLength / 4);
+    if (cols === undefined) return { rows: selected.length, cols: k, group: g, scaleDtype, qw, sc };
+    qw = pickCols(qw, k / 8, cols.start / 8, cols.count / 8);
+    sc = pickCols(sc, k / g, cols.start / g, cols.count / g);
+    return { rows: selected.length, cols: cols.count, group: g, scaleDtype, qw, sc };
   }
 
   /** Bytes the tensors of `name` occupy in the checkpoint (both INT4 parts, or the float tensor). */
@@ -170,6 +233,16 @@ export class ModelSource implements WeightReader {
 }
 
 type Rows = Uint16Array | Int32Array | Float32Array;
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+/** Columns [start, start + count) of every row of a row-major [*, width] array. */
+export function pickCols<T extends Rows>(data: T, width: number, start: number, count: number): T {
+  const rows = data.length / width;
+  const out = new (data.constructor as new (n: number) => T)(rows * count);
+  for (let r = 0; r < rows; r++) out.set(data.subarray(r * width + start, r * width + start + count), r * count);
+  return out;
+}
 
 /** The given rows of a row-major [*, width] array, in that order. */
 export function pickRows<T extends Rows>(data: T, width: number, rows: readonly number[]): T {

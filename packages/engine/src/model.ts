@@ -6,15 +6,19 @@
  *   logits = lm_head(rms_norm(x))                               for the rows asked for
  *
  * Each residual add is fused into the next rms_norm (same bits as add then norm), so a layer costs
- * no add of its own. Nothing in a pass reads back to the host: a step is a fixed list of ops over
+ * no add of its own. Under tensor parallelism (a Shard and a Collective) the attention and MLP
+ * outputs are all-reduced before they are added, and lm_head's vocabulary blocks all-gathered;
+ * embeddings, norms and the residual stream are replicated, identical bits on every rank. Nothing in a pass reads back to the host: a step is a fixed list of ops over
  * fixed buffers, which is what lets it be captured once as a graph and replayed.
  */
 import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
 import { isMoeLayer, ropeTables, softmaxScale, type ModelConfig } from '@kdtree/reference';
+import type { Collective } from './collective.js';
 import { EngineError } from './errors.js';
 import { MlaAttention, Mlp, Moe, type AttentionConstants, type Pass } from './layers.js';
 import { applyLinear, linearBytes, linearTensors, loadLinear, view, type DeviceLinear } from './linear.js';
 import type { WeightReader } from './model-source.js';
+import { blockRange, shardBlock, WHOLE, type Shard } from './shard.js';
 import { Workspace } from './workspace.js';
 
 export interface LoadProgress {
@@ -39,15 +43,22 @@ export interface LogitRows {
   out: DeviceTensor;
 }
 
-/** Device bytes of every weight of the model, by part (the memory estimate, and load progress). */
-export function weightBytes(source: WeightReader, c: ModelConfig): { part: string; bytes: number }[] {
+/** lm_head: column-parallel, each rank its block of the vocabulary's rows. */
+function lmHeadSpec(c: ModelConfig, shard: Shard) {
+  const name = c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight';
+  const shape = [c.vocabSize, c.hiddenSize] as const;
+  const block = shardBlock(shard, c.vocabSize, { tensor: name, shape, dim: 'vocabulary' });
+  return { names: [name], shapes: [shape], rows: [shard.world > 1 ? blockRange(block) : undefined] };
+}
+
+/** Device bytes of every weight of the model (this rank's shard of it), by part (the memory estimate, and load progress). */
+export function weightBytes(source: WeightReader, c: ModelConfig, shard: Shard = WHOLE): { part: string; bytes: number }[] {
   const parts = [{ part: 'embeddings', bytes: c.vocabSize * c.hiddenSize * 2 }];
   for (let l = 0; l < c.numLayers; l++) {
-    const mlp = isMoeLayer(c, l) ? Moe.bytes(source, c, l) : Mlp.bytes(source, `model.layers.${l}.mlp.`, c.intermediateSize, c.hiddenSize);
-    parts.push({ part: `layer ${l}`, bytes: MlaAttention.bytes(source, c, l) + mlp + 8 * c.hiddenSize });
+    const mlp = isMoeLayer(c, l) ? Moe.bytes(source, c, l, shard) : Mlp.bytes(source, `model.layers.${l}.mlp.`, c.intermediateSize, c.hiddenSize, shard);
+    parts.push({ part: `layer ${l}`, bytes: MlaAttention.bytes(source, c, l, shard) + mlp + 8 * c.hiddenSize });
   }
-  const lmHead = c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight';
-  parts.push({ part: 'lm_head', bytes: linearBytes(source, { names: [lmHead], shapes: [[c.vocabSize, c.hiddenSize]] }) + 4 * c.hiddenSize });
+  parts.push({ part: 'lm_head', bytes: linearBytes(source, lmHeadSpec(c, shard)) + 4 * c.hiddenSize });
   return parts;
 }
 
@@ -61,15 +72,23 @@ export class DeviceModel {
     private readonly lmHead: DeviceLinear,
     private readonly constants: AttentionConstants,
     readonly workspace: Workspace,
+    /** The tensor-parallel ranks' collectives (absent on one device). */
+    readonly collective: Collective | undefined,
   ) {}
 
   /**
    * Loads every weight (streamed tensor by tensor) and allocates a workspace for passes of up to
    * `rows` tokens. Throws without leaking device memory if anything fails or `signal` aborts.
+   * `shard` and `collective`: this rank's slice of a tensor-parallel model, and its peers.
    */
-  static async load(b: KdtreeBackend, source: WeightReader, options: { rows: number; onProgress?: (p: LoadProgress) => void; signal?: AbortSignal }): Promise<DeviceModel> {
+  static async load(b: KdtreeBackend, source: WeightReader, options: { rows: number; shard?: Shard; collective?: Collective; onProgress?: (p: LoadProgress) => void; signal?: AbortSignal }): Promise<DeviceModel> {
     const c = source.config;
-    const sizes = weightBytes(source, c);
+    const shard = options.shard ?? WHOLE;
+    const collective = options.collective;
+    if (shard.world > 1 && (collective === undefined || collective.world !== shard.world || collective.rank !== shard.rank)) {
+      throw new EngineError('KDTREE_ENGINE_ARGUMENT', `rank ${shard.rank} of ${shard.world} needs a collective of the same rank and world`, 'collective');
+    }
+    const sizes = weightBytes(source, c, shard);
     const total = sizes.reduce((s, p) => s + p.bytes, 0);
     let done = 0;
     const step = (i: number) => {
@@ -91,23 +110,22 @@ export class DeviceModel {
         const p = `model.layers.${l}.`;
         const inputNorm = track(b.fromArray('f32', [c.hiddenSize], await source.readF32(`${p}input_layernorm.weight`, [c.hiddenSize])));
         const postNorm = track(b.fromArray('f32', [c.hiddenSize], await source.readF32(`${p}post_attention_layernorm.weight`, [c.hiddenSize])));
-        const attn = await MlaAttention.load(b, source, c, l);
+        const attn = await MlaAttention.load(b, source, c, l, shard);
         owned.push({ free: () => attn.dispose(b) });
-        const mlp = isMoeLayer(c, l) ? await Moe.load(b, source, c, l) : await Mlp.load(b, source, `${p}mlp.`, c.intermediateSize, c.hiddenSize);
+        const mlp = isMoeLayer(c, l) ? await Moe.load(b, source, c, l, shard) : await Mlp.load(b, source, `${p}mlp.`, c.intermediateSize, c.hiddenSize, shard);
         owned.push({ free: () => mlp.dispose(b) });
         layers.push({ inputNorm, postNorm, attn, mlp });
         step(l + 1);
       }
       const norm = track(b.fromArray('f32', [c.hiddenSize], await source.readF32('model.norm.weight', [c.hiddenSize])));
-      const lmName = c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight';
-      const lmHead = await loadLinear(b, source, [{ names: [lmName], shapes: [[c.vocabSize, c.hiddenSize]] }]);
+      const lmHead = await loadLinear(b, source, [lmHeadSpec(c, shard)]);
       owned.push({ free: () => b.free(...linearTensors(lmHead)) });
       step(c.numLayers + 1);
       const rope = ropeTables(c);
       const constants = { invFreq: track(b.fromArray('f64', [rope.invFreq.length], rope.invFreq)), attentionFactor: rope.attentionFactor, scale: softmaxScale(c) };
       const floatGateUp = layers.some((l) => l.mlp.floatGateUp);
-      const workspace = new Workspace(b, c, options.rows, floatGateUp);
-      return new DeviceModel(b, c, embed, layers, norm, lmHead, constants, workspace);
+      const workspace = new Workspace(b, c, options.rows, floatGateUp, shard.world);
+      return new DeviceModel(b, c, embed, layers, norm, lmHead, constants, workspace, shard.world > 1 ? collective : undefined);
     } catch (error) {
       for (const o of owned.reverse()) o.free();
       throw error;
@@ -123,7 +141,7 @@ export class DeviceModel {
    * profiler records an event there.
    */
   forward(pass: Pass, ids: DeviceTensor, logits?: LogitRows, taps?: ReadonlyMap<number, DeviceTensor>, mark?: (part: string) => void): void {
-    const { b, config: c, workspace: ws } = this;
+    const { b, config: c, workspace: ws, collective } = this;
     const { t: T, stream } = pass;
     if (mark !== undefined) pass = { ...pass, mark };
     if (T > ws.rows) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `a pass of ${T} tokens exceeds the workspace of ${ws.rows} rows`, 'tokens');
@@ -138,10 +156,12 @@ export class DeviceModel {
       const layer = this.layers[l];
       b.native.rmsNorm({ x, weight: layer.inputNorm, out: h, eps: c.rmsNormEps, ...(pending ? { residual: mlpOut, sum: x } : {}), stream });
       layer.attn.forward(b, ws, pass, l, this.constants, attnOut);
+      collective?.allReduceSum(attnOut, stream);
       mark?.(`attention ${l}`);
       b.native.rmsNorm({ x, weight: layer.postNorm, out: h, eps: c.rmsNormEps, residual: attnOut, sum: x, stream });
       if (layer.mlp instanceof Moe) layer.mlp.forward(b, ws, h, mlpOut, stream, mark && ((part) => mark(`${part} ${l}`)));
       else layer.mlp.forward(b, ws, h, mlpOut, stream);
+      collective?.allReduceSum(mlpOut, stream);
       mark?.(`${layer.mlp instanceof Moe ? 'moe' : 'mlp'} ${l}`);
       pending = true;
       const tap = taps?.get(l);
@@ -159,7 +179,12 @@ export class DeviceModel {
     const xs = ws.rowsOf('x', first, count);
     const hs = ws.rowsOf('h', first, count);
     b.native.rmsNorm({ x: xs, weight: this.norm, out: hs, eps: c.rmsNormEps, ...(pending ? { residual: ws.rowsOf('mlpOut', first, count), sum: xs } : {}), stream });
-    applyLinear(b, this.lmHead, hs, view(out, [count, c.vocabSize]), stream);
+    if (collective === undefined) applyLinear(b, this.lmHead, hs, view(out, [count, c.vocabSize]), stream);
+    else {
+      const local = ws.get('lmLocal', count);
+      applyLinear(b, this.lmHead, hs, local, stream);
+      collective.allGather(local, view(out, [count, c.vocabSize]), stream);
+    }
     mark?.('lm_head');
   }
 

@@ -11,8 +11,14 @@
  *   tree verify build(draft logits, root = token, start = L) -> forward(n nodes, tree mask, tree
  *               positions, slots L..L+n) -> argmax -> accept -> commit the path's KV; L += path
  *   chain       the same with the drafter's argmax at each depth as a chain (causal mask)
+ *
+ * Under tensor parallelism every rank has a Runner over its shard. Rank 0's (the engine's) sends
+ * each state-changing call to the other ranks as a RankCommand (`peers`) before running it; they
+ * run the same call (execute), so every rank queues the same ops and collectives in the same
+ * order. Rank 0 alone drafts and builds a step's tree, and broadcasts it inside the step.
  */
-import type { DeviceTensor, Graph, KdtreeBackend } from '@kdtree/cuda';
+import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
+import { captureStep, HostCollective, type StepGraph } from './collective.js';
 import { KvCache, type CacheDtype } from './kv-cache.js';
 import type { Pass } from './layers.js';
 import { view } from './linear.js';
@@ -35,6 +41,22 @@ export interface TreeBuffers {
   logProbs: DeviceTensor;
 }
 
+/** The captured steps a generation launches. */
+export type StepKey = { kind: 'decode' } | { kind: 'tree'; budget: number; depth: number } | { kind: 'chain'; length: number };
+
+/** What rank 0's Runner asks the other ranks' Runners to do (see execute). */
+export type RankCommand =
+  | { op: 'prefill'; tokens: number[]; start: number; logits: boolean }
+  | { op: 'teacherForced'; tokens: number[]; start: number }
+  | { op: 'committed'; length: number }
+  | { op: 'advance'; count: number }
+  | { op: 'step'; step: StepKey };
+
+/** The other ranks, as rank 0 sees them: each command reaches every one, in order. */
+export interface RankPeers {
+  send(command: RankCommand): void;
+}
+
 export class Runner {
   readonly cache: KvCache;
   /** i32 [1]: the last emitted token, not yet in the cache (the next step's input or tree root). */
@@ -43,9 +65,13 @@ export class Runner {
   private readonly ids: DeviceTensor;
   private readonly positions: DeviceTensor;
   private readonly prefillLogits: DeviceTensor;
-  private readonly graphs = new Map<string, Graph>();
+  private readonly graphs = new Map<string, StepGraph>();
   private readonly owned: DeviceTensor[] = [];
   private captureStream = -1;
+  /** Rank 0's peers under tensor parallelism: they mirror every state-changing call. */
+  peers: RankPeers | undefined;
+  /** The tree and draft logits the keyed steps (step()) use. */
+  private stepBuffers: { tree: TreeBuffers; draftLogits: DeviceTensor } | undefined;
 
   constructor(
     readonly b: KdtreeBackend,
@@ -83,12 +109,40 @@ export class Runner {
   }
 
   set committed(length: number) {
+    this.peers?.send({ op: 'committed', length });
     this.cache.setLength(0, length);
   }
 
   /** Moves the host mirror along after a step that advanced L on the device. */
   advance(count: number): void {
+    this.peers?.send({ op: 'advance', count });
     this.cache.committed[0] += count;
+  }
+
+  /** Runs a command of rank 0's Runner on this rank (a tensor-parallel peer). */
+  execute(command: RankCommand): void {
+    switch (command.op) {
+      case 'prefill':
+        this.prefill(command.tokens, command.start, command.logits ? this.prefillLogits : undefined);
+        return;
+      case 'teacherForced': {
+        const logits = this.b.empty('f32', [command.tokens.length, this.model.config.vocabSize]);
+        try {
+          this.teacherForced(command.tokens, command.start, logits, new Map());
+        } finally {
+          this.b.free(logits);
+        }
+        return;
+      }
+      case 'committed':
+        this.committed = command.length;
+        return;
+      case 'advance':
+        this.advance(command.count);
+        return;
+      case 'step':
+        this.run(command.step);
+    }
   }
 
   private pass(t: number, positions: DeviceTensor, slots: DeviceTensor, base: number, stream: number, extra: Partial<Pass> = {}): Pass {
@@ -101,6 +155,10 @@ export class Runner {
    * argmax to `token`.
    */
   prefill(tokens: readonly number[], start: number, logits: DeviceTensor | undefined = this.prefillLogits): void {
+    if (this.peers) {
+      if (logits !== undefined && logits !== this.prefillLogits) throw new Error('prefill: under tensor parallelism the logits go to the runner\'s own buffer');
+      this.peers.send({ op: 'prefill', tokens: [...tokens], start, logits: logits !== undefined });
+    }
     const b = this.b;
     const rows = this.prefillRows;
     for (let at = 0; at < tokens.length; at += rows) {
@@ -122,6 +180,7 @@ export class Runner {
    * after each layer of `taps` into its tensor [n, hidden].
    */
   teacherForced(tokens: readonly number[], start: number, logits: DeviceTensor, taps: ReadonlyMap<number, DeviceTensor>): void {
+    this.peers?.send({ op: 'teacherForced', tokens: [...tokens], start });
     const t = tokens.length;
     const ids = view(this.ids, [t]);
     const positions = view(this.positions, [t]);
@@ -136,19 +195,45 @@ export class Runner {
     return (this.b.toArray(this.token) as Int32Array)[0];
   }
 
-  /** The graph `key`, captured by `queue(stream)` on first use. */
-  graph(key: string, queue: (stream: number) => void): Graph {
+  /**
+   * The step `key`, captured by `queue(stream)` on first use: one graph, or under tensor
+   * parallelism on host collectives the graphs between them (see HostCollective).
+   */
+  graph(key: string, queue: (stream: number) => void): StepGraph {
     let g = this.graphs.get(key);
     if (g === undefined) {
       if (this.captureStream < 0) this.captureStream = this.b.native.createStream();
-      g = this.b.capture(this.captureStream, () => queue(this.captureStream));
+      const collective = this.model.collective;
+      g = captureStep(this.b, this.captureStream, queue, collective instanceof HostCollective ? collective : undefined);
       this.graphs.set(key, g);
     }
     return g;
   }
 
-  launch(graph: Graph): void {
-    this.b.native.launchGraph(graph, 0);
+  /** Launches a captured step on this rank only. */
+  launch(graph: StepGraph): void {
+    graph.launch(this.b, 0);
+  }
+
+  /** The tree and draft logits (f32 [maxDepth, vocab]) the keyed steps run on. */
+  useStepBuffers(tree: TreeBuffers, draftLogits: DeviceTensor): void {
+    this.stepBuffers = { tree, draftLogits };
+  }
+
+  /** The captured step `key` (decode, a tree verify of a budget and depth, a chain of a length). */
+  step(key: StepKey): StepGraph {
+    if (key.kind === 'decode') return this.decodeGraph();
+    if (this.stepBuffers === undefined) throw new Error('step: useStepBuffers first');
+    const { tree, draftLogits } = this.stepBuffers;
+    const V = this.model.config.vocabSize;
+    if (key.kind === 'tree') return this.graph(`tree ${key.budget} ${key.depth}`, (s) => this.queueTreeStep(tree, view(draftLogits, [key.depth, V]), key.budget, s));
+    return this.graph(`chain ${key.length}`, (s) => this.queueChainStep(tree, view(draftLogits, [key.length, V]), key.length, s));
+  }
+
+  /** Runs the step `key` (on every rank, under tensor parallelism). */
+  run(key: StepKey): void {
+    this.peers?.send({ op: 'step', step: key });
+    this.launch(this.step(key));
   }
 
   /**
@@ -189,7 +274,7 @@ export class Runner {
   }
 
   /** One greedy decode step as a graph: the token at L -> its successor in `token`, L += 1. */
-  decodeGraph(): Graph {
+  decodeGraph(): StepGraph {
     return this.graph('decode', (s) => this.queueAppend(1, this.token, this.prefillLogits, s));
   }
 
@@ -231,8 +316,70 @@ export class Runner {
     b.native.kvCommit({ caches: this.cache.all(), path: view(tree.path, [n]), pathLen: tree.pathLen, startOnDevice: L, nextStart: L, stream });
   }
 
+  /**
+   * A DDTree step on the device: the best tree of `budget` nodes under `draftLogits` [depth,
+   * vocab], rooted at `token` at position L, built into `tree`, then verified, accepted and
+   * committed (queueVerify). Under tensor parallelism rank 0 builds the tree and broadcasts it.
+   */
+  queueTreeStep(tree: TreeBuffers, draftLogits: DeviceTensor, budget: number, stream: number, logProbs?: DeviceTensor): void {
+    const n = budget + 1;
+    const nodes = (x: DeviceTensor) => view(x, [n]);
+    const collective = this.model.collective;
+    if (collective !== undefined && collective.rank !== 0) {
+      collective.broadcast([nodes(tree.tokens), nodes(tree.parents), nodes(tree.depths), nodes(tree.positions), view(tree.mask, [n, n]), tree.size], 0, stream);
+      this.queueVerify(tree, n, stream);
+      return;
+    }
+    this.b.native.ddtreeBuild({
+      draftLogits,
+      rootOnDevice: this.token,
+      budget,
+      startOnDevice: this.cache.length[0],
+      tokens: nodes(tree.tokens),
+      parents: nodes(tree.parents),
+      depths: nodes(tree.depths),
+      positions: nodes(tree.positions),
+      mask: view(tree.mask, [n, n]),
+      size: tree.size,
+      logProbs: logProbs && view(logProbs, [n]),
+      stream,
+    });
+    collective?.broadcast([nodes(tree.tokens), nodes(tree.parents), nodes(tree.depths), nodes(tree.positions), view(tree.mask, [n, n]), tree.size], 0, stream);
+    this.queueVerify(tree, n, stream);
+  }
+
+  /** i32 [nodes]: a chain's parents (-1, 0, 1, ...); i32 [1] per length: its node count. */
+  private chainParents: DeviceTensor | undefined;
+  private readonly chainSizes = new Map<number, DeviceTensor>();
+
+  /**
+   * A chain step (DFlash's verification): the root `token` and the argmax of each of the
+   * `length` rows of `draftLogits`, verified causally at positions L.., accepted and committed.
+   */
+  queueChainStep(tree: TreeBuffers, draftLogits: DeviceTensor, length: number, stream: number): void {
+    const b = this.b;
+    const n = length + 1;
+    const nodes = tree.tokens.shape[0];
+    this.chainParents ??= this.own(b.fromArray('i32', [nodes], Int32Array.from({ length: nodes }, (_, i) => i - 1)));
+    let size = this.chainSizes.get(n);
+    if (size === undefined) {
+      size = this.own(b.fromArray('i32', [1], Int32Array.of(n)));
+      this.chainSizes.set(n, size);
+    }
+    const chain = { ...tree, parents: this.chainParents, size };
+    // rank 0 (or the only rank) drafts the chain; the others receive its tokens
+    const collective = this.model.collective;
+    if (collective === undefined || collective.rank === 0) {
+      b.native.copy({ dst: chain.tokens.buffer, src: this.token.buffer, bytes: 4, stream });
+      b.native.argmax({ x: view(draftLogits, [length, this.model.config.vocabSize]), out: view(chain.tokens, [length], 1), stream });
+    }
+    collective?.broadcast([view(chain.tokens, [n])], 0, stream);
+    b.native.arange({ out: view(chain.positions, [n]), startOnDevice: this.cache.length[0], stream });
+    this.queueVerify(chain, n, stream, true);
+  }
+
   dispose(): void {
-    for (const g of this.graphs.values()) if (!g.freed) this.b.native.freeGraph(g);
+    for (const g of this.graphs.values()) g.free(this.b);
     this.graphs.clear();
     if (this.captureStream >= 0) this.b.native.destroyStream(this.captureStream);
     this.captureStream = -1;

@@ -11,7 +11,8 @@
  */
 import { f32ToBf16 } from '@kdtree/format';
 import { parseModelConfig, type ModelConfig } from '@kdtree/reference';
-import type { HostBf16, HostInt4, WeightReader } from './model-source.js';
+import { pickCols, type HostBf16, type HostInt4, type WeightReader } from './model-source.js';
+import type { Block } from './shard.js';
 
 export interface SeededSourceOptions {
   seed: number;
@@ -89,7 +90,13 @@ export class SeededSource implements WeightReader {
     return out;
   }
 
-  async readBf16(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostBf16> {
+  async readBf16(name: string, shape: readonly [number, number], rows?: readonly number[], cols?: Block): Promise<HostBf16> {
+    const whole = this.wholeBf16(name, shape, rows);
+    if (cols === undefined) return whole;
+    return { rows: whole.rows, cols: cols.count, bits: pickCols(whole.bits, shape[1], cols.start, cols.count) };
+  }
+
+  private wholeBf16(name: string, shape: readonly [number, number], rows?: readonly number[]): HostBf16 {
     const [r, k] = shape;
     const list = rows ?? Array.from({ length: r }, (_, i) => i);
     const scale = name.includes('embed_tokens') ? 1 : (name === 'lm_head.weight' ? 4 : 1) / Math.sqrt(k);
@@ -110,7 +117,14 @@ export class SeededSource implements WeightReader {
     return { rows: list.length, cols: k, bits };
   }
 
-  async readInt4(name: string, shape: readonly [number, number], rows?: readonly number[]): Promise<HostInt4> {
+  async readInt4(name: string, shape: readonly [number, number], rows?: readonly number[], cols?: Block): Promise<HostInt4> {
+    const whole = this.wholeInt4(name, shape, rows);
+    if (cols === undefined) return whole;
+    const [, k] = shape;
+    return { ...whole, cols: cols.count, qw: pickCols(whole.qw, k / 8, cols.start / 8, cols.count / 8), sc: pickCols(whole.sc, k / whole.group, cols.start / whole.group, cols.count / whole.group) };
+  }
+
+  private wholeInt4(name: string, shape: readonly [number, number], rows?: readonly number[]): HostInt4 {
     const canonical = name.replace(EXPERT, (_, e: string) => `.experts.${Number(e) % this.distinctExperts}.`);
     const hit = rows === undefined ? this.made.get(canonical) : undefined;
     if (hit !== undefined) return hit;

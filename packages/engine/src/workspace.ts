@@ -8,8 +8,12 @@ import type { DeviceTensor, Dtype, KdtreeBackend } from '@kdtree/cuda';
 import type { ModelConfig } from '@kdtree/reference';
 import { view } from './linear.js';
 
-/** Buffer name -> [dtype, width per row]; rows of `moeAct` are (token, expert) pairs. */
-function layout(c: ModelConfig, hasFloatGateUp: boolean): Record<string, [Dtype, number]> {
+/**
+ * Buffer name -> [dtype, width per row]; rows of `moeAct` are (token, expert) pairs. Widths are the
+ * whole model's: a tensor-parallel rank uses narrower views of the per-head and intermediate
+ * buffers, and `lmLocal` holds its block of the vocabulary's logits before the all-gather.
+ */
+function layout(c: ModelConfig, hasFloatGateUp: boolean, world: number): Record<string, [Dtype, number]> {
   const mlpInter = Math.max(c.firstKDenseReplace > 0 ? c.intermediateSize : 0, c.nSharedExperts * c.moeIntermediateSize);
   const out: Record<string, [Dtype, number]> = {
     x: ['f32', c.hiddenSize],
@@ -30,6 +34,7 @@ function layout(c: ModelConfig, hasFloatGateUp: boolean): Record<string, [Dtype,
     routerLogits: ['f32', c.nRoutedExperts],
     routeIds: ['i32', c.numExpertsPerTok],
     routeWeights: ['f32', c.numExpertsPerTok],
+    lmLocal: ['f32', world > 1 ? c.vocabSize / world : 1],
   };
   return out;
 }
@@ -45,9 +50,11 @@ export class Workspace {
     /** The most tokens one pass runs. */
     readonly rows: number,
     hasFloatGateUp: boolean,
+    /** Tensor-parallel ranks (1: one device). */
+    world = 1,
   ) {
     try {
-      for (const [name, [dtype, width]] of Object.entries(layout(config, hasFloatGateUp))) this.buffers.set(name, b.empty(dtype, [rows, width]));
+      for (const [name, [dtype, width]] of Object.entries(layout(config, hasFloatGateUp, world))) this.buffers.set(name, b.empty(dtype, [rows, width]));
       const pairs = rows * config.numExpertsPerTok;
       this.moeAct = b.empty('f32', [pairs, config.moeIntermediateSize]);
     } catch (error) {
@@ -57,9 +64,9 @@ export class Workspace {
   }
 
   /** Device bytes of a workspace of this shape (the memory estimate). */
-  static bytes(config: ModelConfig, rows: number, hasFloatGateUp: boolean): number {
+  static bytes(config: ModelConfig, rows: number, hasFloatGateUp: boolean, world = 1): number {
     let total = 0;
-    for (const [dtype, width] of Object.values(layout(config, hasFloatGateUp))) total += rows * width * (dtype === 'f32' || dtype === 'i32' ? 4 : 2);
+    for (const [dtype, width] of Object.values(layout(config, hasFloatGateUp, world))) total += rows * width * (dtype === 'f32' || dtype === 'i32' ? 4 : 2);
     const pairs = rows * config.numExpertsPerTok;
     total += pairs * config.moeIntermediateSize * 4;
     return total;

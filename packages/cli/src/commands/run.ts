@@ -37,12 +37,12 @@ export const runSpec: CommandSpec = {
 
 function statsLine(s: GenerationStats, tokens: number): string {
   const spec = s.drafter ? `${s.spec} (${s.drafter})` : s.spec;
-  return `${tokens} tokens, ${spec} on ${s.backend} (${s.device}): ${s.tokensPerSecond.toFixed(1)} tokens/s, prefill ${s.prefillMs.toFixed(1)} ms, decode ${s.decodeMs.toFixed(1)} ms, ${s.targetForwards} target forwards, ${s.meanAcceptedLength.toFixed(2)} tokens per step`;
+  return `${tokens} tokens, ${spec} on ${s.backend} (${s.device}${s.tp > 1 ? `, ${s.tp} ranks` : ''}): ${s.tokensPerSecond.toFixed(1)} tokens/s, prefill ${s.prefillMs.toFixed(1)} ms, decode ${s.decodeMs.toFixed(1)} ms, ${s.targetForwards} target forwards, ${s.meanAcceptedLength.toFixed(2)} tokens per step`;
 }
 
 /** The --json forms of the engine's stats and step traces: snake_case, as every --json output. */
 function statsJson(s: GenerationStats) {
-  return { backend: s.backend, device: s.device, spec: s.spec, drafter: s.drafter, tokens_per_second: s.tokensPerSecond, prefill_ms: s.prefillMs, decode_ms: s.decodeMs, target_forwards: s.targetForwards, steps: s.steps, mean_accepted_length: s.meanAcceptedLength, stopped_by: s.stoppedBy };
+  return { backend: s.backend, device: s.device, tp: s.tp, spec: s.spec, drafter: s.drafter, tokens_per_second: s.tokensPerSecond, prefill_ms: s.prefillMs, decode_ms: s.decodeMs, target_forwards: s.targetForwards, steps: s.steps, mean_accepted_length: s.meanAcceptedLength, stopped_by: s.stoppedBy };
 }
 
 function stepJson(t: StepTrace) {
