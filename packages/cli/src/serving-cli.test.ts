@@ -110,9 +110,11 @@ describe('kdtree serve, run --text and chat on a generated model', () => {
     // streamed, run prints the same text
     const streamed = runCli(['run', model, '--text', prompt, '--max-new', '12', ...ENGINE]);
     expect(streamed.stdout).toBe(`${ran.text}\n`);
-    // and ddtree speculation gives the same tokens
+    // and ddtree speculation, and the model split over two tensor-parallel ranks, give the same tokens
     const spec = JSON.parse(runCli(['run', model, '--text', prompt, '--max-new', '12', ...ENGINE, '--spec', 'ddtree', '--budget', '8', '--json']).stdout);
     expect(spec.tokens).toEqual(ran.tokens);
+    const tp = JSON.parse(runCli(['run', model, '--text', prompt, '--max-new', '12', ...ENGINE, '--tp', '2', '--json']).stdout);
+    expect([tp.tokens, tp.stats.tp]).toEqual([ran.tokens, 2]);
 
     const chat = await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 8 });
     expect(chat.choices[0].message.role).toBe('assistant');
