@@ -65,7 +65,7 @@ describe('malformed requests', () => {
     }
     // not JSON at all, and a URL that is not there
     const form = await fetch(chatUrl, { method: 'POST', headers: { 'content-type': 'text/plain' }, body: 'hello' });
-    expectError({ status: form.status, json: await form.json(), text: '' }, 415, null, /application\/json/, 'unsupported_media_type');
+    expectError({ status: form.status, json: await form.json(), text: '' }, 415, null, /Content-Type 'text\/plain' is not supported: send the body as JSON/, 'unsupported_media_type');
     const missing = await fetch(`${s.url}/v1/embeddings`, { method: 'POST' });
     expectError({ status: missing.status, json: await missing.json(), text: '' }, 404, null, /Invalid URL \(POST \/v1\/embeddings\)/);
     // and the server still answers

@@ -218,7 +218,7 @@ export async function respond<D>(ctx: ServerContext, request: FastifyRequest, re
       : error instanceof ApiError
         ? error
         : new ApiError(500, 'server_error', `the generation failed: ${(error as Error)?.message ?? String(error)}`, null, 'generation_failed', { cause: error });
-    if (failure.status >= 500 && !(reason instanceof Cancelled)) request.log.error(error);
+    if (failure.code === 'generation_failed') ctx.log(`${request.method} ${request.url} 500: ${(error as Error)?.stack ?? String(error)}`);
     if (!r.stream) throw failure;
     // the status line went out with the first event: the error travels as an event, as OpenAI's does
     await sendEvent(res, failure.toBody());

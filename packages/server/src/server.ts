@@ -61,7 +61,7 @@ function sha256(text: string): Buffer {
 }
 
 /** Any error a route or hook throws, as the OpenAI error it is answered with. */
-function apiErrorOf(error: unknown): ApiError {
+function apiErrorOf(error: unknown, contentType: string | undefined): ApiError {
   if (error instanceof ApiError) return error;
   const e = error as FastifyError;
   if (Array.isArray(e?.validation)) return schemaError(e.validation);
@@ -71,7 +71,7 @@ function apiErrorOf(error: unknown): ApiError {
     case 'FST_ERR_CTP_INVALID_JSON_BODY':
       return new ApiError(400, 'invalid_request_error', 'We could not parse the JSON body of your request: it is not valid JSON.', null, 'invalid_json');
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-      return new ApiError(415, 'invalid_request_error', `${e.message}: send the body as JSON with Content-Type: application/json.`, null, 'unsupported_media_type');
+      return new ApiError(415, 'invalid_request_error', `Content-Type '${contentType ?? ''}' is not supported: send the body as JSON with Content-Type: application/json.`, null, 'unsupported_media_type');
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
       return new ApiError(413, 'invalid_request_error', 'The request body is larger than this server accepts.', null, 'request_too_large');
   }
@@ -137,8 +137,8 @@ export class KdtreeServer {
       this.metrics.requests.inc({ endpoint: ENDPOINTS[request.routeOptions.url ?? ''] ?? 'other', status: String(reply.statusCode) });
     });
     app.setErrorHandler((error, request, reply) => {
-      const api = apiErrorOf(error);
-      if (api.status >= 500 && api.code === 'internal_error') request.log.error(error);
+      const api = apiErrorOf(error, request.headers['content-type']);
+      if (api.code === 'internal_error') ctx.log(`${request.method} ${request.url} 500: ${(error as Error)?.stack ?? String(error)}`);
       return reply.code(api.status).send(api.toBody());
     });
     app.setNotFoundHandler((request, reply) => {
