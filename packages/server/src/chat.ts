@@ -7,7 +7,7 @@
 import type { ChatMessage, ChatOutputEvent, ChatOutputParser, ChatTool, Tokenizer } from '@kdtree/tokenizer';
 import { TokenizerError } from '@kdtree/tokenizer';
 import { invalidRequest, unsupported } from './errors.js';
-import { checkContext, type Answer, type FinishReason, type GenerationRequest, type ServerContext } from './generation.js';
+import { checkContext, responseOptions, type Answer, type FinishReason, type GenerationRequest, type ServerContext } from './generation.js';
 import { StopMatcher } from './stop-matcher.js';
 import { checkGreedy, stopList, type SamplingParams } from './validation.js';
 
@@ -215,9 +215,7 @@ export function chatRequest(ctx: ServerContext, body: ChatCompletionBody): Gener
     prompt,
     maxNew,
     eos,
-    stream: body.stream === true,
-    includeUsage: body.stream_options?.include_usage === true,
-    returnTokenIds: body.return_token_ids === true,
+    ...responseOptions(body),
     answer,
     emptyDelta: {},
     // vLLM's layout: the prompt's ids beside the choices, the answer's in the choice

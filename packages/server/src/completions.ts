@@ -5,7 +5,7 @@
  */
 import type { StreamDecoder } from '@kdtree/tokenizer';
 import { invalidRequest, unsupported } from './errors.js';
-import { checkContext, type Answer, type FinishReason, type GenerationRequest, type ServerContext } from './generation.js';
+import { checkContext, responseOptions, type Answer, type FinishReason, type GenerationRequest, type ServerContext } from './generation.js';
 import { StopMatcher } from './stop-matcher.js';
 import { checkGreedy, stopList, type SamplingParams } from './validation.js';
 
@@ -118,9 +118,7 @@ export function completionRequest(ctx: ServerContext, body: CompletionBody): Gen
     prompt,
     maxNew,
     eos,
-    stream: body.stream === true,
-    includeUsage: body.stream_options?.include_usage === true,
-    returnTokenIds: body.return_token_ids === true,
+    ...responseOptions(body),
     answer,
     emptyDelta: { text: '' },
     chunk: (id, delta, finishReason, ids) => ({ ...base(id), choices: [choice(delta?.text ?? '', finishReason, { ...ids })] }),

@@ -94,6 +94,11 @@ export interface GenerationRequest<D> {
   idPrefix: string;
 }
 
+/** What both endpoints read the same way: streaming, the usage chunk, vLLM's token ids. */
+export function responseOptions(body: { stream?: boolean | null; stream_options?: { include_usage?: boolean } | null; return_token_ids?: boolean | null }): Pick<GenerationRequest<unknown>, 'stream' | 'includeUsage' | 'returnTokenIds'> {
+  return { stream: body.stream === true, includeUsage: body.stream_options?.include_usage === true, returnTokenIds: body.return_token_ids === true };
+}
+
 /**
  * The room a prompt leaves in the context, checked before the request takes a place in the queue:
  * a prompt over the context, or max_tokens past what is left, is a 400 naming both numbers.

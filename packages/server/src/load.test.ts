@@ -9,7 +9,7 @@ import { completionStopTokens } from './index.js';
 import { MODEL, serve, type Served } from './test-support/serve.js';
 
 const CLIENTS = 8;
-const MAX_TOKENS = 10;
+const MAX_TOKENS = 8;
 
 let s: Served;
 beforeAll(async () => {

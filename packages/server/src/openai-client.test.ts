@@ -139,12 +139,12 @@ describe('the openai client', () => {
       { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } },
     ];
     const ask = [{ role: 'user' as const, content: 'Weather in Paris?' }];
-    const r = await s.client.chat.completions.create({ model: MODEL, messages: ask, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 12, return_token_ids: true } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const r = await s.client.chat.completions.create({ model: MODEL, messages: ask, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 8, return_token_ids: true } as OpenAI.ChatCompletionCreateParamsNonStreaming);
     const forced = s.tokenizer.encode('<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>');
     const prompt = [...s.tokenizer.encodeChat(ask, { tools: tools as never, addGenerationPrompt: true }), ...forced];
     const extra = r as unknown as { prompt_token_ids: number[]; choices: { token_ids: number[] }[] };
     expect(extra.prompt_token_ids).toEqual(prompt);
-    const expected = await greedy(prompt, 12, chatEos());
+    const expected = await greedy(prompt, 8, chatEos());
     expect(extra.choices[0].token_ids).toEqual(expected);
     // the arguments are what the parser makes of the answer inside the forced call
     const parser = s.tokenizer.outputParser({ endOfTurnIds: chatEos() });
@@ -154,7 +154,7 @@ describe('the openai client', () => {
     const message = r.choices[0].message;
     expect(message.tool_calls).toEqual([{ id: 'functions.get_weather:0', type: 'function', function: { name: 'get_weather', arguments: call.arguments } }]);
 
-    const stream = await s.client.chat.completions.create({ model: MODEL, messages: ask, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 12, stream: true });
+    const stream = await s.client.chat.completions.create({ model: MODEL, messages: ask, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 8, stream: true });
     const deltas: OpenAI.ChatCompletionChunk.Choice.Delta.ToolCall[] = [];
     for await (const chunk of stream) deltas.push(...(chunk.choices[0]?.delta.tool_calls ?? []));
     expect(deltas[0]).toEqual({ index: 0, id: 'functions.get_weather:0', type: 'function', function: { name: 'get_weather', arguments: '' } });
