@@ -168,3 +168,20 @@ describe('the openai client', () => {
     expect((r as unknown as { prompt_token_ids: number[] }).prompt_token_ids).toEqual(s.tokenizer.encodeChat(ask, { addGenerationPrompt: true }));
   });
 });
+
+describe('speculative decoding', () => {
+  it('a server decoding with DDTree answers with exactly the greedy tokens', async () => {
+    const spec = await serve({ decoding: { spec: 'ddtree', drafter: 'ngram', budget: 8, depth: 3 } });
+    const health = (await (await fetch(`${spec.url}/health`)).json()) as { spec: string };
+    expect(health.spec).toBe('ddtree');
+    // a prompt that repeats itself, so the ngram drafter has continuations to propose
+    const prompt = 'one two three four, one two three four, one two three four, one two';
+    const ask = { model: MODEL, prompt, max_tokens: 16, return_token_ids: true } as OpenAI.CompletionCreateParamsNonStreaming;
+    const [greedy, ddtree] = await Promise.all([s.client.completions.create(ask), spec.client.completions.create(ask)]);
+    const ids = (r: OpenAI.Completion) => (r.choices[0] as unknown as { token_ids: number[] }).token_ids;
+    expect(ids(ddtree)).toEqual(ids(greedy));
+    expect(ddtree.choices[0].text).toBe(greedy.choices[0].text);
+    const metrics = await (await fetch(`${spec.url}/metrics`)).text();
+    expect(metrics).toMatch(/kdtree_accepted_tokens_per_step_count [1-9]/);
+  });
+});
