@@ -11,7 +11,7 @@ import { openTokenizer } from '../model-tokenizer.js';
 export const chatSpec: CommandSpec = {
   name: 'chat',
   summary:
-    "Talk to a model in the terminal: each line you type is a user turn, rendered with the model's chat template; the answer streams as it decodes (its thinking dimmed), the stats of each answer go to stderr. Ctrl-C stops the answer, not the program; Ctrl-D, /exit or Ctrl-C twice on an empty line quits; /reset starts a new conversation. With standard input not a terminal, each line read is a turn.",
+    "A conversation with a model in the terminal, through its chat template, each answer streaming as it decodes. Each line you type is a user turn; the thinking shows dimmed, each answer's stats go to stderr. Ctrl-C stops the answer, not the program; Ctrl-D, /exit or Ctrl-C twice on an empty line quits; /reset starts a new conversation. With standard input not a terminal, each line read is a turn.",
   usage: `kdtree chat MODEL [--system TEXT] [--max-new N] [--tokenizer DIR] ${ENGINE_USAGE}`,
   help: [
     '--system TEXT         the system prompt (default: the template\'s own)',
