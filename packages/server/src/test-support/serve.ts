@@ -11,6 +11,9 @@ import { createServer, type KdtreeServer, type ServerOptions } from '../index.js
 
 export const MODEL = 'k2-mini';
 
+/** The cpu twin (CI), or KDTREE_TEST_BACKEND=cuda on a GPU machine. */
+export const TEST_BACKEND = (process.env.KDTREE_TEST_BACKEND as 'cpu' | 'cuda' | undefined) ?? 'cpu';
+
 export interface Served {
   server: KdtreeServer;
   url: string;
@@ -22,7 +25,7 @@ export interface Served {
 
 let shared: Promise<{ engine: Engine; tokenizer: Tokenizer }> | undefined;
 
-/** The file's engine (cpu, a cache of 512 tokens) and the tokenizer the bundle carries. */
+/** The file's engine (TEST_BACKEND, a cache of 512 tokens) and the tokenizer the bundle carries. */
 export function testModel(): Promise<{ engine: Engine; tokenizer: Tokenizer }> {
   shared ??= (async () => {
     const path = inject('modelPath');
@@ -30,7 +33,7 @@ export function testModel(): Promise<{ engine: Engine; tokenizer: Tokenizer }> {
     const tokenizer = tokenizerFromMetadata(bundle.metadata as Record<string, unknown>, path);
     await bundle.close();
     if (tokenizer === undefined) throw new Error(`${path} carries no tokenizer`);
-    const engine = await createEngine({ model: path, backend: 'cpu', cacheTokens: 512 });
+    const engine = await createEngine({ model: path, backend: TEST_BACKEND, cacheTokens: 512 });
     afterAll(async () => {
       await engine.dispose();
       tokenizer.free();
