@@ -437,6 +437,9 @@ export class Engine {
     yield { tokens: first.taken };
     state?.drafter.begin(prompt);
     for (;;) {
+      // a macrotask turn between steps: timers, socket closes and signals reach the signal's owner
+      // even when the consumer awaits the next chunk at once
+      await new Promise<void>((resolve) => setImmediate(resolve));
       this.checkAbort(o.signal);
       const step = state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, [...prompt, ...out], o.trace ?? false);
       forwards++;
