@@ -189,13 +189,16 @@ export class Engine {
     try {
       return await fn();
     } catch (error) {
-      const failed = this.group?.failure();
-      if (failed) {
-        await this.group!.close();
-        throw failed;
-      }
-      throw error;
+      throw await this.rankFailureOr(error);
     }
+  }
+
+  /** The error to report for `error`: a rank's failure when one failed (the other ranks then ended now, not at dispose). */
+  private async rankFailureOr(error: unknown): Promise<unknown> {
+    const failed = this.group?.failure();
+    if (!failed) return error;
+    await this.group!.close();
+    return failed;
   }
 
   get device(): string {
@@ -293,13 +296,7 @@ export class Engine {
       this.checkRanks();
       return yield* this.decode(tokens, maxNew, eos, spec, state, options);
     } catch (error) {
-      const failed = this.group?.failure();
-      if (failed) {
-        // the other ranks are stopping or stopped: end every thread now, not at dispose
-        await this.group!.close();
-        throw failed;
-      }
-      throw error;
+      throw await this.rankFailureOr(error);
     } finally {
       release();
     }
