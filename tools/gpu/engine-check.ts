@@ -14,7 +14,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { argmax, greedyDecode, loadModel, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, teacherForcedLogits, top2Margin, writeSyntheticModel, type ModelPreset } from '@kdtree/reference';
 import { createBackend } from '@kdtree/cuda';
-import { createEngine, DeviceModel, ModelSource, Runner, type GenerateOptions } from '@kdtree/engine';
+import { createEngine, DeviceModel, ModelSource, Runner, view, type GenerateOptions } from '@kdtree/engine';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const results: { check: string; ok: boolean; detail: string }[] = [];
@@ -37,7 +37,6 @@ async function pair(preset: ModelPreset, seed: number) {
 }
 
 const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
-const view = (t: { buffer: any; dtype: any; offset?: number }, shape: number[]) => ({ buffer: t.buffer, dtype: t.dtype, shape, offset: t.offset ?? 0 });
 
 for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
   const t0 = performance.now();

@@ -433,14 +433,17 @@ export class Engine {
     }
     yield { tokens: first.taken };
     state?.drafter.begin(prompt);
+    // the sequence so far, for the drafter: grown by each step's tokens, not rebuilt every step
+    const context = [...prompt, ...out];
     for (;;) {
       // a macrotask turn between steps: timers, socket closes and signals reach the signal's owner
       // even when the consumer awaits the next chunk at once
       await new Promise<void>((resolve) => setImmediate(resolve));
       this.checkAbort(o.signal);
-      const step = state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, [...prompt, ...out], o.trace ?? false);
+      const step = state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, context, o.trace ?? false);
       forwards++;
       const { taken, done } = take(step.emitted);
+      context.push(...taken);
       if (step.trace) steps.push(step.trace);
       if (done) {
         const result = finish();

@@ -9,6 +9,7 @@ export { SeededSource, type SeededSourceOptions } from './seeded-source.js';
 export { estimateMemory, type MemoryEstimate } from './memory.js';
 export { Runner, type TreeBuffers } from './runner.js';
 export type { Pass } from './layers.js';
+export { view } from './linear.js';
 export { HostCollective, StepGraph, type Collective, type HostTransport } from './collective.js';
 export { RankFailure } from './shared-memory-transport.js';
 export { TP_TIMEOUT_MS } from './tp.js';

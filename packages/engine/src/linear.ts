@@ -5,7 +5,7 @@
  * weight of 2I rows: INT4 packed with interleaveGateUp so the GEMM's SiLU epilogue writes
  * silu(gate) * up directly; bf16 as [gate; up], followed by the silu_mul op.
  */
-import { numel, packedW4A16Shapes, type DeviceTensor, type KdtreeBackend } from '@kdtree/cuda';
+import { DTYPE_BYTES, numel, packedW4A16Shapes, type DeviceTensor, type KdtreeBackend } from '@kdtree/cuda';
 import type { HostBf16, HostInt4, WeightReader } from './model-source.js';
 import { modelError } from './errors.js';
 import type { Block } from './shard.js';
@@ -144,6 +144,5 @@ export function applyLinear(b: KdtreeBackend, w: DeviceLinear, x: DeviceTensor, 
 
 /** `t` seen as another shape over the start of its buffer (at `offsetElements` elements in). */
 export function view(t: DeviceTensor, shape: number[], offsetElements = 0): DeviceTensor {
-  const bytes = t.dtype === 'f32' || t.dtype === 'i32' ? 4 : t.dtype === 'u8' ? 1 : t.dtype === 'f64' ? 8 : 2;
-  return { buffer: t.buffer, dtype: t.dtype, shape, offset: (t.offset ?? 0) + offsetElements * bytes };
+  return { buffer: t.buffer, dtype: t.dtype, shape, offset: (t.offset ?? 0) + offsetElements * DTYPE_BYTES[t.dtype] };
 }

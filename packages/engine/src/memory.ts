@@ -4,7 +4,6 @@
  * vocab] f32) and the largest staging copy a weight passes through while it is packed. Compared
  * with the device's free memory so a model that does not fit fails at once with both numbers.
  */
-import { freemem } from 'node:os';
 import type { KdtreeBackend } from '@kdtree/cuda';
 import type { ModelConfig } from '@kdtree/reference';
 import { EngineError } from './errors.js';
@@ -39,9 +38,7 @@ export function estimateMemory(source: WeightReader, options: { capacity: number
 
 /** Bytes the backend can still allocate: the GPU's free memory, or the host's for the cpu twin. */
 export function freeMemory(b: KdtreeBackend): number {
-  const native = b.native as { memoryInfo?: () => { free: number; total: number } };
-  if (typeof native.memoryInfo === 'function') return native.memoryInfo().free;
-  return b.kind === 'cuda' ? b.info().totalMemory : freemem();
+  return b.native.memoryInfo().free;
 }
 
 const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;

@@ -220,13 +220,6 @@ export class ModelSource implements WeightReader {
     return { rows: selected.length, cols: cols.count, group: g, scaleDtype, qw, sc };
   }
 
-  /** Bytes the tensors of `name` occupy in the checkpoint (both INT4 parts, or the float tensor). */
-  storedBytes(name: string): number {
-    const d = this.int4(name);
-    if (d !== undefined) return this.store.get(d.qw).size + this.store.get(d.sc).size;
-    return this.info(name).size;
-  }
-
   async close(): Promise<void> {
     await this.store.close();
   }
