@@ -110,14 +110,14 @@ function stages(profile: { part: string; ms: number }[]): Record<string, number>
   };
 }
 
-async function benchModel(experts: number, full: boolean, cacheTokens = 4096): Promise<Record<string, unknown>> {
+async function benchModel(experts: number, full: boolean, cacheTokens = 4096, activations?: 'bf16' | 'f32'): Promise<Record<string, unknown>> {
   const json = k2Config(layers, experts);
   const source = new SeededSource(json, { seed: 7 });
   const t0 = performance.now();
-  const engine: Engine = await createEngine({ model: source, backend: b, cacheTokens, maxBudget: full ? 256 : 64 });
+  const engine: Engine = await createEngine({ model: source, backend: b, cacheTokens, activations, maxBudget: full ? 256 : 64 });
   const loadS = (performance.now() - t0) / 1000;
-  const out: Record<string, unknown> = { experts, loadSeconds: loadS, memory: engine.memory };
-  log(`\n== ${layers} layers, ${experts} experts: loaded in ${loadS.toFixed(1)} s (${(engine.memory.total / 2 ** 30).toFixed(1)} GiB)`);
+  const out: Record<string, unknown> = { experts, activations: activations ?? 'default', cacheTokens, loadSeconds: loadS, memory: engine.memory };
+  log(`\n== ${layers} layers, ${experts} experts, ${activations ?? 'default'} activations, ${cacheTokens}-token cache: loaded in ${loadS.toFixed(1)} s (${(engine.memory.total / 2 ** 30).toFixed(1)} GiB)`);
   try {
     const V = source.config.vocabSize;
     const prompt = promptOf(64, 1, V);
@@ -170,7 +170,11 @@ log(`copy bandwidth: ${(bandwidth / 1e12).toFixed(3)} TB/s (bytes read + written
 const models: Record<string, unknown>[] = [];
 for (const experts of (process.env.KDTREE_BENCH_EXPERTS ?? '384,64').split(',').map(Number)) {
   const m = await benchModel(experts, experts === 384 || process.env.KDTREE_BENCH_FULL === '1', 4096);
-  if (experts === 384 && !smoke) m.smallCache = await benchModel(experts, false, 512);
+  if (experts === 384 && !smoke) {
+    m.smallCache = await benchModel(experts, false, 512);
+    // the same model with f32 activations into the GEMMs (three bf16 planes of x), in the same run
+    m.f32Activations = await benchModel(experts, false, 4096, 'f32');
+  }
   const g = m.greedy as { bytesPerToken: number; tokensPerSecond: number };
   const floorMs = (g.bytesPerToken / bandwidth) * 1000;
   m.floorMs = floorMs;

@@ -108,6 +108,9 @@ struct RmsNormArgs {
   // it may be x or residual itself): a layer's residual add fused into the next norm, with the bits
   // of add followed by rms_norm.
   Tensor residual, sum;
+  // Optional, bf16 like x's shape with an f32 out: the same values rounded to nearest even as well,
+  // from one pass (a MoE layer's router reads the f32 norm, its experts the bf16 one).
+  Tensor out_bf16;
 };
 // A row's sum of squares, in the same order on both backends (same bits): thread t of
 // kRmsNormThreads sums its 4-element chunks t, t + kRmsNormThreads, ...; each warp's 32 partials meet

@@ -1053,7 +1053,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   }
   Napi::Value RmsNormJs(const Napi::CallbackInfo& info) {
     Call c{info.Env(), ArgsObject(info), {}};
-    RmsNormArgs a{TensorArg(c, "x"), TensorArg(c, "weight"), TensorArg(c, "out"), Num(c, "eps", 0), TensorArg(c, "residual", true), TensorArg(c, "sum", true)};
+    RmsNormArgs a{TensorArg(c, "x"), TensorArg(c, "weight"), TensorArg(c, "out"), Num(c, "eps", 0), TensorArg(c, "residual", true), TensorArg(c, "sum", true), TensorArg(c, "outBf16", true)};
     return Run(c, a, ValidateRmsNorm, &Backend::RmsNorm);
   }
   Napi::Value RopeJs(const Napi::CallbackInfo& info) {

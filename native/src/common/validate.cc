@@ -281,7 +281,7 @@ Status ValidateMlaAttention(const MlaAttentionArgs& a) {
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.kv_b, {DType::kF32, DType::kBF16}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_c, {DType::kF32, DType::kBF16}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_kpe, {a.cache_c.dtype}, 2));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32, DType::kBF16}, 3));
   const int64_t t = a.q_nope.dim(0), h = a.q_nope.dim(1), dn = a.q_nope.dim(2), dr = a.q_pe.dim(2);
   const int64_t r = a.cache_c.dim(1), dv = a.out.dim(2), s = a.cache_c.dim(0);
   if (t < 1) return Invalid(ctx, "needs at least one query token");
@@ -314,16 +314,21 @@ Status ValidateEmbedding(const EmbeddingArgs& a) {
 }
 
 Status ValidateRmsNorm(const RmsNormArgs& a) {
-  const OpContext ctx("rms_norm", a.x, a.weight, a.out, a.residual, a.sum);
+  const OpContext ctx("rms_norm", a.x, a.weight, a.out, a.residual, a.sum, a.out_bf16);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.weight, {DType::kF32, DType::kBF16}, 1));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32, DType::kBF16}, 2));
   if (a.weight.dim(0) != a.x.dim(1) || a.out.shape != a.x.shape) return Invalid(ctx, "weight must be [H] and out like x");
   if (a.residual.present() != a.sum.present()) return Invalid(ctx, "residual and sum go together (the norm of x + residual, which sum receives)");
   if (a.residual.present()) {
     KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.residual, {DType::kF32}, 2));
     KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.sum, {DType::kF32}, 2));
     if (a.residual.shape != a.x.shape || a.sum.shape != a.x.shape) return Invalid(ctx, "residual and sum must be like x");
+  }
+  if (a.out_bf16.present()) {
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out_bf16, {DType::kBF16}, 2));
+    if (a.out.dtype != DType::kF32) return Invalid(ctx, "outBf16 is the bf16 copy of an f32 out; out is already ", DTypeName(a.out.dtype));
+    if (a.out_bf16.shape != a.x.shape) return Invalid(ctx, "outBf16 must be like x");
   }
   if (!(a.eps > 0) || !std::isfinite(a.eps)) return Invalid(ctx, "eps must be positive and finite, got ", a.eps);
   return Status::Ok();

@@ -526,11 +526,11 @@ class CpuBackend final : public Backend {
           const float* c = RowAsF32(a.cache_c, keys[i], c_row);
           for (int64_t j = 0; j < r; ++j) ctx[j] = std::fma(p, c[j], ctx[j]);
         }
-        float* out = a.out.as<float>() + (ti * h + hi) * dv;
+        const int64_t out = (ti * h + hi) * dv;
         for (int64_t v = 0; v < dv; ++v) {
           float s = 0.f;
           for (int64_t j = 0; j < r; ++j) s = std::fma(LoadF(a.kv_b, (kb + dn + v) * r + j), ctx[j], s);
-          out[v] = s;
+          StoreF(a.out, out + v, s);
         }
       }
     });
@@ -561,7 +561,11 @@ class CpuBackend final : public Backend {
           x = sum.data();
         }
         const float inv = 1.f / std::sqrt(RmsSumOfSquares(x, hdim) / static_cast<float>(hdim) + static_cast<float>(a.eps));
-        for (int64_t j = 0; j < hdim; ++j) a.out.as<float>()[r * hdim + j] = x[j] * inv * LoadF(a.weight, j);
+        for (int64_t j = 0; j < hdim; ++j) {
+          const float y = x[j] * inv * LoadF(a.weight, j);
+          StoreF(a.out, r * hdim + j, y);
+          if (a.out_bf16.present()) StoreF(a.out_bf16, r * hdim + j, y);
+        }
       }
     });
     return Status::Ok();

@@ -208,6 +208,15 @@ __device__ __forceinline__ void StoreFromF32(void* p, DType t, int64_t i, float 
   }
 }
 
+// An output of f32 or bf16 rows (f32 sums stored in the dtype the next op reads): pointer
+// arithmetic in elements, stores rounded to nearest even.
+struct OutRows {
+  void* data;
+  DType dtype;
+  __host__ __device__ __forceinline__ OutRows operator+(int64_t i) const { return {static_cast<char*>(data) + i * (dtype == DType::kF32 ? 4 : 2), dtype}; }
+  __device__ __forceinline__ void Store(int64_t i, float v) const { StoreFromF32(data, dtype, i, v); }
+};
+
 // v as a tensor of dtype t holds it (rounded to nearest even for bf16 and f16).
 __device__ __forceinline__ float RoundTo(DType t, float v) {
   switch (t) {

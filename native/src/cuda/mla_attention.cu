@@ -433,7 +433,7 @@ __device__ __forceinline__ float2 ContextPair(const float* p, const float* weigh
 // then the xor tree), so a row's bits do not depend on G.
 template <int G>
 __device__ __forceinline__ void ProjectOut(const float* ctx, int rows, const void* kv_b, DType kvb_dtype, bool vector_rows, int h, int R, int dn, int dv, int v_begin, int v_end,
-                                           float* out, int64_t out_stride) {
+                                           OutRows out, int64_t out_stride) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int v = v_begin + warp; v < v_end; v += blockDim.x / 32) {
     const int64_t row = static_cast<int64_t>(h * (dn + dv) + dn + v) * R;
@@ -469,7 +469,7 @@ __device__ __forceinline__ void ProjectOut(const float* ctx, int rows, const voi
       if (g >= rows) continue;  // rows is block-uniform
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
-      if (lane == 0) out[g * out_stride + v] = s[g];
+      if (lane == 0) out.Store(g * out_stride + v, s[g]);
     }
   }
 }
@@ -485,7 +485,7 @@ __device__ __forceinline__ int RowChunks(KeyCounts key_counts, int th) { return 
 // fall in distinct banks.
 template <int G, bool kMma>
 __global__ void __launch_bounds__(256) CombineOutKernel(const float* partial, KeyCounts key_counts, int max_chunks, int T, int H, int R, const void* kv_b,
-                                                        DType kvb_dtype, bool vector_rows, int dn, int dv, float* out) {
+                                                        DType kvb_dtype, bool vector_rows, int dn, int dv, OutRows out) {
   static_assert(G <= 8, "a warp per row computes its chunk weights; the MMA projection's tile has 8 rows");
   PdlWait();
   PdlLaunchDependents();
@@ -543,7 +543,7 @@ __global__ void __launch_bounds__(kContextCols) CombineContextKernel(const float
 }
 
 __global__ void __launch_bounds__(256) ProjectOutKernel(const float* ctx_in, int H, int R, const void* kv_b, DType kvb_dtype, bool vector_rows, int dn, int dv, int v_per_block,
-                                                        float* out) {
+                                                        OutRows out) {
   extern __shared__ float ctx[];  // [R]
   const int th = blockIdx.x, h = th % H;
   const int v_begin = blockIdx.y * v_per_block, v_end = min(dv, v_begin + v_per_block);
@@ -911,7 +911,7 @@ Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& sc
   }
   // kv_b rows read 8 values per load when every row starts on 16 bytes
   const bool vector_rows = R % 8 == 0 && reinterpret_cast<uintptr_t>(a.kv_b.data) % 16 == 0;
-  float* out = a.out.as<float>();
+  const OutRows out{a.out.data, a.out.dtype};
   const size_t weight_bytes = static_cast<size_t>(max_chunks) * sizeof(float);
   if (T * H >= kCombineAloneRows) {
     // tokens per block: up to 8 while the blocks stay >= 4 per SM (a row's merge reads all its

@@ -12,7 +12,7 @@ constexpr int kProjectStep = kProjectChains * kProjectBlock;  // r between a cha
 constexpr int kProjectInFlight = 4;  // a warp's blocks loaded before their MMAs
 
 // A block per (head, 8 tokens, 16 values of v); warp c sums chain c and warp 0 adds the chains.
-__global__ void __launch_bounds__(kProjectThreads) ProjectOutMmaKernel(const float* ctx, const __nv_bfloat16* kv_b, int T, int H, int R, int dn, int dv, float* out) {
+__global__ void __launch_bounds__(kProjectThreads) ProjectOutMmaKernel(const float* ctx, const __nv_bfloat16* kv_b, int T, int H, int R, int dn, int dv, OutRows out) {
   __shared__ float partial[kProjectChains][32][4];
   const int h = blockIdx.x, t0 = 8 * blockIdx.y, v0 = 16 * blockIdx.z, rows = min(8, T - t0);
   const int chain = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kProjectThreads) ProjectOutMmaKernel(const flo
 
 }  // namespace
 
-Status LaunchProjectOutMma(const float* ctx, const __nv_bfloat16* kv_b, int T, int H, int R, int dn, int dv, float* out, cudaStream_t s) {
+Status LaunchProjectOutMma(const float* ctx, const __nv_bfloat16* kv_b, int T, int H, int R, int dn, int dv, OutRows out, cudaStream_t s) {
   const dim3 grid(H, (T + 7) / 8, (dv + 15) / 16);
   return LaunchPdl("mla out projection (mma)", ProjectOutMmaKernel, grid, dim3(kProjectThreads), 0, s, ctx, kv_b, T, H, R, dn, dv, out);
 }

@@ -72,13 +72,13 @@ __device__ __forceinline__ void ProjectBlockMma(float (&acc)[4], const ProjectOp
 
 // The chains' sum, in chain order, and its store: acc element e is v = v0 + g + 8 (e >> 1), row
 // 2 t4 + (e & 1); out rows out_stride apart.
-__device__ __forceinline__ void StoreProjectTile(const float (&chains)[kProjectChains][4], int v0, int dv, int rows, float* out, int64_t out_stride) {
+__device__ __forceinline__ void StoreProjectTile(const float (&chains)[kProjectChains][4], int v0, int dv, int rows, OutRows out, int64_t out_stride) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const float sum = ((chains[0][e] + chains[1][e]) + chains[2][e]) + chains[3][e];
     const int v = v0 + g + 8 * (e >> 1), row = 2 * t4 + (e & 1);
-    if (v < dv && row < rows) out[row * out_stride + v] = sum;
+    if (v < dv && row < rows) out.Store(row * out_stride + v, sum);
   }
 }
 
@@ -86,7 +86,7 @@ __device__ __forceinline__ void StoreProjectTile(const float (&chains)[kProjectC
 // loaded right before its MMAs. Against 2 or 4 blocks loaded ahead (76 and 117 registers), this
 // keeps the merge kernel that runs it at 4 blocks per SM, which is 2-10% faster for a prefill and
 // a verify than the loads ahead.
-__device__ __forceinline__ void ProjectTileMma(const __nv_bfloat16* w_vb, int v0, int dv, int R, const float* ctx_rows, int64_t ctx_stride, int rows, float* out, int64_t out_stride) {
+__device__ __forceinline__ void ProjectTileMma(const __nv_bfloat16* w_vb, int v0, int dv, int R, const float* ctx_rows, int64_t ctx_stride, int rows, OutRows out, int64_t out_stride) {
   const ProjectLane l(w_vb, v0, dv, R, ctx_rows, ctx_stride, rows);
   float chains[kProjectChains][4] = {};
   for (int r0 = 0; r0 < R; r0 += kProjectChains * kProjectBlock) {
@@ -101,7 +101,7 @@ __device__ __forceinline__ void ProjectTileMma(const __nv_bfloat16* w_vb, int v0
 // Few rows (decode, a small verify): ctx in global memory ([T * H, R]); a block per (head, 8
 // tokens, 16 v) and a warp per chain, so a decode's 1 MB of W_vb (Kimi K2 rank) is read by 256
 // warps of 4 KB. Launched programmatically dependent on the merge: its W_vb rows go to L2 first.
-Status LaunchProjectOutMma(const float* ctx, const __nv_bfloat16* kv_b, int T, int H, int R, int dn, int dv, float* out, cudaStream_t s);
+Status LaunchProjectOutMma(const float* ctx, const __nv_bfloat16* kv_b, int T, int H, int R, int dn, int dv, OutRows out, cudaStream_t s);
 
 }  // namespace mla
 }  // namespace cuda

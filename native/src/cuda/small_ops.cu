@@ -72,20 +72,40 @@ __device__ __forceinline__ void StoreChunk(float* row, int c, int H, float4 y) {
     }
   }
 }
+// A bf16 output (the input of the next GEMM, which then takes its one-plane bf16-x path): rounded
+// to nearest even, 8 bytes per chunk when vectorised.
+template <bool kVector>
+__device__ __forceinline__ void StoreChunk(__nv_bfloat16* row, int c, int H, float4 y) {
+  if constexpr (kVector) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
+    uint2 v;
+    v.x = *reinterpret_cast<const uint32_t*>(&lo);
+    v.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(row + 4 * c) = v;
+  } else {
+    const float ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (4 * c + k < H) row[4 * c + k] = __float2bfloat16_rn(ys[k]);
+    }
+  }
+}
 __device__ __forceinline__ float4 LoadWeightChunk(const void* w, DType wt, int c, int H) {
   float v[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) v[k] = 4 * c + k < H ? LoadAsF32(w, wt, 4 * c + k) : 0.f;
   return make_float4(v[0], v[1], v[2], v[3]);
 }
-template <bool kVector>
-__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, const float* residual, float* sum, const void* w, DType wt, int H, float eps, float* out) {
+template <bool kVector, typename OutT>
+__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, const float* residual, float* sum, const void* w, DType wt, int H, float eps, OutT* out,
+                                                             __nv_bfloat16* out_bf16) {
   PdlWait();
   PdlLaunchDependents();
   __shared__ float red[32];
   const int64_t offset = static_cast<int64_t>(blockIdx.x) * H;
   const float* row = x + offset;
-  float* out_row = out + offset;
+  OutT* out_row = out + offset;
+  __nv_bfloat16* copy_row = out_bf16 != nullptr ? out_bf16 + offset : nullptr;
   const int chunks = (H + 3) / 4;
   constexpr int kRound = kNormUnroll * kNormThreads;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -130,7 +150,9 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, co
       const int c = c0 + u * kNormThreads;
       if (c >= chunks) break;
       const float4 v = kept ? first[u] : LoadChunk<kVector>(normed, c, H), g = kept ? weight[u] : LoadWeightChunk(w, wt, c, H);
-      StoreChunk<kVector>(out_row, c, H, make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w));
+      const float4 y = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+      StoreChunk<kVector>(out_row, c, H, y);
+      if (copy_row != nullptr) StoreChunk<kVector>(copy_row, c, H, y);
     }
   }
 }
@@ -418,10 +440,17 @@ Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t s) {
   const int H = static_cast<int>(a.x.dim(1));
   const bool fused = a.residual.present();
   const auto aligned = [](const Tensor& t) { return !t.present() || reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
-  const bool vector = H % 4 == 0 && aligned(a.x) && aligned(a.out) && aligned(a.residual) && aligned(a.sum);
-  return LaunchPdl("rms_norm", vector ? RmsNormKernel<true> : RmsNormKernel<false>, dim3(static_cast<unsigned>(a.x.dim(0))), dim3(kNormThreads), 0, s, a.x.as<const float>(),
-                   fused ? a.residual.as<const float>() : static_cast<const float*>(nullptr), fused ? a.sum.as<float>() : static_cast<float*>(nullptr), a.weight.data,
-                   a.weight.dtype, H, static_cast<float>(a.eps), a.out.as<float>());
+  const bool vector = H % 4 == 0 && aligned(a.x) && aligned(a.out) && aligned(a.residual) && aligned(a.sum) && aligned(a.out_bf16);
+  const float* residual = fused ? a.residual.as<const float>() : nullptr;
+  float* sum = fused ? a.sum.as<float>() : nullptr;
+  const float eps = static_cast<float>(a.eps);
+  const dim3 grid(static_cast<unsigned>(a.x.dim(0))), block(kNormThreads);
+  if (a.out.dtype == DType::kBF16) {
+    return LaunchPdl("rms_norm", vector ? RmsNormKernel<true, __nv_bfloat16> : RmsNormKernel<false, __nv_bfloat16>, grid, block, 0, s, a.x.as<const float>(), residual, sum,
+                     a.weight.data, a.weight.dtype, H, eps, a.out.as<__nv_bfloat16>(), static_cast<__nv_bfloat16*>(nullptr));
+  }
+  return LaunchPdl("rms_norm", vector ? RmsNormKernel<true, float> : RmsNormKernel<false, float>, grid, block, 0, s, a.x.as<const float>(), residual, sum, a.weight.data,
+                   a.weight.dtype, H, eps, a.out.as<float>(), a.out_bf16.present() ? a.out_bf16.as<__nv_bfloat16>() : nullptr);
 }
 Status LaunchRope(const RopeArgs& a, cudaStream_t s) {
   const int64_t n = a.x.dim(0) * a.x.dim(1) * a.inv_freq.dim(0);

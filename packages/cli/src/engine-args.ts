@@ -18,6 +18,7 @@ export const ENGINE_OPTIONS: OptionSpec = {
   depth: { type: 'string' },
   'cache-tokens': { type: 'string' },
   'cache-dtype': { type: 'string' },
+  activations: { type: 'string' },
   tp: { type: 'string' },
   'tp-timeout': { type: 'string' },
 };
@@ -31,6 +32,7 @@ export const ENGINE_HELP = [
   '--depth L             draft depth (default 4)',
   "--cache-tokens N      KV cache capacity: the context (default: 4096, or the model's max positions)",
   '--cache-dtype T       bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
+  '--activations T       dtype of the GEMMs\' inputs, bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
   '--tp N                tensor-parallel ranks (default 1): the model split over N ranks, started as worker threads (cpu backend)',
   '--tp-timeout MS       how long a rank may go silent before the run ends naming it (default 20000)',
 ];
@@ -43,6 +45,7 @@ export interface EngineArgs {
   device?: number;
   cacheTokens?: number;
   cacheDtype?: 'bf16' | 'f32';
+  activations?: 'bf16' | 'f32';
   tp?: number;
   tpTimeoutMs?: number;
   decoding: { spec: Spec; drafter?: string; budget?: number | 'auto'; depth?: number };
@@ -62,6 +65,7 @@ export function parseEngineArgs(p: Parsed, command: string): EngineArgs {
     device: parseIntArg(p.values.device as string | undefined, '--device', { min: 0, max: 2 ** 31 - 1 }),
     cacheTokens: parseIntArg(p.values['cache-tokens'] as string | undefined, '--cache-tokens', { min: 2, max: 2 ** 30 }),
     cacheDtype: parseChoice(p.values['cache-dtype'] as string | undefined, '--cache-dtype', ['bf16', 'f32'] as const),
+    activations: parseChoice(p.values.activations as string | undefined, '--activations', ['bf16', 'f32'] as const),
     tp: parseIntArg(p.values.tp as string | undefined, '--tp', { min: 1, max: 64 }),
     tpTimeoutMs: parseIntArg(p.values['tp-timeout'] as string | undefined, '--tp-timeout', { min: 100, max: 3_600_000 }),
     decoding: { spec, drafter, budget, depth },
@@ -79,6 +83,7 @@ export async function openEngine(model: string, args: EngineArgs, io: CommandIO,
     device: args.device,
     cacheTokens: args.cacheTokens,
     cacheDtype: args.cacheDtype,
+    activations: args.activations,
     tp: args.tp,
     tpTimeoutMs: args.tpTimeoutMs,
     maxBudget: typeof budget === 'number' ? Math.max(64, budget) : undefined,

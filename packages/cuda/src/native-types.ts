@@ -167,7 +167,8 @@ export interface NativeBackend {
     stream?: number;
   }): void;
   /**
-   * cacheC [S, R] and cacheKpe [S, rope]: f32 or bf16, both the same. `base`: the committed slots;
+   * cacheC [S, R] and cacheKpe [S, rope]: f32 or bf16, both the same; out [T, H, v] f32 or bf16 (the
+   * o_proj GEMM's input, rounded to nearest even from the same f32 sums). `base`: the committed slots;
    * with `baseOnDevice` (i32 [1]) they are read on the device when the kernels run, so one captured
    * graph serves every step, and `base` bounds them (grid and work space are sized for it; a larger
    * value is clamped on the GPU and rejected by the cpu backend). The bits are those of the call
@@ -188,11 +189,14 @@ export interface NativeBackend {
   }): void;
   embedding(args: { table: TensorArg; ids: TensorArg; out: TensorArg; stream?: number }): void;
   /**
-   * out = x * rsqrt(mean(x^2) + eps) * weight, per row. With `residual` (and `sum`, both f32 like x):
+   * out = x * rsqrt(mean(x^2) + eps) * weight, per row; out f32 or bf16 (rounded to nearest even: the
+   * input of a GEMM, read as one bf16 plane). With `residual` (and `sum`, both f32 like x):
    * the norm of x + residual, which is also written to `sum` (which may be x or residual itself): a
-   * residual add fused into the next norm, with the bits of add followed by rmsNorm.
+   * residual add fused into the next norm, with the bits of add followed by rmsNorm. `outBf16` (bf16,
+   * like x, with an f32 out): the same values rounded to nearest even as well, from the one pass (a
+   * MoE layer's router reads the f32 norm, its experts the bf16 copy).
    */
-  rmsNorm(args: { x: TensorArg; weight: TensorArg; out: TensorArg; eps: number; residual?: TensorArg; sum?: TensorArg; stream?: number }): void;
+  rmsNorm(args: { x: TensorArg; weight: TensorArg; out: TensorArg; eps: number; residual?: TensorArg; sum?: TensorArg; outBf16?: TensorArg; stream?: number }): void;
   rope(args: { x: TensorArg; positions: TensorArg; invFreq: TensorArg; offset?: number; attentionFactor?: number; interleave?: boolean; stream?: number }): void;
   siluMul(args: { x: TensorArg; out: TensorArg; stream?: number }): void;
   add(args: { a: TensorArg; b: TensorArg; out: TensorArg; stream?: number }): void;

@@ -36,4 +36,32 @@ describe('BudgetPolicy', () => {
     expect(p.calibration).toBe(0.05);
     expect(p.choose(confident).budget).toBeLessThan(before);
   });
+
+  it('chooses with a given calibration (a probe ignores a calibration that rules every tree out)', () => {
+    const p = new BudgetPolicy(curve, 0);
+    const confident = logs(Array.from({ length: 64 }, (_, i) => 0.95 ** (i + 1)));
+    for (let i = 0; i < 20; i++) p.record(confident, 64, 0);
+    const ruled = logs(Array.from({ length: 64 }, (_, i) => 0.5 ** (i + 1)));
+    expect(p.choose(ruled).budget).toBe(0);
+    expect(p.choose(ruled, 1).budget).toBeGreaterThan(0);
+  });
+
+  it('waits longer after a try the further the best tree was from paying, longest for a drafter that predicts nothing', () => {
+    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.8, bestGain: 0.5 })).toBe(2);
+    expect(BudgetPolicy.backoff(2, { treeVsDecode: 0.3, bestGain: 0.5 })).toBe(8);
+    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.9, bestGain: 0.01 })).toBe(8);
+    expect(BudgetPolicy.backoff(512, { treeVsDecode: 0.9, bestGain: 0.01 })).toBe(1024);
+    const p = new BudgetPolicy(curve, 0);
+    expect(p.choose(logs(Array(64).fill(1e-5))).bestGain).toBeLessThan(0.1);
+  });
+
+  it('never considers a tree dearer than depth + 1 decode steps, nor backs off a drafter that costs next to nothing', () => {
+    expect(new BudgetPolicy(curve, 0, 4).largestUseful).toBe(32); // 4.5 ms <= 5 x 1 ms < 8 ms
+    expect(new BudgetPolicy(curve, 0, 1).largestUseful).toBe(8); // 1.9 ms <= 2 x 1 ms
+    expect(new BudgetPolicy(curve, 0).largestUseful).toBe(64);
+    // a certain chain of 64: with depth 4 no budget past 32 is chosen
+    expect(new BudgetPolicy(curve, 0, 4).choose(Array(64).fill(0)).budget).toBeLessThanOrEqual(32);
+    expect(new BudgetPolicy(curve, 0.01).waitAfterNoTree(8)).toBe(0);
+    expect(new BudgetPolicy(curve, 0.5).waitAfterNoTree(8)).toBe(8);
+  });
 });

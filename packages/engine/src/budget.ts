@@ -41,7 +41,30 @@ export class BudgetPolicy {
     readonly curve: CostCurve,
     /** Milliseconds the drafter takes per step (paid whatever the budget). */
     private draftMs: number,
+    /** The draft depth: a step emits at most depth + 1 tokens. */
+    private readonly depth = Infinity,
   ) {}
+
+  /**
+   * The largest budget that could ever pay: a step emits at most depth + 1 tokens, so a verify
+   * (with the draft) dearer than depth + 1 decode steps loses whatever the drafter's probabilities.
+   * The engine builds the tree at this budget to read its nodes' probabilities.
+   */
+  get largestUseful(): number {
+    const buckets = [...this.curve.verifyMs].sort((x, y) => x[0] - y[0]);
+    let largest = buckets[0][0];
+    for (const [b, ms] of buckets) if (ms + this.draftMs <= (this.depth + 1) * this.curve.decodeMs) largest = b;
+    return largest;
+  }
+
+  /**
+   * Plain decode steps before the next try, after a try that found no tree worth running: none for
+   * a drafter whose try costs next to nothing beside a decode step (ngram: when its suffix has no
+   * earlier match now, one may come at the next token), else the backoff.
+   */
+  waitAfterNoTree(backoff: number): number {
+    return this.draftMs < 0.05 * this.curve.decodeMs ? 0 : backoff;
+  }
 
   /** The calibration ratio applied to the draft probabilities, in [0.05, 2]. */
   get calibration(): number {
@@ -53,23 +76,36 @@ export class BudgetPolicy {
    * The budget for a tree whose nodes (in pop order, root excluded) have these cumulative draft
    * log-probabilities; 0 means a plain decode step pays more than any tree.
    */
-  choose(logProbs: ArrayLike<number>): { budget: number; expected: number; treeVsDecode: number } {
-    const cal = this.calibration;
+  choose(logProbs: ArrayLike<number>, cal = this.calibration): { budget: number; expected: number; treeVsDecode: number; bestGain: number } {
     // budget 0 stands for decoding without a drafter (see the engine's idle steps): no draft cost
     let best = { budget: 0, expected: 1, rate: 1 / this.curve.decodeMs };
     const decodeRate = best.rate;
     let bestTree = 0;
     let sum = 0;
     let i = 0;
+    const largest = this.largestUseful;
     for (const [b, ms] of [...this.curve.verifyMs].sort((x, y) => x[0] - y[0])) {
+      if (b > largest) break;
       for (; i < Math.min(b, logProbs.length); i++) sum += Math.exp(logProbs[i]);
       const expected = 1 + cal * sum;
       const rate = expected / (ms + this.draftMs);
       bestTree = Math.max(bestTree, rate);
       if (rate > best.rate) best = { budget: b, expected, rate };
     }
-    /** the best tree's rate over plain decoding's: below 1 the step decodes */
-    return { budget: best.budget, expected: best.expected, treeVsDecode: bestTree / decodeRate };
+    // treeVsDecode: the best tree's rate over plain decoding's (below 1 the step decodes);
+    // bestGain: the draft tokens the largest tree expects to add to a step (about 0: a drafter that
+    // predicts nothing, whatever the costs)
+    return { budget: best.budget, expected: best.expected, treeVsDecode: bestTree / decodeRate, bestGain: cal * sum };
+  }
+
+  /**
+   * Plain decode steps before the next try after a try that found no tree worth running, given how
+   * many the last wait was: longer the further the best tree was from paying, and much longer for a
+   * drafter that predicts nothing (each try costs a draft, a tree build and a host round trip).
+   */
+  static backoff(previous: number, choice: { treeVsDecode: number; bestGain: number }): number {
+    const factor = choice.bestGain < 0.1 ? 8 : choice.treeVsDecode < 0.5 ? 4 : 2;
+    return Math.min(1024, previous * factor);
   }
 
   /** What a step with `budget` expected and actually accepted (draft tokens, bonus excluded). */

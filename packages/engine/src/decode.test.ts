@@ -22,7 +22,7 @@ async function setup(dir: string, quant: 'kimi-k2' | 'seed' | undefined, seed: n
   const pair = await syntheticPair(dir, 'tiny', seed, quant);
   const { model } = await loadModel(pair.target);
   const greedy = greedyDecode(model, PROMPT, { maxNew: MAX_NEW, eos: [] }).tokens;
-  const engine = await createEngine({ model: pair.target, backend: TEST_BACKEND, cacheTokens: 256, cacheDtype: 'f32', maxBudget: 128 });
+  const engine = await createEngine({ model: pair.target, backend: TEST_BACKEND, cacheTokens: 256, cacheDtype: 'f32', activations: 'f32', maxBudget: 128 });
   return { pair, engine, greedy };
 }
 
@@ -82,6 +82,22 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       }
     });
   }
+
+  it("bf16 activations and a bf16 cache (the cuda defaults): chain and ddtree equal that engine's own greedy, INT4 and float", async () => {
+    for (const quant of ['kimi-k2', 'float'] as const) {
+      const { pair } = setups[quant];
+      const engine = await createEngine({ model: pair.target, backend: TEST_BACKEND, cacheTokens: 256, cacheDtype: 'bf16', activations: 'bf16', maxBudget: 64 });
+      try {
+        const greedy = (await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [] })).tokens;
+        for (const [spec, drafter, budget, depth] of [['chain', 'ngram', 4, 4], ['ddtree', 'ngram', 16, 4], ['ddtree', `model:${pair.draft}`, 8, 3], ['ddtree', `model:${pair.draft}`, 'auto', 4]] as const) {
+          const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec, drafter, budget, depth });
+          expect(r.tokens, `${quant}: ${spec} ${drafter} budget ${budget} depth ${depth}`).toEqual(greedy);
+        }
+      } finally {
+        await engine.dispose();
+      }
+    }
+  });
 
   it("the trace: a model drafter's argmax at each depth equals the reference draft model's", async () => {
     const { engine, pair, greedy } = setups['kimi-k2'];

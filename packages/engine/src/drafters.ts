@@ -132,7 +132,9 @@ export class ModelDrafter implements Drafter {
     if (tokens.length + depth > r.capacity) throw new EngineError('KDTREE_ENGINE_CAPACITY', `the draft model's cache holds ${r.capacity} tokens; ${tokens.length} + depth ${depth} do not fit`, 'cacheTokens');
     // the tokens it has not run: all but the last in prefill chunks when there are many, the rest in a captured step
     let fresh = tokens.slice(this.processed);
-    const stepMax = Math.min(r.model.workspace.rows, this.maxDepth + 1);
+    // a captured catch-up step per count up to depth + 1 (what a speculative step accepts, so the
+    // counts repeat); more (the prompt, or the tokens of steps decoded without drafting) run directly
+    const stepMax = Math.min(r.model.workspace.rows, depth + 1);
     if (fresh.length > stepMax) {
       r.prefill(fresh.slice(0, -1), this.processed, undefined);
       this.processed = tokens.length - 1;

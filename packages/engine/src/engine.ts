@@ -17,6 +17,7 @@ import { HostCollective } from './collective.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
 import { argumentError, checkInt, EngineError } from './errors.js';
 import type { CacheDtype } from './kv-cache.js';
+import type { ActivationDtype } from './workspace.js';
 import { view } from './linear.js';
 import { checkFits, estimateMemory, type MemoryEstimate } from './memory.js';
 import { DeviceModel, type LoadProgress } from './model.js';
@@ -43,6 +44,12 @@ export interface EngineOptions {
   cacheTokens?: number;
   /** The latent cache's dtype (default bf16 on cuda, f32 on the cpu twin). */
   cacheDtype?: CacheDtype;
+  /**
+   * The dtype of the activations that feed the GEMMs (the normed hidden state, the MLPs'
+   * silu(gate) * up): default bf16 on cuda, as a bf16 checkpoint computes, and f32 on the cpu twin,
+   * which then follows the f32 reference. The residual stream and every sum stay f32.
+   */
+  activations?: ActivationDtype;
   /** Tokens per prefill pass (default 2048 on cuda, so a long prompt reads the experts once; 64 on cpu). */
   prefillChunk?: number;
   /** The largest DDTree budget a generation may ask for (default 64; sizes the verify buffers). */
@@ -155,7 +162,7 @@ export class Engine {
     readonly backend: KdtreeBackend,
     readonly model: DeviceModel,
     readonly source: { path: string; configJson: Record<string, unknown> },
-    readonly options: Required<Pick<EngineOptions, 'cacheTokens' | 'cacheDtype' | 'prefillChunk' | 'maxBudget' | 'maxDepth'>>,
+    readonly options: Required<Pick<EngineOptions, 'cacheTokens' | 'cacheDtype' | 'activations' | 'prefillChunk' | 'maxBudget' | 'maxDepth'>>,
     /** Per rank under tensor parallelism (rank 0's shard). */
     readonly memory: MemoryEstimate,
     /** The other tensor-parallel ranks (absent with one). */
@@ -239,7 +246,7 @@ export class Engine {
     }
     const rows = Math.max(this.options.maxDepth + 1, Math.min(this.options.prefillChunk, 64));
     checkFits(this.backend, estimateMemory(source, { capacity: this.options.cacheTokens, cacheDtype: 'bf16', rows, nodes: 0, depth: 0 }), `draft model ${source.path}`);
-    const model = await DeviceModel.load(this.backend, source, { rows });
+    const model = await DeviceModel.load(this.backend, source, { rows, activations: this.options.activations });
     return new ModelDrafter(this.backend, model, name, this.options.cacheTokens, this.options.maxDepth);
   }
 
@@ -484,7 +491,7 @@ export class Engine {
     if (policy !== undefined) {
       // the best tree of the largest budget, only for its nodes' probabilities: its prefixes are the best smaller trees
       policy.updateDraftMs(draftMs);
-      const largest = Math.max(...policy.curve.verifyMs.keys());
+      const largest = policy.largestUseful;
       const t = this.tree;
       const nodes = (x: DeviceTensor) => view(x, [largest + 1]);
       b.native.ddtreeBuild({
@@ -495,14 +502,19 @@ export class Engine {
       const choice = policy.choose(logProbs);
       budget = choice.budget;
       if (budget === 0) {
-        // wait longer the further the best tree was from paying
-        state.skip = state.backoff;
-        state.backoff = Math.min(256, state.backoff * (choice.treeVsDecode < 0.5 ? 4 : 2));
-        policy.record(logProbs, 0, 0);
-        const step = this.greedyStep();
-        return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
-      }
-      state.backoff = 1;
+        state.backoff = BudgetPolicy.backoff(state.backoff, choice);
+        state.skip = policy.waitAfterNoTree(state.backoff);
+        // the calibration learns only from trees that ran: when it alone rules trees out, this try
+        // runs the tree the drafter's own probabilities choose, so a drafter that has become good
+        // (a repetitive stretch for ngram) can win its calibration back
+        const probe = policy.choose(logProbs, 1).budget;
+        if (probe === 0) {
+          policy.record(logProbs, 0, 0);
+          const step = this.greedyStep();
+          return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
+        }
+        budget = probe;
+      } else state.backoff = 1;
     } else budget = state.budget as number;
     let n: number;
     if (spec === 'chain') {
@@ -533,7 +545,7 @@ export class Engine {
       curve = this.measureCosts(state.depth);
       this.costs.set(state.depth, curve);
     }
-    return new BudgetPolicy(curve, 0);
+    return new BudgetPolicy(curve, 0, state.depth);
   }
 
   /** Median device milliseconds of `launch` over a few runs, each on a fresh scratch sequence of 64 tokens. */
@@ -630,6 +642,8 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     // f32 on the cpu twin, where memory is plentiful and the cache then matches the f32 reference
     const cacheDtype = options.cacheDtype ?? (backend.kind === 'cuda' ? 'bf16' : 'f32');
     if (cacheDtype !== 'bf16' && cacheDtype !== 'f32') throw argumentError('cacheDtype', `expected 'bf16' or 'f32', got '${String(cacheDtype)}'`);
+    const activations = options.activations ?? (backend.kind === 'cuda' ? 'bf16' : 'f32');
+    if (activations !== 'bf16' && activations !== 'f32') throw argumentError('activations', `expected 'bf16' or 'f32', got '${String(activations)}'`);
     const prefillChunk = checkInt('prefillChunk', options.prefillChunk ?? Math.min(cacheTokens, backend.kind === 'cuda' ? 2048 : 64), 1, 8192);
     const maxBudget = checkInt('maxBudget', options.maxBudget ?? 64, 1, 1024);
     const maxDepth = checkInt('maxDepth', options.maxDepth ?? 16, 1, 64);
@@ -641,12 +655,12 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     let collective: HostCollective | undefined;
     if (tp > 1) {
       const slotFloats = Math.max(rows * c.hiddenSize, rows * Math.ceil(c.vocabSize / tp), Math.ceil((nodes * (nodes + 16) + 4) / 4));
-      group = TpGroup.start(tp, { model: given as string, config: options.config, rows, cacheTokens, cacheDtype, prefillChunk, nodes, maxDepth }, { slotFloats, timeoutMs, fault });
+      group = TpGroup.start(tp, { model: given as string, config: options.config, rows, activations, cacheTokens, cacheDtype, prefillChunk, nodes, maxDepth }, { slotFloats, timeoutMs, fault });
       collective = new HostCollective(backend, group.transport);
     }
-    const model = await loadRank0(backend, source, { rows, shard, collective, onProgress: options.onLoadProgress, signal: options.signal }, group);
+    const model = await loadRank0(backend, source, { rows, activations, shard, collective, onProgress: options.onLoadProgress, signal: options.signal }, group);
     try {
-      return new Engine(backend, model, { path: source.path, configJson: source.configJson }, { cacheTokens, cacheDtype, prefillChunk, maxBudget, maxDepth }, memory, group);
+      return new Engine(backend, model, { path: source.path, configJson: source.configJson }, { cacheTokens, cacheDtype, activations, prefillChunk, maxBudget, maxDepth }, memory, group);
     } catch (error) {
       model.dispose();
       throw error;

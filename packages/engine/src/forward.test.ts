@@ -7,7 +7,8 @@
  * in f32 in another order (bf16 weights are exact: every fixture stores bf16 or INT4). With an f32
  * cache a row differs by f32 rounding compounded over each layer's ~10 dependent ops: ~1e-6 of the
  * row's largest value is seen, and rows are held to 2e-5. A bf16 cache rounds the latent KV to 8 bits of mantissa
- * (relative 2^-9) before attention reads it, so its rows are held to 2e-2.
+ * (relative 2^-9) before attention reads it, so its rows are held to 2e-2; bf16 activations round
+ * every GEMM's input the same way (2^-9 relative per element), and are held to the same 2e-2.
  */
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
@@ -33,11 +34,11 @@ function worstRowError(ours: Float32Array, ref: Float32Array, width: number): { 
   return worst;
 }
 
-async function compare(path: string, tokens: number[], cacheDtype: 'f32' | 'bf16', tolerance: number): Promise<void> {
+async function compare(path: string, tokens: number[], cacheDtype: 'f32' | 'bf16', tolerance: number, activations: 'f32' | 'bf16' = 'f32'): Promise<Float32Array> {
   const { model } = await loadModel(path);
   const hidden: Float32Array[] = [];
   const refLogits = model.forward(tokens, model.newCache(tokens.length), { onLayer: (_, x) => hidden.push(x.slice()) });
-  const engine = await createEngine({ model: path, backend: TEST_BACKEND, cacheTokens: 64, cacheDtype, maxBudget: 32 });
+  const engine = await createEngine({ model: path, backend: TEST_BACKEND, cacheTokens: 64, cacheDtype, activations, maxBudget: 32 });
   try {
     const ours = await engine.teacherForced(tokens);
     const H = model.config.hiddenSize;
@@ -48,6 +49,7 @@ async function compare(path: string, tokens: number[], cacheDtype: 'f32' | 'bf16
     });
     const { error, row } = worstRowError(ours.logits, refLogits, model.config.vocabSize);
     expect(error, `logits row ${row}`).toBeLessThanOrEqual(tolerance);
+    return ours.logits;
   } finally {
     await engine.dispose();
   }
@@ -65,6 +67,16 @@ describe(`engine forward vs the reference, layer by layer (${TEST_BACKEND})`, ()
   it('yarn-qlora-moe-int4 with a bf16 cache: within 2e-2', async () => {
     await compare(join(HF, 'yarn-qlora-moe-int4'), TOKENS.map((t) => t % 128), 'bf16', 2e-2);
   });
+
+  for (const fixture of ['yarn-qlora-moe-int4', 'yarn-mscale-dense']) {
+    it(`${fixture} with bf16 activations and a bf16 cache (the cuda defaults): within 2e-2`, async () => {
+      const tokens = TOKENS.map((t) => t % 128);
+      const bf16 = await compare(join(HF, fixture), tokens, 'bf16', 2e-2, 'bf16');
+      // the GEMMs really read bf16 inputs: the logits differ from those of f32 activations
+      const f32 = await compare(join(HF, fixture), tokens, 'bf16', 2e-2, 'f32');
+      expect(Buffer.from(bf16.buffer).equals(Buffer.from(f32.buffer))).toBe(false);
+    });
+  }
 
   describe('a synthetic Kimi K2-shaped bundle (INT4 routed experts)', () => {
     let path: string;

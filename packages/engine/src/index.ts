@@ -7,6 +7,7 @@ export { DeviceModel, weightBytes, type LoadProgress, type LogitRows } from './m
 export { ModelSource, type HostBf16, type HostInt4, type WeightReader } from './model-source.js';
 export { SeededSource, type SeededSourceOptions } from './seeded-source.js';
 export { estimateMemory, type MemoryEstimate } from './memory.js';
+export type { ActivationDtype } from './workspace.js';
 export { Runner, type TreeBuffers } from './runner.js';
 export type { Pass } from './layers.js';
 export { view } from './linear.js';

@@ -332,13 +332,14 @@ export class Moe {
     return this.shared?.floatGateUp ?? false;
   }
 
-  forward(b: KdtreeBackend, ws: Workspace, x: DeviceTensor, out: DeviceTensor, stream: number, mark?: (part: string) => void): void {
+  /** `x`: the normed hidden state the experts read; `routerX`: the same norm in f32 (x itself under f32 activations). */
+  forward(b: KdtreeBackend, ws: Workspace, x: DeviceTensor, routerX: DeviceTensor, out: DeviceTensor, stream: number, mark?: (part: string) => void): void {
     const c = this.config;
     const T = x.shape[0];
     const logits = ws.get('routerLogits', T);
     const ids = ws.get('routeIds', T);
     const weights = ws.get('routeWeights', T);
-    applyLinear(b, this.router, x, logits, stream);
+    applyLinear(b, this.router, routerX, logits, stream);
     b.native.router({ logits, bias: this.bias, ids, weights, topk: c.numExpertsPerTok, nGroup: c.nGroup, topkGroup: c.topkGroup, normTopkProb: c.normTopkProb, scaling: c.routedScalingFactor, stream });
     const act = view(ws.moeAct, [T * c.numExpertsPerTok, this.inter]);
     // [gate; up] experts with the SiLU epilogue: each (token, expert) row's silu(gate) * up, then

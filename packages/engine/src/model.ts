@@ -19,7 +19,7 @@ import { MlaAttention, Mlp, Moe, type AttentionConstants, type Pass } from './la
 import { applyLinear, linearBytes, linearTensors, loadLinear, view, type DeviceLinear } from './linear.js';
 import type { WeightReader } from './model-source.js';
 import { blockRange, shardBlock, WHOLE, type Shard } from './shard.js';
-import { Workspace } from './workspace.js';
+import { Workspace, type ActivationDtype } from './workspace.js';
 
 export interface LoadProgress {
   /** Device bytes of weights loaded so far, and in all. */
@@ -81,7 +81,7 @@ export class DeviceModel {
    * `rows` tokens. Throws without leaking device memory if anything fails or `signal` aborts.
    * `shard` and `collective`: this rank's slice of a tensor-parallel model, and its peers.
    */
-  static async load(b: KdtreeBackend, source: WeightReader, options: { rows: number; shard?: Shard; collective?: Collective; onProgress?: (p: LoadProgress) => void; signal?: AbortSignal }): Promise<DeviceModel> {
+  static async load(b: KdtreeBackend, source: WeightReader, options: { rows: number; activations?: ActivationDtype; shard?: Shard; collective?: Collective; onProgress?: (p: LoadProgress) => void; signal?: AbortSignal }): Promise<DeviceModel> {
     const c = source.config;
     const shard = options.shard ?? WHOLE;
     const collective = options.collective;
@@ -124,7 +124,7 @@ export class DeviceModel {
       const rope = ropeTables(c);
       const constants = { invFreq: track(b.fromArray('f64', [rope.invFreq.length], rope.invFreq)), attentionFactor: rope.attentionFactor, scale: softmaxScale(c) };
       const floatGateUp = layers.some((l) => l.mlp.floatGateUp);
-      const workspace = new Workspace(b, c, options.rows, floatGateUp, shard.world);
+      const workspace = new Workspace(b, c, options.rows, floatGateUp, shard.world, options.activations);
       return new DeviceModel(b, c, embed, layers, norm, lmHead, constants, workspace, shard.world > 1 ? collective : undefined);
     } catch (error) {
       for (const o of owned.reverse()) o.free();
@@ -158,9 +158,15 @@ export class DeviceModel {
       layer.attn.forward(b, ws, pass, l, this.constants, attnOut);
       collective?.allReduceSum(attnOut, stream);
       mark?.(`attention ${l}`);
-      b.native.rmsNorm({ x, weight: layer.postNorm, out: h, eps: c.rmsNormEps, residual: attnOut, sum: x, stream });
-      if (layer.mlp instanceof Moe) layer.mlp.forward(b, ws, h, mlpOut, stream, mark && ((part) => mark(`${part} ${l}`)));
-      else layer.mlp.forward(b, ws, h, mlpOut, stream);
+      if (layer.mlp instanceof Moe) {
+        // bf16 h for the experts and an f32 copy of the same norm for the router, from one pass
+        const hRouter = ws.activations === 'bf16' ? ws.get('hRouter', T) : h;
+        b.native.rmsNorm({ x, weight: layer.postNorm, eps: c.rmsNormEps, residual: attnOut, sum: x, stream, ...(hRouter === h ? { out: h } : { out: hRouter, outBf16: h }) });
+        layer.mlp.forward(b, ws, h, hRouter, mlpOut, stream, mark && ((part) => mark(`${part} ${l}`)));
+      } else {
+        b.native.rmsNorm({ x, weight: layer.postNorm, out: h, eps: c.rmsNormEps, residual: attnOut, sum: x, stream });
+        layer.mlp.forward(b, ws, h, mlpOut, stream);
+      }
       collective?.allReduceSum(mlpOut, stream);
       mark?.(`${layer.mlp instanceof Moe ? 'moe' : 'mlp'} ${l}`);
       pending = true;

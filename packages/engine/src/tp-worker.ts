@@ -46,7 +46,7 @@ async function main(): Promise<void> {
     const b = createBackend({ backend: 'cpu' });
     const source = await ModelSource.open(setup.model, { config: setup.config, shard: { rank, world: transport.world } });
     try {
-      model = await DeviceModel.load(b, source, { rows: setup.rows, shard: { rank, world: transport.world }, collective: new HostCollective(b, transport), onProgress: () => transport.progress() });
+      model = await DeviceModel.load(b, source, { rows: setup.rows, activations: setup.activations, shard: { rank, world: transport.world }, collective: new HostCollective(b, transport), onProgress: () => transport.progress() });
     } finally {
       await source.close();
     }

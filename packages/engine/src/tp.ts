@@ -13,6 +13,7 @@
  */
 import { Worker } from 'node:worker_threads';
 import type { CacheDtype } from './kv-cache.js';
+import type { ActivationDtype } from './workspace.js';
 import type { RankCommand, RankPeers } from './runner.js';
 import { RankFailure, SharedMemoryTransport, transportMemory, type TransportMemory } from './shared-memory-transport.js';
 import { argumentError } from './errors.js';
@@ -43,6 +44,7 @@ export interface RankSetup {
   model: string;
   config?: string;
   rows: number;
+  activations: ActivationDtype;
   cacheTokens: number;
   cacheDtype: CacheDtype;
   prefillChunk: number;

@@ -489,4 +489,49 @@ const shapeErrors: KernelCheck = {
   },
 };
 
-export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, bf16Cache, invariance, longPrefill, treeEqualsDecode, kimiRank, deviceBase, kvWrite, shapeErrors];
+/**
+ * A bf16 `out` (the o_proj GEMM's input) holds the f32 output's values rounded to nearest even, bit
+ * for bit: the same sums, stored in another dtype. Covers each way the cuda merge writes out: few
+ * rows (a merge, then the projection; on CUDA cores for an f32 kv_b, on tensor cores for a bf16 one)
+ * and many rows (merge and projection in one kernel, both forms), at Kimi K2's per-rank dims.
+ */
+const bf16Out: KernelCheck = {
+  name: 'mla_attention with a bf16 out == the f32 out rounded to nearest even, bit for bit (decode, 9-node tree, 41-token prefill; f32 and bf16 kv_b)',
+  run(b) {
+    return withTensors(b, (track) => {
+      const [h, nope, rope, v, rank, slots, scale] = [8, 128, 64, 128, 512, 320, 1 / Math.sqrt(192)];
+      const cacheC = track(b.fromArray('f32', [slots, rank], randomF32(slots * rank, 52)));
+      const cacheKpe = track(b.fromArray('f32', [slots, rope], randomF32(slots * rope, 53)));
+      const kvBValues = bf16ArrayToF32(f32ArrayToBf16(randomF32(h * (nope + v) * rank, 51, 0.05)));
+      const kvBs = { f32: track(b.fromArray('f32', [h * (nope + v), rank], kvBValues)), bf16: track(b.fromArray('bf16', [h * (nope + v), rank], f32ArrayToBf16(kvBValues))) };
+      const tree9 = ancestorMask([-1, 0, 0, 1, 1, 2, 3, 5, 0]);
+      const details: string[] = [];
+      for (const [kvName, kvB] of Object.entries(kvBs)) {
+        for (const [what, tokens, base, mask] of [['decode', 1, 200, undefined], ['9-node tree', 9, 200, tree9], ['41-token prefill', 41, 100, undefined]] as const) {
+          const args = {
+            qNope: track(b.fromArray('f32', [tokens, h, nope], randomF32(tokens * h * nope, 54))),
+            qPe: track(b.fromArray('f32', [tokens, h, rope], randomF32(tokens * h * rope, 55))),
+            kvB,
+            cacheC,
+            cacheKpe,
+            mask: mask ? track(b.fromArray('u8', [tokens, tokens], mask)) : undefined,
+            base,
+            scale,
+          };
+          const f32Out = track(b.empty('f32', [tokens, h, v]));
+          const bf16 = track(b.empty('bf16', [tokens, h, v]));
+          b.native.mlaAttention({ ...args, out: f32Out });
+          b.native.mlaAttention({ ...args, out: bf16 });
+          const want = f32ArrayToBf16(b.toArray(f32Out) as Float32Array);
+          const got = b.toArray(bf16) as Uint16Array;
+          const bad = want.findIndex((x, i) => x !== got[i]);
+          if (bad >= 0) fail(`${kvName} kv_b, ${what}: bf16 out[${bad}] = 0x${got[bad].toString(16)}, the f32 out rounded is 0x${want[bad].toString(16)}`);
+        }
+        details.push(`${kvName} kv_b: 3 shapes bit-exact`);
+      }
+      return { detail: details.join('; ') };
+    });
+  },
+};
+
+export const ATTENTION_CHECKS: KernelCheck[] = [decodePrefillTree, bf16Cache, invariance, longPrefill, treeEqualsDecode, kimiRank, bf16Out, deviceBase, kvWrite, shapeErrors];

@@ -158,7 +158,11 @@ const CALLS_BY_OP: Record<string, CallMaker> = {
   },
   rmsNorm: (c) => {
     const t = c.size(), h = c.pick([4, 7, 64]), fused = c.chance(0.4);
-    return { x: c.tensor('f32', [t, h], 'float'), weight: c.tensor(floatDtype(c), [h], 'float'), out: c.tensor('f32', [t, h]), eps: c.real(1e-6), residual: fused ? c.tensor('f32', [t, h], 'float') : undefined, sum: fused ? c.tensor('f32', [t, h]) : undefined };
+    const bf16Out = c.chance(0.3), copy = !bf16Out && c.chance(0.3);
+    return {
+      x: c.tensor('f32', [t, h], 'float'), weight: c.tensor(floatDtype(c), [h], 'float'), out: c.tensor(bf16Out ? 'bf16' : 'f32', [t, h]), eps: c.real(1e-6),
+      residual: fused ? c.tensor('f32', [t, h], 'float') : undefined, sum: fused ? c.tensor('f32', [t, h]) : undefined, outBf16: copy ? c.tensor('bf16', [t, h]) : undefined,
+    };
   },
   rope: (c) => {
     const t = c.size(), heads = c.size(), dim = c.pick([8, 16, 64]);

@@ -5,7 +5,7 @@ import { applyRope, parseModelConfig, rmsNorm, route, ropeTables, silu } from '@
 import { expectClose, expectEqual, expectThrows, fail, randomF32, rng, sameBits, withTensors, type KernelCheck } from './harness.js';
 
 const rmsNormCheck: KernelCheck = {
-  name: 'rms_norm (f32 and bf16 weights, H 200 / 203 / 7168 / 9000 / 9002) vs reference; a row\'s bits the same alone, in a batch, off 16-byte alignment, and (on cuda) on the cpu twin',
+  name: 'rms_norm (f32 and bf16 weights, f32 and bf16 out and both at once, H 200 / 203 / 7168 / 9000 / 9002) vs reference; a row\'s bits the same alone, in a batch, off 16-byte alignment, and (on cuda) on the cpu twin',
   run(b) {
     return withTensors(b, (track) => {
       const rows = 5;
@@ -27,6 +27,24 @@ const rmsNormCheck: KernelCheck = {
         const one = track(b.empty('f32', [1, dim]));
         b.native.rmsNorm({ x: { ...track(b.fromArray('f32', [dim + 1], shifted)), shape: [1, dim], offset: 4 }, weight: wF32, out: one, eps: 1e-6 });
         if (!sameBits(b.toArray(one), batch.subarray(3 * dim, 4 * dim))) fail(`H ${dim}: row 3 alone and unaligned differs from row 3 of the batch`);
+        // a bf16 out (a GEMM's input) holds the f32 out rounded to nearest even, bit for bit: the
+        // float4 path and, for row 3 off alignment, the scalar one
+        const want = f32ArrayToBf16(batch);
+        const outBf16 = track(b.empty('bf16', [rows, dim]));
+        b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: wF32, out: outBf16, eps: 1e-6 });
+        if (!sameBits(b.toArray(outBf16), want)) fail(`H ${dim}: the bf16 out differs from the f32 out rounded to nearest even`);
+        const oneBf16 = track(b.empty('bf16', [1, dim]));
+        b.native.rmsNorm({ x: { ...track(b.fromArray('f32', [dim + 1], shifted)), shape: [1, dim], offset: 4 }, weight: wF32, out: oneBf16, eps: 1e-6 });
+        if (!sameBits(b.toArray(oneBf16), want.subarray(3 * dim, 4 * dim))) fail(`H ${dim}: row 3 alone and unaligned, bf16 out, differs from the f32 out rounded`);
+        // both from one pass: an f32 out and its bf16 copy (outBf16)
+        const both = track(b.empty('f32', [rows, dim]));
+        const copy = track(b.empty('bf16', [rows, dim]));
+        b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: wF32, out: both, outBf16: copy, eps: 1e-6 });
+        if (!sameBits(b.toArray(both), batch) || !sameBits(b.toArray(copy), want)) fail(`H ${dim}: out with outBf16 differs from the two calls apart`);
+        if (dim === 200) {
+          expectThrows('outBf16 beside a bf16 out', () => b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: wF32, out: outBf16, outBf16: copy, eps: 1e-6 }), /outBf16 is the bf16 copy of an f32 out/);
+          expectThrows('outBf16 of f32', () => b.native.rmsNorm({ x: track(b.fromArray('f32', [rows, dim], x)), weight: wF32, out: both, outBf16: both, eps: 1e-6 }), /outBf16 must be bf16, got f32/);
+        }
         // the cpu twin sums in the same order: the same bits across backends (on the cpu backend it
         // would be compared with itself, so only the cuda backend runs this part)
         if (b.kind === 'cuda') {
