@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultTargetLayerIds, parseDflashConfig, checkDflashPairing } from './dflash-config.js';
 import { dflashDecode, targetTaps } from './dflash-decode.js';
 import { dflashConfigJson, dflashFromWeights, randomDflashWeights, writeDflashDirectory } from './dflash-synthetic.js';
-import type { DflashModel } from './dflash.js';
+import { checkDflashTensors, dflashWeightSpecs, type DflashModel } from './dflash.js';
 import { ConfigError, PairingError, ReferenceUsageError } from './errors.js';
 import { greedyDecode } from './generate.js';
 import { loadDflashModel } from './load.js';
@@ -216,5 +216,20 @@ describe('DFlash drafter on the reference', () => {
     const load = loadDflashModel(join(dir, 'bad'), target);
     await expect(load).rejects.toBeInstanceOf(PairingError);
     await expect(load).rejects.toThrow(/target_layer_ids \[2\] are outside the target's 2 layers; num_target_layers 3 != the target's 2 layers/);
+  });
+});
+
+describe('DFlash checkpoint tensors', () => {
+  it('accepts the names z-lab publishes and a model. prefix, and names what is missing or misshapen', async () => {
+    const target = await tinyModel(1);
+    const config = parseDflashConfig(dflashConfigJson(target.config, { layers: 1 }), 'tiny drafter');
+    const specs = dflashWeightSpecs(config);
+    expect(() => checkDflashTensors(config, specs, 'd')).not.toThrow();
+    expect(() => checkDflashTensors(config, specs.map((s) => ({ ...s, name: `model.${s.name}` })), 'd')).not.toThrow();
+    const missing = specs.filter((s) => !s.name.includes('k_norm') && s.name !== 'norm.weight');
+    expect(() => checkDflashTensors(config, missing, 'd')).toThrow("d: tensor 'layers.0.self_attn.k_norm.weight': missing (and 1 more: norm.weight)");
+    const wrong = specs.map((s) => (s.name === 'fc.weight' ? { ...s, shape: [64, 64] } : s));
+    expect(() => checkDflashTensors(config, wrong, 'd')).toThrow("d: tensor 'fc.weight': has shape [64, 64], the drafter config needs [64, 128]");
+    expect(() => checkDflashTensors(config, [{ name: 'lm_head.weight', shape: [128, 64] }], 'd')).toThrow(/not a DFlash drafter checkpoint/);
   });
 });

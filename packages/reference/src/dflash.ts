@@ -91,6 +91,29 @@ export function dflashWeightPrefix(store: Pick<TensorStore, 'has'>): string | un
   return ['', 'model.'].find((p) => store.has(`${p}fc.weight`));
 }
 
+/**
+ * Checks a checkpoint's tensor table against the drafter config before anything is read: every
+ * tensor present (under one prefix) with its shape. Throws a WeightError naming the first problem
+ * and counting the others.
+ */
+export function checkDflashTensors(config: DflashConfig, tensors: readonly { name: string; shape: readonly number[] }[], source: string): void {
+  const byName = new Map(tensors.map((t) => [t.name, t.shape]));
+  const prefix = dflashWeightPrefix({ has: (name) => byName.has(name) });
+  if (prefix === undefined) throw new WeightError('missing: not a DFlash drafter checkpoint (no fc.weight, the projection of the target hidden states)', 'fc.weight', source);
+  const problems: { tensor: string; message: string }[] = [];
+  for (const spec of dflashWeightSpecs(config)) {
+    const shape = byName.get(prefix + spec.name);
+    if (shape === undefined) problems.push({ tensor: prefix + spec.name, message: 'missing' });
+    else if (shape.length !== spec.shape.length || shape.some((d, i) => d !== spec.shape[i])) {
+      problems.push({ tensor: prefix + spec.name, message: `has shape [${shape.join(', ')}], the drafter config needs [${spec.shape.join(', ')}]` });
+    }
+  }
+  if (problems.length === 0) return;
+  const [first] = problems;
+  const more = problems.length > 1 ? ` (and ${problems.length - 1} more: ${problems.slice(1, 4).map((p) => p.tensor).join(', ')}${problems.length > 4 ? ', ...' : ''})` : '';
+  throw new WeightError(`${first.message}${more}`, first.tensor, source);
+}
+
 /** Reads a drafter's weights from a tensor store (bf16 / f16 / f32), checking every shape. */
 export function dflashStoreSource(store: TensorStore): WeightSource {
   const prefix = dflashWeightPrefix(store);

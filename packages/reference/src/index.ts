@@ -7,7 +7,7 @@ export { LatentKvCache, type LatentLayerCache } from './kv-cache.js';
 export { loadWeights, storeWeightSource, weightSpecs, type Linear, type MlpWeights, type ModelWeights, type WeightSource, type WeightSpec } from './weights.js';
 export { latentAttention, mlp, ReferenceModel, type ForwardOptions, type LatentAttentionArgs } from './model.js';
 export { greedyDecode, teacherForcedLogits, type GreedyOptions, type GreedyResult } from './generate.js';
-export { loadDflashModel, loadModel, type LoadedDflash, type LoadedModel } from './load.js';
+export { configFor, loadDflashModel, loadModel, type LoadedDflash, type LoadedModel } from './load.js';
 export {
   checkDflashPairing,
   defaultTargetLayerIds,
@@ -19,6 +19,7 @@ export {
   type DflashTarget,
 } from './dflash-config.js';
 export {
+  checkDflashTensors,
   DflashCache,
   DflashModel,
   dflashStoreSource,
