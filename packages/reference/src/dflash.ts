@@ -19,13 +19,12 @@
  * non-interleaved (pairs (i, i + d/2)) over the whole head, with YaRN from the config.
  */
 import type { TensorStore } from '@kdtree/format';
-import { readWeightF32 } from '@kdtree/quant';
 import type { DflashConfig } from './dflash-config.js';
 import { ReferenceUsageError, WeightError } from './errors.js';
 import { applyRope, ropeTablesFor, type RopeTables } from './rope.js';
 import { matmulT, rmsNorm } from './tensor-ops.js';
 import { mlp } from './model.js';
-import type { Linear, MlpWeights, WeightSource, WeightSpec } from './weights.js';
+import { readShapedF32, type Linear, type MlpWeights, type WeightSource, type WeightSpec } from './weights.js';
 
 export interface DflashLayerWeights {
   inputNorm: Float32Array;
@@ -121,11 +120,7 @@ export function dflashStoreSource(store: TensorStore): WeightSource {
   return async (name, shape) => {
     const full = prefix + name;
     if (!store.has(full)) throw new WeightError('missing (the drafter config needs it)', full, store.path);
-    const { data, shape: actual } = await readWeightF32(store, full, undefined);
-    if (actual.length !== shape.length || actual.some((d, i) => d !== shape[i])) {
-      throw new WeightError(`has shape [${actual.join(', ')}], the drafter config needs [${shape.join(', ')}]`, full, store.path);
-    }
-    return data;
+    return readShapedF32(store, full, shape, undefined, 'the drafter config');
   };
 }
 

@@ -127,12 +127,17 @@ export function storeWeightSource(store: TensorStore, config: ModelConfig, quant
     if (!store.has(full) && meta?.tensors[full] === undefined) {
       throw new WeightError(`missing (config ${config.modelType} with ${config.numLayers} layers, ${config.nRoutedExperts} experts needs it)`, full, store.path);
     }
-    const { data, shape: actual } = await readWeightF32(store, full, meta);
-    if (actual.length !== shape.length || actual.some((d, i) => d !== shape[i])) {
-      throw new WeightError(`has shape [${actual.join(', ')}], the config needs [${shape.join(', ')}]`, full, store.path);
-    }
-    return data;
+    return readShapedF32(store, full, shape, meta, 'the config');
   };
+}
+
+/** Reads `name` as f32 (INT4 dequantized), after checking its shape is `shape`, which `needs` wants. */
+export async function readShapedF32(store: TensorStore, name: string, shape: readonly number[], meta: QuantizationMetadata | undefined, needs: string): Promise<Float32Array> {
+  const { data, shape: actual } = await readWeightF32(store, name, meta);
+  if (actual.length !== shape.length || actual.some((d, i) => d !== shape[i])) {
+    throw new WeightError(`has shape [${actual.join(', ')}], ${needs} needs [${shape.join(', ')}]`, name, store.path);
+  }
+  return data;
 }
 
 /** Loads every weight of the model through `source`. */
