@@ -24,7 +24,7 @@ import { ReferenceUsageError, WeightError } from './errors.js';
 import { applyRope, ropeTablesFor, type RopeTables } from './rope.js';
 import { matmulT, rmsNorm } from './tensor-ops.js';
 import { mlp } from './model.js';
-import { readShapedF32, type Linear, type MlpWeights, type WeightSource, type WeightSpec } from './weights.js';
+import { readShapedF32, specReader, type Linear, type MlpWeights, type WeightSource, type WeightSpec } from './weights.js';
 
 export interface DflashLayerWeights {
   inputNorm: Float32Array;
@@ -125,12 +125,7 @@ export function dflashStoreSource(store: TensorStore): WeightSource {
 }
 
 export async function loadDflashWeights(config: DflashConfig, source: WeightSource): Promise<DflashWeights> {
-  const shapes = new Map(dflashWeightSpecs(config).map((s) => [s.name, s.shape]));
-  const get = (name: string) => source(name, shapes.get(name)!);
-  const linear = async (name: string): Promise<Linear> => {
-    const [out, inDim] = shapes.get(name)!;
-    return { w: await get(name), out, in: inDim };
-  };
+  const { get, linear, mlp } = specReader(dflashWeightSpecs(config), source);
   const layers: DflashLayerWeights[] = [];
   for (let l = 0; l < config.numLayers; l++) {
     const p = `layers.${l}.`;
@@ -144,7 +139,7 @@ export async function loadDflashWeights(config: DflashConfig, source: WeightSour
       o: await linear(`${a}o_proj.weight`),
       qNorm: await get(`${a}q_norm.weight`),
       kNorm: await get(`${a}k_norm.weight`),
-      mlp: { gate: await linear(`${p}mlp.gate_proj.weight`), up: await linear(`${p}mlp.up_proj.weight`), down: await linear(`${p}mlp.down_proj.weight`) },
+      mlp: await mlp(`${p}mlp.`),
     });
   }
   return { fc: await linear('fc.weight'), hiddenNorm: await get('hidden_norm.weight'), layers, norm: await get('norm.weight') };

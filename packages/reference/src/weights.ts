@@ -140,15 +140,21 @@ export async function readShapedF32(store: TensorStore, name: string, shape: rea
   return data;
 }
 
-/** Loads every weight of the model through `source`. */
-export async function loadWeights(config: ModelConfig, source: WeightSource): Promise<ModelWeights> {
-  const shapes = new Map(weightSpecs(config).map((s) => [s.name, s.shape]));
+/** Readers over `specs`: each tensor through `source` with its spec's shape, as an array, a Linear or an MLP. */
+export function specReader(specs: readonly WeightSpec[], source: WeightSource) {
+  const shapes = new Map(specs.map((s) => [s.name, s.shape]));
   const get = (name: string) => source(name, shapes.get(name)!);
   const linear = async (name: string): Promise<Linear> => {
     const [out, inDim] = shapes.get(name)!;
     return { w: await get(name), out, in: inDim };
   };
   const mlp = async (p: string): Promise<MlpWeights> => ({ gate: await linear(`${p}gate_proj.weight`), up: await linear(`${p}up_proj.weight`), down: await linear(`${p}down_proj.weight`) });
+  return { get, linear, mlp };
+}
+
+/** Loads every weight of the model through `source`. */
+export async function loadWeights(config: ModelConfig, source: WeightSource): Promise<ModelWeights> {
+  const { get, linear, mlp } = specReader(weightSpecs(config), source);
   const layers: LayerWeights[] = [];
   for (let l = 0; l < config.numLayers; l++) {
     const p = `model.layers.${l}.`;
