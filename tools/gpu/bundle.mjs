@@ -15,6 +15,10 @@
 //   cuda_check.h              the CHECK macro of those two
 //   node.xz                   this machine's Node, compressed (../shared/gpu/pack-node.sh)
 //   run.sh                    what to run there (tools/gpu/run.sh)
+//   dflash/model.py           the public DFlash drafter (github z-lab/dflash), read from a local git mirror
+//                             (KDTREE_DFLASH_GIT, default /work/.mirror/z-lab+dflash/repo), the oracle of
+//                             tools/fixtures/gen_dflash_fixtures.py; never committed here
+// `node tools/gpu/bundle.mjs dflash` writes only dflash/model.py (the fixture run needs nothing else).
 import { spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
@@ -23,7 +27,34 @@ import { rolldown } from 'rolldown';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const out = join(root, '.gpu');
+const DFLASH_GIT = process.env.KDTREE_DFLASH_GIT ?? '/work/.mirror/z-lab+dflash/repo';
+
+/** Copies dflash/model.py out of the mirror's HEAD; `required` makes a missing mirror an error. */
+function copyDflash(required) {
+  const show = spawnSync('git', ['-C', DFLASH_GIT, 'show', 'HEAD:dflash/model.py'], { encoding: 'utf8', maxBuffer: 16 << 20 });
+  if (show.status !== 0) {
+    const why = `${DFLASH_GIT}: cannot read HEAD:dflash/model.py (${(show.stderr || show.error?.message || '').trim()}); set KDTREE_DFLASH_GIT to a git directory of github z-lab/dflash`;
+    if (required) {
+      console.error(why);
+      process.exit(1);
+    }
+    console.warn(`${why}; .gpu/dflash/ left out`);
+    return;
+  }
+  mkdirSync(join(out, 'dflash'), { recursive: true });
+  writeFileSync(join(out, 'dflash', 'model.py.tmp'), show.stdout);
+  renameSync(join(out, 'dflash', 'model.py.tmp'), join(out, 'dflash', 'model.py'));
+  const rev = spawnSync('git', ['-C', DFLASH_GIT, 'rev-parse', 'HEAD'], { encoding: 'utf8' });
+  writeFileSync(join(out, 'dflash', 'REVISION'), `github z-lab/dflash ${rev.stdout.trim()}\n`);
+}
+
 mkdirSync(out, { recursive: true });
+if (process.argv[2] === 'dflash') {
+  copyDflash(true);
+  console.log(`DFlash oracle in ${join(out, 'dflash')}`);
+  process.exit(0);
+}
+copyDflash(false);
 const bin = join(root, 'packages', 'cuda', 'bin', `${process.platform}-${process.arch}`);
 for (const variant of ['cuda', 'cpu']) {
   for (const ext of ['node', 'json']) {

@@ -106,7 +106,7 @@ describe('kdtree CLI', () => {
     expect(text.status).toBe(0);
     expect(text.stdout).toMatch(/model\.norm\.weight\s+F16\s+\[16\]\s+32/);
     const js = JSON.parse(runCli(['inspect', kdtr, '--json', '--filter', 'norm']).stdout);
-    expect(Object.keys(js)).toEqual(['schema', 'path', 'format', 'version', 'file_bytes', 'tensor_count', 'tensor_bytes', 'metadata', 'tensors']);
+    expect(Object.keys(js)).toEqual(['schema', 'path', 'format', 'version', 'file_bytes', 'tensor_count', 'tensor_bytes', 'metadata', 'tensors', 'drafter']);
     expect(js.schema).toBe('kdtree.inspect/1');
     expect(js.tensor_count).toBe(3);
     expect(js.tensors).toEqual([{ name: 'model.norm.weight', dtype: 'F16', shape: [16], offset: expect.any(Number), size: 32, crc32: expect.stringMatching(/^[0-9a-f]{8}$/), file: kdtr }]);

@@ -88,15 +88,17 @@ export const MLA_NORM_EPS = 1e-6;
 
 const SUPPORTED_TYPES = new Set(['deepseek_v3', 'kimi_k2', 'kimi_k25']);
 
-function isObject(v: unknown): v is Record<string, unknown> {
+export function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
-class Reader {
+/** Reads typed fields of one config object; an absent field takes its value from `defaults`. */
+export class Reader {
   constructor(
     private readonly json: Record<string, unknown>,
     readonly source: string,
     private readonly prefix: string,
+    private readonly defaults: Readonly<Record<string, unknown>> = DEFAULTS,
   ) {}
 
   fail(field: string, message: string): never {
@@ -107,33 +109,34 @@ class Reader {
     return this.json[field];
   }
 
-  int(field: keyof typeof DEFAULTS | string, min = 1): number {
-    const v = this.json[field] ?? (DEFAULTS as Record<string, unknown>)[field];
+  int(field: string, min = 1): number {
+    const v = this.json[field] ?? this.defaults[field];
     if (typeof v !== 'number' || !Number.isInteger(v) || v < min) this.fail(field, `expected an integer >= ${min}, got ${JSON.stringify(v)}`);
     return v;
   }
 
   optionalInt(field: string): number | null {
-    const v = this.json[field] === undefined ? (DEFAULTS as Record<string, unknown>)[field] : this.json[field];
+    const v = this.json[field] === undefined ? this.defaults[field] : this.json[field];
     if (v === null) return null;
     if (typeof v !== 'number' || !Number.isInteger(v) || v < 1) this.fail(field, `expected a positive integer or null, got ${JSON.stringify(v)}`);
     return v;
   }
 
   num(field: string, opts: { positive?: boolean } = {}): number {
-    const v = this.json[field] ?? (DEFAULTS as Record<string, unknown>)[field];
+    const v = this.json[field] ?? this.defaults[field];
     if (typeof v !== 'number' || !Number.isFinite(v) || (opts.positive && v <= 0)) this.fail(field, `expected a ${opts.positive ? 'positive ' : ''}number, got ${JSON.stringify(v)}`);
     return v;
   }
 
   bool(field: string): boolean {
-    const v = this.json[field] ?? (DEFAULTS as Record<string, unknown>)[field];
+    const v = this.json[field] ?? this.defaults[field];
     if (typeof v !== 'boolean') this.fail(field, `expected true or false, got ${JSON.stringify(v)}`);
     return v;
   }
 }
 
-function parseRope(r: Reader): RopeConfig {
+/** RoPE from `rope_parameters` (transformers 5) or `rope_scaling` + `rope_theta`. */
+export function parseRope(r: Reader): RopeConfig {
   const params = r.raw('rope_parameters');
   const scaling = r.raw('rope_scaling');
   let spec: Record<string, unknown> | undefined;

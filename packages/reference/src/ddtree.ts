@@ -17,7 +17,7 @@
  */
 import { ReferenceUsageError } from './errors.js';
 import type { LatentKvCache } from './kv-cache.js';
-import type { ReferenceModel } from './model.js';
+import type { ForwardOptions, ReferenceModel } from './model.js';
 import { argmax } from './tensor-ops.js';
 
 export interface DraftTree {
@@ -160,13 +160,14 @@ export function treeMask(tree: DraftTree): Uint8Array {
 /**
  * One target forward over every tree node at its tree position, attending to the committed
  * cache and to its ancestors. Writes the nodes' KV at slots [cache.length, cache.length + size)
- * and returns logits [size, vocab]. Call commitPath afterwards.
+ * and returns logits [size, vocab]. Call commitPath afterwards. `onLayer` sees each layer's output
+ * (a DFlash drafter's hidden-state taps).
  */
-export function verifyTree(model: ReferenceModel, cache: LatentKvCache, tree: DraftTree): Float32Array {
+export function verifyTree(model: ReferenceModel, cache: LatentKvCache, tree: DraftTree, onLayer?: ForwardOptions['onLayer']): Float32Array {
   const start = cache.length;
   const mask = treeMask(tree);
   const n = tree.size;
-  const logits = model.forward(Array.from(tree.tokens), cache, { positions: treePositions(tree, start), attends: (i, j) => mask[i * n + j] === 1 });
+  const logits = model.forward(Array.from(tree.tokens), cache, { positions: treePositions(tree, start), attends: (i, j) => mask[i * n + j] === 1, onLayer });
   cache.length = start; // the tree's slots are scratch until commitPath
   return logits;
 }

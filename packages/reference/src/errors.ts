@@ -39,3 +39,15 @@ export class WeightError extends GoldenReferenceError {
 export class ReferenceUsageError extends GoldenReferenceError {
   override readonly code = 'KDTREE_REFERENCE_USAGE';
 }
+
+/** A drafter does not fit the target it is paired with; `problems` lists every mismatch. */
+export class PairingError extends GoldenReferenceError {
+  override readonly code = 'KDTREE_PAIRING';
+  constructor(
+    readonly problems: readonly string[],
+    readonly drafter: string,
+    readonly target: string,
+  ) {
+    super(`${drafter} does not fit ${target}: ${problems.join('; ')}`);
+  }
+}

@@ -7,6 +7,8 @@ import { dirname } from 'node:path';
 import { findModelConfig, openTensors, readJsonFile, typedView, type AnyTensorStore } from '@kdtree/format';
 import { describeCompressedTensors, findCompressedTensorsConfig, readQuantizationMetadata } from '@kdtree/quant';
 import { parseModelConfig, type ModelConfig } from './config.js';
+import { checkDflashPairing, parseDflashConfig, type DflashConfig } from './dflash-config.js';
+import { DflashModel, dflashStoreSource, loadDflashWeights } from './dflash.js';
 import { ConfigError } from './errors.js';
 import { ReferenceModel } from './model.js';
 import { loadWeights, storeWeightSource } from './weights.js';
@@ -19,7 +21,8 @@ export interface LoadedModel {
   path: string;
 }
 
-async function configFor(store: AnyTensorStore, path: string, configPath?: string): Promise<{ json: unknown; source: string }> {
+/** The config.json of a store: a KDTR bundle's metadata.config, else the file beside the checkpoint. */
+export async function configFor(store: AnyTensorStore, path: string, configPath?: string): Promise<{ json: unknown; source: string }> {
   if (configPath !== undefined) return { json: await readJsonFile(configPath, 'model config'), source: configPath };
   const meta = store.metadata as Record<string, unknown>;
   if (store.format.startsWith('kdtr')) {
@@ -48,6 +51,29 @@ export async function loadModel(path: string, options: { config?: string } = {})
       : undefined;
     const weights = await loadWeights(config, storeWeightSource(store, config, quantization));
     return { model: new ReferenceModel(config, weights), config, metadata: store.metadata as Record<string, unknown>, path };
+  } finally {
+    await store.close();
+  }
+}
+
+export interface LoadedDflash {
+  model: DflashModel;
+  config: DflashConfig;
+  path: string;
+}
+
+/**
+ * Loads a DFlash drafter (a KDTR bundle from `kdtree import`, or a HuggingFace directory with
+ * config.json + safetensors) for `target`, after checking that it fits it.
+ */
+export async function loadDflashModel(path: string, target: ReferenceModel, options: { config?: string } = {}): Promise<LoadedDflash> {
+  const store = await openTensors(path);
+  try {
+    const { json, source } = await configFor(store, path, options.config);
+    const config = parseDflashConfig(json, source);
+    checkDflashPairing(config, target.config, { drafter: path });
+    const weights = await loadDflashWeights(config, dflashStoreSource(store));
+    return { model: new DflashModel(config, weights, { embed: target.weights.embed, lmHead: target.weights.lmHead }), config, path };
   } finally {
     await store.close();
   }

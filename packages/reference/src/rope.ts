@@ -3,7 +3,7 @@
  * default RoPE, or YaRN with its inverse-frequency blend and attention factor. RoPE covers only
  * the qk_rope_head_dim part of each head; with `rope_interleave` the rotated pairs are (2i, 2i+1).
  */
-import type { ModelConfig } from './config.js';
+import type { ModelConfig, RopeConfig } from './config.js';
 import { qkHeadDim } from './config.js';
 
 export interface RopeTables {
@@ -18,16 +18,19 @@ function getMscale(scale: number, mscale = 1): number {
 }
 
 export function ropeTables(config: ModelConfig): RopeTables {
-  const dim = config.qkRopeDim;
-  const rope = config.rope;
+  return ropeTablesFor(config.rope, config.maxPositionEmbeddings, config.qkRopeDim);
+}
+
+/** The tables for `dim` rotated dimensions of a head (DFlash's Qwen3 layers rotate the whole head). */
+export function ropeTablesFor(rope: RopeConfig, maxPositionEmbeddings: number, dim: number): RopeTables {
   const base = rope.theta;
   const half = dim / 2;
   const posFreqs = Float64Array.from({ length: half }, (_, i) => base ** ((2 * i) / dim));
   if (rope.type === 'default') return { invFreq: posFreqs.map((p) => 1 / p), attentionFactor: 1 };
 
   // transformers: with original_max_position_embeddings, the factor is max_pos / original.
-  const factor = rope.originalMaxPositionEmbeddings !== null ? config.maxPositionEmbeddings / rope.originalMaxPositionEmbeddings : rope.factor;
-  const original = rope.originalMaxPositionEmbeddings ?? config.maxPositionEmbeddings;
+  const factor = rope.originalMaxPositionEmbeddings !== null ? maxPositionEmbeddings / rope.originalMaxPositionEmbeddings : rope.factor;
+  const original = rope.originalMaxPositionEmbeddings ?? maxPositionEmbeddings;
   const attentionFactor =
     rope.attentionFactor ?? (rope.mscale && rope.mscaleAllDim ? getMscale(factor, rope.mscale) / getMscale(factor, rope.mscaleAllDim) : getMscale(factor));
   const correctionDim = (rotations: number) => (dim * Math.log(original / (rotations * 2 * Math.PI))) / (2 * Math.log(base));

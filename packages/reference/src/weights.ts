@@ -127,23 +127,34 @@ export function storeWeightSource(store: TensorStore, config: ModelConfig, quant
     if (!store.has(full) && meta?.tensors[full] === undefined) {
       throw new WeightError(`missing (config ${config.modelType} with ${config.numLayers} layers, ${config.nRoutedExperts} experts needs it)`, full, store.path);
     }
-    const { data, shape: actual } = await readWeightF32(store, full, meta);
-    if (actual.length !== shape.length || actual.some((d, i) => d !== shape[i])) {
-      throw new WeightError(`has shape [${actual.join(', ')}], the config needs [${shape.join(', ')}]`, full, store.path);
-    }
-    return data;
+    return readShapedF32(store, full, shape, meta, 'the config');
   };
 }
 
-/** Loads every weight of the model through `source`. */
-export async function loadWeights(config: ModelConfig, source: WeightSource): Promise<ModelWeights> {
-  const shapes = new Map(weightSpecs(config).map((s) => [s.name, s.shape]));
+/** Reads `name` as f32 (INT4 dequantized), after checking its shape is `shape`, which `needs` wants. */
+export async function readShapedF32(store: TensorStore, name: string, shape: readonly number[], meta: QuantizationMetadata | undefined, needs: string): Promise<Float32Array> {
+  const { data, shape: actual } = await readWeightF32(store, name, meta);
+  if (actual.length !== shape.length || actual.some((d, i) => d !== shape[i])) {
+    throw new WeightError(`has shape [${actual.join(', ')}], ${needs} needs [${shape.join(', ')}]`, name, store.path);
+  }
+  return data;
+}
+
+/** Readers over `specs`: each tensor through `source` with its spec's shape, as an array, a Linear or an MLP. */
+export function specReader(specs: readonly WeightSpec[], source: WeightSource) {
+  const shapes = new Map(specs.map((s) => [s.name, s.shape]));
   const get = (name: string) => source(name, shapes.get(name)!);
   const linear = async (name: string): Promise<Linear> => {
     const [out, inDim] = shapes.get(name)!;
     return { w: await get(name), out, in: inDim };
   };
   const mlp = async (p: string): Promise<MlpWeights> => ({ gate: await linear(`${p}gate_proj.weight`), up: await linear(`${p}up_proj.weight`), down: await linear(`${p}down_proj.weight`) });
+  return { get, linear, mlp };
+}
+
+/** Loads every weight of the model through `source`. */
+export async function loadWeights(config: ModelConfig, source: WeightSource): Promise<ModelWeights> {
+  const { get, linear, mlp } = specReader(weightSpecs(config), source);
   const layers: LayerWeights[] = [];
   for (let l = 0; l < config.numLayers; l++) {
     const p = `model.layers.${l}.`;

@@ -12,19 +12,22 @@ import {
 } from '@kdtree/format';
 import { findCompressedTensorsConfig, planCompressedTensorsImport, validateQuantizedStore, type QuantizationMetadata } from '@kdtree/quant';
 import { loadTokenizer, TOKENIZER_METADATA_KEY, tokenizerFromMetadata, tokenizerMetadata, type TokenizerMetadata } from '@kdtree/tokenizer';
+import { checkDflashTensors, configFor, isDflashConfig, parseDflashConfig, type DflashConfig } from '@kdtree/reference';
 import { parseByteSize, type CommandSpec, type Parsed } from '../args.js';
 import { CliError, CliUsageError } from '../cli-error.js';
+import { checkDrafterTarget, DRAFTER_METADATA_KEY, drafterMetadata } from '../drafter.js';
 import { CLI_VERSION, jsonReport, type CommandIO } from '../io.js';
 import { checkOutputName, refuseOverwritingInputs, storeFiles } from '../output-paths.js';
 import { formatBytes, formatDuration } from '../output.js';
 
 export const importSpec: CommandSpec = {
   name: 'import',
-  summary: "Import safetensors files, a sharded checkpoint (model.safetensors.index.json) or a HuggingFace model directory into a KDTR bundle. Tensors keep their names, dtypes and bytes; config.json goes into the metadata, and so does a directory's Kimi tokenizer (tiktoken.model, tokenizer_config.json, chat_template.jinja), checked by loading it, so that run --text, chat and serve need nothing else. A compressed-tensors pack-quantized checkpoint (Kimi K2.x) keeps its packed codes and scales, renamed to <weight>.qw / <weight>.sc.",
-  usage: 'kdtree import SRC... -o OUT.kdtr [--config config.json] [--shard-size 5GB] [--json] [--quiet]',
+  summary: "Import safetensors files, a sharded checkpoint (model.safetensors.index.json) or a HuggingFace model directory into a KDTR bundle. Tensors keep their names, dtypes and bytes; config.json goes into the metadata, and so does a directory's Kimi tokenizer (tiktoken.model, tokenizer_config.json, chat_template.jinja), checked by loading it, so that run --text, chat and serve need nothing else. A compressed-tensors pack-quantized checkpoint (Kimi K2.x) keeps its packed codes and scales, renamed to <weight>.qw / <weight>.sc. A DFlash drafter directory (architectures DFlashDraftModel) is checked (config and tensor shapes) and recorded as a drafter (metadata.drafter); --target checks that it fits a target model.",
+  usage: 'kdtree import SRC... -o OUT.kdtr [--config config.json] [--target MODEL] [--shard-size 5GB] [--json] [--quiet]',
   help: [
     '-o, --output FILE     the bundle to write (with --shard-size: the index, e.g. model.kdtr.json)',
     '--config FILE         model config.json to store (default: config.json of a model directory)',
+    '--target MODEL        a DFlash drafter only: the target it will draft for (bundle, directory or config.json); refuse a drafter whose hidden size, vocabulary or target layers do not fit it',
     '--shard-size SIZE     write a multi-file bundle (-o NAME.kdtr.json: the index), shards of at most SIZE (e.g. 5GB; at least 4096)',
     '--json                print a JSON summary on stdout',
     '-q, --quiet           no progress bar',
@@ -32,6 +35,7 @@ export const importSpec: CommandSpec = {
   options: {
     output: { type: 'string', short: 'o' },
     config: { type: 'string' },
+    target: { type: 'string' },
     'shard-size': { type: 'string' },
     json: { type: 'boolean' },
     quiet: { type: 'boolean', short: 'q' },
@@ -134,6 +138,7 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
     await refuseOverwritingInputs('import', [{ flag: '-o', path: output, sharded: shardSize !== undefined }], [...storeFiles(stores), ...(configPath ? [configPath] : [])]);
     const kdtrConfig = stores.map((s) => (s.format.startsWith('kdtr') ? (s.metadata as Record<string, unknown>).config : undefined)).find((c) => c !== undefined);
     const config = configPath === undefined ? (kdtrConfig as Record<string, unknown> | undefined) : await readJsonObject(configPath, 'model config');
+    const drafter = await importedDrafter(config, configPath ?? `${stores[0].path} (metadata.config)`, stores, p.values.target as string | undefined);
     const owner = new Map<string, AnyTensorStore>();
     for (const store of stores) {
       for (const t of store.tensors) {
@@ -158,6 +163,7 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
       },
     };
     if (config !== undefined) metadata.config = config;
+    if (drafter !== undefined) metadata[DRAFTER_METADATA_KEY] = drafterMetadata(drafter);
     if (first.format === 'safetensors' || first.format === 'safetensors-index') metadata['safetensors.metadata'] = first.metadata;
     if (plan.quantization !== undefined) metadata.quantization = plan.quantization;
     if (tokenizer !== undefined) metadata[TOKENIZER_METADATA_KEY] = tokenizer.metadata;
@@ -183,11 +189,40 @@ export async function runImport(p: Parsed, io: CommandIO): Promise<number> {
     const seconds = (performance.now() - started) / 1000;
     const quantized = plan.quantization ? Object.keys(plan.quantization.tensors).length : 0;
     const configSource = configPath ?? (config !== undefined ? 'the source bundle' : null);
-    if (p.values.json) io.out(jsonReport('kdtree.import/1', { output, tensors: count, bytes: total, sources: stores.length, config: configPath ?? null, int4_weights: quantized, tokenizer: tokenizer?.from ?? null, seconds: Number(seconds.toFixed(3)) }));
-    else io.out(`imported ${count} tensors (${formatBytes(total)}) from ${stores.length} source(s) into ${output} in ${formatDuration(seconds)}${configSource ? `, config from ${configSource}` : ''}${tokenizer ? `, tokenizer from ${tokenizer.from}` : ''}${quantized ? `; ${quantized} INT4 weights kept packed` : ''}`);
+    if (p.values.json) io.out(jsonReport('kdtree.import/1', { output, tensors: count, bytes: total, sources: stores.length, config: configPath ?? null, int4_weights: quantized, tokenizer: tokenizer?.from ?? null, seconds: Number(seconds.toFixed(3)), drafter: drafter === undefined ? null : drafterMetadata(drafter) }));
+    else io.out(`imported ${count} tensors (${formatBytes(total)}) from ${stores.length} source(s) into ${output} in ${formatDuration(seconds)}${configSource ? `, config from ${configSource}` : ''}${tokenizer ? `, tokenizer from ${tokenizer.from}` : ''}${quantized ? `; ${quantized} INT4 weights kept packed` : ''}${drafter ? `; a DFlash drafter (block_size ${drafter.blockSize}, target layers [${drafter.targetLayerIds.join(', ')}], mask token ${drafter.maskTokenId})` : ''}`);
     return 0;
   } finally {
     await Promise.all(stores.map((s) => s.close()));
+  }
+}
+
+/**
+ * A DFlash drafter's config, checked with its tensor table (and against --target's config), or
+ * undefined for any other model (where --target is refused: it only means something for a drafter).
+ */
+async function importedDrafter(config: Record<string, unknown> | undefined, source: string, stores: readonly AnyTensorStore[], target: string | undefined): Promise<DflashConfig | undefined> {
+  if (config === undefined || !isDflashConfig(config)) {
+    if (target !== undefined) throw new CliUsageError('--target is for DFlash drafters (config.json with architectures ["DFlashDraftModel"]); this import is not one', 'import');
+    return undefined;
+  }
+  const drafter = parseDflashConfig(config, source);
+  checkDflashTensors(drafter, stores.flatMap((s) => [...s.tensors]), stores.map((s) => s.path).join(', '));
+  if (target !== undefined) {
+    const { json, source: targetSource } = await targetConfig(target);
+    checkDrafterTarget(drafter, json, targetSource, source);
+  }
+  return drafter;
+}
+
+/** A target's config.json: the file itself, or the config of a bundle / checkpoint / directory. */
+async function targetConfig(path: string): Promise<{ json: unknown; source: string }> {
+  if (path.endsWith('.json') && !path.endsWith('.kdtr.json') && !path.endsWith('.index.json')) return { json: await readJsonObject(path, 'target config'), source: path };
+  const [store] = await openSources([path]);
+  try {
+    return await configFor(store, path);
+  } finally {
+    await store.close();
   }
 }
 

@@ -1,14 +1,16 @@
 import { stat } from 'node:fs/promises';
-import { formatCrc32, type AnyTensorStore } from '@kdtree/format';
+import { findModelConfig, formatCrc32, readJsonFile, type AnyTensorStore } from '@kdtree/format';
+import { isDflashConfig, parseDflashConfig } from '@kdtree/reference';
 import type { CommandSpec, Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
+import { DRAFTER_METADATA_KEY, drafterMetadata, drafterSummary, type DrafterMetadata } from '../drafter.js';
 import { jsonReport, type CommandIO } from '../io.js';
 import { formatBytes, renderTable } from '../output.js';
 import { openSources } from './import.js';
 
 export const inspectSpec: CommandSpec = {
   name: 'inspect',
-  summary: 'Print the metadata and the tensor table of a bundle (KDTR, or any safetensors checkpoint).',
+  summary: 'Print the metadata and the tensor table of a bundle (KDTR, or any safetensors checkpoint). A DFlash drafter (a bundle from kdtree import, or its directory) shows its block size, target layers and mask token.',
   usage: 'kdtree inspect IN.kdtr [--json] [--filter REGEX] [--metadata]',
   help: [
     '--json                stable JSON (schema "kdtree.inspect/1") on stdout',
@@ -36,8 +38,9 @@ export async function runInspect(p: Parsed, io: CommandIO): Promise<number> {
   try {
     const tensors = store.tensors.filter((t) => filter === undefined || filter.test(t.name));
     const fileBytes = (await Promise.all([...new Set([...store.tensors.map((t) => t.file), store.path])].map((f) => stat(f).then((s) => s.size)))).reduce((a, b) => a + b, 0);
+    const drafter = await drafterOf(store);
     if (p.values.json) {
-      io.out(jsonReport('kdtree.inspect/1', inspectJson(store, tensors, fileBytes)));
+      io.out(jsonReport('kdtree.inspect/1', { ...inspectJson(store, tensors, fileBytes), drafter: drafter ?? null }));
       return 0;
     }
     const lines: string[] = [];
@@ -46,10 +49,12 @@ export async function runInspect(p: Parsed, io: CommandIO): Promise<number> {
     lines.push(`  size       ${formatBytes(fileBytes)} on disk, ${formatBytes(store.totalBytes)} of tensor data`);
     lines.push(`  tensors    ${store.tensors.length}${filter ? ` (${tensors.length} match ${filter})` : ''}`);
     const meta = store.metadata as Record<string, unknown>;
+    if (drafter !== undefined) lines.push(`  drafter    ${drafterSummary(drafter)}`);
     if (p.values.metadata) {
       lines.push('  metadata', ...JSON.stringify(meta, null, 2).split('\n').map((l) => `    ${l}`));
     } else {
       for (const [key, value] of Object.entries(meta)) {
+        if (key === DRAFTER_METADATA_KEY && drafter !== undefined) continue; // the line above
         if (key === 'config' && typeof value === 'object' && value !== null) {
           const cfg = value as Record<string, unknown>;
           const inner = (typeof cfg.text_config === 'object' && cfg.text_config !== null ? cfg.text_config : cfg) as Record<string, unknown>;
@@ -79,6 +84,21 @@ export async function runInspect(p: Parsed, io: CommandIO): Promise<number> {
   } finally {
     await store.close();
   }
+}
+
+/**
+ * The drafter a store holds, from its DFlash config.json: a bundle's metadata.config, or the
+ * config.json beside a safetensors checkpoint. Undefined for any other model.
+ */
+async function drafterOf(store: AnyTensorStore): Promise<DrafterMetadata | undefined> {
+  if (store.format.startsWith('kdtr')) {
+    const config = (store.metadata as Record<string, unknown>).config;
+    return isDflashConfig(config) ? drafterMetadata(parseDflashConfig(config, `${store.path} (metadata.config)`)) : undefined;
+  }
+  const path = await findModelConfig(store.path);
+  if (path === undefined) return undefined;
+  const config = await readJsonFile(path, 'model config');
+  return isDflashConfig(config) ? drafterMetadata(parseDflashConfig(config, path)) : undefined;
 }
 
 /** The --json schema. Field names and order are stable; new fields are only ever added. */

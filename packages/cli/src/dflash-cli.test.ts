@@ -1,0 +1,96 @@
+import { mkdtempSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openBundle, writeSafetensors } from '@kdtree/format';
+import {
+  dflashConfigJson,
+  dflashWeightSpecs,
+  loadDflashModel,
+  loadModel,
+  parseDflashConfig,
+  presetConfigJson,
+  parseModelConfig,
+  randomDflashWeights,
+  writeDflashDirectory,
+  writeSyntheticModel,
+} from '@kdtree/reference';
+import { runCli } from './test-support/run-cli.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'kdtree-dflash-cli-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const target = join(dir, 'tiny.kdtr');
+const drafterDir = join(dir, 'tiny-dflash');
+const tiny = parseModelConfig(presetConfigJson('tiny'), 'tiny');
+const drafterJson = dflashConfigJson(tiny, { blockSize: 4, nestedBlockSize: true });
+const drafterConfig = parseDflashConfig(drafterJson);
+
+beforeAll(async () => {
+  await writeSyntheticModel(target, { preset: 'tiny', seed: 1 }, 'test');
+  await writeDflashDirectory(drafterDir, drafterJson, randomDflashWeights(drafterConfig, 5));
+});
+
+describe('kdtree import / inspect of a DFlash drafter', () => {
+  it('imports the directory as a drafter that fits its target, and inspect shows its taps, block and mask', async () => {
+    const out = join(dir, 'drafter.kdtr');
+    const imp = runCli(['import', drafterDir, '-o', out, '--target', target, '--json']);
+    expect(imp.stderr).toBe('');
+    expect(imp.status).toBe(0);
+    const expected = { kind: 'dflash', block_size: 4, depths: 3, target_layer_ids: [0, 1], num_target_layers: 2, mask_token_id: 126, hidden_size: 64, vocab_size: 128, layers: 2 };
+    expect(JSON.parse(imp.stdout)).toMatchObject({ output: out, tensors: dflashWeightSpecs(drafterConfig).length, drafter: expected });
+    const bundle = await openBundle(out);
+    try {
+      expect(bundle.metadata).toMatchObject({ drafter: expected, config: drafterJson });
+    } finally {
+      await bundle.close();
+    }
+    const line = 'drafter    dflash, block_size 4 (depths 1..3), target layers [0, 1] of 2, mask token 126, 2 layers, hidden 64, vocab 128';
+    const shown = runCli(['inspect', out]);
+    expect(shown.status).toBe(0);
+    expect(shown.stdout).toContain(line);
+    expect(runCli(['inspect', drafterDir]).stdout).toContain(line);
+    expect(JSON.parse(runCli(['inspect', out, '--json']).stdout).drafter).toEqual(expected);
+    expect(JSON.parse(runCli(['inspect', target, '--json']).stdout).drafter).toBeNull();
+    // the bundle drafts as the directory does (the reference reads either)
+    const { model } = await loadModel(target);
+    const fromBundle = await loadDflashModel(out, model);
+    const fromDir = await loadDflashModel(drafterDir, model);
+    const context = Float32Array.from({ length: 2 * fromDir.model.contextWidth }, (_, i) => Math.cos(i));
+    expect(fromBundle.model.draft(fromBundle.model.newCache(), context, 2, 9).logits).toEqual(fromDir.model.draft(fromDir.model.newCache(), context, 2, 9).logits);
+  });
+
+  it('says on the one line what does not fit the target', async () => {
+    const other = join(dir, 'small.json');
+    writeFileSync(other, JSON.stringify(presetConfigJson('small')));
+    const r = runCli(['import', drafterDir, '-o', join(dir, 'no.kdtr'), '--target', other, '-q']);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toBe(
+      `kdtree: error: ${join(drafterDir, 'config.json')} does not fit ${other}: hidden_size 64 != the target's 256 (the drafter reads the target's hidden states); vocab_size 128 != the target's 512 (the drafter uses the target's embed_tokens and lm_head); num_target_layers 2 != the target's 4 layers (it was trained for another target)\n`,
+    );
+  });
+
+  it('refuses a drafter whose config or tensors are wrong, naming the field or tensor', async () => {
+    const bad = join(dir, 'bad-dflash');
+    await writeDflashDirectory(bad, drafterJson, randomDflashWeights(drafterConfig, 5));
+    writeFileSync(join(bad, 'config.json'), JSON.stringify({ ...drafterJson, dflash_config: { target_layer_ids: [0, 1], block_size: 4 } }));
+    const noMask = runCli(['import', bad, '-o', join(dir, 'bad.kdtr'), '-q']);
+    expect(noMask.status).toBe(1);
+    expect(noMask.stderr).toMatch(/config.json: dflash_config.mask_token_id: missing/);
+
+    writeFileSync(join(bad, 'config.json'), JSON.stringify(drafterJson));
+    unlinkSync(join(bad, 'model.safetensors'));
+    const weights = randomDflashWeights(drafterConfig, 5);
+    const specs = dflashWeightSpecs(drafterConfig).filter((s) => s.name !== 'layers.1.self_attn.k_norm.weight');
+    await writeSafetensors(join(bad, 'model.safetensors'), specs.map((s) => ({ name: s.name, dtype: 'F32' as const, shape: s.shape, data: new Uint8Array(weights.get(s.name)!.buffer) })));
+    const missing = runCli(['import', bad, '-o', join(dir, 'bad.kdtr'), '-q']);
+    expect(missing.status).toBe(1);
+    expect(missing.stderr).toMatch(/tensor 'layers.1.self_attn.k_norm.weight': missing/);
+  });
+
+  it('refuses --target for a model that is not a drafter', () => {
+    const r = runCli(['import', target, '-o', join(dir, 'copy.kdtr'), '--target', target]);
+    expect(r.status).toBe(2);
+    expect(r.stderr).toMatch(/--target is for DFlash drafters/);
+  });
+});
