@@ -8,7 +8,7 @@
  */
 import { stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { readJsonFile } from '@kdtree/format';
+import { formatCrc32, readJsonFile } from '@kdtree/format';
 import type { Int4Descriptor } from '@kdtree/quant';
 import type { ModelConfig } from '@kdtree/reference';
 import { EngineError, modelError } from './errors.js';
@@ -66,7 +66,9 @@ export async function readShardIndex(path: string): Promise<ShardIndex> {
   if (!isObject(j.source) || typeof j.source.name !== 'string') throw fail('source', 'an object with the source bundle name', j.source);
   if (!Array.isArray(j.ranks) || j.ranks.length !== world) throw fail('ranks', `an array of ${world} rank files`, j.ranks);
   j.ranks.forEach((r: unknown, i) => {
-    if (!isObject(r) || r.rank !== i || typeof r.file !== 'string' || r.file === '' || /[\\/]/.test(r.file)) throw fail(`ranks[${i}]`, `{ rank: ${i}, file: a file name in the directory }`, r);
+    if (!isObject(r) || r.rank !== i || typeof r.file !== 'string' || r.file === '' || /[\\/]/.test(r.file) || !isCount(r.file_length, 1) || typeof r.header_crc32 !== 'string') {
+      throw fail(`ranks[${i}]`, `{ rank: ${i}, file: a file name in the directory, file_length, header_crc32 }`, r);
+    }
   });
   if (!isObject(j.tensors)) throw fail('tensors', 'an object of weight name -> split', j.tensors);
   for (const [name, t] of Object.entries(j.tensors)) {
@@ -119,6 +121,11 @@ export class ShardSource implements WeightReader {
     const rank = index.ranks[shard.rank];
     const file = await ModelSource.open(join(dir, rank.file), { config: options.config });
     try {
+      const header = 'shards' in file.store ? file.store.shards[0] : undefined;
+      if (header === undefined || formatCrc32(header.headerCrc32) !== rank.header_crc32 || header.fileLength !== rank.file_length) {
+        const found = header === undefined ? file.store.format : `header CRC-32 ${formatCrc32(header.headerCrc32)}, ${header.fileLength} bytes`;
+        throw modelError(rank.file, `is not the file ${indexPath} was written with (expected header CRC-32 ${rank.header_crc32}, ${rank.file_length} bytes; found ${found}): cut the model again`, dir);
+      }
       const mark = file.metadata[SHARD_METADATA_KEY] as Record<string, unknown> | undefined;
       if (!isObject(mark) || mark.rank !== shard.rank || mark.world !== shard.world) {
         throw modelError(`metadata["${SHARD_METADATA_KEY}"]`, `expected rank ${shard.rank} of ${shard.world} (as ${indexPath} names this file), found ${JSON.stringify(mark)}`, file.path);

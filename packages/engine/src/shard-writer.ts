@@ -9,8 +9,9 @@
  * rows go to the rank whose block holds them; a row-parallel weight's every row is cut into the
  * ranks' K blocks (an INT4 weight's packed words and scales in the same groups); a replicated one
  * goes whole to every rank. Each rank file is published atomically (temp file, fsync, rename)
- * and the index last, so a directory with an index is complete.
+ * and the index last (an earlier one removed first), so a directory with an index is complete.
  */
+import { rm } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { formatCrc32, KdtrWriter, writeFileAtomic, type KdtrWriteResult, type TensorInfo } from '@kdtree/format';
 import { newQuantizationMetadata, type Int4Descriptor } from '@kdtree/quant';
@@ -71,6 +72,8 @@ export async function writeShards(source: ModelSource, world: number, dir: strin
   const bytesTotal = stored.flat().reduce((s, t) => s + t.info.size, 0);
   let bytesDone = 0;
   let written = 0;
+  // an index of an earlier cut goes first: until the new one is published, the directory is no shard directory
+  await rm(join(dir, SHARD_INDEX_NAME), { force: true });
   try {
     for (let rank = 0; rank < world; rank++) {
       writers.push(await KdtrWriter.create(join(dir, rankFileName(rank)), { metadata: { ...metadata(rank), [SHARD_METADATA_KEY]: { rank, world, index: SHARD_INDEX_NAME } } }));

@@ -7,7 +7,7 @@
  * writer's lockstep fan-out keeps one chunk in memory and never hangs when a rank's writer fails.
  */
 import { createHash } from 'node:crypto';
-import { cpSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, cpSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { createBackend } from '@kdtree/cuda';
@@ -62,9 +62,18 @@ beforeAll(async () => {
 
 const sha = (a: ArrayBufferView) => createHash('sha256').update(new Uint8Array(a.buffer, a.byteOffset, a.byteLength)).digest('hex').slice(0, 16);
 
-/** A reader that logs every read (its arguments and a hash of what it returned), in order. */
+/**
+ * A reader that logs every read (its arguments and a hash of what it returned) in the order the
+ * reads were made (a linear's parts are read concurrently: each takes its place when asked for).
+ */
 function recording(inner: WeightReader, log: string[]): WeightReader {
   const args = (rows?: readonly number[], cols?: Block) => `${rows ? `${rows.length} rows from ${rows[0]}` : 'all rows'}, ${cols ? `K [${cols.start}, +${cols.count})` : 'all K'}`;
+  const logged = async <T>(what: string, read: Promise<T>, describe: (r: T) => string): Promise<T> => {
+    const at = log.push(`${what}: pending`) - 1;
+    const r = await read;
+    log[at] = `${what}: ${describe(r)}`;
+    return r;
+  };
   return {
     path: inner.path,
     config: inner.config,
@@ -74,21 +83,10 @@ function recording(inner: WeightReader, log: string[]): WeightReader {
       log.push(`int4 ${name}: ${d ? `[${d.shape.join(', ')}] / ${d.group_size} ${d.scale_dtype}` : 'float'}`);
       return d;
     },
-    readF32: async (name, shape) => {
-      const r = await inner.readF32(name, shape);
-      log.push(`f32 ${name}: ${sha(r)}`);
-      return r;
-    },
-    readBf16: async (name, shape, rows, cols) => {
-      const r = await inner.readBf16(name, shape, rows, cols);
-      log.push(`bf16 ${name} (${args(rows, cols)}): [${r.rows}, ${r.cols}] ${sha(r.bits)}`);
-      return r;
-    },
-    readInt4: async (name, shape, rows, cols) => {
-      const r = await inner.readInt4(name, shape, rows, cols);
-      log.push(`int4 ${name} (${args(rows, cols)}): [${r.rows}, ${r.cols}] / ${r.group} ${r.scaleDtype} qw ${sha(r.qw)} sc ${sha(r.sc)}`);
-      return r;
-    },
+    readF32: (name, shape) => logged(`f32 ${name}`, inner.readF32(name, shape), sha),
+    readBf16: (name, shape, rows, cols) => logged(`bf16 ${name} (${args(rows, cols)})`, inner.readBf16(name, shape, rows, cols), (r) => `[${r.rows}, ${r.cols}] ${sha(r.bits)}`),
+    readInt4: (name, shape, rows, cols) =>
+      logged(`int4 ${name} (${args(rows, cols)})`, inner.readInt4(name, shape, rows, cols), (r) => `[${r.rows}, ${r.cols}] / ${r.group} ${r.scaleDtype} qw ${sha(r.qw)} sc ${sha(r.sc)}`),
     close: () => inner.close(),
   };
 }
@@ -206,6 +204,16 @@ describe('what a shard directory refuses', () => {
     const err = await loadReads(await ShardSource.open(out, { shard: { rank: 0, world: 2 } }), 0, 2).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: 'KDTREE_ENGINE_SHARD', field: 'lm_head.weight' });
     expect((err as Error).message).toContain(`${path}: rank 0 holds rows [128, 256) of lm_head.weight, but its layer reads row 0: the shards were cut by another split`);
+  }, 30_000);
+
+  it('a rank file the index was not written with: the file, and the header CRC-32 and length expected and found', async () => {
+    const out = join(dir, 'replaced');
+    cpSync(await shards('tp8, float', 2), out, { recursive: true });
+    copyFileSync(join(out, 'rank-0.kdtr'), join(out, 'rank-1.kdtr'));
+    const index = JSON.parse(readFileSync(join(out, 'tp-index.json'), 'utf8'));
+    const err = await ShardSource.open(out, { shard: { rank: 1, world: 2 } }).catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: 'KDTREE_ENGINE_MODEL', field: 'rank-1.kdtr' });
+    expect((err as Error).message).toContain(`${out}: rank-1.kdtr: is not the file ${join(out, 'tp-index.json')} was written with (expected header CRC-32 ${index.ranks[1].header_crc32}, ${index.ranks[1].file_length} bytes; found header CRC-32 ${index.ranks[0].header_crc32}`);
   }, 30_000);
 
   it('a weight that cannot be split: named before any file is written', async () => {
