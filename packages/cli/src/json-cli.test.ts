@@ -35,6 +35,7 @@ describe('--json outputs', () => {
       inspect: ['inspect', model, '--json'],
       verify: ['verify', model, '--json'],
       quantize: ['quantize', join(dir, 'w.kdtr'), '-o', join(dir, 'q.kdtr'), '--preset', 'kimi-k2', '--json'],
+      shard: ['shard', model, '--tp', '1', '-o', join(dir, 'shards'), '--json'],
       golden: ['golden', model, '--prompt', '1,2', '--max-new', '2', '--json'],
       run: ['run', model, '--prompt', '1,2', '--max-new', '3', '--backend', 'cpu', '--spec', 'ddtree', '--budget', '4', '--depth', '2', '--trace', '--json'],
       backend: ['backend', '--backend', 'cpu', '--json'],

@@ -17,6 +17,7 @@ import { quantizeSpec, runQuantize } from './commands/quantize.js';
 import { runRun, runSpec } from './commands/run.js';
 import { chatSpec, runChat } from './commands/chat.js';
 import { runServe, serveSpec } from './commands/serve.js';
+import { runShard, shardSpec } from './commands/shard.js';
 import { detokenizeSpec, runDetokenize, runTokenize, tokenizeSpec } from './commands/tokenize.js';
 import { runVerify, verifySpec } from './commands/verify.js';
 import { CLI_VERSION, processIO, type CommandIO } from './io.js';
@@ -33,6 +34,7 @@ export const COMMANDS: Command[] = [
   { spec: inspectSpec, run: runInspect },
   { spec: quantizeSpec, run: runQuantize },
   { spec: genModelSpec, run: runGenModel },
+  { spec: shardSpec, run: runShard },
   { spec: runSpec, run: runRun },
   { spec: chatSpec, run: runChat },
   { spec: serveSpec, run: runServe },

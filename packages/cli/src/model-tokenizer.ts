@@ -1,5 +1,6 @@
 import { stat } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
+import { readShardIndex, shardIndexPath } from '@kdtree/engine';
 import { openBundle } from '@kdtree/format';
 import { loadTokenizer, TOKENIZER_METADATA_KEY, tokenizerFromMetadata, type Tokenizer } from '@kdtree/tokenizer';
 import { CliError } from './cli-error.js';
@@ -7,11 +8,14 @@ import { CliError } from './cli-error.js';
 /**
  * The tokenizer of a model: a model directory's files (tiktoken.model, tokenizer_config.json,
  * chat_template.jinja), or what a KDTR bundle carries in its metadata (`metadata.tokenizer`, see
- * docs/tokenizer.md), or the files beside a safetensors checkpoint.
+ * docs/tokenizer.md), or the files beside a safetensors checkpoint. A shard directory's rank files
+ * each carry the source bundle's: rank 0's is read.
  */
 export async function openTokenizer(path: string): Promise<Tokenizer> {
   const info = await stat(path).catch(() => undefined);
   if (info === undefined) throw new CliError(`${path}: no such file or directory (expected a model directory or a KDTR bundle)`);
+  const index = await shardIndexPath(path);
+  if (index !== undefined) return openTokenizer(join(path, (await readShardIndex(index)).ranks[0].file));
   if (info.isDirectory()) return loadTokenizer(path);
   if (/\.safetensors$/i.test(path)) {
     const dir = dirname(path);

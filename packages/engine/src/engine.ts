@@ -24,6 +24,7 @@ import { DeviceModel, type LoadProgress } from './model.js';
 import { ModelSource, type WeightReader } from './model-source.js';
 import { Runner, type TreeBuffers } from './runner.js';
 import type { Shard } from './shard.js';
+import { openModel } from './shard-source.js';
 import { parseTpFault, TP_TIMEOUT_MS, TpGroup, type TpFault } from './tp.js';
 
 export type Spec = 'greedy' | 'chain' | 'ddtree';
@@ -634,7 +635,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     throw argumentError('tp', `tensor parallelism runs on the cpu backend's ranks today; the ${backend.kind} backend's NCCL ranks are not built yet (use --backend cpu)`);
   }
   const shard: Shard = { rank: 0, world: tp };
-  const source = typeof given === 'string' ? await ModelSource.open(given, { config: options.config, shard }) : given;
+  const source = typeof given === 'string' ? await openModel(given, { config: options.config, shard }) : given;
   let group: TpGroup | undefined;
   try {
     const c = source.config;

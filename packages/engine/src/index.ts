@@ -3,7 +3,7 @@ export { ModelDrafter, NgramDrafter, type Drafter, type DraftRequest } from './d
 export { BudgetPolicy, BUDGET_BUCKETS, type CostCurve } from './budget.js';
 export { EngineError, type EngineErrorCode } from './errors.js';
 export { KvCache, type CacheDtype } from './kv-cache.js';
-export { DeviceModel, weightBytes, type LoadProgress, type LogitRows } from './model.js';
+export { DeviceModel, shardPlan, weightBytes, type LoadProgress, type LogitRows } from './model.js';
 export { ModelSource, type HostBf16, type HostInt4, type WeightReader } from './model-source.js';
 export { SeededSource, type SeededSourceOptions } from './seeded-source.js';
 export { estimateMemory, type MemoryEstimate } from './memory.js';
@@ -14,5 +14,7 @@ export { view } from './linear.js';
 export { HostCollective, StepGraph, type Collective, type HostTransport } from './collective.js';
 export { RankFailure } from './shared-memory-transport.js';
 export { TP_TIMEOUT_MS } from './tp.js';
-export type { Shard } from './shard.js';
+export type { Block, Shard, Split, TensorCut } from './shard.js';
+export { openModel, readShardIndex, rankFileName, shardIndexPath, ShardSource, SHARD_INDEX_NAME, SHARD_INDEX_SCHEMA, type ShardIndex, type ShardIndexTensor } from './shard-source.js';
+export { writeShards, type ShardProgress, type ShardResult } from './shard-writer.js';
 export type { RankCommand, StepKey } from './runner.js';

@@ -22,9 +22,9 @@
 import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
 import { qkHeadDim, type ModelConfig } from '@kdtree/reference';
 import { modelError } from './errors.js';
-import { applyLinear, linearBytes, linearTensors, loadLinear, view, type DeviceLinear, type LinearSpec } from './linear.js';
+import { applyLinear, linearBytes, linearTensors, loadLinear, specReads, view, type DeviceLinear, type LinearSpec } from './linear.js';
 import type { WeightReader } from './model-source.js';
-import { blockRange, shardBlock, WHOLE, type Block, type Shard } from './shard.js';
+import { blockRange, shardBlock, WHOLE, type Block, type Shard, type WeightRead } from './shard.js';
 import type { Workspace } from './workspace.js';
 
 /** What one forward pass over T new tokens of one sequence needs beyond the activations. */
@@ -121,6 +121,16 @@ export class MlaAttention {
       kvB: { name: kvBName, shape: kvBShape, rows: shard.world > 1 ? blockRange(kvBRows) : undefined, count: kvBRows.count },
       o: spec(oName, oShape, undefined, shard.world > 1 ? oCols : undefined),
     };
+  }
+
+  /** Every read `load` makes for this rank (what `kdtree shard` cuts: cutsOf). */
+  static shardPlan(source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): WeightRead[] {
+    const s = MlaAttention.specs(source, c, layer, shard);
+    const reads: WeightRead[] = [];
+    if (s.qA) reads.push(...specReads(s.qA), { name: `${s.a}q_a_layernorm.weight`, shape: [c.qLoraRank!] });
+    reads.push(...specReads(s.qNope), ...specReads(s.qPe), ...specReads(s.kvAC), ...specReads(s.kvAPe), { name: `${s.a}kv_a_layernorm.weight`, shape: [c.kvLoraRank] });
+    reads.push({ name: s.kvB.name, shape: s.kvB.shape, rows: s.kvB.rows }, ...specReads(s.o));
+    return reads;
   }
 
   static bytes(source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): number {
@@ -237,6 +247,12 @@ export class Mlp {
     private readonly down: DeviceLinear,
   ) {}
 
+  /** Every read `load` makes for this rank. */
+  static shardPlan(source: WeightReader, prefix: string, inter: number, hidden: number, shard: Shard = WHOLE): WeightRead[] {
+    const s = mlpSpecs(source, prefix, inter, hidden, shard);
+    return [...specReads(s.gateUp), ...specReads(s.down)];
+  }
+
   static bytes(source: WeightReader, prefix: string, inter: number, hidden: number, shard: Shard = WHOLE): number {
     const s = mlpSpecs(source, prefix, inter, hidden, shard);
     return linearBytes(source, s.gateUp) + linearBytes(source, s.down);
@@ -295,6 +311,15 @@ export class Moe {
       down: experts.map((e) => e.down),
       sharedInter: c.nSharedExperts * c.moeIntermediateSize,
     };
+  }
+
+  /** Every read `load` makes for this rank. */
+  static shardPlan(source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): WeightRead[] {
+    const s = Moe.specs(source, c, layer, shard);
+    const reads = [...specReads(s.router), { name: `${s.p}gate.e_score_correction_bias`, shape: [c.nRoutedExperts] }];
+    for (let e = 0; e < c.nRoutedExperts; e++) reads.push(...specReads(s.gateUp[e]), ...specReads(s.down[e]));
+    if (c.nSharedExperts > 0) reads.push(...Mlp.shardPlan(source, `${s.p}shared_experts.`, s.sharedInter, c.hiddenSize, shard));
+    return reads;
   }
 
   static bytes(source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): number {

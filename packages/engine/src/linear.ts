@@ -8,7 +8,7 @@
 import { DTYPE_BYTES, numel, packedW4A16Shapes, type DeviceTensor, type KdtreeBackend } from '@kdtree/cuda';
 import type { HostBf16, HostInt4, WeightReader } from './model-source.js';
 import { modelError } from './errors.js';
-import type { Block } from './shard.js';
+import type { Block, WeightRead } from './shard.js';
 
 export type DeviceLinear =
   /** Packed W4A16: qw i32 and sc [(E,) N/16, ...] (packedW4A16Shapes); `gateUp`: packed for the SiLU epilogue. */
@@ -26,6 +26,11 @@ export interface LinearSpec {
   rows?: readonly (readonly number[] | undefined)[];
   /** The block of K every name keeps (a row-parallel shard; all of K when absent). */
   cols?: Block;
+}
+
+/** The reads loadLinear makes for `spec` (what a shard of it must hold). */
+export function specReads(spec: LinearSpec): WeightRead[] {
+  return spec.names.map((name, i) => ({ name, shape: spec.shapes[i], rows: spec.rows?.[i], cols: spec.cols }));
 }
 
 function rowsOf(spec: LinearSpec, i: number): number {

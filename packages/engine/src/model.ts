@@ -16,9 +16,9 @@ import { isMoeLayer, ropeTables, softmaxScale, type ModelConfig } from '@kdtree/
 import type { Collective } from './collective.js';
 import { EngineError } from './errors.js';
 import { MlaAttention, Mlp, Moe, type AttentionConstants, type Pass } from './layers.js';
-import { applyLinear, linearBytes, linearTensors, loadLinear, view, type DeviceLinear } from './linear.js';
+import { applyLinear, linearBytes, linearTensors, loadLinear, specReads, view, type DeviceLinear } from './linear.js';
 import type { WeightReader } from './model-source.js';
-import { blockRange, shardBlock, WHOLE, type Shard } from './shard.js';
+import { blockRange, cutsOf, shardBlock, WHOLE, type Shard, type TensorCut, type WeightRead } from './shard.js';
 import { Workspace, type ActivationDtype } from './workspace.js';
 
 export interface LoadProgress {
@@ -60,6 +60,24 @@ export function weightBytes(source: WeightReader, c: ModelConfig, shard: Shard =
   }
   parts.push({ part: 'lm_head', bytes: linearBytes(source, lmHeadSpec(c, shard)) + 4 * c.hiddenSize });
   return parts;
+}
+
+/**
+ * What rank `shard` holds of every weight the model reads: the cuts of the reads DeviceModel.load
+ * and each layer's load make (the layers' shardPlan), in load order. `kdtree shard` writes these
+ * and a shard directory is checked against them, so the two cannot disagree.
+ */
+export function shardPlan(source: WeightReader, c: ModelConfig, shard: Shard = WHOLE): TensorCut[] {
+  const H = [c.hiddenSize];
+  const reads: WeightRead[] = [{ name: 'model.embed_tokens.weight', shape: [c.vocabSize, c.hiddenSize] }];
+  for (let l = 0; l < c.numLayers; l++) {
+    const p = `model.layers.${l}.`;
+    reads.push({ name: `${p}input_layernorm.weight`, shape: H }, { name: `${p}post_attention_layernorm.weight`, shape: H });
+    reads.push(...MlaAttention.shardPlan(source, c, l, shard));
+    reads.push(...(isMoeLayer(c, l) ? Moe.shardPlan(source, c, l, shard) : Mlp.shardPlan(source, `${p}mlp.`, c.intermediateSize, c.hiddenSize, shard)));
+  }
+  reads.push({ name: 'model.norm.weight', shape: H }, ...specReads(lmHeadSpec(c, shard)));
+  return cutsOf(reads);
 }
 
 export class DeviceModel {

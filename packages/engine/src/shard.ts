@@ -58,3 +58,65 @@ export function checkShard(shard: Shard): Shard {
   }
   return shard;
 }
+
+/** One read a layer makes of a weight: the rows it keeps (all when absent) and its block of K (all when absent). */
+export interface WeightRead {
+  name: string;
+  /** The whole tensor's shape, as the config gives it. */
+  shape: readonly number[];
+  rows?: readonly number[];
+  cols?: Block;
+}
+
+/**
+ * How a rank holds one weight: `column` keeps a block of its rows (dim 0: heads, intermediate
+ * channels, vocabulary), `row` a block of its K (dim 1), `replicated` all of it.
+ */
+export type Split = 'column' | 'row' | 'replicated';
+
+export interface TensorCut {
+  name: string;
+  /** The whole tensor's shape. */
+  shape: readonly number[];
+  split: Split;
+  /** The block of dim 0 (column) or dim 1 (row); absent when replicated. */
+  block?: Block;
+}
+
+/**
+ * What one rank holds of each weight, from every read its layers make: the union of a weight's
+ * reads (q_b's nope rows and rope rows of the same heads; a tied embedding read whole and as
+ * lm_head's vocabulary block). Throws when the reads of one weight are not one block of one
+ * dimension, which no shard file could hold.
+ */
+export function cutsOf(reads: readonly WeightRead[]): TensorCut[] {
+  const byName = new Map<string, WeightRead[]>();
+  for (const r of reads) {
+    const list = byName.get(r.name);
+    if (list === undefined) byName.set(r.name, [r]);
+    else list.push(r);
+  }
+  return [...byName].map(([name, list]) => {
+    const shape = list[0].shape;
+    const fail = (why: string) => new EngineError('KDTREE_ENGINE_SHARD', `${name} [${shape.join(', ')}]: ${why}; a shard holds one block of one dimension`, name);
+    if (list.some((r) => r.shape.length !== shape.length || r.shape.some((d, i) => d !== shape[i]))) throw fail('is read with different shapes');
+    const allRows = list.some((r) => r.rows === undefined);
+    const allCols = list.some((r) => r.cols === undefined);
+    let rows: Block | undefined;
+    if (!allRows) {
+      const set = [...new Set(list.flatMap((r) => r.rows!))].sort((a, b) => a - b);
+      if (set[set.length - 1] - set[0] + 1 !== set.length) throw fail(`its rows ${set[0]}..${set[set.length - 1]} are read with gaps`);
+      if (set.length !== shape[0]) rows = { start: set[0], count: set.length };
+    }
+    let cols: Block | undefined;
+    if (!allCols) {
+      const c = list[0].cols!;
+      if (list.some((r) => r.cols!.start !== c.start || r.cols!.count !== c.count)) throw fail('is read in different blocks of K');
+      if (c.count !== shape[1]) cols = c;
+    }
+    if (rows !== undefined && cols !== undefined) throw fail('is read in a block of rows and a block of K at once');
+    if (rows !== undefined) return { name, shape, split: 'column', block: rows };
+    if (cols !== undefined) return { name, shape, split: 'row', block: cols };
+    return { name, shape, split: 'replicated' };
+  });
+}

@@ -7,7 +7,7 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { createBackend } from '@kdtree/cuda';
 import { HostCollective } from './collective.js';
 import { DeviceModel } from './model.js';
-import { ModelSource } from './model-source.js';
+import { openModel } from './shard-source.js';
 import { Runner, type RankCommand } from './runner.js';
 import { SharedMemoryTransport } from './shared-memory-transport.js';
 import type { RankMessage, RankWorkerData, TpFault } from './tp.js';
@@ -44,7 +44,7 @@ async function main(): Promise<void> {
   try {
     if (fault?.at === 'load') inject(fault);
     const b = createBackend({ backend: 'cpu' });
-    const source = await ModelSource.open(setup.model, { config: setup.config, shard: { rank, world: transport.world } });
+    const source = await openModel(setup.model, { config: setup.config, shard: { rank, world: transport.world } });
     try {
       model = await DeviceModel.load(b, source, { rows: setup.rows, activations: setup.activations, shard: { rank, world: transport.world }, collective: new HostCollective(b, transport), onProgress: () => transport.progress() });
     } finally {

@@ -1,6 +1,6 @@
 /**
  * Tensor parallelism on the cpu backend's ranks (worker threads over shared memory): every rank
- * count gives the tokens of one rank and of the golden reference, greedy and DDTree, INT4 and
+ * count (2, 4, 8) gives the tokens of one rank and of the golden reference, greedy and DDTree, INT4 and
  * float; a shard reads exactly the bytes the whole tensor holds there; a weight that cannot be
  * split is refused naming it; a rank that fails to load, throws, exits or stalls ends the run
  * within the bound with an error naming it, and every thread is gone afterwards.
@@ -13,10 +13,13 @@ import { tempDir } from './test-support/models.js';
 
 const dir = tempDir('kdtree-tp-');
 // tiny has 2 heads (at most 2 ranks) and INT4 experts too narrow to split (32 = one group), so it
-// runs float; k2-mini has 4 heads and 128 intermediate channels per expert: 4 ranks of one group
-const models: { name: string; preset: 'tiny' | 'k2-mini'; quant?: 'kimi-k2' | 'seed'; ranks: number[] }[] = [
+// runs float; k2-mini has 4 heads and 128 intermediate channels per expert: 4 ranks of one group;
+// tp8 has 8 heads and 256 channels per MLP: 8 ranks of one group
+const models: { name: string; preset: 'tiny' | 'k2-mini' | 'tp8'; quant?: 'kimi-k2' | 'seed'; ranks: number[] }[] = [
   { name: 'tiny, float', preset: 'tiny', ranks: [2] },
   { name: 'k2-mini, INT4 routed experts', preset: 'k2-mini', quant: 'kimi-k2', ranks: [2, 4] },
+  { name: 'tp8, float', preset: 'tp8', ranks: [8] },
+  { name: 'tp8, INT4 routed experts', preset: 'tp8', quant: 'kimi-k2', ranks: [8] },
 ];
 const paths = new Map<string, string>();
 const goldens = new Map<string, GoldenRecord>();

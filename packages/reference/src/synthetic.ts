@@ -40,6 +40,16 @@ export const MODEL_PRESETS = {
     n_routed_experts: 64, num_experts_per_tok: 8, n_shared_experts: 1,
     rope: { factor: 64, original_max_position_embeddings: 64 },
   },
+  /**
+   * Tensor parallelism up to 8 ranks, CI-fast: 8 heads, a vocabulary of 8 x 32, and every MLP's
+   * intermediate size 8 x 32, so each rank keeps one whole INT4 group of 32 of every down_proj.
+   */
+  tp8: {
+    vocab_size: 256, hidden_size: 64, intermediate_size: 256, moe_intermediate_size: 256, num_hidden_layers: 2, first_k_dense_replace: 1,
+    num_attention_heads: 8, q_lora_rank: 32, kv_lora_rank: 32, qk_nope_head_dim: 8, qk_rope_head_dim: 8, v_head_dim: 8,
+    n_routed_experts: 4, num_experts_per_tok: 2, n_shared_experts: 1,
+    rope: { factor: 4, original_max_position_embeddings: 128 },
+  },
 } as const;
 
 export type ModelPreset = keyof typeof MODEL_PRESETS;

@@ -14,9 +14,9 @@ export const DEFAULT_SEED = 1;
 export const genModelSpec: CommandSpec = {
   name: 'gen-model',
   summary: "Generate a synthetic DeepSeek-V3 / Kimi K2-shaped model bundle with seeded weights, its config, golden greedy tokens and logits for a fixed prompt (INT4 bundles: golden on the dequantized weights), and a Kimi-style tokenizer in its metadata where the vocabulary holds one (k2-mini: BPE ranks trained on a bundled corpus; small: the 256 byte tokens only; tiny: none). With --draft, also a correlated draft model (target = draft + noise) for speculative decoding.",
-  usage: 'kdtree gen-model --preset tiny|small|k2-mini -o OUT.kdtr [--seed S] [--quant seed|kimi-k2] [--draft DRAFT.kdtr [--draft-noise X]] [--json] [--quiet]',
+  usage: 'kdtree gen-model --preset tiny|small|k2-mini|tp8 -o OUT.kdtr [--seed S] [--quant seed|kimi-k2] [--draft DRAFT.kdtr [--draft-noise X]] [--json] [--quiet]',
   help: [
-    `--preset NAME         ${MODEL_PRESET_NAMES.join(', ')} (tiny: CI-fast; k2-mini: Kimi K2's ratios, shrunk)`,
+    `--preset NAME         ${MODEL_PRESET_NAMES.join(', ')} (tiny: CI-fast; k2-mini: Kimi K2's ratios, shrunk; tp8: splits over up to 8 tensor-parallel ranks, INT4 included)`,
     `--seed S              integer seed in [0, 2^32); the same seed gives the same weights on every machine (default ${DEFAULT_SEED})`,
     '-o, --output FILE     the model bundle to write',
     '--quant PRESET        quantize to INT4 with a selection preset: kimi-k2 (routed experts) or seed (every MLP)',
