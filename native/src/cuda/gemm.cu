@@ -275,9 +275,9 @@ __host__ __device__ constexpr int TiledOffset(int r, int u) { return r * kTiledR
 // A thread's share of a stage's copies, worked out once: thread i copies k unit i % 8 of rows
 // i / 8 + 16 q (q < kRows / 16), the same rows and unit every stage. Its sources are one 64-bit
 // pointer that advances 128 bytes per stage plus fixed 32-bit offsets (rows past the end point at
-// the first row and copy nothing), so a copy is an add, a select of its size and the LDGSTS (run
-// 317: the previous version's compiler-rematerialized 64-bit row products and selects were ~100
-// of a stage's ~600 instructions).
+// the first row and copy nothing), so a copy is an add, a select of its size and the LDGSTS
+// (64-bit row products and selects computed per copy, which the compiler rematerializes, cost
+// ~100 of a stage's ~600 instructions).
 template <int kRows>
 struct TiledCopier {
   static constexpr int kCopies = kRows / 16;

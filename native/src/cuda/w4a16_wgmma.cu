@@ -60,9 +60,7 @@ constexpr int kStages = 5;
 // Both put every scale group of a step in flight at once (one part buffer per group) and scale
 // them as they land, instead of one group ahead.
 constexpr int BlocksPerSm(bool dequant_ahead) { return dequant_ahead ? 2 : 3; }
-// Copies of the staged x, warpgroup i reading copy i % copies. All warpgroups of a token tile walk K
-// in step together, so with one copy every x line of a step is read by all of them at once (run
-// 138, 288 warpgroups: 1 copy 46.5 us, 8 copies 43.5): about one copy per 32 of them.
+// Copies of the staged x, warpgroup i reading copy i % copies (dispatch_policy.cc says why and how many).
 int XCopies(int tile_groups) { return policy::WgmmaXCopies(tile_groups); }
 static_assert(kMaxXCopies == policy::kWgmmaMaxXCopies && kTileGroup == policy::kWgmmaTileGroup && kXStepBytes == policy::kWgmmaXStepBytes,
               "the dispatch rules size this kernel's launches (dispatch_policy.h)");
