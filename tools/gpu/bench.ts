@@ -74,16 +74,16 @@ function attempt(call: () => void): boolean {
 }
 
 /**
- * Runs `call` without the kernel overrides (KDTREE_GEMM_FORM, KDTREE_W4A16_PREFILL): a forced
- * form that cannot run a call throws, and the 4-row validations run forms the timed sizes need not.
+ * Runs `call` on `b` without forced kernel forms (KDTREE_GEMM_FORM, KDTREE_W4A16_PREFILL, read when
+ * the backend was created): a forced form that cannot run a call throws, and the 4-row validations
+ * run forms the timed sizes need not.
  */
-function withoutOverrides<T>(call: () => T): T {
-  const saved = ['KDTREE_GEMM_FORM', 'KDTREE_W4A16_PREFILL'].map((name) => [name, process.env[name]] as const);
-  for (const [name] of saved) delete process.env[name];
+function withoutOverrides<T>(b: KdtreeBackend, call: () => T): T {
+  const saved = b.native.setForcedForms({});
   try {
     return call();
   } finally {
-    for (const [name, value] of saved) if (value !== undefined) process.env[name] = value;
+    b.native.setForcedForms(saved);
   }
 }
 
@@ -181,7 +181,7 @@ for (const [n, k, what] of runs('gemm') ? SHAPES : []) {
     const yc = cpu.empty('f32', [4, n]);
     cpu.native.w4a16Gemm({ x: xc, qw: qc, sc: scc, y: yc, group: 32 });
     const yg = gpu.empty('f32', [4, n]);
-    withoutOverrides(() => gpu.native.w4a16Gemm({ x: { ...x, shape: [4, k] }, qw: qws[0], sc: scs[0], y: yg, group: 32 }));
+    withoutOverrides(gpu, () => gpu.native.w4a16Gemm({ x: { ...x, shape: [4, k] }, qw: qws[0], sc: scs[0], y: yg, group: 32 }));
     const e = relError(gpu.toArray(yg) as Float32Array, cpu.toArray(yc) as Float32Array);
     if (!(e <= 1e-4)) throw new Error(`validation failed for ${n}x${k}: cuda vs cpu twin rel ${e}`);
     log(`validated ${n}x${k} (${what}): cuda vs C++ twin at M=4, rel ${e.toExponential(1)}`);
@@ -245,7 +245,7 @@ for (const [n, k, what] of runs('float') ? FLOAT_SHAPES : []) {
     const yc = cpu.empty('f32', [4, n]);
     cpu.native.gemm({ x: xc, w: wc, y: yc });
     const yg = gpu.empty('f32', [4, n]);
-    withoutOverrides(() => gpu.native.gemm({ x: { ...x, shape: [4, k] }, w: ws[0], y: yg }));
+    withoutOverrides(gpu, () => gpu.native.gemm({ x: { ...x, shape: [4, k] }, w: ws[0], y: yg }));
     const e = relError(gpu.toArray(yg) as Float32Array, cpu.toArray(yc) as Float32Array);
     if (!(e <= 1e-5)) throw new Error(`gemm validation failed for ${n}x${k}: cuda vs cpu twin rel ${e}`);
     log(`validated gemm ${n}x${k} (${what}): cuda vs C++ twin at M=4, rel ${e.toExponential(1)}`);

@@ -93,7 +93,7 @@ for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'gpu/e
   writeFileSync(`${file}.tmp`, output[0].code);
   renameSync(`${file}.tmp`, file);
 }
-for (const file of ['dense_baseline.py', 'int4_peer.py', 'hf_peer.py', 'peers.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'fp8_probe.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
+for (const file of ['dense_baseline.py', 'int4_peer.py', 'hf_peer.py', 'peers.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
 const pack = spawnSync('bash', [join(root, '..', 'shared', 'gpu', 'pack-node.sh'), out], { stdio: 'inherit' });
 if (pack.status !== 0) process.exit(pack.status ?? 1);
 copyFileSync(join(root, 'tools', 'gpu', 'run.sh'), join(out, 'run.sh'));

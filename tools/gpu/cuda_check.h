@@ -1,5 +1,5 @@
 // Exit with the failing call, file and line: the standalone GPU probes (stream_floor.cu,
-// wgmma_equiv.cu, fp8_probe.cu) have no error handling beyond this. Copied beside them into .gpu/
+// wgmma_equiv.cu) have no error handling beyond this. Copied beside them into .gpu/
 // by bundle.mjs.
 #pragma once
 #include <cuda_runtime.h>

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU host, from the repository root (the payload of `node tools/gpu/bundle.mjs` in .gpu/):
-#   bash .gpu/run.sh            the kernel self-test, the torch peers (dense bf16, int4), the pure-read floor, wgmma vs
-#                               mma.sync rounding (wgmma_equiv.cu), then the benchmark
+#   bash .gpu/run.sh            the kernel self-test (first its precondition: wgmma rounds as mma.sync, wgmma_equiv.cu;
+#                               it stops with exit 2 where that fails), the torch peers (dense bf16, int4), the
+#                               pure-read floor, then the benchmark
 #   bash .gpu/run.sh engine     the engine's exactness suite on cuda, its benchmark and transformers' (engine-*.mjs, hf_peer.py)
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
 #   bash .gpu/run.sh ab         same-run A/B: the self-test of this binary, then the benchmark of it and
@@ -44,8 +45,9 @@ if [ "${1:-}" = profile ]; then
   exit $rc
 fi
 if [ "${1:-}" = ab ]; then
-  OUT=$out /tmp/node .gpu/selftest.mjs > "$out/selftest.log"; st=$?
+  OUT=$out /tmp/node .gpu/selftest.mjs > "$out/selftest.log" 2>&1; st=$?
   tail -1 "$out/selftest.log"
+  [ $st -eq 2 ] && exit 2  # its precondition failed (the line above)
   peers=()  # the torch peers' JSON, for the W4A16 table (only an A/B with the W4A16 figures has them)
   if [ -z "${KDTREE_BENCH_ONLY:-}" ] || [ "$KDTREE_BENCH_ONLY" = gemm ] || [ "$KDTREE_BENCH_ONLY" = float ]; then
     python3 .gpu/dense_baseline.py "$out/dense.json" > /dev/null
@@ -77,10 +79,9 @@ if [ "${1:-}" = ab ]; then
   exit $st
 fi
 OUT=$out /tmp/node .gpu/selftest.mjs; st=$?
+[ $st -eq 2 ] && exit 2  # its precondition failed (the message above): nothing else is worth measuring
 python3 .gpu/dense_baseline.py "$out/dense.json"
 python3 .gpu/int4_peer.py "$out/int4.json"
 nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 .gpu/stream_floor.cu -o /tmp/stream_floor && /tmp/stream_floor > "$out/floor.md"
-# a property of the hardware the next W4A16 kernel relies on (not a check of this build)
-nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a .gpu/wgmma_equiv.cu -o /tmp/wgmma_equiv && /tmp/wgmma_equiv 1024 > "$out/wgmma-equiv.md"
 OUT=$out /tmp/node .gpu/bench.mjs "$out/dense.json" "$out/int4.json"; bt=$?
 exit $(( st || bt ))

@@ -78,6 +78,16 @@ class Backend {
   virtual bool RecordsCalls() const { return false; }
   virtual Status RecordCall(int stream, std::function<Status()> call) { return Unsupported(kind(), ": op calls are not recorded; stream ", stream, " is captured by the device"); }
 
+  // Forced GEMM kernel forms (tests, tuning), as KDTREE_GEMM_FORM and KDTREE_W4A16_PREFILL spell
+  // them ("" or nullptr: the rule); an unknown value is an error. The binding sets them from the
+  // environment once, when it creates the backend, so no op reads the environment. A backend whose
+  // GEMMs have one form (cpu) checks the values and runs that form.
+  virtual Status SetForcedForms(const char* gemm, const char* w4a16_prefill) = 0;
+  // The kernel form the last Gemm, W4A16Gemm or MoeGemm call ran, a static name (cuda: "split",
+  // "wgmma", "one-token", ... from dispatch_policy.h; cpu: "cpu"); nullptr before the first call,
+  // and after a call that ran nothing (an empty shape) or failed before its launch.
+  virtual const char* LastForm() const = 0;
+
   virtual Status W4A16Pack(const W4A16PackArgs& a, int stream) = 0;
   virtual Status W4A16Gemm(const W4A16GemmArgs& a, int stream) = 0;
   virtual Status Gemm(const GemmArgs& a, int stream) = 0;

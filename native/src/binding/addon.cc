@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/dispatch_policy.h"
 #include "../common/validate.h"
 #include "kdtree/backend.h"
 
@@ -156,6 +157,7 @@ struct BackendHandle {
   std::vector<int> collected_graphs;
   int64_t collected_bytes = 0;  // of collected_buffers and collected_host
   std::map<const char*, PinnedHost*> pinned;  // live allocHost memory by address
+  std::string forced_gemm, forced_prefill;     // what setForcedForms (or the environment at creation) set
 
   BackendHandle(std::unique_ptr<Backend> b, int backend_id) : backend(std::move(b)), id(backend_id) {}
   ~BackendHandle() {
@@ -463,6 +465,8 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Method<B, &B::EndCaptureJs>("endCapture"),
       Method<B, &B::LaunchGraphJs>("launchGraph"),
       Method<B, &B::FreeGraphJs>("freeGraph"),
+      Method<B, &B::SetForcedFormsJs>("setForcedForms"),
+      Method<B, &B::LastFormJs>("lastForm"),
       Method<B, &B::W4A16PackJs>("w4a16Pack"),
       Method<B, &B::W4A16GemmJs>("w4a16Gemm"),
       Method<B, &B::GemmJs>("gemm"),
@@ -484,7 +488,11 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     });
   }
   explicit NativeBackend(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeBackend>(info) { RequireToken(info, kClassName, "createBackend()"); }
-  void Attach(std::unique_ptr<Backend> b, int id) { handle_ = std::make_shared<BackendHandle>(std::move(b), id); }
+  void Attach(std::unique_ptr<Backend> b, int id, std::string forced_gemm, std::string forced_prefill) {
+    handle_ = std::make_shared<BackendHandle>(std::move(b), id);
+    handle_->forced_gemm = std::move(forced_gemm);
+    handle_->forced_prefill = std::move(forced_prefill);
+  }
 
  private:
   Backend& be() { return *handle_->backend; }
@@ -613,6 +621,34 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   }
 
   Napi::Value Kind(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), be().kind()); }
+  // setForcedForms({gemm?, w4a16Prefill?}) -> the previous setting; an absent (or null) key is the rule.
+  Napi::Value SetForcedFormsJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1 || !info[0].IsObject()) Throw(env, Code::kInvalidArgument, "setForcedForms: expected {gemm?, w4a16Prefill?}, got " + (info.Length() < 1 ? std::string("nothing") : Describe(info[0])));
+    Napi::Object o = info[0].As<Napi::Object>();
+    const auto read = [&](const char* key) {
+      const Napi::Value v = o.Get(key);
+      if (v.IsUndefined() || v.IsNull()) return std::string();
+      if (!v.IsString()) Throw(env, Code::kInvalidArgument, std::string("setForcedForms: ") + key + " must be a string, got " + Describe(v));
+      return v.As<Napi::String>().Utf8Value();
+    };
+    const std::string gemm = read("gemm"), prefill = read("w4a16Prefill");
+    Check(env, be().SetForcedForms(gemm.c_str(), prefill.c_str()));
+    Napi::Object previous = ForcedFormsObject(env, handle_->forced_gemm, handle_->forced_prefill);
+    handle_->forced_gemm = gemm;
+    handle_->forced_prefill = prefill;
+    return previous;
+  }
+  static Napi::Object ForcedFormsObject(Napi::Env env, const std::string& gemm, const std::string& prefill) {
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("gemm", gemm.empty() ? env.Null() : Napi::String::New(env, gemm));
+    o.Set("w4a16Prefill", prefill.empty() ? env.Null() : Napi::String::New(env, prefill));
+    return o;
+  }
+  Napi::Value LastFormJs(const Napi::CallbackInfo& info) {
+    const char* form = be().LastForm();
+    return form == nullptr ? info.Env().Null() : Napi::String::New(info.Env(), form);
+  }
   Napi::Value Info(const Napi::CallbackInfo& info) {
     DeviceInfo d = be().info();
     Napi::Object o = Napi::Object::New(info.Env());
@@ -1172,11 +1208,87 @@ Napi::Value CreateBackend(const Napi::CallbackInfo& info) {
   } else {
     Throw(env, Code::kInvalidArgument, "createBackend(kind): kind must be 'cpu' or 'cuda'");
   }
+  // The forced kernel forms are read from the environment here, once: no op reads it.
+  const char* gemm_env = std::getenv("KDTREE_GEMM_FORM");
+  const char* prefill_env = std::getenv("KDTREE_W4A16_PREFILL");
+  const std::string gemm = gemm_env ? gemm_env : "", prefill = prefill_env ? prefill_env : "";
+  Status forced = backend->SetForcedForms(gemm.c_str(), prefill.c_str());
+  if (!forced.ok()) Throw(env, forced.code, "createBackend('" + kind + "'): " + forced.message + " (from the environment)");
   AddonData& data = Data(env);
   Napi::Object obj = data.backend.New({Token(env)});
-  NativeBackend::Unwrap(obj)->Attach(std::move(backend), data.next_backend_id++);
+  NativeBackend::Unwrap(obj)->Attach(std::move(backend), data.next_backend_id++, gemm, prefill);
   if (napi_type_tag_object(env, obj, BackendTag()) != napi_ok) Throw(env, Code::kDeviceError, "createBackend: could not tag the new backend");
   return obj;
+}
+
+// dispatchPolicy({op, m, n, k, sms, sm90a, ...}) -> the plan the cuda backend's GEMMs follow for
+// that call on that device (dispatch_policy.h), on every variant: the rules are plain C++, so the
+// cpu build's tests pin them. Throws what the call would throw where a forced form cannot run it.
+Napi::Value DispatchPolicyJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsObject()) Throw(env, Code::kInvalidArgument, "dispatchPolicy: expected one query object, got " + (info.Length() < 1 ? std::string("nothing") : Describe(info[0])));
+  Napi::Object q = info[0].As<Napi::Object>();
+  const auto int_of = [&](const char* key, int fallback, int min) {
+    const Napi::Value v = q.Get(key);
+    return v.IsUndefined() ? fallback : ParseInt32(env, v, std::string("dispatchPolicy: ") + key, min);
+  };
+  const auto string_of = [&](const char* key, const char* fallback) {
+    const Napi::Value v = q.Get(key);
+    if (v.IsUndefined() || v.IsNull()) return std::string(fallback);
+    if (!v.IsString()) Throw(env, Code::kInvalidArgument, std::string("dispatchPolicy: ") + key + " must be a string, got " + Describe(v));
+    return v.As<Napi::String>().Utf8Value();
+  };
+  const std::string op = string_of("op", "");
+  policy::Device device{int_of("sms", 0, 1), q.Get("sm90a").ToBoolean().Value()};
+  const Napi::Value dtype = q.Get("xDtype");
+  const DType x = dtype.IsUndefined() ? DType::kBF16 : ParseDType(env, dtype, "dispatchPolicy: x");
+  if (x != DType::kBF16 && x != DType::kF16 && x != DType::kF32) Throw(env, Code::kInvalidArgument, "dispatchPolicy: xDtype must be bf16, f16 or f32");
+  const int m = int_of("m", 0, 1), n = int_of("n", 0, 1), k = int_of("k", 0, 1);
+  Napi::Object plan = Napi::Object::New(env);
+  if (op == "gemm") {
+    policy::GemmForm forced;
+    Check(env, policy::ParseGemmForm(string_of("gemmForm", "").c_str(), &forced));
+    policy::GemmCall c;
+    c.m = m;
+    c.n = n;
+    c.k = k;
+    c.x = x;
+    c.warps_per_sm = int_of("warpsPerSm", c.warps_per_sm, 1);
+    policy::GemmPlan p;
+    Check(env, policy::PlanGemm(c, device, forced, &p));
+    plan.Set("form", policy::GemmFormName(p.form));
+    plan.Set("nt", p.nt);
+    plan.Set("ranges", p.ranges);
+    plan.Set("rangeChunks", p.range_chunks);
+    return plan;
+  }
+  if (op != "w4a16Gemm" && op != "moeGemm") Throw(env, Code::kInvalidArgument, "dispatchPolicy: op must be 'gemm', 'w4a16Gemm' or 'moeGemm', got '" + op + "'");
+  policy::PrefillOverride prefill;
+  Check(env, policy::ParsePrefillOverride(string_of("w4a16Prefill", "").c_str(), &prefill));
+  policy::W4A16Call c;
+  c.tokens = m;
+  c.n = n;
+  c.k = k;
+  c.group = int_of("group", 32, 1);
+  c.x = x;
+  const std::string scales = string_of("scales", "bf16");
+  if (scales != "bf16" && scales != "f32") Throw(env, Code::kInvalidArgument, "dispatchPolicy: scales must be bf16 or f32, got '" + scales + "'");
+  c.sc_f32 = scales == "f32";
+  c.moe = op == "moeGemm";
+  c.experts = int_of("experts", 1, 1);
+  c.topk = int_of("topk", 1, 1);
+  c.min_warp_steps = int_of("minWarpSteps", 0, 0);
+  policy::W4A16Plan p;
+  Check(env, policy::PlanW4A16(c, device, prefill, &p));
+  plan.Set("form", policy::W4A16FormName(p));
+  plan.Set("nt", p.nt);
+  plan.Set("tileTokens", p.tile_tokens);
+  plan.Set("rows", p.rows);
+  plan.Set("routed", p.route);
+  plan.Set("stagesX", p.stages_x);
+  plan.Set("blocks", p.ranges.blocks);
+  plan.Set("stepsPerWarp", p.ranges.steps_per_warp);
+  return plan;
 }
 
 #ifdef KDTREE_WITH_CUDA
@@ -1211,6 +1323,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   data->graph = Napi::Persistent(Graph::Init(env));
   data->backend = Napi::Persistent(NativeBackend::Init(env));
   exports.Set("createBackend", Napi::Function::New(env, CreateBackend));
+  exports.Set("dispatchPolicy", Napi::Function::New(env, DispatchPolicyJs));
   Napi::Object build = Napi::Object::New(env);
   build.Set("version", KDTREE_VERSION);
   build.Set("variant", KDTREE_VARIANT);

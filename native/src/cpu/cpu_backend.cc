@@ -18,6 +18,7 @@
 
 #include <unistd.h>
 
+#include "../common/dispatch_policy.h"
 #include "../common/half.h"
 #include "../common/validate.h"
 #include "kdtree/backend.h"
@@ -350,7 +351,15 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
+  Status SetForcedForms(const char* gemm, const char* w4a16_prefill) override {
+    policy::ForcedForms f;
+    KDTREE_RETURN_IF_ERROR(policy::ParseGemmForm(gemm, &f.gemm));
+    return policy::ParsePrefillOverride(w4a16_prefill, &f.w4a16_prefill);
+  }
+  const char* LastForm() const override { return last_form_; }
+
   Status W4A16Gemm(const W4A16GemmArgs& a, int) override {
+    last_form_ = "cpu";
     const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.y.dim(1);
     const bool silu = a.epilogue == Epilogue::kSiluMul;
     const std::vector<float> x = LoadAll(a.x);
@@ -372,6 +381,7 @@ class CpuBackend final : public Backend {
   // multiple of 8, added pairwise), whatever M is: batch-invariant like the CUDA kernel, though not
   // its bits (a tensor core's sum of products is its own).
   Status Gemm(const GemmArgs& a, int) override {
+    last_form_ = "cpu";
     const int64_t m = a.x.dim(0), k = a.x.dim(1), n = a.w.dim(0);
     const std::vector<float> x = LoadAll(a.x);
     pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
@@ -440,6 +450,7 @@ class CpuBackend final : public Backend {
   }
 
   Status MoeGemm(const MoeGemmArgs& a, int) override {
+    last_form_ = "cpu";
     if (a.w.present()) return MoeGemmBf16(a);
     const int64_t e_count = a.qw.dim(0), k = a.x.dim(1), t = a.ids.dim(0), topk = a.ids.dim(1);
     const bool silu = a.epilogue == Epilogue::kSiluMul;
@@ -802,6 +813,7 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   ThreadPool pool_;
+  const char* last_form_ = nullptr;  // LastForm()
   int next_stream_ = 1, next_event_ = 1;
   std::set<int> streams_;
   static constexpr double kNeverRecorded = -1;  // an event's time before its first record

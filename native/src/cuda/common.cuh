@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../common/dispatch_policy.h"
 #include "kdtree/ops.h"
 #include "kdtree/status.h"
 
@@ -259,11 +260,20 @@ __device__ __forceinline__ int2 BlockExclusiveScan(int2 v, int2* total, int2* wa
   return make_int2(before.x + inc.x - v.x, before.y + inc.y - v.y);
 }
 
+// What a GEMM launcher reads of its backend (the device's SMs, the forced forms as parsed at the
+// backend's creation or by setForcedForms), and where it reports the form the call runs: a static
+// name (dispatch_policy.h), which the backend returns as lastForm().
+struct GemmContext {
+  int sms = 0;
+  policy::ForcedForms forced;
+  const char** form = nullptr;
+};
+
 // Launchers (one per op), defined in the .cu file of the op.
 Status LaunchW4A16Pack(const W4A16PackArgs& a, cudaStream_t s);
-Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
-Status LaunchGemm(const GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
-Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms);
+Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, const GemmContext& ctx);
+Status LaunchGemm(const GemmArgs& a, cudaStream_t s, Scratch& scratch, const GemmContext& ctx);
+Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, const GemmContext& ctx);
 Status LaunchMoeGemmBf16(const MoeGemmArgs& a, cudaStream_t s);  // a.w: bf16 experts as stored
 Status LaunchMlaAttention(const MlaAttentionArgs& a, cudaStream_t s, Scratch& scratch, int sms);
 Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s);

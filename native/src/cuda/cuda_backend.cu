@@ -307,13 +307,34 @@ class CudaBackend final : public Backend {
     return Launch(a, s __VA_ARGS__);                            \
   }
   KDTREE_DISPATCH(W4A16Pack, LaunchW4A16Pack)
-  KDTREE_DISPATCH(W4A16Gemm, LaunchW4A16Gemm, , ScratchOf(stream), info_.multiprocessors)
-  KDTREE_DISPATCH(Gemm, LaunchGemm, , ScratchOf(stream), info_.multiprocessors)
-  Status MoeGemm(const MoeGemmArgs& a, int stream) override {
+  Status W4A16Gemm(const W4A16GemmArgs& a, int stream) override {
+    last_form_ = nullptr;
     cudaStream_t s;
     KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
-    return a.w.present() ? LaunchMoeGemmBf16(a, s) : LaunchMoeGemm(a, s, ScratchOf(stream), info_.multiprocessors);
+    return LaunchW4A16Gemm(a, s, ScratchOf(stream), Gemms());
   }
+  Status Gemm(const GemmArgs& a, int stream) override {
+    last_form_ = nullptr;
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    return LaunchGemm(a, s, ScratchOf(stream), Gemms());
+  }
+  Status MoeGemm(const MoeGemmArgs& a, int stream) override {
+    last_form_ = nullptr;
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    if (!a.w.present()) return LaunchMoeGemm(a, s, ScratchOf(stream), Gemms());
+    last_form_ = "bf16-experts";  // moe_bf16.cu: one form
+    return LaunchMoeGemmBf16(a, s);
+  }
+  Status SetForcedForms(const char* gemm, const char* w4a16_prefill) override {
+    policy::ForcedForms f;
+    KDTREE_RETURN_IF_ERROR(policy::ParseGemmForm(gemm, &f.gemm));
+    KDTREE_RETURN_IF_ERROR(policy::ParsePrefillOverride(w4a16_prefill, &f.w4a16_prefill));
+    forced_ = f;
+    return Status::Ok();
+  }
+  const char* LastForm() const override { return last_form_; }
   KDTREE_DISPATCH(MlaAttention, LaunchMlaAttention, , ScratchOf(stream), info_.multiprocessors)
   KDTREE_DISPATCH(Embedding, LaunchEmbedding)
   KDTREE_DISPATCH(RmsNorm, LaunchRmsNorm)
@@ -331,8 +352,10 @@ class CudaBackend final : public Backend {
 #undef KDTREE_DISPATCH
 
  private:
-  // Every call makes this backend's device current; asking first skips the set when it already is
-  // (run 267: ~0.45 us less host time per single-launch call on the H200 host).
+  // What the GEMM launchers read of this backend, and where they report the form they ran.
+  GemmContext Gemms() { return GemmContext{info_.multiprocessors, forced_, &last_form_}; }
+  // Every call makes this backend's device current; asking first skips the set when it already is:
+  // cudaSetDevice costs host time on every call even when the device does not change.
   Status Device() {
     int current = -1;
     if (cudaGetDevice(&current) == cudaSuccess && current == device_) return Status::Ok();
@@ -377,6 +400,8 @@ class CudaBackend final : public Backend {
   }
   int device_;
   DeviceInfo info_;
+  policy::ForcedForms forced_;        // SetForcedForms (the binding sets the environment's at creation)
+  const char* last_form_ = nullptr;  // LastForm()
   std::map<int, Scratch> saved_scratch_;  // capturing stream -> its own work space, set aside
   std::map<int, Graph> graphs_;
   std::vector<Graph> deferred_graphs_;  // destroyed or failed during a capture

@@ -30,8 +30,6 @@
 //    block on the warpgroup MMA, x staged in its operand order, a copy warpgroup feeding two MMA
 //    warpgroups (lm_head at 512-2048 tokens about twice as fast as the tiled form).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <type_traits>
 
@@ -277,9 +275,9 @@ __host__ __device__ constexpr int TiledOffset(int r, int u) { return r * kTiledR
 // A thread's share of a stage's copies, worked out once: thread i copies k unit i % 8 of rows
 // i / 8 + 16 q (q < kRows / 16), the same rows and unit every stage. Its sources are one 64-bit
 // pointer that advances 128 bytes per stage plus fixed 32-bit offsets (rows past the end point at
-// the first row and copy nothing), so a copy is an add, a select of its size and the LDGSTS (run
-// 317: the previous version's compiler-rematerialized 64-bit row products and selects were ~100
-// of a stage's ~600 instructions).
+// the first row and copy nothing), so a copy is an add, a select of its size and the LDGSTS
+// (64-bit row products and selects computed per copy, which the compiler rematerializes, cost
+// ~100 of a stage's ~600 instructions).
 template <int kRows>
 struct TiledCopier {
   static constexpr int kCopies = kRows / 16;
@@ -432,99 +430,11 @@ __global__ void __launch_bounds__(128) GemmSumRangesKernel(Params p) {
   SumRanges<NT>(p, p.partials + (static_cast<int64_t>(token_tile) * p.tiles + tile) * p.ranges * (NT * 4 * 32), true, tile, token0, threadIdx.x, blockDim.x);
 }
 
-// The K split: enough ranges that tiles x ranges fills kWarpsPerSm warps per SM, each at least
-// kMinRangeChunks chunks long, and at most one block's worth (8) unless the tiles cannot fill half
-// the SMs: a range sum across blocks (work space, fences, a counter) costs more than the warps it
-// adds on shapes with enough tiles (q_a_proj, layer 0's down), while shapes of few tiles
-// (kv_a_proj_with_mqa, 36 tiles) need the extra ranges to fill the device. A function of N, K and
-// the device only (batch invariance).
-void ChooseRanges(Params* p, int sms) {
-  const int64_t want = (static_cast<int64_t>(sms) * kWarpsPerSm + p->tiles - 1) / p->tiles;
-  const int64_t most = std::max<int64_t>(1, p->chunks / kMinRangeChunks);
-  const int64_t cap = 2 * static_cast<int64_t>(p->tiles) >= sms ? kBlockWarps : most;
-  const int64_t ranges = std::clamp<int64_t>(want, 1, std::min(most, cap));
-  p->range_chunks = static_cast<int>((p->chunks + ranges - 1) / ranges);
-  p->ranges = (p->chunks + p->range_chunks - 1) / p->range_chunks;
-}
-
-enum class Form { kSplit, kRows, kTiled, kTiledSplit, kWgmma };
-// The block-per-range tiled form's shortest range: 16 chunks (8 stages of the ring), so that a
-// range pays for the ring's fill and the partials' round trip: ranges of 8 lose to the split form
-// at 32-64 tokens (layer 0's down, 7168 x 2304), those of 28 win (q_a_proj).
-constexpr int kTiledSplitMinChunks = 16;
-// The form the rule picks for a call (a function of its shape and the device only).
-Form PreferredForm(const Params& p, int token_tiles, int sms, int64_t tiled_groups, bool tiled_fits, int64_t wgmma_blocks, bool wgmma_fits, int64_t groups) {
-  const int64_t sm_count = sms;
-  // The wgmma form: from 512 tokens on every shape with 17+ blocks (faster than every other form
-  // there, also for kv_a_proj_with_mqa's 20-80 blocks); below 512 from one block per SM with one
-  // token tile and from half of that with two or more (with fewer blocks, q_a_proj's 24 and
-  // kv_a_proj_with_mqa's 10 at 256 tokens, it is 1.5-1.8x slower than the tiled forms).
-  const bool wgmma_prefill = wgmma_fits && p.M >= gemm::kWgmmaTokens;
-  const bool several_token_tiles = (p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens >= 2;
-  if (wgmma_prefill && p.M >= 512 && 8 * wgmma_blocks >= sm_count) return Form::kWgmma;
-  if (wgmma_prefill && (several_token_tiles ? 2 * wgmma_blocks : wgmma_blocks) >= sm_count) return Form::kWgmma;
-  // The tiled form once its blocks fill the device twice over: from 32 tokens on lm_head and the
-  // dense MLP, 512+ tokens on 4608- and 7168-row shapes (faster than the rows form wherever it
-  // fills the device; its blocks are 4 warps, so fewer blocks leave SMs idle).
-  if (tiled_fits && tiled_groups * token_tiles >= 2 * sm_count) return Form::kTiled;
-  // With fewer groups, a block per range where the ranges are long enough to pay for the ring's
-  // fill and the partials' round trip (q_a_proj and layer 0's gate_up at 32-512 tokens).
-  if (tiled_fits && p.ranges > 1 && p.range_chunks >= kTiledSplitMinChunks && tiled_groups * p.ranges * token_tiles >= sm_count) return Form::kTiledSplit;
-  // Below those, the wgmma form still beats the rows and split forms from 128 tokens once it has a
-  // quarter of the SMs' worth of blocks (o_proj and layer 0's down at 128 tokens, 56 blocks; with
-  // 12 or 5 blocks, q_b_proj and kv_a_proj, it is 2.5-3.6x slower).
-  if (wgmma_prefill && 4 * wgmma_blocks >= sm_count) return Form::kWgmma;
-  // Then the rows form once its blocks fill the device twice over. Below that the split form is faster
-  // even where its warps each read their own x (a form with the rows form's 8 tiles per block and
-  // one range per block, summed across blocks, takes 1.1-5x as long at 32-128 tokens: its last
-  // block per group sums 8 tiles' ranges alone).
-  if (groups > kMaxGridY) return Form::kSplit;
-  return groups * token_tiles >= 2 * sm_count ? Form::kRows : Form::kSplit;
-}
-
-// KDTREE_GEMM_FORM=split|rows|tiled|tiled-split|wgmma forces a form (tests, tuning); read per
-// call; unset or empty, the rule (PreferredForm) picks. A forced form that cannot run the call is an error, not
-// a fallback: a check or a benchmark named for a form must have run that form. The tiled and wgmma
-// forms take 16-bit x from 17 tokens (NT >= 4), the tiled forms in token tiles of 32 or 64, the
-// wgmma form (sm_90a) in tiles of 128.
-Status ForcedForm(const char* v, const Params& p, bool sixteen_bit, bool rows_fit, bool tiled_fit, bool wgmma_fit, Form* form) {
-  const auto cannot = [&](const char* why) { return Unsupported("gemm: KDTREE_GEMM_FORM=", v, " cannot run M = ", p.M, ", N = ", p.N, ", K = ", p.K, ": ", why); };
-  const char* sixteen_bit_only = "the tiled and wgmma forms take bf16 or f16 x of 17 or more tokens";
-  if (std::strcmp(v, "split") == 0) {
-    *form = Form::kSplit;
-  } else if (std::strcmp(v, "rows") == 0) {
-    if (!rows_fit) return cannot("its tile groups exceed a grid's 65535 rows");
-    *form = Form::kRows;
-  } else if (std::strcmp(v, "tiled") == 0 || std::strcmp(v, "tiled-split") == 0) {
-    if (!sixteen_bit) return cannot(sixteen_bit_only);
-    if (!tiled_fit) return cannot("its tile groups exceed a grid or 64 rows of K exceed 32-bit offsets");
-    *form = std::strcmp(v, "tiled") == 0 ? Form::kTiled : Form::kTiledSplit;
-  } else if (std::strcmp(v, "wgmma") == 0) {
-    if (!sixteen_bit) return cannot(sixteen_bit_only);
-    if (!gemm::WgmmaAvailable()) return cannot("the wgmma form is sm_90a code, which this device does not run");
-    if (!wgmma_fit) return cannot("its 128-row groups exceed a grid or 128 rows of K exceed 32-bit offsets");
-    *form = Form::kWgmma;
-  } else {
-    return Invalid("gemm: KDTREE_GEMM_FORM must be split, rows, tiled, tiled-split or wgmma, got '", v, "'");
-  }
-  return Status::Ok();
-}
-
-template <typename X, int NT>
-Status ChooseForm(const Params& p, int token_tiles, int sms, Form* form) {
-  const int64_t tiled_groups = (p.tiles + kTiledWarps - 1) / kTiledWarps;
-  const bool sixteen_bit = NT >= 4 && !std::is_same<X, float>::value;
-  // (a thread's copy offsets within 64 rows are 32-bit)
-  const bool tiled_fits = sixteen_bit && tiled_groups * p.ranges <= kMaxGridY && int64_t{kTiledRows} * p.K * 2 < (int64_t{1} << 32);
-  const int64_t wgmma_groups = (p.N + gemm::kWgmmaRows - 1) / gemm::kWgmmaRows;
-  const int64_t wgmma_blocks = wgmma_groups * ((p.M + gemm::kWgmmaTokens - 1) / gemm::kWgmmaTokens);
-  const bool wgmma_size_fits = sixteen_bit && wgmma_groups <= kMaxGridY && gemm::WgmmaFits(p);
-  const int64_t groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
-  const char* forced = std::getenv("KDTREE_GEMM_FORM");
-  if (forced != nullptr && forced[0] != '\0') return ForcedForm(forced, p, sixteen_bit, groups <= kMaxGridY, tiled_fits, wgmma_size_fits, form);
-  *form = PreferredForm(p, token_tiles, sms, tiled_groups, tiled_fits, wgmma_blocks, wgmma_size_fits && gemm::WgmmaAvailable(), groups);
-  return Status::Ok();
-}
+// The forms (dispatch_policy.cc chooses; the comment at the top of this file says what each is).
+using Form = policy::GemmForm;
+static_assert(kBlockWarps == policy::kGemmBlockWarps && kMinRangeChunks == policy::kGemmMinRangeChunks && kChunkK == policy::kGemmChunkK && kTileRows == policy::kGemmTileRows &&
+                  kTiledWarps == policy::kGemmTiledWarps && gemm::kWgmmaRows == policy::kGemmWgmmaRows && gemm::kWgmmaTokens == policy::kGemmWgmmaTokens && kMaxGridY == policy::kMaxGridY,
+              "the dispatch rules size this file's launches (dispatch_policy.h)");
 
 // Work space (floats per token tile) and counters (per token tile) of the split form when it sums
 // ranges across blocks; token tiles are launched in chunks whose work space fits kWorkSpaceMax.
@@ -565,13 +475,11 @@ Status RunWgmma(Params p, bool f16, Scratch& scratch, cudaStream_t s) {
 }
 
 template <typename W, typename X, int NT>
-Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
+Status Run(const Params& p, Form form, Scratch& scratch, cudaStream_t s) {
   const int token_tiles = (p.M + 8 * NT - 1) / (8 * NT);
   const size_t elems = static_cast<size_t>(NT) * 4 * 32;
   const int groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   const dim3 block(kBlockWarps * 32);
-  Form form;
-  KDTREE_RETURN_IF_ERROR((ChooseForm<X, NT>(p, token_tiles, sms, &form)));
   if (form == Form::kRows) {
     return LaunchChunks(p, token_tiles, nullptr, scratch, s, [&](const Params& q, int n) { return LaunchPdl("gemm (rows form)", GemmRowsKernel<W, X, NT>, dim3(n, groups), block, 0, s, q); });
   }
@@ -598,23 +506,23 @@ Status Run(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
   });
 }
 
-// Token tiles of 8, 16, 32 or 64 tokens (32 at most for f32 x, whose fragments are 3 planes).
+// Token tiles of 8, 16, 32 or 64 tokens (32 at most for f32 x, whose fragments are 3 planes): the
+// plan's NT.
 template <typename W, typename X>
-Status RunTokens(const Params& p, Scratch& scratch, int sms, cudaStream_t s) {
-  const int eights = (p.M + 7) / 8;
-  if (eights <= 1) return Run<W, X, 1>(p, scratch, sms, s);
-  if (eights <= 2) return Run<W, X, 2>(p, scratch, sms, s);
+Status RunTokens(const Params& p, const policy::GemmPlan& plan, Scratch& scratch, cudaStream_t s) {
+  if (plan.nt == 1) return Run<W, X, 1>(p, plan.form, scratch, s);
+  if (plan.nt == 2) return Run<W, X, 2>(p, plan.form, scratch, s);
   if constexpr (std::is_same<X, float>::value) {
-    return Run<W, X, 4>(p, scratch, sms, s);
+    return Run<W, X, 4>(p, plan.form, scratch, s);
   } else {
-    if (eights <= 4) return Run<W, X, 4>(p, scratch, sms, s);
-    return Run<W, X, 8>(p, scratch, sms, s);
+    if (plan.nt == 4) return Run<W, X, 4>(p, plan.form, scratch, s);
+    return Run<W, X, 8>(p, plan.form, scratch, s);
   }
 }
 
 }  // namespace
 
-Status LaunchGemm(const GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
+Status LaunchGemm(const GemmArgs& a, cudaStream_t s, Scratch& scratch, const GemmContext& ctx) {
   Params p{};
   p.x = a.x.data;
   p.w = static_cast<const uint4*>(a.w.data);
@@ -627,10 +535,20 @@ Status LaunchGemm(const GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) 
   p.chunks = (p.K + kChunkK - 1) / kChunkK;
   p.tiles = (p.N + kTileRows - 1) / kTileRows;
   if (static_cast<int64_t>(p.tiles) * kTileRows * p.K >= (int64_t{1} << 40)) return Invalid("gemm: N x K = ", p.N, " x ", p.K, " is too large");
-  ChooseRanges(&p, sms);
-  if (a.w.dtype == DType::kF16) return RunTokens<__half, __half>(p, scratch, sms, s);
-  if (a.x.dtype == DType::kF32) return RunTokens<__nv_bfloat16, float>(p, scratch, sms, s);
-  return RunTokens<__nv_bfloat16, __nv_bfloat16>(p, scratch, sms, s);
+  policy::GemmCall c;
+  c.m = p.M;
+  c.n = p.N;
+  c.k = p.K;
+  c.x = a.x.dtype;
+  c.warps_per_sm = kWarpsPerSm;
+  policy::GemmPlan plan;
+  KDTREE_RETURN_IF_ERROR(policy::PlanGemm(c, policy::Device{ctx.sms, gemm::WgmmaAvailable()}, ctx.forced.gemm, &plan));
+  p.ranges = plan.ranges;
+  p.range_chunks = plan.range_chunks;
+  *ctx.form = policy::GemmFormName(plan.form);
+  if (a.w.dtype == DType::kF16) return RunTokens<__half, __half>(p, plan, scratch, s);
+  if (a.x.dtype == DType::kF32) return RunTokens<__nv_bfloat16, float>(p, plan, scratch, s);
+  return RunTokens<__nv_bfloat16, __nv_bfloat16>(p, plan, scratch, s);
 }
 
 }  // namespace cuda

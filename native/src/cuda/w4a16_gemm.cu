@@ -45,6 +45,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../common/dispatch_policy.h"
 #include "w4a16_kernel.cuh"
 
 namespace kdtree {
@@ -59,12 +60,11 @@ using CodeT = typename std::conditional<std::is_same<X, __half>::value, __half, 
 
 // A block's warps split its step range and combine the tiles they share in shared memory; only a
 // tile that crosses a block boundary is combined across blocks, by one exchange.
-constexpr int kWarps = 8;
+constexpr int kWarps = policy::kW4A16WarpsPerBlock;
 constexpr int kThreads = kWarps * 32;
-// Pieces per warp of a MoE verify launch whose split gives a warp fewer than kPiecesMinSteps steps
-// (PiecesPerWarp).
-constexpr int kPiecesMax = 4;
-constexpr int kPiecesMinSteps = 16;
+// Pieces per warp of a MoE verify launch whose split gives a warp fewer than
+// policy::kW4A16PiecesMinSteps steps (dispatch_policy.cc's PiecesPerWarp).
+constexpr int kPiecesMax = policy::kW4A16PiecesMax;
 // Steps in flight per warp: at one token group 3 KB of weights in registers, with 16 warps per SM
 // (<= 128 registers) 48 KB per SM; with more groups fewer, which leaves their x and accumulators
 // the registers. Each depth is the fastest one measured for its token groups: a deeper ring slows
@@ -77,7 +77,7 @@ constexpr int kRing = NT == 1 ? 3 : NT == 4 ? 1 : 2;
 // previous kernel's last warps (8-16 were slower on the large shapes), and with more token groups
 // (x staged) prefetching was slower; one step is the fastest measured.
 constexpr int kPrefetchSteps = 1;
-constexpr int kWarpsPerSm = 16;          // stream-K ranges per SM and weight matrix (= resident warps up to 32 tokens)
+constexpr int kWarpsPerSm = policy::kW4A16WarpsPerSm;  // stream-K ranges per SM and weight matrix (= resident warps up to 32 tokens)
 // Token tiles per launch. Staged x (16 tiles of 64 tokens: 15 MB at K = 7168) bounds a chunk at
 // kChunkTiles; read in place, only the exchange slots do, up to kChunkExchangeBytes of them. Fewer
 // launches are faster where a launch has many tiles: every launch ends on a tail, and a MoE launch
@@ -110,10 +110,11 @@ __device__ __forceinline__ int Quotient(const Divisor& v, int n) {
 //             parked or exchanged, so a step has 8 scale FMAs instead of 16. One token keeps a
 //             form of its own: as an even-column tile it is slightly slower at M = 1 (the same
 //             arithmetic in a different schedule).
-//  kXInPlace  two groups reading the x rows in place, as one group does (ChooseForm says where)
-enum class Form { kStandard, kOneToken, kEvenColumns, kXInPlace };
+//  kXInPlace  two groups reading the x rows in place, as one group does (dispatch_policy.cc's
+//             ChooseForm says where)
+using Form = policy::W4A16Form;
 // Tokens per tile of the even-column form.
-constexpr int kEvenColumnTokens = 4;
+constexpr int kEvenColumnTokens = policy::kW4A16EvenColumnTokens;
 
 // Whether x is read from the staged copy (StageXKernel): 16-bit x with more than one group of 8
 // tokens in the standard form. With one group the in-place rows are few (one at decode, where
@@ -301,7 +302,7 @@ __device__ __forceinline__ bool ResolveTile(const GemmParams& p, int tile, int* 
 // Its shared memory comes after the kernel's other dynamic shared memory, and only one-token-group
 // launches have it: a static array here would also sit in every 16-token block, whose 80 KB then no
 // longer fit twice per SM (which more than doubles the 16-token time).
-constexpr int kRoutePairsMax = 32;
+constexpr int kRoutePairsMax = policy::kW4A16RoutePairsMax;
 constexpr int kRouteSharedBytes = (2 * kRoutePairsMax + 4) * sizeof(int);
 // kTileRows is tile_tokens: 8 (one token group), 4 in the even-column form, or 1 in the one-token
 // form (a tile per pair).
@@ -820,35 +821,6 @@ __global__ void MoeSortKernel(const int32_t* ids, int pairs, int topk, int exper
   }
 }
 
-// Stream-K ranges from the shape and the device only (never from M or the token tile size, so rows
-// stay batch-invariant): kWarpsPerSm warps per SM for one matrix, or shared by the `matrices` a
-// decode launch streams (top-k experts of a token), in blocks of kWarps; a block's range is at
-// least one tile, so a tile spans at most two blocks. A caller may ask for longer warp ranges
-// (MoeGemmArgs::min_warp_steps): fewer blocks per expert, which a verify that uses most experts
-// could run faster and a decode step runs slower (docs/benchmarks/cuda.md, the MoE table).
-struct Ranges {
-  int steps_per_block, steps_per_warp, blocks;
-};
-Ranges ChooseRanges(int64_t total_steps, int tile_steps, int matrices, int64_t min_warp_steps, int sms) {
-  const int64_t target = std::max<int64_t>(1, static_cast<int64_t>(sms) * (kWarpsPerSm / kWarps) / std::max(1, matrices));
-  const int64_t per_block = std::min(total_steps, std::max({(total_steps + target - 1) / target, int64_t{tile_steps}, min_warp_steps * kWarps}));
-  Ranges r;
-  r.steps_per_warp = static_cast<int>((per_block + kWarps - 1) / kWarps);
-  r.steps_per_block = r.steps_per_warp * kWarps;
-  r.blocks = static_cast<int>((total_steps + r.steps_per_block - 1) / r.steps_per_block);
-  return r;
-}
-
-// Token tiles of 8 x NT tokens: NT 1, 2 and 4 cover decode and tree verify, 8 the rest (f16 and
-// f32 x, test and reference paths: 1 or 8). 16-bit x is read in place (NT 1, and NT 2 in the
-// in-place form) only when K is whole steps: its loads then need no K-tail predicate (~15
-// instructions per step); other K stage it.
-int ChooseNt(int rows, DType x, int k) {
-  if (rows <= 8 && (k % w4::kStepK == 0 || x == DType::kF32)) return 1;
-  if (x != DType::kBF16) return 8;
-  return rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
-}
-
 Status Aligned(const Tensor& t, int bytes, const char* op) {
   if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) return Invalid(op, ": ", t.Describe(), " must start on a ", bytes, "-byte boundary (check its offset)");
   return Status::Ok();
@@ -904,110 +876,12 @@ Status LaunchNt(const GemmParams& p, int nt, Form form, int pieces, int group, d
   return LaunchS<X, 8>(p, group, grid, s);
 }
 
-// The kernel's form for a launch (see Form). Up to 4 tokens per tile: the one-token and even-column
-// forms drop half of the 16 scale FMAs per step and half of a tile's parks, which makes 1-4 tokens
-// cost about what one does. Two token groups of bf16 x read in place on matrices of up to
-// 8192 x 8192 (the expert shapes): no staging launch and no per-warp copy; on the dense shapes,
-// whose 16 rows of x are 590 KB, in place is slower, so they stay staged. In place needs whole
-// steps of K (no K-tail predicates on the x loads).
-Form ChooseForm(const GemmParams& p, DType x, int nt) {
-  if (nt == 1 && p.tile_tokens == 1) return Form::kOneToken;
-  if (nt == 1 && p.tile_tokens <= kEvenColumnTokens) return Form::kEvenColumns;
-  if (nt == 2 && x == DType::kBF16 && p.K % w4::kStepK == 0 && p.N <= 8192 && p.K <= 8192) return Form::kXInPlace;
-  return Form::kStandard;
-}
-
-// Pieces per warp (W4A16Kernel's kPieces): a MoE launch of the sorted path (a verify step) whose
-// split gives each warp fewer than kPiecesMinSteps steps lets each warp stream kPiecesMax
-// consecutive warps' ranges instead, in blocks of kWarps / kPiecesMax warps. The split and its
-// rounding stay those of the decode step, which needs the short ranges to fill the GPU with 8
-// experts, while a warp's weight stream gets 4 times longer, so its ring fills and drains once per
-// 4 ranges instead of once per range of 4-7 KB (a tensor-parallel rank's 65-token verify step, 7
-// and 4 steps per range, runs ~1.3x faster; decode is unchanged). `minWarpSteps: 16`, which
-// lengthens the ranges themselves, is no faster there and slows the decode step.
-int PiecesPerWarp(const GemmParams& p, DType x, int nt, Form form, const Ranges& r) {
-  const bool eligible = x == DType::kBF16 && nt == 1 && form != Form::kXInPlace && p.moe_tiles != nullptr && p.route_ids == nullptr;
-  return eligible && r.steps_per_warp < kPiecesMinSteps ? kPiecesMax : 1;
-}
-
 // Scratch of one chunk: the staged x (when StagesX).
 size_t StagedXBytes(int chunk, int nt, Form form, int slices, DType x) {
   return StagesX(x, nt, form) ? static_cast<size_t>(chunk) * nt * slices * 32 * 4 * 2 : 0;
 }
 size_t ScratchAfter(size_t used, int chunk, int nt, Form form, int slices, DType x) { return (used + 255) / 256 * 256 + StagedXBytes(chunk, nt, form, slices, x); }
 
-// Dense bf16 x of 17 or more tokens runs on the warpgroup kernel (w4a16_wgmma.cu) where the binary
-// and the device have it: the same bits as the stream-K kernels (it replays their ranges), and the
-// weights streamed once per 32 tokens with x read by the tensor cores from shared memory, instead of
-// 8-16 KB of x per warp and KB of weights (at 32-128 tokens on the large shapes 1.6-2.2x faster).
-// At 9-16 tokens its 16-token form is slower than the stream-K kernel, so those stay there. A
-// warpgroup takes 4 whole tiles and one token tile, and a lone warpgroup per SM is latency-bound:
-// a launch needs >= 1.5 warpgroups per SM from N and its token tiles together, or >= 0.75 from 2
-// token tiles on (its dequant-ahead form hides the latency there, where the stream-K kernel's
-// 64-token tiles read 16 KB of x per warp), but not at one token tile.
-// Token tiles per launch: enough for kWgmmaLaunchGroups warpgroups (at least 16 token tiles, at
-// most 64), and no more than kWgmmaStagedBytesMax of staged x. Prefill runs many chunks, and a
-// launch of few warpgroups leaves SMs idle (4096x7168 at 4 token tiles: 256 warpgroups for 396
-// slots) and ends on a tail: at least 16 token tiles per launch made prefill of the expert shapes
-// up to 1.6x faster, and up to 64 helps the expert shapes (64-112 warpgroups per token tile) while
-// the dense ones (112-288) do not care. M <= 512 has at most 16 token tiles.
-constexpr int kWgmmaLaunchGroups = 8192;
-constexpr int kWgmmaChunkTilesMin = 16, kWgmmaChunkTilesMax = 64;
-constexpr size_t kWgmmaStagedBytesMax = size_t{128} << 20;
-int WgmmaChunk(const GemmParams& p) {
-  const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens;
-  const int groups = WgmmaTileGroups(p.tiles);
-  const int by_groups = std::clamp((kWgmmaLaunchGroups + groups - 1) / groups, kWgmmaChunkTilesMin, kWgmmaChunkTilesMax);
-  const int by_bytes = static_cast<int>(std::max<size_t>(1, kWgmmaStagedBytesMax / WgmmaStagedBytes(p.steps, p.tiles)));
-  return std::min({tiles, by_groups, by_bytes});
-}
-bool UseWgmma(const GemmParams& p, DType x, int sms) {
-  // warpgroups of the first launch, in quarters per SM: >= 1.5 per SM, or >= 0.75 from 2 token tiles on
-  const int64_t quarters = 4 * static_cast<int64_t>(WgmmaTileGroups(p.tiles)) * WgmmaChunk(p);
-  const bool enough = quarters >= 6 * sms || (p.M > kWgmmaTileTokens && quarters >= 3 * sms);
-  return p.M > 16 && x == DType::kBF16 && p.moe_tiles == nullptr && enough && WgmmaAvailable();
-}
-// Prefill sizes take w4a16_prefill.cu's kernel: a producer warpgroup dequantizes each weight once
-// per 128 tokens into shared memory for two consumer warpgroups. Each of its blocks walks all of K
-// for 64 rows, so it needs most SMs busy in its first wave (>= 3/4 of a block per SM). Against the
-// 32-token kernel it is faster or even on every Kimi K2 shape from 256 tokens. Below that, one
-// token tile of the prefill kernel costs about what 4 of the 32-token kernel's tiles do where its
-// blocks make one wave, mostly full (the 7168-row shapes' 112 blocks at 97-128 tokens, where it is
-// ~1.35x faster), and loses with half a wave (4096x7168: 64 blocks), two and a bit (18432x7168:
-// 288), or a second, half-empty tile (129-255 tokens).
-constexpr int kPrefillMinTokens = 256;
-constexpr int kPrefillMinBlocksPerFourSms = 3;
-// KDTREE_W4A16_PREFILL=always|never overrides the rule (tests, tuning); read per call, so a
-// process may change it between calls; unset or empty, the rule decides. `always` runs the prefill
-// kernel on every W4A16 call (w4a16Gemm and moeGemm alike) or fails the call where that kernel
-// cannot run it, never falling back: a check named for the prefill kernel must have run it.
-enum class PrefillOverride { kRule, kAlways, kNever };
-Status ReadPrefillOverride(PrefillOverride* out) {
-  const char* v = std::getenv("KDTREE_W4A16_PREFILL");
-  if (v == nullptr || v[0] == '\0') *out = PrefillOverride::kRule;
-  else if (std::strcmp(v, "always") == 0) *out = PrefillOverride::kAlways;
-  else if (std::strcmp(v, "never") == 0) *out = PrefillOverride::kNever;
-  else return Invalid("w4a16: KDTREE_W4A16_PREFILL must be always or never, got '", v, "'");
-  return Status::Ok();
-}
-// Why the prefill kernel cannot run a call, or nullptr: it is sm_90a code for dense bf16 x of
-// 17+ tokens (the warpgroup kernels' calls), groups 32 (bf16 scales) and 64.
-const char* PrefillCannotRun(const GemmParams& p, DType x, int group) {
-  if (x != DType::kBF16) return "it takes bf16 x";
-  if (p.moe_tiles != nullptr) return "MoE calls run the stream-K kernel";
-  if (p.M <= 16) return "it takes 17 or more tokens";
-  if (!PrefillSupports(group, p.sc_f32)) return "it takes group 32 with bf16 scales or group 64";
-  if (!WgmmaAvailable()) return "it is sm_90a code, which this device does not run";
-  return nullptr;
-}
-bool PrefillRule(const GemmParams& p, int group, int sms) {
-  if (!PrefillSupports(group, p.sc_f32)) return false;
-  const int64_t blocks = (p.tiles + 3) / 4 * static_cast<int64_t>((p.M + kPrefillTileTokens - 1) / kPrefillTileTokens);
-  const bool wave_mostly_full = 4 * blocks >= kPrefillMinBlocksPerFourSms * static_cast<int64_t>(sms);
-  // one token tile whose 32-token tiles would be 4 (97-128 tokens), in one wave
-  const bool one_wave_tile = p.M > 3 * kWgmmaTileTokens && p.M <= kPrefillTileTokens && blocks <= sms;
-  return wave_mostly_full && (p.M >= kPrefillMinTokens || one_wave_tile);
-}
 // Token tiles [0, tiles) in launches of `chunk`, each staging its x into `staged_per_tile` bytes of
 // scratch per tile: launch(p, token_tiles, xs) with p.tile_offset set.
 template <typename Launch>
@@ -1026,41 +900,40 @@ Status RunWgmma(const GemmParams& p, bool prefill, int group, int sms, Scratch& 
   if (prefill) {
     const int tiles = (p.M + kPrefillTileTokens - 1) / kPrefillTileTokens;
     const size_t staged = PrefillStagedBytes(p.steps);
-    const int chunk = std::min(tiles, static_cast<int>(std::max<size_t>(1, kWgmmaStagedBytesMax / staged)));
+    const int chunk = std::min(tiles, static_cast<int>(std::max<size_t>(1, policy::kWgmmaStagedBytesMax / staged)));
     return RunChunks(p, tiles, chunk, staged, scratch, scratch_used, s,
                      [&](const GemmParams& q, int token_tiles, void* xs) { return LaunchW4A16Prefill(q, group, token_tiles, sms, xs, s); });
   }
   const int tiles = (p.M + kWgmmaTileTokens - 1) / kWgmmaTileTokens;
-  return RunChunks(p, tiles, WgmmaChunk(p), WgmmaStagedBytes(p.steps, p.tiles), scratch, scratch_used, s,
+  return RunChunks(p, tiles, policy::WgmmaChunk(p.M, p.steps, p.tiles), WgmmaStagedBytes(p.steps, p.tiles), scratch, scratch_used, s,
                    [&](const GemmParams& q, int token_tiles, void* xs) { return LaunchW4A16Wgmma(q, group, token_tiles, sms, xs, s); });
 }
 
-// Launches the token tiles [0, token_tiles) in chunks (kChunkTiles, kChunkExchangeBytes: the staged
-// x and the exchange slots are sized for one chunk; chunks run in stream order).
-Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, int matrices, int64_t min_warp_steps, int sms, Scratch& scratch, size_t scratch_used,
-               cudaStream_t s) {
-  const int64_t total = static_cast<int64_t>(p.tiles) * p.steps;
+// The plan of a launch (dispatch_policy.cc), after the limits of the kernels are checked.
+Status Plan(const policy::W4A16Call& c, const GemmContext& ctx, policy::W4A16Plan* plan) {
+  const int64_t total = w4::Tiles(c.n) * w4::Steps(c.k);
   if (total > kMaxSteps) {
-    return Invalid("w4a16: a weight matrix of N = ", p.N, ", K = ", p.K, " has ", total, " steps of 16 rows x 128 k; at most ", kMaxSteps, " are supported");
+    return Invalid("w4a16: a weight matrix of N = ", c.n, ", K = ", c.k, " has ", total, " steps of 16 rows x 128 k; at most ", kMaxSteps, " are supported");
   }
-  const Ranges r = ChooseRanges(total, p.steps, matrices, min_warp_steps, sms);
+  const policy::Device device{ctx.sms, WgmmaAvailable()};
+  KDTREE_RETURN_IF_ERROR(policy::PlanW4A16(c, device, ctx.forced.w4a16_prefill, plan));
+  *ctx.form = policy::W4A16FormName(*plan);
+  return Status::Ok();
+}
+
+// Launches the token tiles [0, token_tiles) of a plan in chunks (kChunkTiles, kChunkExchangeBytes:
+// the staged x and the exchange slots are sized for one chunk; chunks run in stream order).
+Status RunGemm(GemmParams p, const policy::W4A16Plan& plan, DType x_dtype, int group, int token_tiles, int sms, Scratch& scratch, size_t scratch_used, cudaStream_t s) {
+  const policy::W4A16Ranges& r = plan.ranges;
   p.steps_per_block = r.steps_per_block;
   p.steps_per_warp = r.steps_per_warp;
   p.by_steps = MakeDivisor(p.steps);
   p.by_steps_per_warp = MakeDivisor(r.steps_per_warp);
   p.range_blocks = r.blocks;
-  PrefillOverride prefill;
-  KDTREE_RETURN_IF_ERROR(ReadPrefillOverride(&prefill));
-  if (prefill == PrefillOverride::kAlways) {
-    if (const char* why = PrefillCannotRun(p, x_dtype, group)) {
-      return Unsupported("w4a16: KDTREE_W4A16_PREFILL=always cannot run M = ", p.M, ", N = ", p.N, ", K = ", p.K, ", group ", group, " on the prefill kernel: ", why);
-    }
-    return RunWgmma(p, true, group, sms, scratch, scratch_used, s);
-  }
-  if (UseWgmma(p, x_dtype, sms)) return RunWgmma(p, prefill == PrefillOverride::kRule && PrefillRule(p, group, sms), group, sms, scratch, scratch_used, s);
+  if (plan.kernel != policy::W4A16Kernel::kStreamK) return RunWgmma(p, plan.kernel == policy::W4A16Kernel::kPrefill, group, sms, scratch, scratch_used, s);
   p.slices = p.steps * 8;
-  const Form form = ChooseForm(p, x_dtype, nt);
-  const int pieces = PiecesPerWarp(p, x_dtype, nt, form, r);
+  const int nt = plan.nt;
+  const Form form = plan.form;
   const size_t exchange_per_tile = static_cast<size_t>(r.blocks) * nt * 8 * w4::kTileRows * sizeof(uint64_t);
   const int in_place_chunk = static_cast<int>(std::max<size_t>(kChunkTiles, kChunkExchangeBytes / exchange_per_tile));
   const bool stage = StagesX(x_dtype, nt, form);
@@ -1079,7 +952,7 @@ Status RunGemm(GemmParams p, DType x_dtype, int group, int nt, int token_tiles, 
               : x_dtype == DType::kBF16 ? LaunchStage<__nv_bfloat16>(p, nt, tiles_now, staged, s)
                                         : LaunchStage<__half>(p, nt, tiles_now, staged, s);
     KDTREE_RETURN_IF_ERROR(st);
-    st = x_dtype == DType::kBF16 ? LaunchNt<__nv_bfloat16>(p, nt, form, pieces, group, grid, s)
+    st = x_dtype == DType::kBF16 ? LaunchNt<__nv_bfloat16>(p, nt, form, plan.pieces, group, grid, s)
        : x_dtype == DType::kF16  ? LaunchNt<__half>(p, nt, form, 1, group, grid, s)
                                  : LaunchNt<float>(p, nt, form, 1, group, grid, s);
     KDTREE_RETURN_IF_ERROR(st);
@@ -1111,37 +984,49 @@ Status CheckAlignment(const Tensor& x, const Tensor& qw, const Tensor& sc, const
 
 }  // namespace
 
-Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
+Status LaunchW4A16Gemm(const W4A16GemmArgs& a, cudaStream_t s, Scratch& scratch, const GemmContext& ctx) {
   const int m = static_cast<int>(a.x.dim(0)), n = static_cast<int>(WeightRows(a.y, a.epilogue));
   if (m == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "w4a16_gemm"));
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, m);
+  policy::W4A16Call c;
+  c.tokens = m;
+  c.n = n;
+  c.k = p.K;
+  c.group = a.group;
+  c.x = a.x.dtype;
+  c.sc_f32 = p.sc_f32;
+  policy::W4A16Plan plan;
+  KDTREE_RETURN_IF_ERROR(Plan(c, ctx, &plan));
   p.silu_mul = a.epilogue == Epilogue::kSiluMul;
-  const int nt = ChooseNt(m, a.x.dtype, p.K);
-  p.tile_tokens = nt > 1 ? 8 * nt : m == 1 ? 1 : m <= kEvenColumnTokens ? kEvenColumnTokens : 8;  // one token, even columns, 8 (ChooseForm)
+  p.tile_tokens = plan.tile_tokens;
   p.y = a.y.data;
   p.y_dtype = a.y.dtype;
-  return RunGemm(p, a.x.dtype, a.group, nt, (m + p.tile_tokens - 1) / p.tile_tokens, 1, 0, sms, scratch, 0, s);
+  return RunGemm(p, plan, a.x.dtype, a.group, (m + p.tile_tokens - 1) / p.tile_tokens, ctx.sms, scratch, 0, s);
 }
 
-Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int sms) {
+Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, const GemmContext& ctx) {
   const int experts = static_cast<int>(a.qw.dim(0)), n = static_cast<int>(WeightRows(a.y, a.epilogue));
   const int t = static_cast<int>(a.ids.dim(0)), topk = static_cast<int>(a.ids.dim(1)), pairs = t * topk;
   if (pairs == 0 || n == 0) return Status::Ok();
   KDTREE_RETURN_IF_ERROR(CheckAlignment(a.x, a.qw, a.sc, "moe_gemm"));
   const bool gather = a.mode == MoeMode::kGather;
-  // Token tiles sized for the rows an expert can expect (the pairs spread over the experts), not
-  // for all the pairs: at a 65-token verify most of 384 experts get one or two rows, and tiles of
-  // 64 ran them through the 64-token kernel, ~6x the time per weight byte of the 8-token one. An
-  // expert with more rows than a tile gets several tiles.
-  const int expected_rows = std::min(64, (pairs + experts - 1) / experts);
-  const int nt = ChooseNt(expected_rows, a.x.dtype, static_cast<int>(a.x.dim(1)));
-  const bool route = nt == 1 && pairs <= kRoutePairsMax;  // routed inside the GEMM (RouteTile)
-  // One token routed in the GEMM (a decode step): a tile per pair, in the one-token form. At most 2
-  // rows expected per expert, routed (a decode batch of 2-4 tokens) or sorted (a verify step): tiles
-  // of up to 4 rows in the even-column form (ChooseForm). Both have half the scale FMAs of an 8-row
-  // tile, which makes a verify step and a decode batch of 2-4 tokens 1-3% faster than 8-row tiles.
-  const int tile_rows = route && t == 1 ? 1 : nt == 1 && expected_rows <= 2 ? kEvenColumnTokens : 8 * nt;
+  policy::W4A16Call c;
+  c.tokens = t;
+  c.n = n;
+  c.k = static_cast<int>(a.x.dim(1));
+  c.group = a.group;
+  c.x = a.x.dtype;
+  c.sc_f32 = a.sc.dtype == DType::kF32;
+  c.moe = true;
+  c.experts = experts;
+  c.topk = topk;
+  c.min_warp_steps = a.min_warp_steps;
+  policy::W4A16Plan plan;
+  KDTREE_RETURN_IF_ERROR(Plan(c, ctx, &plan));
+  // token tiles of rows an expert can expect (dispatch_policy.cc), plus one partial tile per expert
+  const int nt = plan.nt, tile_rows = plan.tile_tokens;
+  const bool route = plan.route;
   const int max_tiles = tile_rows == 1 ? pairs : (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
   GemmParams p = WeightParams(a.x, a.qw, a.sc, n, a.group, pairs);
   p.silu_mul = a.epilogue == Epilogue::kSiluMul;  // gather mode only (validated)
@@ -1155,7 +1040,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   const size_t off_pair = off_tiles + align(max_tiles * sizeof(Tile));
   const size_t used = off_pair + (gather ? 0 : static_cast<size_t>(pairs) * n * sizeof(float));
   // RunGemm may grow (and move) the scratch block: reserve the whole need first
-  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(used, std::min(max_tiles, kChunkTiles), nt, ChooseForm(p, a.x.dtype, nt), p.steps * 8, a.x.dtype), s));
+  KDTREE_RETURN_IF_ERROR(scratch.Reserve(ScratchAfter(used, std::min(max_tiles, kChunkTiles), nt, plan.form, p.steps * 8, a.x.dtype), s));
   char* base = static_cast<char*>(scratch.ptr);
   int* x_row = reinterpret_cast<int*>(base);
   int* out_row = reinterpret_cast<int*>(base + off_out);
@@ -1180,7 +1065,7 @@ Status LaunchMoeGemm(const MoeGemmArgs& a, cudaStream_t s, Scratch& scratch, int
   p.out_row = out_row;
   p.y = gather ? a.y.data : pair_out;
   p.y_dtype = gather ? a.y.dtype : DType::kF32;
-  KDTREE_RETURN_IF_ERROR(RunGemm(p, a.x.dtype, a.group, nt, max_tiles, topk, a.min_warp_steps, sms, scratch, used, s));
+  KDTREE_RETURN_IF_ERROR(RunGemm(p, plan, a.x.dtype, a.group, max_tiles, ctx.sms, scratch, used, s));
   if (!gather) {
     const int64_t count = static_cast<int64_t>(t) * n;
     KDTREE_RETURN_IF_ERROR(LaunchPdl("moe sum", MoeSumKernel, dim3(static_cast<unsigned>((count + 255) / 256)), dim3(256), 0, s, static_cast<const float*>(pair_out), t, topk, n,

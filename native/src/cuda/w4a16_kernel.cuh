@@ -143,7 +143,7 @@ __device__ __forceinline__ void StoreSilu(const GemmParams& p, float gate, float
 
 // The warpgroup kernel (w4a16_wgmma.cu): bf16 x, 17 or more tokens, in token tiles of 32.
 // Available when the binary holds sm_90a code and the device runs it.
-constexpr int kWgmmaTileTokens = 32;
+constexpr int kWgmmaTileTokens = policy::kWgmmaTileTokens;
 bool WgmmaAvailable();
 // Warpgroups per token tile: one per 4 tiles of 16 rows.
 int WgmmaTileGroups(int tiles);
@@ -156,7 +156,7 @@ Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, int sms, void*
 
 // The prefill kernel (w4a16_prefill.cu): bf16 x in token tiles of 128; the same bits as the other
 // kernels. Same availability as the warpgroup kernel (WgmmaAvailable).
-constexpr int kPrefillTileTokens = 128;
+constexpr int kPrefillTileTokens = policy::kPrefillTileTokens;
 // Groups 32 (bf16 scales) and 64 (bf16 or f32 scales).
 bool PrefillSupports(int group, bool sc_f32);
 // Scratch for the staged x of one token tile.

@@ -277,7 +277,7 @@ Status Launch(const GemmParams& p, int token_tiles, int sms, cudaStream_t s) {
 }  // namespace
 
 // f32 scales at group 32 need 8 more registers per consumer thread than the kernel has (it spilled).
-bool PrefillSupports(int group, bool sc_f32) { return group == 64 || (group == 32 && !sc_f32); }
+bool PrefillSupports(int group, bool sc_f32) { return policy::PrefillSupports(group, sc_f32); }
 
 size_t PrefillStagedBytes(int steps) { return static_cast<size_t>(steps) * 8 * kSliceX; }
 

@@ -60,10 +60,10 @@ constexpr int kStages = 5;
 // Both put every scale group of a step in flight at once (one part buffer per group) and scale
 // them as they land, instead of one group ahead.
 constexpr int BlocksPerSm(bool dequant_ahead) { return dequant_ahead ? 2 : 3; }
-// Copies of the staged x, warpgroup i reading copy i % copies. All warpgroups of a token tile walk K
-// in step together, so with one copy every x line of a step is read by all of them at once (run
-// 138, 288 warpgroups: 1 copy 46.5 us, 8 copies 43.5): about one copy per 32 of them.
-int XCopies(int tile_groups) { return std::max(1, std::min(kMaxXCopies, tile_groups / 32)); }
+// Copies of the staged x, warpgroup i reading copy i % copies (dispatch_policy.cc says why and how many).
+int XCopies(int tile_groups) { return policy::WgmmaXCopies(tile_groups); }
+static_assert(kMaxXCopies == policy::kWgmmaMaxXCopies && kTileGroup == policy::kWgmmaTileGroup && kXStepBytes == policy::kWgmmaXStepBytes,
+              "the dispatch rules size this kernel's launches (dispatch_policy.h)");
 
 // One step of a warpgroup in shared memory: the x of its token tile (B operand) and each warp's
 // weights and scale block, copied straight from the packed layout (cp.async).
@@ -283,9 +283,9 @@ bool WgmmaAvailable() {
   return DeviceRunsKernel(reinterpret_cast<const void*>(W4A16WgmmaKernel<uint16_t, 32, false, false>), known);
 }
 
-int WgmmaTileGroups(int tiles) { return (tiles + kTileGroup - 1) / kTileGroup; }
+int WgmmaTileGroups(int tiles) { return policy::WgmmaTileGroups(tiles); }
 
-size_t WgmmaStagedBytes(int steps, int tiles) { return static_cast<size_t>(steps) * kXStepBytes * XCopies(WgmmaTileGroups(tiles)); }
+size_t WgmmaStagedBytes(int steps, int tiles) { return policy::WgmmaStagedBytes(steps, tiles); }
 
 Status LaunchW4A16Wgmma(GemmParams p, int group, int token_tiles, int sms, void* xs, cudaStream_t s) {
   p.xs = xs;

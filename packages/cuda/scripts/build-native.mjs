@@ -86,6 +86,7 @@ const nodeAddonApi = resolve(requireHere('node-addon-api').include_dir);
 // explicit, since CMake caches options
 const definitions = { KDTREE_VERSION: pkg.version, KDTREE_CUDA: cuda.cuda ? 'ON' : 'OFF' };
 const extra = { NODE_ADDON_API_DIR: nodeAddonApi, ...(cuda.cuda ? { CMAKE_CUDA_COMPILER: findNvcc().path } : {}) };
+dropForeignBuild(buildDir, nativeDir);
 dropStaleCache(join(buildDir, 'CMakeCache.txt'), definitions);
 const args = [cmakeJs, 'compile', '--directory', nativeDir, '--out', buildDir, '--config', 'Release', ...Object.entries({ ...definitions, ...extra }).map(([k, v]) => `--CD${k}=${v}`)];
 
@@ -199,6 +200,20 @@ function runBuild(cmd, argv, options) {
 // version (which the loader then refuses against its metadata), and KDTREE_CUDA=OFF still built
 // the cuda variant. A cache that disagrees with them is removed, so that the build configures
 // again (turning the cuda variant off and on again compiles its kernels anew).
+/**
+ * Deletes a build directory configured for another copy of the native sources: turbo's cache
+ * restores build/ as the checkout that filled the cache left it (another worktree, another clone),
+ * and CMake would then compile that copy's sources, not these.
+ */
+function dropForeignBuild(dir, sources) {
+  const cache = join(dir, 'CMakeCache.txt');
+  if (!existsSync(cache)) return;
+  const home = /^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$/m.exec(readFileSync(cache, 'utf8'))?.[1];
+  if (home === undefined || resolve(home) === resolve(sources)) return;
+  say(`reconfiguring from scratch (the build directory was configured for ${home})`);
+  rmSync(dir, { recursive: true, force: true });
+}
+
 function dropStaleCache(cache, wanted) {
   if (!existsSync(cache)) return;
   const cached = new Map();

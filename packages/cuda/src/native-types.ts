@@ -53,6 +53,23 @@ export type W4A16Epilogue = 'none' | 'siluMul';
 export interface NativeBackend {
   readonly kind: 'cpu' | 'cuda';
   info(): NativeDeviceInfo;
+  /**
+   * Forces kernel forms of the cuda GEMMs (tests, tuning) and returns the previous setting. A key
+   * absent or null is the rule. `gemm` is what KDTREE_GEMM_FORM takes, `w4a16Prefill` what
+   * KDTREE_W4A16_PREFILL takes: createBackend reads those two variables once (an unknown value
+   * makes it throw) and no op reads the environment after that. An unknown value throws
+   * KDTREE_INVALID_ARGUMENT; a forced form that cannot run a call makes that call throw
+   * KDTREE_UNSUPPORTED, never run another form. The cpu backend checks the values and runs its one
+   * form.
+   */
+  setForcedForms(forms: ForcedForms): ForcedFormsSetting;
+  /**
+   * The kernel form the last gemm, w4a16Gemm or moeGemm call of this backend ran (KernelForm):
+   * null before the first, after a call that ran nothing (an empty shape) and after a call that
+   * failed in the backend (a forced form that cannot run it); a call refused for its arguments
+   * leaves it as it was. The cpu backend reports 'cpu'.
+   */
+  lastForm(): KernelForm | null;
   alloc(bytes: number): NativeBuffer;
   /**
    * Frees at once (a safe point, see memoryInfo). Throws for a buffer pinned by a call still
@@ -245,8 +262,92 @@ export interface CudaProbe {
   devices: { name: string; computeCapability: string; multiprocessors: number; totalMemory: number }[];
 }
 
+/** A cuda GEMM form KDTREE_GEMM_FORM / setForcedForms({ gemm }) can force. */
+export type GemmForm = 'split' | 'rows' | 'tiled' | 'tiled-split' | 'wgmma';
+/** KDTREE_W4A16_PREFILL / setForcedForms({ w4a16Prefill }): the prefill kernel on every W4A16 call, or never. */
+export type W4A16PrefillOverride = 'always' | 'never';
+export interface ForcedForms {
+  gemm?: GemmForm | null;
+  w4a16Prefill?: W4A16PrefillOverride | null;
+}
+export interface ForcedFormsSetting {
+  gemm: GemmForm | null;
+  w4a16Prefill: W4A16PrefillOverride | null;
+}
+/**
+ * The W4A16 forms (w4a16Gemm, moeGemm): the warpgroup kernel ('wgmma'), the prefill kernel, or a
+ * form of the stream-K kernel ('one-token', 'even-columns', 'x-in-place', 'standard'; '-pieces'
+ * where each warp streams several ranges, a MoE verify step).
+ */
+export type W4A16Form =
+  | 'wgmma'
+  | 'prefill'
+  | 'one-token'
+  | 'even-columns'
+  | 'x-in-place'
+  | 'standard'
+  | 'one-token-pieces'
+  | 'even-columns-pieces'
+  | 'x-in-place-pieces'
+  | 'standard-pieces';
+/** What lastForm() reports: a gemm form, a W4A16 form, moeGemm on bf16 experts, or the cpu twin. */
+export type KernelForm = GemmForm | W4A16Form | 'bf16-experts' | 'cpu';
+
+/** A GEMM call as the cuda dispatch rules see it (dispatchPolicy). */
+export interface DispatchQuery {
+  op: 'gemm' | 'w4a16Gemm' | 'moeGemm';
+  /** Tokens: M of gemm and w4a16Gemm, the tokens (ids rows) of moeGemm. */
+  m: number;
+  /** Output rows of the weight (for a siluMul epilogue the gate_up rows, 2x y's columns). */
+  n: number;
+  k: number;
+  /** The device: its multiprocessors, and whether it runs the sm_90a (warpgroup MMA) kernels. */
+  sms: number;
+  sm90a: boolean;
+  xDtype?: 'bf16' | 'f16' | 'f32';
+  /** W4A16: group size (32) and scale dtype (bf16). */
+  group?: number;
+  scales?: 'bf16' | 'f32';
+  /** moeGemm: experts, top-k and minWarpSteps as the call passes them. */
+  experts?: number;
+  topk?: number;
+  minWarpSteps?: number;
+  /** Forced forms, as setForcedForms takes them. */
+  gemmForm?: GemmForm;
+  w4a16Prefill?: W4A16PrefillOverride;
+  /** gemm: the warps per SM its K split aims for (a build option of the cuda variant; 32). */
+  warpsPerSm?: number;
+}
+/** The plan of a gemm call: its form, token groups of 8 per tile, and its K split. */
+export interface GemmDispatch {
+  form: GemmForm;
+  nt: number;
+  ranges: number;
+  rangeChunks: number;
+}
+/** The plan of a W4A16 call: its form, tile shape, and stream-K ranges. */
+export interface W4A16Dispatch {
+  form: W4A16Form;
+  nt: number;
+  tileTokens: number;
+  /** Rows of the launch: M, or tokens x top-k pairs. */
+  rows: number;
+  /** moeGemm: routed inside the GEMM (a decode step) instead of sorted first. */
+  routed: boolean;
+  stagesX: boolean;
+  blocks: number;
+  stepsPerWarp: number;
+}
+
 export interface NativeModule {
   createBackend(kind: 'cpu' | 'cuda', device?: number): NativeBackend;
+  /**
+   * The form and launch shape the cuda backend's GEMMs choose for a call on a device, from the
+   * same C++ rules (native/src/common/dispatch_policy.cc), on either variant; throws as the call
+   * would where a forced form cannot run it.
+   */
+  dispatchPolicy(query: DispatchQuery & { op: 'gemm' }): GemmDispatch;
+  dispatchPolicy(query: DispatchQuery & { op: 'w4a16Gemm' | 'moeGemm' }): W4A16Dispatch;
   build: { version: string; variant: 'cpu' | 'cuda'; cudaArchitectures: string; napiVersion: number };
   cudaProbe?: () => CudaProbe;
 }

@@ -6,7 +6,7 @@
 import { dequantizeInt4, type Int4Matrix } from '@kdtree/quant';
 import type { DeviceTensor, Dtype, KdtreeBackend } from '../backend.js';
 import { asF32, int4, packReference, referenceGemm, upload, uploadCheckpoint } from './gemm-checks.js';
-import { expectThrows, fail, randomF32, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
+import { expectThrows, fail, randomF32, sameBits, withForcedForms, withTensors, type KernelCheck } from './harness.js';
 import { expectWithin, gemmBound, siluMulAllowed } from './tolerance.js';
 
 export type Track = <U extends { buffer: { freed: boolean } }>(t: U) => U;
@@ -186,7 +186,7 @@ const denseCheck: KernelCheck = {
 /** The prefill kernel's stores (forced: shapes this small take it only when asked). */
 const prefillCheck: KernelCheck = {
   name: 'w4a16_gemm siluMul epilogue: I 1000 x K 640 at M 260 (the prefill kernel on sm_90a, forced) == plain GEMM + silu_mul bit for bit, vs reference',
-  run: (b) => ({ detail: denseCases(b, [{ inter: 1000, k: 640, group: 32, scales: 'BF16', ms: [260], xDtype: 'bf16', yDtype: 'bf16' }], 130, (call) => withEnv('KDTREE_W4A16_PREFILL', 'always', call)) }),
+  run: (b) => ({ detail: denseCases(b, [{ inter: 1000, k: 640, group: 32, scales: 'BF16', ms: [260], xDtype: 'bf16', yDtype: 'bf16' }], 130, (call) => withForcedForms(b, { w4a16Prefill: 'always' }, call)) }),
 };
 
 const moeCheck: KernelCheck = {

@@ -1,12 +1,13 @@
 /** gemm (16-bit float weights, no packing) against @kdtree/reference matmul; batch invariance; bad arguments. */
 import { bf16ArrayToF32, f16ArrayToF32, f32ArrayToBf16, f32ArrayToF16 } from '@kdtree/format';
 import type { DeviceTensor, Dtype, KdtreeBackend } from '../backend.js';
+import type { GemmForm } from '../native-types.js';
 import { asF32, expectGemm, upload } from './gemm-checks.js';
-import { expectThrows, fail, randomF32, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
+import { expectThrows, fail, randomF32, sameBits, withForcedForms, withTensors, type KernelCheck } from './harness.js';
 
 type WeightDtype = 'bf16' | 'f16';
-/** A cuda kernel form that KDTREE_GEMM_FORM forces (the split form is the default's fallback). */
-type ForcedForm = 'rows' | 'tiled' | 'tiled-split' | 'wgmma';
+/** A cuda kernel form that setForcedForms forces (the split form is the rule's fallback). */
+type ForcedForm = Exclude<GemmForm, 'split'>;
 
 /** Random weights [n, k] in `dtype`: the device tensor and the f32 values it holds. */
 function weights(b: KdtreeBackend, dtype: WeightDtype, n: number, k: number, seed: number): { w: DeviceTensor; wf: Float32Array } {
@@ -74,7 +75,7 @@ function invarianceCheck(xDtype: Dtype, wDtype: WeightDtype, form?: ForcedForm):
           };
           for (const m of [17, 118]) {
             const x = randomF32(m * k, 700 + m + si);
-            const all = form ? withEnv('KDTREE_GEMM_FORM', form, () => call(x, m)) : call(x, m);
+            const all = form ? withForcedForms(b, { gemm: form }, () => call(x, m)) : call(x, m);
             for (const r of [0, 5, m - 1]) {
               if (!sameBits(call(x.subarray(r * k, (r + 1) * k), 1), all.subarray(r * n, (r + 1) * n))) fail(`N=${n} K=${k} M=${m}: row ${r} differs from the row alone`);
             }
@@ -111,7 +112,7 @@ const graphReplay: KernelCheck = {
       });
       const call = (c: (typeof cases)[number], y: DeviceTensor, stream?: number) => {
         const run = () => b.native.gemm({ x: c.x, w: c.w, y, stream });
-        return c.form ? withEnv('KDTREE_GEMM_FORM', c.form, run) : run();
+        return c.form ? withForcedForms(b, { gemm: c.form }, run) : run();
       };
       const stream = b.native.createStream();
       try {

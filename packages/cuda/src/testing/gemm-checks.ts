@@ -4,7 +4,7 @@ import { dequantizeInt4, quantizeInt4, type Int4Matrix } from '@kdtree/quant';
 import { matmulT } from '@kdtree/reference';
 import type { DeviceTensor, Dtype, KdtreeBackend } from '../backend.js';
 import { packedW4A16Shapes } from '../w4a16-layout.js';
-import { expectThrows, fail, randomF32, sameBits, withEnv, withTensors, type KernelCheck } from './harness.js';
+import { expectThrows, fail, randomF32, sameBits, withForcedForms, withTensors, type KernelCheck } from './harness.js';
 import { expectGemmClose, gemmBound } from './tolerance.js';
 
 /** x as the kernel sees it: rounded to bf16/f16 when that is its dtype. */
@@ -567,7 +567,7 @@ const prefillCheck: KernelCheck = {
         { n: 520, k: 1152, group: 64, scales: 'BF16', ms: [257] },
       ],
       73,
-      (call) => withEnv('KDTREE_W4A16_PREFILL', 'always', call),
+      (call) => withForcedForms(b, { w4a16Prefill: 'always' }, call),
     ),
   }),
 };
@@ -661,33 +661,48 @@ const packedRecord: KernelCheck = {
 };
 
 /**
- * KDTREE_GEMM_FORM and KDTREE_W4A16_PREFILL force a cuda kernel form; one that cannot run a call
- * must throw rather than fall back, or a check named for a form could pass on another. The cpu
- * twin has one form per op and reads neither.
+ * setForcedForms (and KDTREE_GEMM_FORM / KDTREE_W4A16_PREFILL, read when a backend is created)
+ * force a cuda kernel form; one that cannot run a call must throw rather than fall back, or a
+ * check named for a form could pass on another, and lastForm() names the form a call ran. Unknown
+ * values throw on every backend; the cpu twin has one form per op and reports 'cpu'.
  */
 const forcedFormErrors: KernelCheck = {
-  name: 'forced kernel forms (KDTREE_GEMM_FORM, KDTREE_W4A16_PREFILL) that cannot run a call throw, naming the call; unknown values throw (cuda)',
+  name: 'forced kernel forms that cannot run a call throw, naming the call (cuda); unknown values throw; lastForm() names the form that ran',
   run(b) {
-    if (b.kind !== 'cuda') return { detail: 'not run: the cpu backend has no kernel forms to force' };
+    expectThrows('prefill value', () => b.native.setForcedForms({ w4a16Prefill: 'sometimes' as never }), /KDTREE_W4A16_PREFILL must be always or never, got 'sometimes'/);
+    expectThrows('form value', () => b.native.setForcedForms({ gemm: 'fast' as never }), /KDTREE_GEMM_FORM must be split, rows, tiled, tiled-split or wgmma, got 'fast'/);
     withTensors(b, (track) => {
       const w = int4(64, 256, 32, 'BF16', 62);
       const { qw, sc } = trackedInt4(b, track, w);
       const x = (m: number) => track(upload(b, 'bf16', [m, 256], randomF32(m * 256, 63)));
       const gemm = (m: number, group = 32) => b.native.w4a16Gemm({ x: x(m), qw, sc, y: track(b.empty('f32', [m, 64])), group });
-      withEnv('KDTREE_W4A16_PREFILL', 'always', () => {
-        expectThrows('prefill, one token', () => gemm(1), /KDTREE_W4A16_PREFILL=always cannot run M = 1, N = 64, K = 256, group 32 on the prefill kernel: it takes 17 or more tokens/);
-        expectThrows('prefill, f32 x', () => b.native.w4a16Gemm({ x: track(upload(b, 'f32', [40, 256], randomF32(40 * 256, 64))), qw, sc, y: track(b.empty('f32', [40, 64])), group: 32 }), /cannot run M = 40.*it takes bf16 x/);
-      });
-      withEnv('KDTREE_W4A16_PREFILL', 'sometimes', () => expectThrows('prefill value', () => gemm(40), /KDTREE_W4A16_PREFILL must be always or never, got 'sometimes'/));
-      withEnv('KDTREE_W4A16_PREFILL', 'never', () => gemm(40));
       const wf = track(b.fromArray('bf16', [64, 256], f32ArrayToBf16(randomF32(64 * 256, 65))));
       const dense = (m: number) => b.native.gemm({ x: x(m), w: wf, y: track(b.empty('f32', [m, 64])) });
-      withEnv('KDTREE_GEMM_FORM', 'tiled', () => expectThrows('tiled form, 3 tokens', () => dense(3), /KDTREE_GEMM_FORM=tiled cannot run M = 3, N = 64, K = 256: the tiled and wgmma forms take bf16 or f16 x of 17 or more tokens/));
-      withEnv('KDTREE_GEMM_FORM', 'wgmma', () => expectThrows('wgmma form, 3 tokens', () => dense(3), /KDTREE_GEMM_FORM=wgmma cannot run M = 3/));
-      withEnv('KDTREE_GEMM_FORM', 'fast', () => expectThrows('form value', () => dense(3), /KDTREE_GEMM_FORM must be split, rows, tiled, tiled-split or wgmma, got 'fast'/));
-      withEnv('KDTREE_GEMM_FORM', 'split', () => dense(3));
+      const expectForm = (what: string, form: string) => {
+        const ran = b.native.lastForm();
+        if (ran !== (b.kind === 'cuda' ? form : 'cpu')) fail(`${what}: lastForm() is ${ran}, expected ${b.kind === 'cuda' ? form : 'cpu'}`);
+      };
+      gemm(1);
+      expectForm('w4a16Gemm, one token', 'one-token');
+      dense(3);
+      expectForm('gemm, 3 tokens', 'split');
+      withForcedForms(b, { w4a16Prefill: 'never' }, () => gemm(40));
+      if (b.kind !== 'cuda') return;
+      withForcedForms(
+        b,
+        { w4a16Prefill: 'always' },
+        () => {
+          expectThrows('prefill, one token', () => gemm(1), /KDTREE_W4A16_PREFILL=always cannot run M = 1, N = 64, K = 256, group 32 on the prefill kernel: it takes 17 or more tokens/);
+          if (b.native.lastForm() !== null) fail(`a refused call leaves lastForm() ${b.native.lastForm()}, expected null`);
+          expectThrows('prefill, f32 x', () => b.native.w4a16Gemm({ x: track(upload(b, 'f32', [40, 256], randomF32(40 * 256, 64))), qw, sc, y: track(b.empty('f32', [40, 64])), group: 32 }), /cannot run M = 40.*it takes bf16 x/);
+        },
+        { expectForm: false },
+      );
+      withForcedForms(b, { gemm: 'tiled' }, () => expectThrows('tiled form, 3 tokens', () => dense(3), /KDTREE_GEMM_FORM=tiled cannot run M = 3, N = 64, K = 256: the tiled and wgmma forms take bf16 or f16 x of 17 or more tokens/), { expectForm: false });
+      withForcedForms(b, { gemm: 'wgmma' }, () => expectThrows('wgmma form, 3 tokens', () => dense(3), /KDTREE_GEMM_FORM=wgmma cannot run M = 3/), { expectForm: false });
+      withForcedForms(b, { gemm: 'split' }, () => dense(3));
     });
-    return { detail: 'each refused with its reason' };
+    return { detail: b.kind === 'cuda' ? 'each refused with its reason; lastForm() named each form' : 'unknown values refused; lastForm() is cpu (the cuda forms are not run)' };
   },
 };
 

@@ -6,6 +6,7 @@
 import { SeededRandom } from '@kdtree/reference';
 import type { KdtreeBackend } from '../backend.js';
 import { isNativeError } from '../errors.js';
+import type { ForcedForms } from '../native-types.js';
 
 export interface CheckResult {
   /** e.g. "rel 3.1e-7 <= 1e-5" */
@@ -103,14 +104,21 @@ export function withTensors<T>(backend: KdtreeBackend, fn: (track: <U extends { 
   }
 }
 
-/** Runs `fn` with environment variable `name` set to `value`, then restores it. */
-export function withEnv<T>(name: string, value: string, fn: () => T): T {
-  const saved = process.env[name];
-  process.env[name] = value;
+/**
+ * Runs `fn` with kernel forms forced on the backend (setForcedForms), then restores the previous
+ * setting. On cuda the last gemm / w4a16Gemm / moeGemm call of `fn` must have run the forced form
+ * (lastForm: the gemm form forced, or 'prefill' for w4a16Prefill 'always'), so a check named for
+ * a form fails where another form ran; `expectForm: false` for calls expected to throw.
+ */
+export function withForcedForms<T>(b: KdtreeBackend, forms: ForcedForms, fn: () => T, { expectForm = true } = {}): T {
+  const previous = b.native.setForcedForms(forms);
   try {
-    return fn();
+    const result = fn();
+    const expected = forms.gemm ?? (forms.w4a16Prefill === 'always' ? 'prefill' : undefined);
+    const ran = b.native.lastForm();
+    if (expectForm && b.kind === 'cuda' && expected !== undefined && ran !== expected) fail(`forced the ${expected} form, but the last call ran ${ran ?? 'nothing'}`);
+    return result;
   } finally {
-    if (saved === undefined) delete process.env[name];
-    else process.env[name] = saved;
+    b.native.setForcedForms(previous);
   }
 }
