@@ -490,6 +490,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Method<B, &B::NcclAllGatherJs>("ncclAllGather"),
       Method<B, &B::NcclBroadcastJs>("ncclBroadcast"),
       Method<B, &B::NcclAsyncErrorJs>("ncclAsyncError"),
+      Method<B, &B::NcclArmJs>("ncclArm"),
       Method<B, &B::NcclAbortJs>("ncclAbort"),
       Method<B, &B::NcclDestroyJs>("ncclDestroy"),
     });
@@ -498,7 +499,11 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   // communicators never destroyed: aborted (destroy would wait for ranks that may be gone)
   ~NativeBackend() override {
 #ifdef KDTREE_WITH_CUDA
-    for (auto& [id, comm] : comms_) nccl::CommAbort(comm.ptr);
+    for (auto& [id, comm] : comms_) {
+      const bool fired = comm.watchdog->fired();
+      comm.watchdog.reset();
+      if (!fired) nccl::CommAbort(comm.ptr);
+    }
 #endif
   }
   void Attach(std::unique_ptr<Backend> b, int id) { handle_ = std::make_shared<BackendHandle>(std::move(b), id); }
@@ -1173,6 +1178,9 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   struct NcclComm {
     void* ptr = nullptr;
     int world = 0, rank = 0;
+#ifdef KDTREE_WITH_CUDA
+    std::shared_ptr<nccl::Watchdog> watchdog;
+#endif
   };
   void NcclAvailable(Napi::Env env, const char* op) {
 #ifdef KDTREE_WITH_CUDA
@@ -1187,9 +1195,13 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     if (v.IsUndefined()) Throw(c.env, Code::kInvalidArgument, std::string(op) + ": comm is required (a communicator from ncclInit())");
     return ParseInt32(c.env, v, "comm", 1);
   }
-  NcclComm& CommOf(Napi::Env env, int id, const char* op) {
+  // A live communicator; one its watchdog aborted throws the watchdog's reason (it names the rank).
+  NcclComm& CommOf(Napi::Env env, int id, const char* op, bool aborted_ok = false) {
     auto it = comms_.find(id);
     if (it == comms_.end()) Throw(env, Code::kInvalidArgument, std::string(op) + ": comm " + std::to_string(id) + " is not a live communicator of this backend (ncclInit() makes one; ncclAbort/ncclDestroy end it)");
+#ifdef KDTREE_WITH_CUDA
+    if (!aborted_ok && it->second.watchdog->fired()) Throw(env, Code::kDeviceError, std::string(op) + ": " + it->second.watchdog->reason());
+#endif
     return it->second;
   }
   // The NCCL data type of a tensor (every kdtree dtype has one).
@@ -1219,14 +1231,16 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     if (!id_v.IsTypedArray() || id_v.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) Throw(env, Code::kInvalidArgument, "ncclInit: id must be a Uint8Array of 128 bytes (ncclUniqueId() on rank 0), got " + Describe(id_v));
     Napi::Uint8Array id_bytes = id_v.As<Napi::Uint8Array>();
     if (id_bytes.ElementLength() != 128) Throw(env, Code::kInvalidArgument, "ncclInit: id must be 128 bytes (an ncclUniqueId), got " + std::to_string(id_bytes.ElementLength()));
+    [[maybe_unused]] const int interval_ms = Int32(c, "watchdogMs", 50, 1);
     NcclAvailable(env, "ncclInit");
 #ifdef KDTREE_WITH_CUDA
     nccl::UniqueId id;
     std::memcpy(id.internal, id_bytes.Data(), sizeof(id.internal));
     void* unused = nullptr;
     Check(env, be().NativeStream(0, &unused));  // the backend's device is current for the init
-    NcclComm comm{nullptr, world, rank};
+    NcclComm comm{nullptr, world, rank, nullptr};
     Check(env, nccl::CommInitRank(&comm.ptr, world, id, rank));
+    comm.watchdog = std::make_shared<nccl::Watchdog>(comm.ptr, rank, world, interval_ms);
     const int handle = next_comm_++;
     comms_[handle] = comm;
     return Napi::Number::New(env, handle);
@@ -1258,7 +1272,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     if (name == "ncclAllReduce" && send.dtype != DType::kF32 && send.dtype != DType::kBF16 && send.dtype != DType::kF16 && send.dtype != DType::kF64) Throw(env, Code::kInvalidArgument, "ncclAllReduce: a sum needs a float tensor (f32, bf16, f16, f64), got " + send.Describe());
     Check(env, be().CheckStream(stream));
     NcclAvailable(env, op);
-    const NcclComm comm = CommOf(env, id, op);
+    const NcclComm& comm = CommOf(env, id, op);
     if (name == "ncclAllGather" && recv.numel() != send.numel() * comm.world) Throw(env, Code::kInvalidArgument, "ncclAllGather: recv must hold world (" + std::to_string(comm.world) + ") x send's values, got " + send.Describe() + " and " + recv.Describe());
     if (root >= comm.world) Throw(env, Code::kInvalidArgument, "ncclBroadcast: root " + std::to_string(root) + " is not a rank of the communicator's " + std::to_string(comm.world));
 #ifdef KDTREE_WITH_CUDA
@@ -1267,12 +1281,13 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     const int type = NcclType(send);
     const void* from = send.data;
     void* to = recv.data;
+    void* ptr = comm.ptr;
     Queue(env, c.buffers, stream, [=](int s) {
       void* native = nullptr;
       KDTREE_RETURN_IF_ERROR(backend->NativeStream(s, &native));
-      if (name == "ncclAllReduce") return nccl::AllReduceSum(from, to, count, type, comm.ptr, native);
-      if (name == "ncclAllGather") return nccl::AllGather(from, to, count, type, comm.ptr, native);
-      return nccl::Broadcast(from, to, count, type, root, comm.ptr, native);
+      if (name == "ncclAllReduce") return nccl::AllReduceSum(from, to, count, type, ptr, native);
+      if (name == "ncclAllGather") return nccl::AllGather(from, to, count, type, ptr, native);
+      return nccl::Broadcast(from, to, count, type, root, ptr, native);
     });
 #endif
     return env.Undefined();
@@ -1282,16 +1297,32 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Napi::Env env = info.Env();
     const int id = ParseInt32(env, info.Length() > 0 ? info[0] : env.Undefined(), "comm", 1);
     NcclAvailable(env, "ncclAsyncError");
-    [[maybe_unused]] const NcclComm comm = CommOf(env, id, "ncclAsyncError");
+    [[maybe_unused]] const NcclComm& comm = CommOf(env, id, "ncclAsyncError", true);
     Napi::Object o = Napi::Object::New(env);
 #ifdef KDTREE_WITH_CUDA
     int result = 0;
     std::string message;
-    Check(env, nccl::AsyncError(comm.ptr, &result, &message));
+    const bool aborted = comm.watchdog->fired();
+    if (aborted) message = comm.watchdog->reason();
+    else Check(env, nccl::AsyncError(comm.ptr, &result, &message));
     o.Set("result", result);
     o.Set("message", message);
+    o.Set("aborted", aborted);
 #endif
     return o;
+  }
+  // ncclArm(comm, ms): the watchdog aborts the communicator unless disarmed (ms = 0) within `ms`.
+  Napi::Value NcclArmJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const int id = ParseInt32(env, info.Length() > 0 ? info[0] : env.Undefined(), "comm", 1);
+    [[maybe_unused]] const int64_t ms = ParseInt(env, info.Length() > 1 ? info[1] : env.Undefined(), "ms", 0, INT32_MAX);
+    NcclAvailable(env, "ncclArm");
+    [[maybe_unused]] const NcclComm& comm = CommOf(env, id, "ncclArm", true);
+#ifdef KDTREE_WITH_CUDA
+    if (ms == 0) comm.watchdog->Disarm();
+    else comm.watchdog->Arm(ms);
+#endif
+    return env.Undefined();
   }
   // ncclAbort(comm): ends the communicator at once, unblocking its queued collectives.
   Napi::Value NcclAbortJs(const Napi::CallbackInfo& info) { return NcclEndJs(info, "ncclAbort"); }
@@ -1301,10 +1332,15 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Napi::Env env = info.Env();
     const int id = ParseInt32(env, info.Length() > 0 ? info[0] : env.Undefined(), "comm", 1);
     NcclAvailable(env, op);
-    [[maybe_unused]] const NcclComm comm = CommOf(env, id, op);
+    NcclComm comm = CommOf(env, id, op, true);
     comms_.erase(id);
 #ifdef KDTREE_WITH_CUDA
+    const bool fired = comm.watchdog->fired();
+    comm.watchdog.reset();  // its thread is stopped before the communicator goes
+    if (fired) return env.Undefined();  // the watchdog aborted it already
     Check(env, std::string_view(op) == "ncclAbort" ? nccl::CommAbort(comm.ptr) : nccl::CommDestroy(comm.ptr));
+#else
+    (void)comm;
 #endif
     return env.Undefined();
   }

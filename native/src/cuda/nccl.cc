@@ -4,8 +4,12 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 namespace kdtree {
 namespace nccl {
@@ -162,6 +166,68 @@ Status CommAbort(void* comm) {
 Status CommDestroy(void* comm) {
   const int r = api.comm_destroy(comm);
   return r == 0 ? Status::Ok() : Failed(r, nullptr, "ncclCommDestroy");
+}
+
+struct Watchdog::State {
+  void* comm;
+  int rank, world, interval_ms;
+  std::atomic<int64_t> deadline_ms{0};  // steady-clock ms; 0 = disarmed
+  std::atomic<bool> fired{false};
+  mutable std::mutex m;
+  std::condition_variable wake;
+  bool stop = false;
+  std::string reason;
+  std::thread thread;
+};
+
+static int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Watchdog::Watchdog(void* comm, int rank, int world, int interval_ms) : state_(new State) {
+  State* s = state_;
+  s->comm = comm;
+  s->rank = rank;
+  s->world = world;
+  s->interval_ms = interval_ms;
+  s->thread = std::thread([s] {
+    std::unique_lock<std::mutex> lock(s->m);
+    while (!s->stop) {
+      s->wake.wait_for(lock, std::chrono::milliseconds(s->interval_ms));
+      if (s->stop) break;
+      int result = 0;
+      std::string message;
+      std::string why;
+      const Status polled = AsyncError(s->comm, &result, &message);
+      if (!polled.ok()) why = polled.message;
+      else if (!message.empty()) why = message;
+      const int64_t deadline = s->deadline_ms.load();
+      if (why.empty() && deadline != 0 && NowMs() > deadline) why = "timed out: a collective did not complete within the bound (a rank stalled or died)";
+      if (why.empty()) continue;
+      s->reason = "nccl rank " + std::to_string(s->rank) + " of " + std::to_string(s->world) + ": " + why + "; the communicator was aborted";
+      CommAbort(s->comm);
+      s->fired = true;
+      break;
+    }
+  });
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(state_->m);
+    state_->stop = true;
+  }
+  state_->wake.notify_all();
+  state_->thread.join();
+  delete state_;
+}
+
+void Watchdog::Arm(int64_t ms) { state_->deadline_ms = NowMs() + ms; }
+void Watchdog::Disarm() { state_->deadline_ms = 0; }
+bool Watchdog::fired() const { return state_->fired.load(); }
+std::string Watchdog::reason() const {
+  std::lock_guard<std::mutex> lock(state_->m);
+  return state_->reason;
 }
 
 }  // namespace nccl

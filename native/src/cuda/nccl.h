@@ -39,5 +39,25 @@ Status AsyncError(void* comm, int* result, std::string* message);
 Status CommAbort(void* comm);
 Status CommDestroy(void* comm);
 
+// A thread that watches one communicator, because the thread that owns it may be blocked in a
+// synchronize that only an abort can end: every `interval_ms` it polls ncclCommGetAsyncError, and
+// while armed it checks the deadline. On an error, or the deadline passing, it aborts the
+// communicator (collectives queued on it then fail instead of waiting for a rank that is gone) and
+// keeps the reason. The owner must not use the communicator once fired() (the abort freed it).
+class Watchdog {
+ public:
+  Watchdog(void* comm, int rank, int world, int interval_ms);
+  ~Watchdog();  // stops the thread (it does not abort)
+  // Abort unless Disarm() within `ms` from now (the owner arms before work that may block).
+  void Arm(int64_t ms);
+  void Disarm();
+  bool fired() const;
+  std::string reason() const;
+
+ private:
+  struct State;
+  State* state_;
+};
+
 }  // namespace nccl
 }  // namespace kdtree

@@ -234,17 +234,22 @@ export interface NativeBackend {
    * NCCL (cuda only; libnccl.so.2 is loaded on first use). Arguments are checked on every backend;
    * then the cpu backend, and the cpu variant, throw KDTREE_UNSUPPORTED. ncclInit is
    * ncclCommInitRank on this backend's device: it blocks until all `world` ranks have joined, with
-   * `id` the 128 bytes of ncclUniqueId() from rank 0. Returns a communicator handle.
+   * `id` the 128 bytes of ncclUniqueId() from rank 0. Returns a communicator handle. A native
+   * watchdog thread polls the communicator every `watchdogMs` (default 50): on an asynchronous
+   * error, or an armed deadline passing (ncclArm), it aborts it, so a thread blocked waiting for a
+   * dead rank returns; every later call on it throws the reason, which names the rank.
    */
-  ncclInit(args: { world: number; rank: number; id: Uint8Array }): number;
+  ncclInit(args: { world: number; rank: number; id: Uint8Array; watchdogMs?: number }): number;
+  /** The watchdog aborts the communicator unless re-armed or disarmed (ms = 0) within `ms`. */
+  ncclArm(comm: number, ms: number): void;
   /** recv = the sum over ranks of send (float dtypes; send may be recv), queued on the stream and captured with it. */
   ncclAllReduce(args: { comm: number; send: TensorArg; recv: TensorArg; stream?: number }): void;
   /** recv = every rank's send back to back, rank r's at r x numel(send). */
   ncclAllGather(args: { comm: number; send: TensorArg; recv: TensorArg; stream?: number }): void;
   /** recv on every rank = send on rank `root` (send is read on the root only). */
   ncclBroadcast(args: { comm: number; send: TensorArg; recv: TensorArg; root: number; stream?: number }): void;
-  /** ncclCommGetAsyncError: result 0 ok, 7 in progress, anything else a failure that `message` describes. */
-  ncclAsyncError(comm: number): { result: number; message: string };
+  /** ncclCommGetAsyncError: result 0 ok, 7 in progress, anything else a failure that `message` describes; `aborted` when the watchdog ended it (`message` says why). */
+  ncclAsyncError(comm: number): { result: number; message: string; aborted: boolean };
   /** ncclCommAbort: ends the communicator at once; collectives queued on it fail instead of waiting. */
   ncclAbort(comm: number): void;
   /** ncclCommDestroy: ends it after its queued work (every rank must reach it). */

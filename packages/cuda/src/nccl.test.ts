@@ -26,6 +26,7 @@ describe('nccl on the cpu backend', () => {
       [() => b.native.ncclAllGather({ comm: 1, send: f32(4), recv: f32(8) }), 'ncclAllGather'],
       [() => b.native.ncclBroadcast({ comm: 1, send: f32(4), recv: f32(4), root: 0 }), 'ncclBroadcast'],
       [() => b.native.ncclAsyncError(1), 'ncclAsyncError'],
+      [() => b.native.ncclArm(1, 1000), 'ncclArm'],
       [() => b.native.ncclAbort(1), 'ncclAbort'],
       [() => b.native.ncclDestroy(1), 'ncclDestroy'],
     ] as const) {
@@ -65,6 +66,8 @@ describe('nccl on the cpu backend', () => {
       [() => b.native.ncclAllReduce({ comm: 1, send: f32(4), recv: f32(4), stream: 9 }), /unknown stream 9/],
       [() => b.native.ncclBroadcast({ comm: 1, send: f32(4), recv: f32(4) } as never), /root is required/],
       [() => b.native.ncclAsyncError('x' as never), /comm must be a number/],
+      [() => b.native.ncclArm(1, -5), /ms must be an integer in \[0, /],
+      [() => b.native.ncclInit({ world: 2, rank: 0, id, watchdogMs: 0 }), /watchdogMs must be an integer in \[1, /],
     ];
     for (const [call, message] of bad) {
       const e = thrown(call);
