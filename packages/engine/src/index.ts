@@ -13,5 +13,6 @@ export { view } from './linear.js';
 export { HostCollective, StepGraph, type Collective, type HostTransport } from './collective.js';
 export { RankFailure } from './shared-memory-transport.js';
 export { TP_TIMEOUT_MS } from './tp.js';
+export { NcclCollective, type NcclCollectiveOptions } from './nccl-collective.js';
 export type { Shard } from './shard.js';
 export type { RankCommand, StepKey } from './runner.js';
