@@ -90,8 +90,10 @@ describe('NcclCollective', () => {
   it('broadcasts every tensor as its bytes', () => {
     const { backend, state } = emulated(() => 0);
     const c = new NcclCollective(backend, options);
+    // the constructor's warm-up: one of each
+    expect(state.calls).toEqual(['allReduce', 'allGather', 'broadcast u8 [4] from 0']);
     c.broadcast([b.zeros('i32', [3]), b.zeros('f32', [2, 2])], 0, 0);
-    expect(state.calls).toEqual(['broadcast u8 [12] from 0', 'broadcast u8 [16] from 0']);
+    expect(state.calls.slice(3)).toEqual(['broadcast u8 [12] from 0', 'broadcast u8 [16] from 0']);
   });
 
   it('guards work with the watchdog armed, and a watchdog abort becomes a RankFailure naming the rank', () => {
@@ -118,6 +120,6 @@ describe('NcclCollective', () => {
   it('destroys a healthy communicator on close', () => {
     const { backend, state } = emulated(() => 0);
     new NcclCollective(backend, options).close();
-    expect(state.calls).toEqual(['destroy']);
+    expect(state.calls.slice(3)).toEqual(['destroy']);
   });
 });

@@ -53,9 +53,28 @@ export class NcclCollective implements Collective {
     this.comm = b.native.ncclInit({ world: options.world, rank: options.rank, id: options.id, watchdogMs: options.watchdogMs });
     try {
       this.staging = options.world > 1 && options.gatherFloats > 0 ? b.zeros('f32', [options.world * options.gatherFloats]) : undefined;
+      this.warmUp();
     } catch (error) {
       b.native.ncclAbort(this.comm);
       throw error;
+    }
+  }
+
+  /**
+   * One of each collective, uncaptured: NCCL connects ranks lazily, at a communicator's first use
+   * of each algorithm, and that setup is not a thing to leave for the first captured step.
+   */
+  private warmUp(): void {
+    const b = this.b;
+    const t = b.zeros('f32', [this.world]);
+    try {
+      const one: DeviceTensor = { ...t, shape: [1, 1] };
+      this.allReduceSum(one, 0);
+      this.allGather(one, { ...t, shape: [1, this.world] }, 0);
+      this.broadcast([one], 0, 0);
+      b.synchronize(0);
+    } finally {
+      b.free(t);
     }
   }
 
