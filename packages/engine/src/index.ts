@@ -14,5 +14,6 @@ export { HostCollective, StepGraph, type Collective, type HostTransport } from '
 export { RankFailure } from './shared-memory-transport.js';
 export { TP_TIMEOUT_MS } from './tp.js';
 export { NcclCollective, type NcclCollectiveOptions } from './nccl-collective.js';
+export { DEFAULT_MASTER_PORT, fetchUniqueId, launchPlans, serveUniqueId, UNIQUE_ID_BYTES, type LaunchFlags, type LaunchPlan } from './rendezvous.js';
 export type { Shard } from './shard.js';
 export type { RankCommand, StepKey } from './runner.js';
