@@ -500,9 +500,9 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
   ~NativeBackend() override {
 #ifdef KDTREE_WITH_CUDA
     for (auto& [id, comm] : comms_) {
-      const bool fired = comm.watchdog->fired();
-      comm.watchdog.reset();
-      if (!fired) nccl::CommAbort(comm.ptr);
+      // the thread is stopped first: it may abort the communicator until it has
+      comm.watchdog->Stop();
+      if (!comm.watchdog->fired()) nccl::CommAbort(comm.ptr);
     }
 #endif
   }
@@ -1335,9 +1335,8 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     NcclComm comm = CommOf(env, id, op, true);
     comms_.erase(id);
 #ifdef KDTREE_WITH_CUDA
-    const bool fired = comm.watchdog->fired();
-    comm.watchdog.reset();  // its thread is stopped before the communicator goes
-    if (fired) return env.Undefined();  // the watchdog aborted it already
+    comm.watchdog->Stop();  // first: until its thread has stopped it may abort the communicator
+    if (comm.watchdog->fired()) return env.Undefined();  // it did: nothing is left to end
     Check(env, std::string_view(op) == "ncclAbort" ? nccl::CommAbort(comm.ptr) : nccl::CommDestroy(comm.ptr));
 #else
     (void)comm;

@@ -213,13 +213,17 @@ Watchdog::Watchdog(void* comm, int rank, int world, int interval_ms) : state_(ne
 }
 
 Watchdog::~Watchdog() {
+  Stop();
+  delete state_;
+}
+
+void Watchdog::Stop() {
   {
     std::lock_guard<std::mutex> lock(state_->m);
     state_->stop = true;
   }
   state_->wake.notify_all();
-  state_->thread.join();
-  delete state_;
+  if (state_->thread.joinable()) state_->thread.join();
 }
 
 void Watchdog::Arm(int64_t ms) { state_->deadline_ms = NowMs() + ms; }

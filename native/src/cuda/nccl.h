@@ -47,7 +47,9 @@ Status CommDestroy(void* comm);
 class Watchdog {
  public:
   Watchdog(void* comm, int rank, int world, int interval_ms);
-  ~Watchdog();  // stops the thread (it does not abort)
+  ~Watchdog();  // Stop()
+  // Stops the thread (it does not abort); after it returns, fired() no longer changes.
+  void Stop();
   // Abort unless Disarm() within `ms` from now (the owner arms before work that may block).
   void Arm(int64_t ms);
   void Disarm();
