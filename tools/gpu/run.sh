@@ -4,6 +4,8 @@
 #                               it stops with exit 2 where that fails), the torch peers (dense bf16, int4), the
 #                               pure-read floor, then the benchmark
 #   bash .gpu/run.sh engine     the engine's exactness suite on cuda, its benchmark and transformers' (engine-*.mjs, hf_peer.py)
+#   bash .gpu/run.sh nccl       NCCL on one GPU (nccl-check.mjs): version, a world-1 communicator, collectives captured
+#                               in a graph, tp-1 decode over NCCL == plain, per-layer all-reduce times; JSON on stdout
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
 #   bash .gpu/run.sh ab         same-run A/B: the self-test of this binary, then the benchmark of it and
 #                               of every other build in .gpu/v*/kdtree_cuda.node, interleaved, twice;
@@ -23,6 +25,10 @@ set -u
 out=${OUT:-/tmp}
 mkdir -p "$out"
 xz -dc .gpu/node.xz > /tmp/node && chmod +x /tmp/node
+if [ "${1:-}" = nccl ]; then
+  NCCL_NVLS_ENABLE=0 OUT=$out /tmp/node .gpu/nccl-check.mjs
+  exit $?
+fi
 if [ "${1:-}" = engine ]; then
   # the engine: its exactness suite on cuda, then its benchmark and transformers' in the same run
   OUT=$out /tmp/node .gpu/engine-check.mjs > "$out/engine-check.log" 2>&1; ec=$?

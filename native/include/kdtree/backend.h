@@ -77,6 +77,9 @@ class Backend {
   // no queue to capture); `call` then runs the op, on any stream, at each launch.
   virtual bool RecordsCalls() const { return false; }
   virtual Status RecordCall(int stream, std::function<Status()> call) { return Unsupported(kind(), ": op calls are not recorded; stream ", stream, " is captured by the device"); }
+  // For a library that queues work of its own (NCCL): makes this backend's device current and
+  // gives the native stream behind `stream` (cuda: its cudaStream_t; null for the default stream).
+  virtual Status NativeStream(int stream, void** out) { return Unsupported(kind(), ": no native streams; NCCL needs the cuda backend"); }
 
   // Forced GEMM kernel forms (tests, tuning), as KDTREE_GEMM_FORM and KDTREE_W4A16_PREFILL spell
   // them ("" or nullptr: the rule); an unknown value is an error. The binding sets them from the

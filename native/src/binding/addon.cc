@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <new>
@@ -29,6 +30,9 @@
 #include "../common/dispatch_policy.h"
 #include "../common/validate.h"
 #include "kdtree/backend.h"
+#ifdef KDTREE_WITH_CUDA
+#include "../cuda/nccl.h"
+#endif
 
 #ifndef KDTREE_VERSION
 #define KDTREE_VERSION "0.0.0"
@@ -485,9 +489,27 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Method<B, &B::DdtreeAcceptJs>("ddtreeAccept"),
       Method<B, &B::KvCommitJs>("kvCommit"),
       Method<B, &B::ArangeJs>("arange"),
+      Method<B, &B::NcclInitJs>("ncclInit"),
+      Method<B, &B::NcclAllReduceJs>("ncclAllReduce"),
+      Method<B, &B::NcclAllGatherJs>("ncclAllGather"),
+      Method<B, &B::NcclBroadcastJs>("ncclBroadcast"),
+      Method<B, &B::NcclAsyncErrorJs>("ncclAsyncError"),
+      Method<B, &B::NcclArmJs>("ncclArm"),
+      Method<B, &B::NcclAbortJs>("ncclAbort"),
+      Method<B, &B::NcclDestroyJs>("ncclDestroy"),
     });
   }
   explicit NativeBackend(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeBackend>(info) { RequireToken(info, kClassName, "createBackend()"); }
+  // communicators never destroyed: aborted (destroy would wait for ranks that may be gone)
+  ~NativeBackend() override {
+#ifdef KDTREE_WITH_CUDA
+    for (auto& [id, comm] : comms_) {
+      // the thread is stopped first: it may abort the communicator until it has
+      comm.watchdog->Stop();
+      if (!comm.watchdog->fired()) nccl::CommAbort(comm.ptr);
+    }
+#endif
+  }
   void Attach(std::unique_ptr<Backend> b, int id, std::string forced_gemm, std::string forced_prefill) {
     handle_ = std::make_shared<BackendHandle>(std::move(b), id);
     handle_->forced_gemm = std::move(forced_gemm);
@@ -1187,8 +1209,181 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     return Run(c, a, ValidateArange, &Backend::Arange);
   }
 
+  // NCCL communicators (cuda only). Arguments are read and checked first, on every backend, so a
+  // bad call fails the same way everywhere; then a backend without NCCL says so.
+  struct NcclComm {
+    void* ptr = nullptr;
+    int world = 0, rank = 0;
+#ifdef KDTREE_WITH_CUDA
+    std::shared_ptr<nccl::Watchdog> watchdog;
+#endif
+  };
+  void NcclAvailable(Napi::Env env, const char* op) {
+#ifdef KDTREE_WITH_CUDA
+    if (std::string_view(be().kind()) == "cuda") return;
+    Throw(env, Code::kUnsupported, std::string(op) + ": NCCL needs the cuda backend; this is the " + be().kind() + " backend (cpu ranks use the shared-memory transport)");
+#else
+    Throw(env, Code::kUnsupported, std::string(op) + ": this is the cpu variant of the kdtree addon; NCCL needs the cuda variant (kdtree_cuda.node) and libnccl.so.2");
+#endif
+  }
+  int CommId(Call& c, const char* op) {
+    const Napi::Value v = c.args.Get("comm");
+    if (v.IsUndefined()) Throw(c.env, Code::kInvalidArgument, std::string(op) + ": comm is required (a communicator from ncclInit())");
+    return ParseInt32(c.env, v, "comm", 1);
+  }
+  // A live communicator; one its watchdog aborted throws the watchdog's reason (it names the rank).
+  NcclComm& CommOf(Napi::Env env, int id, const char* op, bool aborted_ok = false) {
+    auto it = comms_.find(id);
+    if (it == comms_.end()) Throw(env, Code::kInvalidArgument, std::string(op) + ": comm " + std::to_string(id) + " is not a live communicator of this backend (ncclInit() makes one; ncclAbort/ncclDestroy end it)");
+#ifdef KDTREE_WITH_CUDA
+    if (!aborted_ok && it->second.watchdog->fired()) Throw(env, Code::kDeviceError, std::string(op) + ": " + it->second.watchdog->reason());
+#endif
+    return it->second;
+  }
+  // The NCCL data type of a tensor (every kdtree dtype has one).
+  static int NcclType(const Tensor& t) {
+    int type = -1;
+#ifdef KDTREE_WITH_CUDA
+    nccl::DataType(t.dtype, &type);
+#endif
+    return type;
+  }
+  void CheckFits(Napi::Env env, const char* op, const Tensor& t) {
+    const int64_t need = t.numel() * DTypeSize(t.dtype);
+    if (need > t.bytes) Throw(env, Code::kInvalidArgument, std::string(op) + ": " + t.Describe() + " needs " + std::to_string(need) + " bytes; its buffer holds " + std::to_string(t.bytes) + " from its offset");
+  }
+  // ncclInit({world, rank, id}) -> comm: ncclCommInitRank on this backend's device. `id` is the
+  // 128 bytes of ncclUniqueId() from rank 0; the call blocks until all `world` ranks have joined.
+  Napi::Value NcclInitJs(const Napi::CallbackInfo& info) {
+    Call c{info.Env(), ArgsObject(info), {}};
+    Napi::Env env = c.env;
+    const int world = Int32(c, "world", 0, 1);
+    if (world < 1) Throw(env, Code::kInvalidArgument, "ncclInit: world is required (an integer >= 1)");
+    const Napi::Value rank_v = c.args.Get("rank");
+    if (rank_v.IsUndefined()) Throw(env, Code::kInvalidArgument, "ncclInit: rank is required (an integer in [0, world))");
+    const int rank = ParseInt32(env, rank_v, "rank", 0);
+    if (rank >= world) Throw(env, Code::kInvalidArgument, "ncclInit: rank " + std::to_string(rank) + " is not in [0, " + std::to_string(world) + ")");
+    const Napi::Value id_v = c.args.Get("id");
+    if (!id_v.IsTypedArray() || id_v.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) Throw(env, Code::kInvalidArgument, "ncclInit: id must be a Uint8Array of 128 bytes (ncclUniqueId() on rank 0), got " + Describe(id_v));
+    Napi::Uint8Array id_bytes = id_v.As<Napi::Uint8Array>();
+    if (id_bytes.ElementLength() != 128) Throw(env, Code::kInvalidArgument, "ncclInit: id must be 128 bytes (an ncclUniqueId), got " + std::to_string(id_bytes.ElementLength()));
+    [[maybe_unused]] const int interval_ms = Int32(c, "watchdogMs", 50, 1);
+    NcclAvailable(env, "ncclInit");
+#ifdef KDTREE_WITH_CUDA
+    nccl::UniqueId id;
+    std::memcpy(id.internal, id_bytes.Data(), sizeof(id.internal));
+    void* unused = nullptr;
+    Check(env, be().NativeStream(0, &unused));  // the backend's device is current for the init
+    NcclComm comm{nullptr, world, rank, nullptr};
+    Check(env, nccl::CommInitRank(&comm.ptr, world, id, rank));
+    comm.watchdog = std::make_shared<nccl::Watchdog>(comm.ptr, rank, world, interval_ms);
+    const int handle = next_comm_++;
+    comms_[handle] = comm;
+    return Napi::Number::New(env, handle);
+#else
+    return env.Undefined();
+#endif
+  }
+  // ncclAllReduce({comm, send, recv, stream}): recv = the sum over ranks of send (same dtype and
+  // size; send === recv is in place), queued on the stream (and captured with it).
+  Napi::Value NcclAllReduceJs(const Napi::CallbackInfo& info) { return NcclCollectiveJs(info, "ncclAllReduce"); }
+  // ncclAllGather({comm, send, recv, stream}): recv = every rank's send, rank r's at r * size(send).
+  Napi::Value NcclAllGatherJs(const Napi::CallbackInfo& info) { return NcclCollectiveJs(info, "ncclAllGather"); }
+  // ncclBroadcast({comm, send, recv, root, stream}): recv on every rank = send on rank `root`.
+  Napi::Value NcclBroadcastJs(const Napi::CallbackInfo& info) { return NcclCollectiveJs(info, "ncclBroadcast"); }
+  Napi::Value NcclCollectiveJs(const Napi::CallbackInfo& info, const char* op) {
+    Call c{info.Env(), ArgsObject(info), {}};
+    Napi::Env env = c.env;
+    const std::string_view name(op);
+    const int id = CommId(c, op);
+    const Tensor send = TensorArg(c, "send");
+    const Tensor recv = TensorArg(c, "recv");
+    const int root = name == "ncclBroadcast" ? Int32(c, "root", -1, 0) : 0;
+    if (root < 0) Throw(env, Code::kInvalidArgument, "ncclBroadcast: root is required (the rank whose send every rank receives)");
+    const int stream = StreamArg(c);
+    if (send.dtype != recv.dtype) Throw(env, Code::kInvalidArgument, std::string(op) + ": send and recv must have one dtype, got " + send.Describe() + " and " + recv.Describe());
+    CheckFits(env, op, send);
+    CheckFits(env, op, recv);
+    if (name != "ncclAllGather" && send.numel() != recv.numel()) Throw(env, Code::kInvalidArgument, std::string(op) + ": send and recv must hold as many values, got " + send.Describe() + " and " + recv.Describe());
+    if (name == "ncclAllReduce" && send.dtype != DType::kF32 && send.dtype != DType::kBF16 && send.dtype != DType::kF16 && send.dtype != DType::kF64) Throw(env, Code::kInvalidArgument, "ncclAllReduce: a sum needs a float tensor (f32, bf16, f16, f64), got " + send.Describe());
+    Check(env, be().CheckStream(stream));
+    NcclAvailable(env, op);
+    const NcclComm& comm = CommOf(env, id, op);
+    if (name == "ncclAllGather" && recv.numel() != send.numel() * comm.world) Throw(env, Code::kInvalidArgument, "ncclAllGather: recv must hold world (" + std::to_string(comm.world) + ") x send's values, got " + send.Describe() + " and " + recv.Describe());
+    if (root >= comm.world) Throw(env, Code::kInvalidArgument, "ncclBroadcast: root " + std::to_string(root) + " is not a rank of the communicator's " + std::to_string(comm.world));
+#ifdef KDTREE_WITH_CUDA
+    Backend* backend = &be();
+    const size_t count = static_cast<size_t>(send.numel());
+    const int type = NcclType(send);
+    const void* from = send.data;
+    void* to = recv.data;
+    void* ptr = comm.ptr;
+    Queue(env, c.buffers, stream, [=](int s) {
+      void* native = nullptr;
+      KDTREE_RETURN_IF_ERROR(backend->NativeStream(s, &native));
+      if (name == "ncclAllReduce") return nccl::AllReduceSum(from, to, count, type, ptr, native);
+      if (name == "ncclAllGather") return nccl::AllGather(from, to, count, type, ptr, native);
+      return nccl::Broadcast(from, to, count, type, root, ptr, native);
+    });
+#endif
+    return env.Undefined();
+  }
+  // ncclAsyncError(comm) -> {result, message}: 0 ok, 7 in progress, else failed (message says how).
+  Napi::Value NcclAsyncErrorJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const int id = ParseInt32(env, info.Length() > 0 ? info[0] : env.Undefined(), "comm", 1);
+    NcclAvailable(env, "ncclAsyncError");
+    [[maybe_unused]] const NcclComm& comm = CommOf(env, id, "ncclAsyncError", true);
+    Napi::Object o = Napi::Object::New(env);
+#ifdef KDTREE_WITH_CUDA
+    int result = 0;
+    std::string message;
+    const bool aborted = comm.watchdog->fired();
+    if (aborted) message = comm.watchdog->reason();
+    else Check(env, nccl::AsyncError(comm.ptr, &result, &message));
+    o.Set("result", result);
+    o.Set("message", message);
+    o.Set("aborted", aborted);
+#endif
+    return o;
+  }
+  // ncclArm(comm, ms): the watchdog aborts the communicator unless disarmed (ms = 0) within `ms`.
+  Napi::Value NcclArmJs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const int id = ParseInt32(env, info.Length() > 0 ? info[0] : env.Undefined(), "comm", 1);
+    [[maybe_unused]] const int64_t ms = ParseInt(env, info.Length() > 1 ? info[1] : env.Undefined(), "ms", 0, INT32_MAX);
+    NcclAvailable(env, "ncclArm");
+    [[maybe_unused]] const NcclComm& comm = CommOf(env, id, "ncclArm", true);
+#ifdef KDTREE_WITH_CUDA
+    if (ms == 0) comm.watchdog->Disarm();
+    else comm.watchdog->Arm(ms);
+#endif
+    return env.Undefined();
+  }
+  // ncclAbort(comm): ends the communicator at once, unblocking its queued collectives.
+  Napi::Value NcclAbortJs(const Napi::CallbackInfo& info) { return NcclEndJs(info, "ncclAbort"); }
+  // ncclDestroy(comm): ends it after its queued collectives (every rank must reach them).
+  Napi::Value NcclDestroyJs(const Napi::CallbackInfo& info) { return NcclEndJs(info, "ncclDestroy"); }
+  Napi::Value NcclEndJs(const Napi::CallbackInfo& info, const char* op) {
+    Napi::Env env = info.Env();
+    const int id = ParseInt32(env, info.Length() > 0 ? info[0] : env.Undefined(), "comm", 1);
+    NcclAvailable(env, op);
+    NcclComm comm = CommOf(env, id, op, true);
+    comms_.erase(id);
+#ifdef KDTREE_WITH_CUDA
+    comm.watchdog->Stop();  // first: until its thread has stopped it may abort the communicator
+    if (comm.watchdog->fired()) return env.Undefined();  // it did: nothing is left to end
+    Check(env, std::string_view(op) == "ncclAbort" ? nccl::CommAbort(comm.ptr) : nccl::CommDestroy(comm.ptr));
+#else
+    (void)comm;
+#endif
+    return env.Undefined();
+  }
+
   std::shared_ptr<BackendHandle> handle_;
   std::map<int, Capture> captures_;  // capturing stream -> its capture
+  std::map<int, NcclComm> comms_;     // ncclInit's communicators by handle
+  int next_comm_ = 1;
 };
 
 // createBackend(kind: 'cpu' | 'cuda', device = 0)
@@ -1290,6 +1485,25 @@ Napi::Value DispatchPolicyJs(const Napi::CallbackInfo& info) {
   plan.Set("stepsPerWarp", p.ranges.steps_per_warp);
   return plan;
 }
+// ncclVersion() -> e.g. 22703 (NCCL 2.27.3); ncclUniqueId() -> Uint8Array(128) for ncclInit's id.
+// Both load libnccl.so.2 on first use; the cpu variant has no NCCL.
+#ifdef KDTREE_WITH_CUDA
+Napi::Value NcclVersion(const Napi::CallbackInfo& info) {
+  int version = 0;
+  Check(info.Env(), nccl::Version(&version));
+  return Napi::Number::New(info.Env(), version);
+}
+Napi::Value NcclUniqueId(const Napi::CallbackInfo& info) {
+  nccl::UniqueId id;
+  Check(info.Env(), nccl::GetUniqueId(&id));
+  Napi::Uint8Array out = Napi::Uint8Array::New(info.Env(), sizeof(id.internal));
+  std::memcpy(out.Data(), id.internal, sizeof(id.internal));
+  return out;
+}
+#else
+Napi::Value NcclVersion(const Napi::CallbackInfo& info) { Throw(info.Env(), Code::kUnsupported, "ncclVersion: this is the cpu variant of the kdtree addon; NCCL needs the cuda variant (kdtree_cuda.node) and libnccl.so.2"); }
+Napi::Value NcclUniqueId(const Napi::CallbackInfo& info) { Throw(info.Env(), Code::kUnsupported, "ncclUniqueId: this is the cpu variant of the kdtree addon; NCCL needs the cuda variant (kdtree_cuda.node) and libnccl.so.2"); }
+#endif
 
 #ifdef KDTREE_WITH_CUDA
 // cudaProbe(): {ok, error, driverVersion, runtimeVersion, deviceCount, devices: [{name, computeCapability, ...}]}
@@ -1324,6 +1538,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   data->backend = Napi::Persistent(NativeBackend::Init(env));
   exports.Set("createBackend", Napi::Function::New(env, CreateBackend));
   exports.Set("dispatchPolicy", Napi::Function::New(env, DispatchPolicyJs));
+  exports.Set("ncclVersion", Napi::Function::New(env, NcclVersion));
+  exports.Set("ncclUniqueId", Napi::Function::New(env, NcclUniqueId));
   Napi::Object build = Napi::Object::New(env);
   build.Set("version", KDTREE_VERSION);
   build.Set("variant", KDTREE_VARIANT);

@@ -209,6 +209,12 @@ class CudaBackend final : public Backend {
     cudaStream_t s;
     return Stream(stream, &s);
   }
+  Status NativeStream(int stream, void** out) override {
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    *out = s;
+    return Status::Ok();
+  }
   Status CreateEvent(int* event) override {
     KDTREE_RETURN_IF_ERROR(Device());
     cudaEvent_t e;

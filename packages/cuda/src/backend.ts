@@ -79,6 +79,16 @@ export class KdtreeBackend {
     this.reason = loaded.reason;
   }
 
+  /** NCCL's version code (see ncclVersionString); throws where NCCL is unavailable. */
+  ncclVersion(): number {
+    return this.loaded.module.ncclVersion();
+  }
+
+  /** A fresh ncclUniqueId (128 bytes): rank 0 makes it, every rank passes it to ncclInit. */
+  ncclUniqueId(): Uint8Array {
+    return this.loaded.module.ncclUniqueId();
+  }
+
   info(): NativeDeviceInfo {
     return this.native.info();
   }
@@ -185,6 +195,11 @@ export class KdtreeBackend {
       this.native.destroyEvent(b);
     }
   }
+}
+
+/** NCCL's version as major.minor.patch (ncclGetVersion's code is major * 10000 + minor * 100 + patch from 2.9 on). */
+export function ncclVersionString(code: number): string {
+  return `${Math.floor(code / 10000)}.${Math.floor((code % 10000) / 100)}.${code % 100}`;
 }
 
 /** Loads the addon (see loader.ts for the candidates and checks) and returns a backend. */

@@ -1,6 +1,6 @@
 export { AddonLoadError, isNativeError, NATIVE_ERROR_CODES, type LoadAttempt, type NativeError, type NativeErrorCode } from './errors.js';
 export { BACKEND_KINDS, loadAddon, PLATFORM_KEY, resolveBackendKind, type BackendKind, type LoadedAddon, type LoadOptions } from './loader.js';
-export { createBackend, DTYPE_BYTES, KdtreeBackend, numel, type DeviceBuffer, type DeviceTensor, type Dtype, type Graph, type PackedW4A16 } from './backend.js';
+export { createBackend, DTYPE_BYTES, KdtreeBackend, ncclVersionString, numel, type DeviceBuffer, type DeviceTensor, type Dtype, type Graph, type PackedW4A16 } from './backend.js';
 export type {
   BuildMeta,
   CudaProbe,

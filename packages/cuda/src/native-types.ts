@@ -251,6 +251,30 @@ export interface NativeBackend {
    * slots from the committed length on the device, or that length moved on (out may be startOnDevice).
    */
   arange(args: { out: TensorArg; start?: number; startOnDevice?: TensorArg; stream?: number }): void;
+  /**
+   * NCCL (cuda only; libnccl.so.2 is loaded on first use). Arguments are checked on every backend;
+   * then the cpu backend, and the cpu variant, throw KDTREE_UNSUPPORTED. ncclInit is
+   * ncclCommInitRank on this backend's device: it blocks until all `world` ranks have joined, with
+   * `id` the 128 bytes of ncclUniqueId() from rank 0. Returns a communicator handle. A native
+   * watchdog thread polls the communicator every `watchdogMs` (default 50): on an asynchronous
+   * error, or an armed deadline passing (ncclArm), it aborts it, so a thread blocked waiting for a
+   * dead rank returns; every later call on it throws the reason, which names the rank.
+   */
+  ncclInit(args: { world: number; rank: number; id: Uint8Array; watchdogMs?: number }): number;
+  /** The watchdog aborts the communicator unless re-armed or disarmed (ms = 0) within `ms`. */
+  ncclArm(comm: number, ms: number): void;
+  /** recv = the sum over ranks of send (float dtypes; send may be recv), queued on the stream and captured with it. */
+  ncclAllReduce(args: { comm: number; send: TensorArg; recv: TensorArg; stream?: number }): void;
+  /** recv = every rank's send back to back, rank r's at r x numel(send). */
+  ncclAllGather(args: { comm: number; send: TensorArg; recv: TensorArg; stream?: number }): void;
+  /** recv on every rank = send on rank `root` (send is read on the root only). */
+  ncclBroadcast(args: { comm: number; send: TensorArg; recv: TensorArg; root: number; stream?: number }): void;
+  /** ncclCommGetAsyncError: result 0 ok, 7 in progress, anything else a failure that `message` describes; `aborted` when the watchdog ended it (`message` says why). */
+  ncclAsyncError(comm: number): { result: number; message: string; aborted: boolean };
+  /** ncclCommAbort: ends the communicator at once; collectives queued on it fail instead of waiting. */
+  ncclAbort(comm: number): void;
+  /** ncclCommDestroy: ends it after its queued work (every rank must reach it). */
+  ncclDestroy(comm: number): void;
 }
 
 export interface CudaProbe {
@@ -350,6 +374,10 @@ export interface NativeModule {
   dispatchPolicy(query: DispatchQuery & { op: 'w4a16Gemm' | 'moeGemm' }): W4A16Dispatch;
   build: { version: string; variant: 'cpu' | 'cuda'; cudaArchitectures: string; napiVersion: number };
   cudaProbe?: () => CudaProbe;
+  /** NCCL's version (22703 is 2.27.3); throws naming libnccl.so.2 where it cannot be loaded, and on the cpu variant. */
+  ncclVersion(): number;
+  /** A fresh ncclUniqueId (128 bytes) for rank 0 to hand to every rank's ncclInit. */
+  ncclUniqueId(): Uint8Array;
 }
 
 export interface BuildMeta {

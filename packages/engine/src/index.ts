@@ -14,6 +14,8 @@ export { view } from './linear.js';
 export { HostCollective, StepGraph, type Collective, type HostTransport } from './collective.js';
 export { RankFailure } from './shared-memory-transport.js';
 export { TP_TIMEOUT_MS } from './tp.js';
+export { NcclCollective, type NcclCollectiveOptions } from './nccl-collective.js';
+export { DEFAULT_MASTER_PORT, fetchUniqueId, launchPlans, serveUniqueId, UNIQUE_ID_BYTES, type LaunchFlags, type LaunchPlan } from './rendezvous.js';
 export type { Block, Shard, Split, TensorCut } from './shard.js';
 export { openModel, readShardIndex, rankFileName, shardIndexPath, ShardSource, SHARD_INDEX_NAME, SHARD_INDEX_SCHEMA, type ShardIndex, type ShardIndexTensor } from './shard-source.js';
 export { writeShards, type ShardProgress, type ShardResult } from './shard-writer.js';

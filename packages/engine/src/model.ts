@@ -143,7 +143,8 @@ export class DeviceModel {
       const constants = { invFreq: track(b.fromArray('f64', [rope.invFreq.length], rope.invFreq)), attentionFactor: rope.attentionFactor, scale: softmaxScale(c) };
       const floatGateUp = layers.some((l) => l.mlp.floatGateUp);
       const workspace = new Workspace(b, c, options.rows, floatGateUp, shard.world, options.activations);
-      return new DeviceModel(b, c, embed, layers, norm, lmHead, constants, workspace, shard.world > 1 ? collective : undefined);
+      // kept at world 1 too: one NCCL rank checks the collective path against the plain one
+      return new DeviceModel(b, c, embed, layers, norm, lmHead, constants, workspace, collective);
     } catch (error) {
       for (const o of owned.reverse()) o.free();
       throw error;
@@ -203,7 +204,8 @@ export class DeviceModel {
     const xs = ws.rowsOf('x', first, count);
     const hs = ws.rowsOf('h', first, count);
     b.native.rmsNorm({ x: xs, weight: this.norm, out: hs, eps: c.rmsNormEps, ...(pending ? { residual: ws.rowsOf('mlpOut', first, count), sum: xs } : {}), stream });
-    if (collective === undefined) applyLinear(b, this.lmHead, hs, view(out, [count, c.vocabSize]), stream);
+    // one rank holds the whole vocabulary: its all-gather would be the identity
+    if (collective === undefined || collective.world === 1) applyLinear(b, this.lmHead, hs, view(out, [count, c.vocabSize]), stream);
     else {
       const local = ws.get('lmLocal', count);
       applyLinear(b, this.lmHead, hs, local, stream);
