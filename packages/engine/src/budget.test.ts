@@ -49,8 +49,9 @@ describe('BudgetPolicy', () => {
   it('waits longer after a try the further the best tree was from paying, longest for a drafter that predicts nothing', () => {
     expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.8, bestGain: 0.5 })).toBe(2);
     expect(BudgetPolicy.backoff(2, { treeVsDecode: 0.3, bestGain: 0.5 })).toBe(8);
-    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.9, bestGain: 0.01 })).toBe(8);
-    expect(BudgetPolicy.backoff(512, { treeVsDecode: 0.9, bestGain: 0.01 })).toBe(1024);
+    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.9, bestGain: 0.05 })).toBe(8);
+    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.9, bestGain: 0.001 })).toBe(32);
+    expect(BudgetPolicy.backoff(512, { treeVsDecode: 0.9, bestGain: 0.001 })).toBe(1024);
     const p = new BudgetPolicy(curve, 0);
     expect(p.choose(logs(Array(64).fill(1e-5))).bestGain).toBeLessThan(0.1);
   });

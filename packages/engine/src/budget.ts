@@ -104,7 +104,7 @@ export class BudgetPolicy {
    * drafter that predicts nothing (each try costs a draft, a tree build and a host round trip).
    */
   static backoff(previous: number, choice: { treeVsDecode: number; bestGain: number }): number {
-    const factor = choice.bestGain < 0.1 ? 8 : choice.treeVsDecode < 0.5 ? 4 : 2;
+    const factor = choice.bestGain < 0.01 ? 32 : choice.bestGain < 0.1 ? 8 : choice.treeVsDecode < 0.5 ? 4 : 2;
     return Math.min(1024, previous * factor);
   }
 
