@@ -27,7 +27,7 @@ import type { Drafter, DraftRequest } from './drafters.js';
 import { EngineError, modelError } from './errors.js';
 import { applyLinear, linearTensors, loadLinear, view, type DeviceLinear, type LinearSource } from './linear.js';
 import type { DeviceModel } from './model.js';
-import { pickCols, type HostBf16 } from './model-source.js';
+import { configFor, pickCols, type HostBf16 } from './model-source.js';
 
 interface DflashLayer {
   inputNorm: DeviceTensor;
@@ -97,7 +97,7 @@ export class DflashDrafter implements Drafter {
   private readonly scale: number;
   private readonly attentionFactor: number;
   private readonly invFreq: DeviceTensor;
-  /** Scratch, f32 unless noted: rows = max(commit rows, block size). */
+  /** f32 scratch: [max(commit rows, block size), width] for the context side, [block size, width] for the block's. */
   private readonly buf: Record<'ctx' | 'part' | 'normed' | 'tap' | 'x' | 'h' | 'o' | 'q' | 'qn' | 'kRaw' | 'kb' | 'vb' | 'attn' | 'gateUp' | 'act' | 'mlp', DeviceTensor>;
   private readonly ids: DeviceTensor;
   private readonly positions: DeviceTensor;
@@ -131,10 +131,12 @@ export class DflashDrafter implements Drafter {
     const f32 = (width: number, n = rows) => this.own(b.empty('f32', [n, width]));
     try {
       this.invFreq = this.own(b.fromArray('f64', [rope.invFreq.length], rope.invFreq));
+      // a commit's rows for the context side, the block's B rows for the rest
+      const B = c.blockSize;
       this.buf = {
-        ctx: f32(H), part: f32(H), normed: f32(H), tap: f32(H), x: f32(H), h: f32(H), o: f32(H),
-        q: f32(qw), qn: f32(qw), kRaw: f32(kw), kb: f32(kw), vb: f32(kw), attn: f32(qw),
-        gateUp: f32(2 * c.intermediateSize), act: f32(c.intermediateSize), mlp: f32(H),
+        ctx: f32(H), part: f32(H), normed: f32(H), tap: f32(H), kRaw: f32(kw),
+        x: f32(H, B), h: f32(H, B), o: f32(H, B), q: f32(qw, B), qn: f32(qw, B), kb: f32(kw, B), vb: f32(kw, B), attn: f32(qw, B),
+        gateUp: f32(2 * c.intermediateSize, B), act: f32(c.intermediateSize, B), mlp: f32(H, B),
       };
       this.ids = this.own(b.zeros('i32', [c.blockSize]));
       this.positions = this.own(b.zeros('i32', [rows]));
@@ -155,7 +157,7 @@ export class DflashDrafter implements Drafter {
     const store = await openTensors(path);
     const owned: { free(): void }[] = [];
     try {
-      const { json, source } = await drafterConfig(store, path);
+      const { json, source } = await configFor(store, path);
       const config = parseDflashConfig(json, source);
       try {
         checkDflashPairing(config, target.config, { drafter: path, target: 'the target model' });
@@ -353,23 +355,5 @@ export class DflashDrafter implements Drafter {
     b.free(this.hiddenNorm, this.norm);
     b.free(...this.owned);
     this.owned.length = 0;
-  }
-}
-
-/** A drafter bundle's config (metadata.config) or a checkpoint's config.json beside it. */
-async function drafterConfig(store: AnyTensorStore, path: string): Promise<{ json: unknown; source: string }> {
-  const meta = store.metadata as Record<string, unknown>;
-  if (store.format.startsWith('kdtr')) {
-    if (meta.config === undefined) throw modelError('metadata.config', 'the drafter bundle has no config (import the DFlash directory with kdtree import)', path);
-    return { json: meta.config, source: `${path} (metadata.config)` };
-  }
-  const { readFile, stat } = await import('node:fs/promises');
-  const { dirname, join } = await import('node:path');
-  const dir = (await stat(path)).isDirectory() ? path : dirname(path);
-  const file = join(dir, 'config.json');
-  try {
-    return { json: JSON.parse(await readFile(file, 'utf8')), source: file };
-  } catch (error) {
-    throw modelError('config.json', `cannot read the drafter's config.json (${(error as Error).message})`, path);
   }
 }

@@ -93,7 +93,7 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
       vocabSize: V,
       maxDepth: inner.maxDepth,
       targetLayers: inner.targetLayers,
-      begin: (prompt) => inner.begin(prompt),
+      begin: () => inner.begin(),
       commit: (hidden, rows) => inner.commit(hidden, rows),
       draft(request) {
         inner.draft(request);
