@@ -5,6 +5,7 @@
  * after step). A tiny synthetic target (its last layer tapped: the final-norm path) paired with a
  * random drafter written as z-lab publishes one.
  */
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
@@ -145,4 +146,32 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     // the engine is still usable
     expect((await engine.complete(PROMPT, { maxNew: 6, eos: [], spec: 'chain', drafter: `dflash:${drafter}`, budget: 4 })).tokens).toEqual(greedy.slice(0, 6));
   });
+});
+
+// the drafters of the PyTorch fixtures (packages/reference/fixtures/dflash, checked there against
+// z-lab's model.py): YaRN RoPE and a nested block_size (yarn-b8-nested), rope-b4 over a YaRN target
+describe(`the DFlash fixtures' drafters on the engine (${TEST_BACKEND})`, () => {
+  const ROOT = join(import.meta.dirname, '..', '..', 'reference', 'fixtures');
+  for (const fixture of ['yarn-b8-nested', 'rope-b4']) {
+    it(`${fixture}: DDTree with dflash:DIR equals greedy, each step's draftTop1 the reference's`, async () => {
+      const drafterDir = join(ROOT, 'dflash', fixture);
+      const golden = JSON.parse(readFileSync(join(drafterDir, 'golden.json'), 'utf8')) as { target: string };
+      const target = join(ROOT, 'hf', golden.target);
+      const { model } = await loadModel(target);
+      const ref = (await loadDflashModel(drafterDir, model)).model;
+      const prompt = PROMPT.map((t) => t % model.config.vocabSize);
+      const greedyTokens = greedyDecode(model, prompt, { maxNew: 16, eos: [] }).tokens;
+      const e = await createEngine({ model: target, backend: TEST_BACKEND, cacheTokens: 128, cacheDtype: 'f32', activations: 'f32', maxBudget: 16 });
+      try {
+        for (const budget of [2, 16]) {
+          const r = await e.complete(prompt, { maxNew: 16, eos: [], spec: 'ddtree', drafter: `dflash:${drafterDir}`, budget, trace: true });
+          expect(r.tokens, `budget ${budget}`).toEqual(greedyTokens);
+          const expected = dflashDecode(model, ref, prompt, { maxNew: 16, budget, eos: [] });
+          expect(r.steps.map((s) => s.draftTop1), `budget ${budget}`).toEqual(expected.draftTop1PerStep);
+        }
+      } finally {
+        await e.dispose();
+      }
+    });
+  }
 });
