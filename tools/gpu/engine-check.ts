@@ -5,6 +5,9 @@
  * golden reference layer by layer on transformers' fixtures (bf16 tolerances: the GPU's GEMMs round
  * x to bf16); greedy tokens are compared with the reference's, reporting the first divergence and
  * the reference's top-1/top-2 margin there (a bf16 forward may flip a token whose margin is tiny).
+ * The DFlash drafter (dflash:PATH, a random drafter paired with each synthetic target): chain and
+ * DDTree == greedy, and with f32 activations and cache each step's draftTop1 == the reference
+ * dflashDecode's (the drafter on cuda is the reference's, not just verified exactly).
  *   /tmp/node .gpu/engine-check.mjs          (OUT=dir writes engine-check.json)
  * Exits 1 if any exactness check fails.
  */
@@ -12,7 +15,25 @@ import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { argmax, greedyDecode, loadModel, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, teacherForcedLogits, top2Margin, writeSyntheticModel, type ModelPreset } from '@kdtree/reference';
+import {
+  argmax,
+  dflashConfigJson,
+  dflashDecode,
+  greedyDecode,
+  loadDflashModel,
+  loadModel,
+  parseDflashConfig,
+  parseModelConfig,
+  perturbWeights,
+  presetConfigJson,
+  randomDflashWeights,
+  randomWeights,
+  teacherForcedLogits,
+  top2Margin,
+  writeDflashDirectory,
+  writeSyntheticModel,
+  type ModelPreset,
+} from '@kdtree/reference';
 import { createBackend } from '@kdtree/cuda';
 import { createEngine, DeviceModel, ModelSource, Runner, view, type GenerateOptions } from '@kdtree/engine';
 
@@ -78,6 +99,60 @@ for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
     await engine.dispose();
   }
   console.log(`   (${preset}: ${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+}
+
+// the DFlash drafter: a random one (Qwen3 layers, GQA of 8 query heads over 2 KV heads of 128, as
+// Kimi K2.5-DFlash's head dim) tapping two target layers; greedy-exact at every budget, and drafting
+// what the reference drafts
+for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
+  const t0 = performance.now();
+  const { target } = await pair(preset, 41);
+  const config = parseModelConfig(presetConfigJson(preset), preset);
+  const dir = join(work, `${preset}-dflash`);
+  const json = dflashConfigJson(config, { blockSize: 8, heads: 8, kvHeads: 2, headDim: 128, targetLayerIds: [0, config.numLayers - 1] });
+  await writeDflashDirectory(dir, json, randomDflashWeights(parseDflashConfig(json), 42));
+  const drafter = `dflash:${dir}`;
+  const maxNew = 40;
+  const engine = await createEngine({ model: target, ...loadOptions, cacheTokens: 512, maxBudget: 64 });
+  try {
+    const greedy = (await engine.complete(PROMPT, { maxNew, eos: [] })).tokens;
+    const cases: GenerateOptions[] = [];
+    for (const budget of [1, 2, 4, 7]) cases.push({ maxNew, spec: 'chain', drafter, budget });
+    for (const depth of [1, 3, 7]) for (const budget of [1, 3, 8, 16, 33, 64]) cases.push({ maxNew, spec: 'ddtree', drafter, budget, depth });
+    cases.push({ maxNew, spec: 'ddtree', drafter, budget: 'auto' });
+    const failures: string[] = [];
+    for (const c of cases) {
+      const r = await engine.complete(PROMPT, { ...c, eos: [] });
+      if (r.tokens.join() !== greedy.join()) failures.push(`${c.spec} B${c.budget} L${c.depth ?? 7}: [${r.tokens.slice(0, 12)}...]`);
+    }
+    record(`${preset}: chain and DDTree with a DFlash drafter (budgets 1-64 and auto, depths 1-7) == engine greedy on cuda`, failures.length === 0, failures.length ? failures.join('; ') : `${cases.length} generations identical`);
+  } finally {
+    await engine.dispose();
+  }
+  // f32 activations and cache: the target's taps follow the f32 reference, so the drafts must too
+  const exact = await createEngine({ model: target, ...loadOptions, cacheTokens: 512, maxBudget: 64, activations: 'f32', cacheDtype: 'f32' });
+  try {
+    const { model } = await loadModel(target);
+    const ref = (await loadDflashModel(dir, model)).model;
+    const mismatches: string[] = [];
+    let steps = 0;
+    for (const [budget, depth] of [[1, 7], [8, 3], [33, 7]]) {
+      const r = await exact.complete(PROMPT, { maxNew, eos: [], spec: 'ddtree', drafter, budget, depth, trace: true });
+      const golden = dflashDecode(model, ref, PROMPT, { maxNew, budget, depth, eos: [] });
+      if (r.tokens.join() !== golden.tokens.join()) {
+        mismatches.push(`B${budget} L${depth}: tokens differ from the reference's at ${golden.tokens.findIndex((t, i) => t !== r.tokens[i])}`);
+        continue;
+      }
+      r.steps.forEach((s, i) => {
+        steps++;
+        if (s.draftTop1.join() !== golden.draftTop1PerStep[i]?.join()) mismatches.push(`B${budget} L${depth} step ${i + 1}: [${s.draftTop1}] vs [${golden.draftTop1PerStep[i]}]`);
+      });
+    }
+    record(`${preset}: DFlash draftTop1 per step on cuda (f32 activations and cache) == the reference dflashDecode's`, mismatches.length === 0, mismatches.length ? mismatches.slice(0, 6).join('; ') : `${steps} steps identical`);
+  } finally {
+    await exact.dispose();
+  }
+  console.log(`   (${preset} dflash: ${((performance.now() - t0) / 1000).toFixed(1)} s)`);
 }
 
 // every captured step (decode, DDTree steps, a chain step) against the same ops called directly,

@@ -100,6 +100,7 @@ class Backend {
   virtual Status RmsNorm(const RmsNormArgs& a, int stream) = 0;
   virtual Status Rope(const RopeArgs& a, int stream) = 0;
   virtual Status SiluMul(const SiluMulArgs& a, int stream) = 0;
+  virtual Status GqaAttention(const GqaAttentionArgs& a, int stream) = 0;
   virtual Status Add(const AddArgs& a, int stream) = 0;
   virtual Status Router(const RouterArgs& a, int stream) = 0;
   virtual Status Argmax(const ArgmaxArgs& a, int stream) = 0;

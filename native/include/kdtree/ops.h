@@ -124,6 +124,19 @@ struct RopeArgs {
   double attention_factor = 1.0;
   bool interleave = true;
 };
+// Non-causal grouped-query attention of a block over cached context keys and its own keys (a
+// DFlash drafter's layer): query t of head h sees context rows [0, context_length) of the cache and
+// every row of the block, all with KV head h / (Hq / Hkv).
+struct GqaAttentionArgs {
+  Tensor q;                 // f32 [T, Hq, D], normed and rotated
+  Tensor k_cache, v_cache;  // f32 or bf16 [S, Hkv, D]; rows [0, context_length) are read
+  Tensor k, v;              // f32 [T, Hkv, D]: the block's own keys and values
+  Tensor out;               // f32 or bf16 [T, Hq, D]
+  int64_t context_length = 0;
+  double scale = 1.0;
+};
+// Head dims a gqa_attention call may have (each lane of a warp keeps D / 32 rounded up of them).
+constexpr int64_t kMaxGqaHeadDim = 256;
 struct SiluMulArgs { Tensor x, out; };  // x [T, 2I] = [gate | up] -> out [T, I]; f32 or bf16 each
 struct AddArgs { Tensor a, b, out; };
 struct RouterArgs {

@@ -480,6 +480,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Method<B, &B::RmsNormJs>("rmsNorm"),
       Method<B, &B::RopeJs>("rope"),
       Method<B, &B::SiluMulJs>("siluMul"),
+      Method<B, &B::GqaAttentionJs>("gqaAttention"),
       Method<B, &B::AddJs>("add"),
       Method<B, &B::RouterJs>("router"),
       Method<B, &B::ArgmaxJs>("argmax"),
@@ -1124,6 +1125,19 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.attention_factor = Num(c, "attentionFactor", 1.0);
     a.interleave = Bool(c, "interleave", true);
     return Run(c, a, ValidateRope, &Backend::Rope);
+  }
+  Napi::Value GqaAttentionJs(const Napi::CallbackInfo& info) {
+    Call c{info.Env(), ArgsObject(info), {}};
+    GqaAttentionArgs a;
+    a.q = TensorArg(c, "q");
+    a.k_cache = TensorArg(c, "kCache");
+    a.v_cache = TensorArg(c, "vCache");
+    a.k = TensorArg(c, "k");
+    a.v = TensorArg(c, "v");
+    a.out = TensorArg(c, "out");
+    a.context_length = Int(c, "contextLength", 0, 0, INT32_MAX);
+    a.scale = Num(c, "scale", 0);
+    return Run(c, a, ValidateGqaAttention, &Backend::GqaAttention);
   }
   Napi::Value SiluMulJs(const Napi::CallbackInfo& info) {
     Call c{info.Env(), ArgsObject(info), {}};

@@ -353,6 +353,29 @@ Status ValidateSiluMul(const SiluMulArgs& a) {
   return Status::Ok();
 }
 
+Status ValidateGqaAttention(const GqaAttentionArgs& a) {
+  const OpContext ctx("gqa_attention", a.q, a.k_cache, a.v_cache, a.k, a.v, a.out);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q, {DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.k_cache, {DType::kF32, DType::kBF16}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.v_cache, {DType::kF32, DType::kBF16}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.k, {DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.v, {DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.out, {DType::kF32, DType::kBF16}, 3));
+  const int64_t t = a.q.dim(0), hq = a.q.dim(1), d = a.q.dim(2);
+  const int64_t s = a.k_cache.dim(0), hkv = a.k_cache.dim(1);
+  if (d < 1 || d > kMaxGqaHeadDim) return Unsupported(ctx, "head dims 1..", kMaxGqaHeadDim, " are supported, q has ", d);
+  if (hkv < 1 || hq % hkv != 0) return Invalid(ctx, "q's ", hq, " heads must be a multiple of kCache's ", hkv, " KV heads (each KV head serves Hq / Hkv query heads)");
+  if (a.k_cache.dim(2) != d) return Invalid(ctx, "kCache must be [S, Hkv, D] with D = ", d, " (q's head dim)");
+  if (a.v_cache.shape != a.k_cache.shape) return Invalid(ctx, "vCache must be like kCache: [", s, ", ", hkv, ", ", d, "]");
+  if (a.v_cache.dtype != a.k_cache.dtype) return Invalid(ctx, "vCache must have kCache's dtype (", DTypeName(a.k_cache.dtype), ")");
+  if (a.k.dim(0) != t || a.k.dim(1) != hkv || a.k.dim(2) != d) return Invalid(ctx, "k must be [T, Hkv, D] = [", t, ", ", hkv, ", ", d, "] (the block's own keys)");
+  if (a.v.shape != a.k.shape) return Invalid(ctx, "v must be like k: [", t, ", ", hkv, ", ", d, "]");
+  if (a.out.shape != a.q.shape) return Invalid(ctx, "out must be like q: [", t, ", ", hq, ", ", d, "]");
+  if (a.context_length < 0 || a.context_length > s) return Invalid(ctx, "contextLength ", a.context_length, " is outside the cache's [0, ", s, "] rows");
+  if (!(a.scale > 0) || !std::isfinite(a.scale)) return Invalid(ctx, "scale must be positive and finite, got ", a.scale);
+  return Status::Ok();
+}
+
 Status ValidateAdd(const AddArgs& a) {
   const OpContext ctx("add", a.a, a.b, a.out);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.a, {DType::kF32}, -1));

@@ -17,6 +17,7 @@ Status ValidateEmbedding(const EmbeddingArgs& a);
 Status ValidateRmsNorm(const RmsNormArgs& a);
 Status ValidateRope(const RopeArgs& a);
 Status ValidateSiluMul(const SiluMulArgs& a);
+Status ValidateGqaAttention(const GqaAttentionArgs& a);
 Status ValidateAdd(const AddArgs& a);
 Status ValidateRouter(const RouterArgs& a);
 Status ValidateArgmax(const ArgmaxArgs& a);

@@ -22,6 +22,7 @@
 #include "../common/half.h"
 #include "../common/validate.h"
 #include "kdtree/backend.h"
+#include "gqa_attention.h"
 #include "kdtree/w4a16_layout.h"
 #include "thread_pool.h"
 
@@ -600,6 +601,8 @@ class CpuBackend final : public Backend {
     }
     return Status::Ok();
   }
+
+  Status GqaAttention(const GqaAttentionArgs& a, int) override { return CpuGqaAttention(a, pool_); }  // gqa_attention.cc
 
   Status SiluMul(const SiluMulArgs& a, int) override {
     const int64_t t = a.out.dim(0), inter = a.out.dim(1);

@@ -280,6 +280,7 @@ Status LaunchEmbedding(const EmbeddingArgs& a, cudaStream_t s);
 Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t s);
 Status LaunchRope(const RopeArgs& a, cudaStream_t s);
 Status LaunchSiluMul(const SiluMulArgs& a, cudaStream_t s);
+Status LaunchGqaAttention(const GqaAttentionArgs& a, cudaStream_t s);
 Status LaunchAdd(const AddArgs& a, cudaStream_t s);
 Status LaunchRouter(const RouterArgs& a, cudaStream_t s);
 Status LaunchArgmax(const ArgmaxArgs& a, cudaStream_t s, Scratch& scratch);

@@ -346,6 +346,7 @@ class CudaBackend final : public Backend {
   KDTREE_DISPATCH(RmsNorm, LaunchRmsNorm)
   KDTREE_DISPATCH(Rope, LaunchRope)
   KDTREE_DISPATCH(SiluMul, LaunchSiluMul)
+  KDTREE_DISPATCH(GqaAttention, LaunchGqaAttention)
   KDTREE_DISPATCH(Add, LaunchAdd)
   KDTREE_DISPATCH(Router, LaunchRouter)
   KDTREE_DISPATCH(Argmax, LaunchArgmax, , ScratchOf(stream))

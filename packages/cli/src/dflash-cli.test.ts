@@ -88,6 +88,29 @@ describe('kdtree import / inspect of a DFlash drafter', () => {
     expect(missing.stderr).toMatch(/tensor 'layers.1.self_attn.k_norm.weight': missing/);
   });
 
+  it('kdtree run --drafter dflash:BUNDLE drafts greedy-exactly with chain and ddtree (depth block_size - 1 by default), and refuses a drafter for another target', async () => {
+    const bundle = join(dir, 'run-drafter.kdtr');
+    expect(runCli(['import', drafterDir, '-o', bundle, '--target', target, '-q']).status).toBe(0);
+    const prompt = [3, 1, 4, 1, 5, 9];
+    const greedy = runCli(['run', target, '--prompt', prompt.join(','), '--max-new', '12', '--eos', '', '--backend', 'cpu', '--json']);
+    expect(greedy.status, greedy.stderr).toBe(0);
+    const tokens = JSON.parse(greedy.stdout).tokens;
+    for (const spec of ['chain', 'ddtree']) {
+      const r = runCli(['run', target, '--prompt', prompt.join(','), '--max-new', '12', '--eos', '', '--backend', 'cpu', '--spec', spec, '--drafter', `dflash:${bundle}`, '--budget', '5', '--json', '--trace']);
+      expect(r.status, r.stderr).toBe(0);
+      const out = JSON.parse(r.stdout);
+      expect(out.tokens).toEqual(tokens);
+      expect(out.stats.drafter).toBe(`dflash:${bundle}`);
+      expect(out.steps[0].draft_top1).toHaveLength(3);
+    }
+    const small = join(dir, 'small-dflash');
+    const smallJson = dflashConfigJson(parseModelConfig(presetConfigJson('small'), 'small'));
+    await writeDflashDirectory(small, smallJson, randomDflashWeights(parseDflashConfig(smallJson), 6));
+    const refused = runCli(['run', target, '--prompt', '1,2', '--max-new', '4', '--backend', 'cpu', '--spec', 'ddtree', '--drafter', `dflash:${small}`]);
+    expect(refused.status).toBe(1);
+    expect(refused.stderr).toMatch(new RegExp(`${small} does not fit the target model: hidden_size 256 != the target's 64`));
+  });
+
   it('refuses --target for a model that is not a drafter', () => {
     const r = runCli(['import', target, '-o', join(dir, 'copy.kdtr'), '--target', target]);
     expect(r.status).toBe(2);

@@ -27,9 +27,9 @@ export const ENGINE_HELP = [
   '--backend KIND        auto (cuda, else cpu), cuda or cpu; default: $KDTREE_BACKEND, else auto',
   '--device N            CUDA device ordinal (default 0)',
   '--spec MODE           greedy (default), chain or ddtree',
-  '--drafter D           ngram (default) or model:PATH, a draft model of the same vocabulary',
+  '--drafter D           ngram (default), model:PATH (a draft model of the same vocabulary) or dflash:PATH (a DFlash drafter bundle or directory for this target)',
   '--budget B            draft nodes per step, or auto (ddtree: chosen each step from the cost curve); default 16',
-  '--depth L             draft depth (default 4)',
+  '--depth L             draft depth (default 4; a DFlash drafter: its block_size - 1)',
   "--cache-tokens N      KV cache capacity: the context (default: 4096, or the model's max positions)",
   '--cache-dtype T       bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
   '--activations T       dtype of the GEMMs\' inputs, bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
@@ -38,7 +38,7 @@ export const ENGINE_HELP = [
 ];
 
 /** The usage text of the engine options. */
-export const ENGINE_USAGE = '[--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH] [--budget B|auto] [--depth L] [--cache-tokens N] [--tp N]';
+export const ENGINE_USAGE = '[--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH|dflash:PATH] [--budget B|auto] [--depth L] [--cache-tokens N] [--tp N]';
 
 export interface EngineArgs {
   backend?: (typeof BACKEND_KINDS)[number];
@@ -100,6 +100,7 @@ export async function openEngine(model: string, args: EngineArgs, io: CommandIO,
 /** "ddtree (ngram, budget 16, depth 4) on cpu": what decodes, for a status line. */
 export function decodingLine(engine: Engine, args: EngineArgs): string {
   const d = args.decoding;
-  const detail = d.spec === 'greedy' ? '' : ` (${d.drafter ?? 'ngram'}, budget ${d.budget ?? 16}, depth ${d.depth ?? 4})`;
+  const depth = d.depth ?? (d.drafter?.startsWith('dflash:') ? 'block_size - 1' : 4);
+  const detail = d.spec === 'greedy' ? '' : ` (${d.drafter ?? 'ngram'}, budget ${d.budget ?? 16}, depth ${depth})`;
   return `${d.spec}${detail} on ${engine.backend.kind} (${engine.device}${engine.tp > 1 ? `, ${engine.tp} ranks` : ''})`;
 }

@@ -216,6 +216,14 @@ export interface NativeBackend {
   rmsNorm(args: { x: TensorArg; weight: TensorArg; out: TensorArg; eps: number; residual?: TensorArg; sum?: TensorArg; outBf16?: TensorArg; stream?: number }): void;
   rope(args: { x: TensorArg; positions: TensorArg; invFreq: TensorArg; offset?: number; attentionFactor?: number; interleave?: boolean; stream?: number }): void;
   siluMul(args: { x: TensorArg; out: TensorArg; stream?: number }): void;
+  /**
+   * Non-causal grouped-query attention of a block (a DFlash drafter's layer): q f32 [T, Hq, D]
+   * (normed and rotated); keys and values are the first `contextLength` rows of kCache / vCache
+   * (f32 or bf16 [S, Hkv, D], contextLength <= S) followed by the block's own k / v (f32 [T, Hkv,
+   * D]). Every query sees every one of those keys; query head h reads KV head h / (Hq / Hkv) (Hq a
+   * multiple of Hkv). out [T, Hq, D] f32 or bf16 = softmax(q . k^T * scale) . v, f32 sums. D is 1..256.
+   */
+  gqaAttention(args: { q: TensorArg; kCache: TensorArg; vCache: TensorArg; k: TensorArg; v: TensorArg; out: TensorArg; contextLength: number; scale: number; stream?: number }): void;
   add(args: { a: TensorArg; b: TensorArg; out: TensorArg; stream?: number }): void;
   router(args: { logits: TensorArg; bias: TensorArg; ids: TensorArg; weights: TensorArg; topk: number; nGroup?: number; topkGroup?: number; normTopkProb?: boolean; scaling?: number; stream?: number }): void;
   argmax(args: { x: TensorArg; out: TensorArg; stream?: number }): void;

@@ -153,7 +153,7 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       ['auto for a chain', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', budget: 'auto' }), /budget: 'auto' chooses a DDTree budget/],
       ['depth out of range', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', depth: 17 }), /depth: expected an integer in \[1, 16\], got 17/],
       ['unknown spec', () => engine.complete(PROMPT, { maxNew: 4, spec: 'beam' as 'greedy' }), /spec: expected one of greedy, chain, ddtree/],
-      ['unknown drafter', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', drafter: 'oracle' }), /drafter: expected 'ngram' or 'model:PATH'/],
+      ['unknown drafter', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', drafter: 'oracle' }), /drafter: expected 'ngram', 'model:PATH' or 'dflash:PATH'/],
       ['maxNew not an integer', () => engine.complete(PROMPT, { maxNew: 1.5 }), /maxNew: expected an integer/],
     ];
     for (const [what, call, message] of bad) {

@@ -7,6 +7,7 @@
  *
  *   ngram        model-free: continuations of the longest earlier match of the context's suffix
  *   model:PATH   a small model of the same family, decoded greedily `depth` steps on the device
+ *   dflash:PATH  a DFlash block-diffusion drafter over the target's hidden states (dflash-drafter.ts)
  */
 import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
 import { EngineError } from './errors.js';
@@ -28,7 +29,24 @@ export interface Drafter {
   readonly vocabSize: number;
   /** The deepest draft it can make in one request. */
   readonly maxDepth: number;
-  /** A new sequence starts (its prompt): forget the previous one. */
+  /** The depth a generation uses when it names none (the engine's default, 4, when absent). */
+  readonly defaultDepth?: number;
+  /**
+   * Target layers whose hidden states the drafter reads (absent: it reads none). When set, the
+   * engine taps the residual stream after each of these layers in every target pass and calls
+   * `commit` with the rows of the tokens it commits, in order: the prompt's prefill chunk by chunk,
+   * then each step's accepted path (the root and the accepted drafts; a tree's rows gathered by
+   * the path) or a plain decode step's one token, before the next `draft`. The engine runs such a
+   * drafter on one device only (tp 1).
+   */
+  readonly targetLayers?: readonly number[];
+  /**
+   * The target's hidden states of the next `rows` committed tokens: `hidden[j]` f32 [rows,
+   * hidden] (at least) after layer targetLayers[j], on the engine's backend, valid until the next
+   * target pass. Required with targetLayers.
+   */
+  commit?(hidden: readonly DeviceTensor[], rows: number): void;
+  /** A new sequence starts (its prompt): forget the previous one (called before its prefill). */
   begin(prompt: readonly number[]): void;
   draft(request: DraftRequest): void;
   dispose(): void;

@@ -14,6 +14,7 @@
 import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor } from '@kdtree/cuda';
 import { bucketsUpTo, BudgetPolicy, type CostCurve } from './budget.js';
 import { HostCollective } from './collective.js';
+import { DflashDrafter } from './dflash-drafter.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
 import { argumentError, checkInt, EngineError } from './errors.js';
 import type { CacheDtype } from './kv-cache.js';
@@ -30,7 +31,7 @@ import { parseTpFault, TP_TIMEOUT_MS, TpGroup, type TpFault } from './tp.js';
 export type Spec = 'greedy' | 'chain' | 'ddtree';
 export const SPECS: readonly Spec[] = ['greedy', 'chain', 'ddtree'];
 
-/** 'ngram', 'model:PATH' (a draft model bundle or directory), or a Drafter of your own. */
+/** 'ngram', 'model:PATH' (a draft model bundle or directory), 'dflash:PATH' (a DFlash drafter bundle or directory), or a Drafter of your own. */
 export type DrafterSpec = string | Drafter;
 
 export interface EngineOptions {
@@ -83,7 +84,7 @@ export interface GenerateOptions {
   drafter?: DrafterSpec;
   /** Draft nodes per step (chain: the chain's length, at most `depth`), or 'auto' (ddtree). Default 16. */
   budget?: number | 'auto';
-  /** Draft depth L (default 4, at most the drafter's and the engine's maxDepth). */
+  /** Draft depth L (default: the drafter's defaultDepth — block_size - 1 for dflash — else 4; at most the drafter's and the engine's maxDepth). */
   depth?: number;
   signal?: AbortSignal;
   /** Record each step's draft and acceptance in the chunks (`step`). */
@@ -155,6 +156,12 @@ export class Engine {
   private readonly draftTop1: DeviceTensor;
   private readonly drafters = new Map<string, Promise<Drafter>>();
   private readonly costs = new Map<number, CostCurve>();
+  /** Layer -> f32 [workspace rows, hidden]: the target's taps for a drafter of hidden states (Runner.taps). */
+  private readonly tapBuffers = new Map<number, DeviceTensor>();
+  /** Layer -> f32 [tree nodes, hidden]: a tree step's accepted rows, gathered from its taps. */
+  private readonly pathBuffers = new Map<number, DeviceTensor>();
+  /** The generation's drafter when it reads the target's hidden states (it gets each committed row). */
+  private tapping: Drafter | undefined;
   private tail: Promise<void> = Promise.resolve();
   private disposed = false;
 
@@ -236,7 +243,11 @@ export class Engine {
         await source.close();
       }
     }
-    throw argumentError('drafter', `expected 'ngram' or 'model:PATH', got '${spec}'`);
+    if (spec.startsWith('dflash:')) {
+      if (this.tp > 1) throw argumentError('drafter', 'a DFlash drafter runs on one device (it reads the target\'s hidden states and lm_head there); use tp 1');
+      return DflashDrafter.load(this.backend, spec.slice('dflash:'.length), this.model, { capacity: this.options.cacheTokens, maxRows: this.model.workspace.rows, name: spec });
+    }
+    throw argumentError('drafter', `expected 'ngram', 'model:PATH' or 'dflash:PATH', got '${spec}'`);
   }
 
   /** A draft model's drafter from any weight reader (a bundle, seeded weights), on this engine's backend. */
@@ -287,7 +298,13 @@ export class Engine {
     if (spec !== 'greedy') {
       const drafter = await this.drafter(options.drafter ?? 'ngram');
       if (drafter.vocabSize !== V) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${drafter.name} has a vocabulary of ${drafter.vocabSize}, the target ${V}`, 'drafter');
-      const depth = checkInt('depth', options.depth ?? 4, 1, Math.min(this.options.maxDepth, drafter.maxDepth));
+      if (drafter.targetLayers !== undefined) {
+        if (drafter.commit === undefined) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${drafter.name} reads target layers but has no commit() to receive them`, 'drafter');
+        const bad = drafter.targetLayers.find((l) => !Number.isInteger(l) || l < 0 || l >= this.config.numLayers);
+        if (bad !== undefined) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${drafter.name} reads target layer ${bad}, outside the target's ${this.config.numLayers} layers`, 'drafter');
+        if (this.tp > 1) throw argumentError('drafter', `drafter ${drafter.name} reads the target's hidden states, which the engine taps on one device only; use tp 1`);
+      }
+      const depth = checkInt('depth', options.depth ?? Math.min(drafter.defaultDepth ?? 4, this.options.maxDepth), 1, Math.min(this.options.maxDepth, drafter.maxDepth));
       const budget = options.budget ?? 16;
       if (budget === 'auto') {
         if (spec !== 'ddtree') throw argumentError('budget', "'auto' chooses a DDTree budget; chain decoding takes a number");
@@ -429,8 +446,13 @@ export class Engine {
       return result;
     }
     this.checkAbort(o.signal);
+    // a drafter of hidden states: every target pass of this generation taps its layers (the runner
+    // captures those steps as graphs of their own), and each committed row reaches commit()
+    this.tapping = state?.drafter.targetLayers !== undefined ? state.drafter : undefined;
+    r.taps = this.tapping === undefined ? undefined : this.tapsFor(this.tapping.targetLayers!);
     if (state?.budget === 'auto') state.policy = await this.budgetPolicy(state);
-    r.prefill(prompt, 0);
+    state?.drafter.begin(prompt);
+    r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
     forwards += Math.ceil(prompt.length / this.options.prefillChunk);
     const first = take([r.readToken()]);
     prefillMs = performance.now() - t0;
@@ -440,7 +462,6 @@ export class Engine {
       return result;
     }
     yield { tokens: first.taken };
-    state?.drafter.begin(prompt);
     // the sequence so far, for the drafter: grown by each step's tokens, not rebuilt every step
     const context = [...prompt, ...out];
     for (;;) {
@@ -466,7 +487,47 @@ export class Engine {
     const r = this.runner;
     r.run({ kind: 'decode' });
     r.advance(1);
+    this.commitRows([0]);
     return { emitted: [r.readToken()] };
+  }
+
+  /** The tap buffers of `layers` (allocated on first use, for the workspace's rows). */
+  private tapsFor(layers: readonly number[]): Map<number, DeviceTensor> {
+    const taps = new Map<number, DeviceTensor>();
+    for (const l of layers) {
+      let t = this.tapBuffers.get(l);
+      if (t === undefined) {
+        t = this.runner.own(this.backend.empty('f32', [this.model.workspace.rows, this.config.hiddenSize]));
+        this.tapBuffers.set(l, t);
+      }
+      taps.set(l, t);
+    }
+    return taps;
+  }
+
+  /**
+   * Hands the tapping drafter the rows `rows` of the last pass's taps (the committed tokens, in
+   * order): as they are when they are the first rows (prefill, decode, a chain's path), else
+   * gathered row by row on the device into the path buffers (a tree's accepted nodes).
+   */
+  private commitRows(rows: readonly number[]): void {
+    const drafter = this.tapping;
+    if (drafter === undefined) return;
+    const H = this.config.hiddenSize;
+    const n = rows.length;
+    const leading = rows.every((r, i) => r === i);
+    const hidden = drafter.targetLayers!.map((l) => {
+      const tap = this.tapBuffers.get(l)!;
+      if (leading) return view(tap, [n, H]);
+      let out = this.pathBuffers.get(l);
+      if (out === undefined) {
+        out = this.runner.own(this.backend.empty('f32', [this.tree.tokens.shape[0], H]));
+        this.pathBuffers.set(l, out);
+      }
+      rows.forEach((r, k) => this.backend.native.copy({ dst: out.buffer, dstOffset: (out.offset ?? 0) + k * H * 4, src: tap.buffer, srcOffset: (tap.offset ?? 0) + r * H * 4, bytes: H * 4, stream: 0 }));
+      return view(out, [n, H]);
+    });
+    drafter.commit!(hidden, n);
   }
 
   private speculativeStep(spec: Spec, state: SpecState, context: number[], trace: boolean): { emitted: number[]; trace?: StepTrace } {
@@ -531,6 +592,7 @@ export class Engine {
     const nodes = b.toArray(this.tree.tokens) as Int32Array;
     const emitted = [...Array.from(path.subarray(1), (i) => nodes[i]), r.readToken()];
     r.advance(pathLen);
+    this.commitRows(Array.from(path));
     if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1);
     return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
   }

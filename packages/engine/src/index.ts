@@ -1,5 +1,6 @@
 export { createEngine, Engine, SPECS, type DrafterSpec, type EngineOptions, type GenerateOptions, type GenerationChunk, type GenerationResult, type GenerationStats, type Spec, type StepTrace } from './engine.js';
 export { ModelDrafter, NgramDrafter, type Drafter, type DraftRequest } from './drafters.js';
+export { DflashDrafter } from './dflash-drafter.js';
 export { BudgetPolicy, BUDGET_BUCKETS, type CostCurve } from './budget.js';
 export { EngineError, type EngineErrorCode } from './errors.js';
 export { KvCache, type CacheDtype } from './kv-cache.js';

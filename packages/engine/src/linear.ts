@@ -16,6 +16,9 @@ export type DeviceLinear =
   /** bf16 [(E,) N, K] as stored. */
   | { kind: 'bf16'; n: number; k: number; w: DeviceTensor; gateUp: boolean; experts?: number };
 
+/** What loadLinear reads of a weight source (a model's WeightReader, or a drafter checkpoint's tensors). */
+export type LinearSource = Pick<WeightReader, 'path' | 'int4' | 'readBf16' | 'readInt4'>;
+
 /** The parts one weight is read as: one tensor, or the rows of several stacked ([gate; up]). */
 export interface LinearSpec {
   /** Tensor names whose rows are stacked in order (one name for most weights). */
@@ -43,7 +46,7 @@ function colsOf(spec: LinearSpec): number {
 }
 
 /** Whether every part of `spec` is INT4 (a mix is rejected: one GEMM applies the whole weight). */
-function isInt4(source: WeightReader, spec: LinearSpec): boolean {
+function isInt4(source: LinearSource, spec: LinearSpec): boolean {
   const kinds = spec.names.map((n) => source.int4(n) !== undefined);
   if (kinds.some((k) => k !== kinds[0])) throw modelError(spec.names.join(' + '), 'mixes INT4 and float parts; quantize them alike', source.path);
   return kinds[0];
@@ -59,7 +62,7 @@ export function linearBytes(source: WeightReader, spec: LinearSpec, experts = 1)
   return experts * (numel(shapes.qw) * 4 + numel(shapes.sc) * (d.scale_dtype === 'BF16' ? 2 : 4));
 }
 
-async function readParts(source: WeightReader, spec: LinearSpec): Promise<HostInt4[] | HostBf16[]> {
+async function readParts(source: LinearSource, spec: LinearSpec): Promise<HostInt4[] | HostBf16[]> {
   if (isInt4(source, spec)) return Promise.all(spec.names.map((n, i) => source.readInt4(n, spec.shapes[i] as [number, number], spec.rows?.[i], spec.cols)));
   return Promise.all(spec.names.map((n, i) => source.readBf16(n, spec.shapes[i] as [number, number], spec.rows?.[i], spec.cols)));
 }
@@ -68,7 +71,7 @@ async function readParts(source: WeightReader, spec: LinearSpec): Promise<HostIn
  * Loads one linear weight, or E experts' weights stacked ([E, N, K]) when `specs` has several: each
  * expert's parts are uploaded into one staging tensor in the checkpoint layout, then packed once.
  */
-export async function loadLinear(b: KdtreeBackend, source: WeightReader, specs: readonly LinearSpec[], options: { gateUp?: boolean } = {}): Promise<DeviceLinear> {
+export async function loadLinear(b: KdtreeBackend, source: LinearSource, specs: readonly LinearSpec[], options: { gateUp?: boolean } = {}): Promise<DeviceLinear> {
   const experts = specs.length;
   const first = specs[0];
   const n = first.names.reduce((s, _, i) => s + rowsOf(first, i), 0);

@@ -244,7 +244,8 @@ export function pickRows<T extends Rows>(data: T, width: number, rows: readonly 
   return out;
 }
 
-async function configFor(store: AnyTensorStore, path: string, configPath?: string): Promise<{ json: unknown; source: string }> {
+/** A checkpoint's config.json object: `configPath`, a bundle's metadata.config, or config.json beside the weights. */
+export async function configFor(store: AnyTensorStore, path: string, configPath?: string): Promise<{ json: unknown; source: string }> {
   if (configPath !== undefined) return { json: JSON.parse(await readFile(configPath, 'utf8')), source: configPath };
   const meta = store.metadata as Record<string, unknown>;
   if (store.format.startsWith('kdtr')) {

@@ -214,6 +214,23 @@ export class DeviceModel {
     mark?.('lm_head');
   }
 
+  /**
+   * What a DFlash drafter borrows from its target (DflashDrafter): embed_tokens (bf16 [vocab,
+   * hidden]) for its block's input, lm_head for its per-depth logits, and the final norm for a tap
+   * of the last layer. On one device only: under tensor parallelism lm_head is this rank's block.
+   */
+  get embedTokens(): DeviceTensor {
+    return this.embed;
+  }
+
+  get lmHeadWeight(): DeviceLinear {
+    return this.lmHead;
+  }
+
+  get finalNorm(): DeviceTensor {
+    return this.norm;
+  }
+
   dispose(): void {
     const b = this.b;
     this.workspace.dispose();

@@ -70,6 +70,18 @@ export class Runner {
   private captureStream = -1;
   /** Rank 0's peers under tensor parallelism: they mirror every state-changing call. */
   peers: RankPeers | undefined;
+  /**
+   * Layer -> f32 [rows, hidden]: when set, every prefill chunk, decode, chain and tree step also
+   * writes the residual stream after those layers of each of its rows there (a drafter that reads
+   * the target's hidden states, DFlash). Steps captured with taps are other graphs than those
+   * without (tapKey), so setting and clearing it between generations is safe.
+   */
+  taps: ReadonlyMap<number, DeviceTensor> | undefined;
+
+  private get tapKey(): string {
+    return this.taps === undefined ? '' : ` taps ${[...this.taps.keys()].join(',')}`;
+  }
+
   /** The tree and draft logits the keyed steps (step()) use. */
   private stepBuffers: { tree: TreeBuffers; draftLogits: DeviceTensor } | undefined;
 
@@ -152,9 +164,9 @@ export class Runner {
   /**
    * Runs `tokens` at slots [start, start + n) in chunks of the workspace's rows (causal), committing
    * them (L = start + n). With `logits` ([1, vocab] f32), the last token's logits go there and their
-   * argmax to `token`.
+   * argmax to `token`. `onChunk(rows)`: called after each chunk's pass, while `taps` hold its rows.
    */
-  prefill(tokens: readonly number[], start: number, logits: DeviceTensor | undefined = this.prefillLogits): void {
+  prefill(tokens: readonly number[], start: number, logits: DeviceTensor | undefined = this.prefillLogits, onChunk?: (rows: number) => void): void {
     if (this.peers) {
       if (logits !== undefined && logits !== this.prefillLogits) throw new Error('prefill: under tensor parallelism the logits go to the runner\'s own buffer');
       this.peers.send({ op: 'prefill', tokens: [...tokens], start, logits: logits !== undefined });
@@ -168,8 +180,9 @@ export class Runner {
       b.native.upload(this.ids.buffer, Int32Array.from(tokens.slice(at, at + t)));
       b.native.arange({ out: positions, start: start + at, stream: 0 });
       const last = at + t === tokens.length;
-      this.model.forward(this.pass(t, positions, positions, start + at, 0), ids, last && logits ? { first: t - 1, count: 1, out: logits } : undefined);
+      this.model.forward(this.pass(t, positions, positions, start + at, 0), ids, last && logits ? { first: t - 1, count: 1, out: logits } : undefined, this.taps);
       if (last && logits) b.native.argmax({ x: view(logits, [1, this.model.config.vocabSize]), out: this.token, stream: 0 });
+      onChunk?.(t);
     }
     this.committed = start + tokens.length;
   }
@@ -226,8 +239,8 @@ export class Runner {
     if (this.stepBuffers === undefined) throw new Error('step: useStepBuffers first');
     const { tree, draftLogits } = this.stepBuffers;
     const V = this.model.config.vocabSize;
-    if (key.kind === 'tree') return this.graph(`tree ${key.budget} ${key.depth}`, (s) => this.queueTreeStep(tree, view(draftLogits, [key.depth, V]), key.budget, s));
-    return this.graph(`chain ${key.length}`, (s) => this.queueChainStep(tree, view(draftLogits, [key.length, V]), key.length, s));
+    if (key.kind === 'tree') return this.graph(`tree ${key.budget} ${key.depth}${this.tapKey}`, (s) => this.queueTreeStep(tree, view(draftLogits, [key.depth, V]), key.budget, s));
+    return this.graph(`chain ${key.length}${this.tapKey}`, (s) => this.queueChainStep(tree, view(draftLogits, [key.length, V]), key.length, s));
   }
 
   /** Runs the step `key` (on every rank, under tensor parallelism). */
@@ -245,7 +258,7 @@ export class Runner {
     const L = this.cache.length[0];
     const positions = view(this.positions, [t]);
     b.native.arange({ out: positions, startOnDevice: L, stream });
-    this.model.forward(this.pass(t, positions, positions, this.capacity - t, stream, { baseOnDevice: L }), ids, { first: logitRow, count: 1, out: logits }, undefined, mark);
+    this.model.forward(this.pass(t, positions, positions, this.capacity - t, stream, { baseOnDevice: L }), ids, { first: logitRow, count: 1, out: logits }, this.taps, mark);
     b.native.argmax({ x: view(logits, [1, this.model.config.vocabSize]), out: this.token, stream });
     b.native.arange({ out: L, startOnDevice: L, start: t, stream });
   }
@@ -275,7 +288,7 @@ export class Runner {
 
   /** One greedy decode step as a graph: the token at L -> its successor in `token`, L += 1. */
   decodeGraph(): StepGraph {
-    return this.graph('decode', (s) => this.queueAppend(1, this.token, this.prefillLogits, s));
+    return this.graph(`decode${this.tapKey}`, (s) => this.queueAppend(1, this.token, this.prefillLogits, s));
   }
 
   /** Allocates the arrays of trees of up to `nodes` nodes. */
@@ -310,7 +323,7 @@ export class Runner {
     const positions = view(tree.positions, [n]);
     b.native.arange({ out: slots, startOnDevice: L, stream });
     const mask = causal ? undefined : view(tree.mask, [n, n]);
-    this.model.forward(this.pass(n, positions, slots, this.capacity - n, stream, { baseOnDevice: L, mask }), view(tree.tokens, [n]), { first: 0, count: n, out: tree.logits });
+    this.model.forward(this.pass(n, positions, slots, this.capacity - n, stream, { baseOnDevice: L, mask }), view(tree.tokens, [n]), { first: 0, count: n, out: tree.logits }, this.taps);
     b.native.argmax({ x: view(tree.logits, [n, V]), out: view(tree.argmax, [n]), stream });
     b.native.ddtreeAccept({ tokens: view(tree.tokens, [n]), parents: view(tree.parents, [n]), size: tree.size, targetArgmax: view(tree.argmax, [n]), path: view(tree.path, [n]), pathLen: tree.pathLen, bonus: this.token, stream });
     b.native.kvCommit({ caches: this.cache.all(), path: view(tree.path, [n]), pathLen: tree.pathLen, startOnDevice: L, nextStart: L, stream });

@@ -285,37 +285,66 @@ export class DflashModel {
     const { hiddenSize: H, headDim: D, numHeads: nq, numKvHeads: nkv, blockSize: B, rmsNormEps: eps } = this.config;
     const q = rmsNorm(matmulT(h, B, H, w.q.w, nq * D), B * nq, D, w.qNorm, eps);
     for (let t = 0; t < B; t++) for (let head = 0; head < nq; head++) applyRope(q, (t * nq + head) * D, start + t, this.rope, false);
-    const group = nq / nkv; // query heads per KV head (repeat_kv)
-    const width = nkv * D;
-    const keys = ctxLen + B;
-    const scores = new Float64Array(keys);
-    const acc = new Float64Array(D);
-    const out = new Float32Array(B * nq * D);
-    for (let t = 0; t < B; t++) {
-      for (let head = 0; head < nq; head++) {
-        const qo = (t * nq + head) * D;
-        const ko = Math.floor(head / group) * D;
-        let max = -Infinity;
-        for (let s = 0; s < keys; s++) {
-          const [kk, o] = s < ctxLen ? [kCtx, s * width + ko] : [kBlock, (s - ctxLen) * width + ko];
-          let dot = 0;
-          for (let i = 0; i < D; i++) dot += q[qo + i] * kk[o + i];
-          scores[s] = dot * this.scale;
-          if (scores[s] > max) max = scores[s];
-        }
-        let sum = 0;
-        for (let s = 0; s < keys; s++) sum += scores[s] = Math.exp(scores[s] - max);
-        acc.fill(0);
-        for (let s = 0; s < keys; s++) {
-          const p = scores[s] / sum;
-          const [vv, o] = s < ctxLen ? [vCtx, s * width + ko] : [vBlock, (s - ctxLen) * width + ko];
-          for (let i = 0; i < D; i++) acc[i] += p * vv[o + i];
-        }
-        for (let i = 0; i < D; i++) out[qo + i] = acc[i];
-      }
-    }
+    const out = dflashAttention({ q, tokens: B, heads: nq, kvHeads: nkv, headDim: D, scale: this.scale, kCtx, vCtx, contextLength: ctxLen, kBlock, vBlock });
     return matmulT(out, B, nq * D, w.o.w, H);
   }
+}
+
+/** The arguments of dflashAttention: keys and values are [rows, kvHeads * headDim] each. */
+export interface DflashAttentionArgs {
+  /** [tokens, heads * headDim], normed and rotated */
+  q: Float32Array;
+  tokens: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  scale: number;
+  /** The cached context's keys and values: rows [0, contextLength) are read. */
+  kCtx: Float32Array;
+  vCtx: Float32Array;
+  contextLength: number;
+  /** The block's own keys and values, [tokens, kvHeads * headDim]. */
+  kBlock: Float32Array;
+  vBlock: Float32Array;
+}
+
+/**
+ * A DFlash layer's attention (before o_proj): every block query sees every context key and every
+ * block key (non-causal), query head h reading KV head h / (heads / kvHeads) (repeat_kv), in f64.
+ * Returns [tokens, heads * headDim]; what the addon's gqaAttention is checked against.
+ */
+export function dflashAttention(a: DflashAttentionArgs): Float32Array {
+  const { q, tokens: B, heads: nq, kvHeads: nkv, headDim: D, kCtx, vCtx, contextLength: ctxLen, kBlock, vBlock } = a;
+  const group = nq / nkv; // query heads per KV head (repeat_kv)
+  const width = nkv * D;
+  const keys = ctxLen + B;
+  const scores = new Float64Array(keys);
+  const acc = new Float64Array(D);
+  const out = new Float32Array(B * nq * D);
+  for (let t = 0; t < B; t++) {
+    for (let head = 0; head < nq; head++) {
+      const qo = (t * nq + head) * D;
+      const ko = Math.floor(head / group) * D;
+      let max = -Infinity;
+      for (let s = 0; s < keys; s++) {
+        const [kk, o] = s < ctxLen ? [kCtx, s * width + ko] : [kBlock, (s - ctxLen) * width + ko];
+        let dot = 0;
+        for (let i = 0; i < D; i++) dot += q[qo + i] * kk[o + i];
+        scores[s] = dot * a.scale;
+        if (scores[s] > max) max = scores[s];
+      }
+      let sum = 0;
+      for (let s = 0; s < keys; s++) sum += scores[s] = Math.exp(scores[s] - max);
+      acc.fill(0);
+      for (let s = 0; s < keys; s++) {
+        const p = scores[s] / sum;
+        const [vv, o] = s < ctxLen ? [vCtx, s * width + ko] : [vBlock, (s - ctxLen) * width + ko];
+        for (let i = 0; i < D; i++) acc[i] += p * vv[o + i];
+      }
+      for (let i = 0; i < D; i++) out[qo + i] = acc[i];
+    }
+  }
+  return out;
 }
 
 function addInto(x: Float32Array, y: Float32Array): void {

@@ -1,0 +1,177 @@
+/**
+ * The DFlash drafter on the engine: chain and DDTree with `dflash:PATH` emit greedy's tokens at
+ * every budget and depth, and the drafter is the reference's — each step's draftTop1 equals
+ * @kdtree/reference dflashDecode's argmax per depth (the same taps, contexts and positions, step
+ * after step). A tiny synthetic target (its last layer tapped: the final-norm path) paired with a
+ * random drafter written as z-lab publishes one.
+ */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  dflashConfigJson,
+  dflashDecode,
+  greedyDecode,
+  loadDflashModel,
+  loadModel,
+  parseDflashConfig,
+  parseModelConfig,
+  presetConfigJson,
+  randomDflashWeights,
+  writeDflashDirectory,
+  writeSyntheticModel,
+  argmax,
+  targetTaps,
+  type DflashModel,
+  type ReferenceModel,
+} from '@kdtree/reference';
+import { createEngine, DflashDrafter, EngineError, type Drafter, type Engine } from './index.js';
+import { tempDir, TEST_BACKEND } from './test-support/models.js';
+
+const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
+const MAX_NEW = 24;
+const BLOCK = 5;
+
+describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
+  const dir = tempDir('kdtree-dflash-engine-');
+  const target = join(dir, 'tiny.kdtr');
+  const drafter = join(dir, 'tiny-dflash');
+  let engine: Engine;
+  let reference: { model: ReferenceModel; drafter: DflashModel };
+  let greedy: number[];
+
+  beforeAll(async () => {
+    await writeSyntheticModel(target, { preset: 'tiny', seed: 21 }, 'engine tests');
+    const tiny = parseModelConfig(presetConfigJson('tiny'), 'tiny');
+    // 6 query heads over 2 KV heads of 24 dims (a head ratio of 3, a head dim no multiple of 32)
+    const json = dflashConfigJson(tiny, { blockSize: BLOCK, heads: 6, kvHeads: 2, headDim: 24, intermediate: 96 });
+    await writeDflashDirectory(drafter, json, randomDflashWeights(parseDflashConfig(json), 22));
+    const { model } = await loadModel(target);
+    reference = { model, drafter: (await loadDflashModel(drafter, model)).model };
+    greedy = greedyDecode(model, PROMPT, { maxNew: MAX_NEW, eos: [] }).tokens;
+    engine = await createEngine({ model: target, backend: TEST_BACKEND, cacheTokens: 256, cacheDtype: 'f32', activations: 'f32', maxBudget: 64 });
+  });
+  afterAll(async () => {
+    await engine?.dispose();
+  });
+
+  it('taps the target layers the drafter names, the last one among them', () => {
+    expect(reference.drafter.config.targetLayerIds).toEqual([0, 1]);
+    expect(reference.model.config.numLayers).toBe(2);
+  });
+
+  for (const spec of ['chain', 'ddtree'] as const) {
+    it(`${spec} with dflash:PATH equals greedy at budgets 1..64 and depths 1..${BLOCK - 1}${spec === 'ddtree' ? ", and each step's draftTop1 is the reference dflashDecode's" : ''}`, async () => {
+      for (const depth of [1, 2, BLOCK - 1]) {
+        for (const budget of [1, 2, 3, 8, 17, 64]) {
+          if (spec === 'chain' && budget > depth + 1 && budget !== 64) continue; // longer chains are cut at the depth
+          const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec, drafter: `dflash:${drafter}`, budget, depth, trace: true });
+          expect(r.tokens, `budget ${budget}, depth ${depth}`).toEqual(greedy);
+          expect(r.stats.drafter).toBe(`dflash:${drafter}`);
+          expect(r.steps.every((s) => s.draftTop1.length === depth)).toBe(true);
+          if (spec === 'ddtree') {
+            const ref = dflashDecode(reference.model, reference.drafter, PROMPT, { maxNew: MAX_NEW, budget, depth, eos: [] });
+            expect(ref.tokens).toEqual(greedy);
+            expect(r.steps.map((s) => s.draftTop1), `budget ${budget}, depth ${depth}`).toEqual(ref.draftTop1PerStep);
+            expect(r.steps.map((s) => s.accepted + 1)).toEqual(ref.acceptedPerStep);
+          }
+        }
+      }
+    });
+  }
+
+  it('feeds the drafter the accepted nodes of multi-token tree paths (gathered rows): every draft equals the reference drafter over the whole committed context', async () => {
+    // a random drafter accepts almost nothing; this wrapper records the DFlash drafter's argmax per
+    // depth, then overwrites its logits so that the tree accepts long paths through second
+    // siblings (node indices that are not 0, 1, 2, ...): the target's next tokens at every depth,
+    // outranked at depth 1 by a wrong token
+    const inner = (await engine.drafter(`dflash:${drafter}`)) as DflashDrafter;
+    const b = engine.backend;
+    const V = inner.vocabSize;
+    const drafts: { tokens: number[]; top1: number[] }[] = [];
+    const wrapper: Drafter = {
+      name: 'dflash-steered',
+      vocabSize: V,
+      maxDepth: inner.maxDepth,
+      targetLayers: inner.targetLayers,
+      begin: () => inner.begin(),
+      commit: (hidden, rows) => inner.commit(hidden, rows),
+      draft(request) {
+        inner.draft(request);
+        const { depth, out, tokens } = request;
+        const logits = b.toArray(out) as Float32Array;
+        drafts.push({ tokens: [...tokens], top1: Array.from({ length: depth }, (_, d) => argmax(logits, d * V, V)) });
+        const steered = new Float32Array(depth * V);
+        const next = greedy.slice(tokens.length - PROMPT.length);
+        for (let d = 0; d < depth && d < next.length; d++) {
+          steered[d * V + next[d]] = 5;
+          if (d === 0) steered[(next[0] + 1) % V] = 6;
+        }
+        b.native.upload(out.buffer, steered, out.offset ?? 0);
+      },
+      dispose() {},
+    };
+    const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: wrapper, budget: 8, depth: BLOCK - 1, trace: true });
+    expect(r.tokens).toEqual(greedy);
+    expect(Math.max(...r.steps.map((s) => s.accepted))).toBe(BLOCK - 1);
+    const { model, drafter: ref } = reference;
+    for (const { tokens, top1 } of drafts) {
+      const committed = tokens.length - 1;
+      const taps = targetTaps(model, ref.config.targetLayerIds, committed);
+      model.forward(tokens.slice(0, -1), model.newCache(committed + 1), { logitRows: [], onLayer: taps.onLayer });
+      const { logits } = ref.draft(ref.newCache(), taps.hidden, committed, tokens[committed]);
+      expect(top1, `after ${committed} committed tokens`).toEqual(top1.map((_, d) => argmax(logits, d * V, V)));
+    }
+  });
+
+  it("defaults the depth to block_size - 1 and drafts exactly with budget 'auto' (its plain decode steps commit their rows too)", async () => {
+    const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: `dflash:${drafter}`, trace: true });
+    expect(r.tokens).toEqual(greedy);
+    expect(r.steps[0].draftTop1).toHaveLength(BLOCK - 1);
+    const auto = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: `dflash:${drafter}`, budget: 'auto', trace: true });
+    expect(auto.tokens).toEqual(greedy);
+    // a greedy generation after it runs untapped graphs and still equals greedy
+    expect((await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [] })).tokens).toEqual(greedy);
+  });
+
+  it('refuses a drafter that does not fit the target with the pairing check, and a depth past the block', async () => {
+    const small = parseModelConfig(presetConfigJson('small'), 'small');
+    const other = join(dir, 'small-dflash');
+    const json = dflashConfigJson(small);
+    await writeDflashDirectory(other, json, randomDflashWeights(parseDflashConfig(json), 3));
+    const refused = engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: `dflash:${other}` });
+    await expect(refused).rejects.toBeInstanceOf(EngineError);
+    await expect(refused).rejects.toMatchObject({ code: 'KDTREE_ENGINE_DRAFTER', message: expect.stringContaining(`${other} does not fit the target model: hidden_size ${small.hiddenSize} != the target's 64`) });
+    await expect(engine.complete(PROMPT, { maxNew: 4, spec: 'chain', drafter: `dflash:${drafter}`, depth: BLOCK })).rejects.toMatchObject({ code: 'KDTREE_ENGINE_ARGUMENT', field: 'depth' });
+    // the engine is still usable
+    expect((await engine.complete(PROMPT, { maxNew: 6, eos: [], spec: 'chain', drafter: `dflash:${drafter}`, budget: 4 })).tokens).toEqual(greedy.slice(0, 6));
+  });
+});
+
+// the drafters of the PyTorch fixtures (packages/reference/fixtures/dflash, checked there against
+// z-lab's model.py): YaRN RoPE and a nested block_size (yarn-b8-nested), rope-b4 over a YaRN target
+describe(`the DFlash fixtures' drafters on the engine (${TEST_BACKEND})`, () => {
+  const ROOT = join(import.meta.dirname, '..', '..', 'reference', 'fixtures');
+  for (const fixture of ['yarn-b8-nested', 'rope-b4']) {
+    it(`${fixture}: DDTree with dflash:DIR equals greedy, each step's draftTop1 the reference's`, async () => {
+      const drafterDir = join(ROOT, 'dflash', fixture);
+      const golden = JSON.parse(readFileSync(join(drafterDir, 'golden.json'), 'utf8')) as { target: string };
+      const target = join(ROOT, 'hf', golden.target);
+      const { model } = await loadModel(target);
+      const ref = (await loadDflashModel(drafterDir, model)).model;
+      const prompt = PROMPT.map((t) => t % model.config.vocabSize);
+      const greedyTokens = greedyDecode(model, prompt, { maxNew: 16, eos: [] }).tokens;
+      const e = await createEngine({ model: target, backend: TEST_BACKEND, cacheTokens: 128, cacheDtype: 'f32', activations: 'f32', maxBudget: 16 });
+      try {
+        for (const budget of [2, 16]) {
+          const r = await e.complete(prompt, { maxNew: 16, eos: [], spec: 'ddtree', drafter: `dflash:${drafterDir}`, budget, trace: true });
+          expect(r.tokens, `budget ${budget}`).toEqual(greedyTokens);
+          const expected = dflashDecode(model, ref, prompt, { maxNew: 16, budget, eos: [] });
+          expect(r.steps.map((s) => s.draftTop1), `budget ${budget}`).toEqual(expected.draftTop1PerStep);
+        }
+      } finally {
+        await e.dispose();
+      }
+    });
+  }
+});
