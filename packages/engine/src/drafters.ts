@@ -167,12 +167,17 @@ export class ModelDrafter implements Drafter {
     }
     const input = this.input();
     r.b.native.upload(input.buffer, Int32Array.from(fresh));
-    r.launch(r.graph(`catch-up ${k}`, (s) => r.queueAppend(k, view(input, [k]), view(out, [1, V]), s)));
+    r.launch(r.graph(`catch-up ${k}`, (s) => r.queueAppend(k, view(input, [k]), view(out, [1, V]), s), k));
     if (depth > 1) {
       r.launch(
-        r.graph(`chain ${depth}`, (s) => {
-          for (let d = 1; d < depth; d++) r.queueAppend(1, r.token, view(out, [1, V], d * V), s);
-        }),
+        // the host's committed length is still this.processed: the catch-up's k slots come first
+        r.graph(
+          `chain ${depth}`,
+          (s) => {
+            for (let d = 1; d < depth; d++) r.queueAppend(1, r.token, view(out, [1, V], d * V), s);
+          },
+          k + depth - 1,
+        ),
       );
     }
     this.processed = tokens.length;

@@ -209,18 +209,42 @@ export class Runner {
   }
 
   /**
-   * The step `key`, captured by `queue(stream)` on first use: one graph, or under tensor
-   * parallelism on host collectives the graphs between them (see HostCollective).
+   * The cache slots a pass's attention is sized for (its grid and work space over the committed
+   * length L, which the kernels read on the device): the whole cache outside a captured step.
    */
-  graph(key: string, queue: (stream: number) => void): StepGraph {
-    let g = this.graphs.get(key);
+  private slotBound = Infinity;
+
+  /**
+   * The step `key`, captured by `queue(stream)` on first use: one graph, or under tensor
+   * parallelism on host collectives the graphs between them (see HostCollective). `slots`: how
+   * far past the host's committed length the step writes by the time it ends. A graph is captured
+   * per power-of-two bound (from 512 slots) on L + slots: a decode step at L = 100 of a 4096-slot
+   * cache then launches attention blocks for 512 slots, not 4096 (past L they find no keys, but
+   * each costs its launch: ~6% of a Kimi K2-shaped decode step).
+   */
+  graph(key: string, queue: (stream: number) => void, slots = 1): StepGraph {
+    let bound = 512;
+    while (bound < this.committed + slots) bound *= 2;
+    bound = Math.min(bound, this.capacity);
+    const full = `${key} @${bound}`;
+    let g = this.graphs.get(full);
     if (g === undefined) {
       if (this.captureStream < 0) this.captureStream = this.b.native.createStream();
       const collective = this.model.collective;
-      g = captureStep(this.b, this.captureStream, queue, collective instanceof HostCollective ? collective : undefined);
-      this.graphs.set(key, g);
+      this.slotBound = bound;
+      try {
+        g = captureStep(this.b, this.captureStream, queue, collective instanceof HostCollective ? collective : undefined);
+      } finally {
+        this.slotBound = Infinity;
+      }
+      this.graphs.set(full, g);
     }
     return g;
+  }
+
+  /** The `base` bound of a pass of t tokens at L on the device: the slots before the last t of the bound. */
+  private baseBound(t: number): number {
+    return Math.min(this.slotBound, this.capacity) - t;
   }
 
   /** Launches a captured step on this rank only. */
@@ -239,8 +263,8 @@ export class Runner {
     if (this.stepBuffers === undefined) throw new Error('step: useStepBuffers first');
     const { tree, draftLogits } = this.stepBuffers;
     const V = this.model.config.vocabSize;
-    if (key.kind === 'tree') return this.graph(`tree ${key.budget} ${key.depth}${this.tapKey}`, (s) => this.queueTreeStep(tree, view(draftLogits, [key.depth, V]), key.budget, s));
-    return this.graph(`chain ${key.length}${this.tapKey}`, (s) => this.queueChainStep(tree, view(draftLogits, [key.length, V]), key.length, s));
+    if (key.kind === 'tree') return this.graph(`tree ${key.budget} ${key.depth}${this.tapKey}`, (s) => this.queueTreeStep(tree, view(draftLogits, [key.depth, V]), key.budget, s), key.budget + 1);
+    return this.graph(`chain ${key.length}${this.tapKey}`, (s) => this.queueChainStep(tree, view(draftLogits, [key.length, V]), key.length, s), key.length + 1);
   }
 
   /** Runs the step `key` (on every rank, under tensor parallelism). */
@@ -258,7 +282,7 @@ export class Runner {
     const L = this.cache.length[0];
     const positions = view(this.positions, [t]);
     b.native.arange({ out: positions, startOnDevice: L, stream });
-    this.model.forward(this.pass(t, positions, positions, this.capacity - t, stream, { baseOnDevice: L }), ids, { first: logitRow, count: 1, out: logits }, this.taps, mark);
+    this.model.forward(this.pass(t, positions, positions, this.baseBound(t), stream, { baseOnDevice: L }), ids, { first: logitRow, count: 1, out: logits }, this.taps, mark);
     b.native.argmax({ x: view(logits, [1, this.model.config.vocabSize]), out: this.token, stream });
     b.native.arange({ out: L, startOnDevice: L, start: t, stream });
   }
@@ -323,7 +347,7 @@ export class Runner {
     const positions = view(tree.positions, [n]);
     b.native.arange({ out: slots, startOnDevice: L, stream });
     const mask = causal ? undefined : view(tree.mask, [n, n]);
-    this.model.forward(this.pass(n, positions, slots, this.capacity - n, stream, { baseOnDevice: L, mask }), view(tree.tokens, [n]), { first: 0, count: n, out: tree.logits }, this.taps);
+    this.model.forward(this.pass(n, positions, slots, this.baseBound(n), stream, { baseOnDevice: L, mask }), view(tree.tokens, [n]), { first: 0, count: n, out: tree.logits }, this.taps);
     b.native.argmax({ x: view(tree.logits, [n, V]), out: view(tree.argmax, [n]), stream });
     b.native.ddtreeAccept({ tokens: view(tree.tokens, [n]), parents: view(tree.parents, [n]), size: tree.size, targetArgmax: view(tree.argmax, [n]), path: view(tree.path, [n]), pathLen: tree.pathLen, bonus: this.token, stream });
     b.native.kvCommit({ caches: this.cache.all(), path: view(tree.path, [n]), pathLen: tree.pathLen, startOnDevice: L, nextStart: L, stream });
