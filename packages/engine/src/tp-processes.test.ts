@@ -2,9 +2,12 @@
  * Tensor-parallel ranks as processes (`tpRanks: 'processes'`: forked ranks over TCP to rank 0):
  * the tokens of one rank and of the golden reference, greedy and DDTree; a rank that is
  * SIGKILLed, exits or stalls ends the run within the bound naming it, and no rank process is
- * left behind, nor after a plain dispose.
+ * left behind, nor after a plain dispose, nor when rank 0's own process is killed.
  */
+import { spawn } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel, type GoldenRecord } from '@kdtree/reference';
 import { createEngine, EngineError, type Engine, type GenerateOptions } from './index.js';
@@ -37,6 +40,15 @@ function alive(pid: number): boolean {
   }
 }
 
+/** Waits up to `ms` for `check` to hold. */
+async function until(check: () => boolean, ms: number): Promise<boolean> {
+  for (const t0 = Date.now(); Date.now() - t0 < ms; ) {
+    if (check()) return true;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  return check();
+}
+
 async function tokens(path: string, prompt: number[], tp: number, options: GenerateOptions, check?: (engine: Engine) => void): Promise<number[]> {
   const engine = await createEngine({ model: path, backend: 'cpu', cacheTokens: 128, maxBudget: 16, tp, tpRanks: tp > 1 ? 'processes' : undefined });
   let pids: number[] = [];
@@ -61,6 +73,31 @@ describe('rank processes give the tokens of one rank and of the golden reference
   it('k2-mini, INT4 routed experts: tp 4, DDTree', async () => {
     expect(await tokens(mini, miniGolden.prompt, 4, ddtree, (e) => expect(e.rankPids).toHaveLength(3))).toEqual(miniGolden.tokens);
   }, 120_000);
+
+  it('rank processes end themselves when the process of rank 0 is SIGKILLed', async () => {
+    const index = pathToFileURL(join(import.meta.dirname, '../dist/index.js')).href;
+    const script = `const { createEngine } = await import(${JSON.stringify(index)});
+      const engine = await createEngine({ model: ${JSON.stringify(tiny)}, backend: 'cpu', cacheTokens: 128, tp: 2, tpRanks: 'processes' });
+      console.log(JSON.stringify(engine.rankPids));
+      setInterval(() => undefined, 1000);`;
+    const file = join(dir, 'rank-0.mjs');
+    writeFileSync(file, script);
+    const parent = spawn(process.execPath, [file], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const pids = await new Promise<number[]>((resolve, reject) => {
+      let out = '';
+      let err = '';
+      parent.stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
+      parent.stdout.on('data', (chunk: Buffer) => {
+        out += chunk.toString();
+        if (out.includes('\n')) resolve(JSON.parse(out) as number[]);
+      });
+      parent.on('exit', (code) => reject(new Error(`rank 0's process exited (code ${code}) before printing its ranks: ${err}`)));
+    });
+    expect(pids).toHaveLength(1);
+    expect(pids.filter(alive)).toEqual(pids);
+    parent.kill('SIGKILL');
+    expect(await until(() => pids.filter(alive).length === 0, 5000), 'rank processes left after rank 0 was killed').toBe(true);
+  }, 60_000);
 
   it('refuses an unknown tpRanks', async () => {
     await expect(createEngine({ model: tiny, backend: 'cpu', tp: 2, tpRanks: 'fibers' as never })).rejects.toMatchObject({ code: 'KDTREE_ENGINE_ARGUMENT', field: 'tpRanks' });
