@@ -167,7 +167,11 @@ function rank0(): void {
         parts.get(n)![from] = new Uint8Array(bytes);
         complete();
       } else if (type === READY) port.postMessage({ type: 'ready', rank: from } satisfies RelayMessage);
-      else if (type === ERROR) port.postMessage({ type: 'error', rank: from, message: bytes.toString('utf8') } satisfies RelayMessage);
+      else if (type === ERROR) {
+        // recorded here, before the connection's close is: the load's error is what ended the rank
+        failed(from, `failed to load: ${bytes.toString('utf8')}`);
+        port.postMessage({ type: 'error', rank: from, message: bytes.toString('utf8') } satisfies RelayMessage);
+      }
       else if (type === PROGRESS_FRAME) Atomics.add(control, PROGRESS + from, 1);
       else if (type === FAIL) failed(from, bytes.toString('utf8'));
     });

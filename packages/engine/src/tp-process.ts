@@ -26,6 +26,16 @@ const exitAfterSent = (code: number) => {
 
 process.on('disconnect', () => process.exit(1));
 relay.on('error', () => process.exit(1));
+// commands that come while the shard loads (a close, when rank 0's own load failed) wait for it
+const early: (RankCommand | { op: 'close' })[] = [];
+let onCommand: ((command: RankCommand | { op: 'close' }) => void) | undefined;
+relay.on('message', (m: RelayMessage) => {
+  if (m.type === 'lost') process.exit(1);
+  if (m.type !== 'command') return;
+  const command = m.command as RankCommand | { op: 'close' };
+  if (onCommand) onCommand(command);
+  else early.push(command);
+});
 
 void serveRank(
   rank,
@@ -38,11 +48,10 @@ void serveRank(
       exitAfterSent(1);
       post({ type: 'error', message: error });
     },
-    onCommand: (on) =>
-      relay.on('message', (m: RelayMessage) => {
-        if (m.type === 'command') on(m.command as RankCommand | { op: 'close' });
-        else if (m.type === 'lost') process.exit(1);
-      }),
+    onCommand(on) {
+      onCommand = on;
+      for (const command of early.splice(0)) on(command);
+    },
     fail(what) {
       exitAfterSent(1);
       post({ type: 'fail', what });
