@@ -21,6 +21,7 @@ export const ENGINE_OPTIONS: OptionSpec = {
   activations: { type: 'string' },
   tp: { type: 'string' },
   'tp-timeout': { type: 'string' },
+  ranks: { type: 'string' },
 };
 
 export const ENGINE_HELP = [
@@ -33,12 +34,13 @@ export const ENGINE_HELP = [
   "--cache-tokens N      KV cache capacity: the context (default: 4096, or the model's max positions)",
   '--cache-dtype T       bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
   '--activations T       dtype of the GEMMs\' inputs, bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
-  '--tp N                tensor-parallel ranks (default 1): the model split over N ranks, started as worker threads (cpu backend)',
+  '--tp N                tensor-parallel ranks (default 1): the model split over N ranks (cpu backend)',
+  '--ranks HOW           under --tp: ranks 1..N-1 as threads (default: worker threads, shared memory) or processes (one forked process each, TCP to rank 0)',
   '--tp-timeout MS       how long a rank may go silent before the run ends naming it (default 20000)',
 ];
 
 /** The usage text of the engine options. */
-export const ENGINE_USAGE = '[--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH|dflash:PATH] [--budget B|auto] [--depth L] [--cache-tokens N] [--tp N]';
+export const ENGINE_USAGE = '[--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH|dflash:PATH] [--budget B|auto] [--depth L] [--cache-tokens N] [--tp N [--ranks threads|processes]]';
 
 export interface EngineArgs {
   backend?: (typeof BACKEND_KINDS)[number];
@@ -48,6 +50,7 @@ export interface EngineArgs {
   activations?: 'bf16' | 'f32';
   tp?: number;
   tpTimeoutMs?: number;
+  tpRanks?: 'threads' | 'processes';
   decoding: { spec: Spec; drafter?: string; budget?: number | 'auto'; depth?: number };
 }
 
@@ -68,6 +71,7 @@ export function parseEngineArgs(p: Parsed, command: string): EngineArgs {
     activations: parseChoice(p.values.activations as string | undefined, '--activations', ['bf16', 'f32'] as const),
     tp: parseIntArg(p.values.tp as string | undefined, '--tp', { min: 1, max: 64 }),
     tpTimeoutMs: parseIntArg(p.values['tp-timeout'] as string | undefined, '--tp-timeout', { min: 100, max: 3_600_000 }),
+    tpRanks: parseChoice(p.values.ranks as string | undefined, '--ranks', ['threads', 'processes'] as const),
     decoding: { spec, drafter, budget, depth },
   };
 }
@@ -86,6 +90,7 @@ export async function openEngine(model: string, args: EngineArgs, io: CommandIO,
     activations: args.activations,
     tp: args.tp,
     tpTimeoutMs: args.tpTimeoutMs,
+    tpRanks: args.tpRanks,
     maxBudget: typeof budget === 'number' ? Math.max(64, budget) : undefined,
     maxDepth: depth !== undefined ? Math.max(16, depth) : undefined,
     onLoadProgress: (l) => {

@@ -73,6 +73,24 @@ describe('kdtree run --tp', () => {
     }
   });
 
+  it('2 rank processes (--ranks processes) reproduce kdtree golden, greedy and DDTree', () => {
+    for (const spec of [[], ['--spec', 'ddtree', '--budget', '6', '--depth', '3']]) {
+      const r = runCli(['run', float, '--prompt', floatGolden.prompt.join(','), '--max-new', '16', '--eos', '', '--backend', 'cpu', '--tp', '2', '--ranks', 'processes', '--json', ...spec]);
+      expect(r.status, r.stderr).toBe(0);
+      expect(JSON.parse(r.stdout)).toMatchObject({ tokens: floatGolden.tokens, stats: { backend: 'cpu', tp: 2 } });
+    }
+  });
+
+  it('a rank process that stalls ends the run: exit 1, one line naming the rank', () => {
+    // a rank process left running would hold the pipes open: spawnSync would not return
+    const r = runCli(['run', float, '--prompt', '1,2,3', '--max-new', '8', '--backend', 'cpu', '--tp', '2', '--ranks', 'processes', '--tp-timeout', '1000'], { env: { KDTREE_TP_FAULT: '1:collective=12:stall' }, timeoutMs: 60_000 });
+    expect(r.status, r.stderr).toBe(1);
+    expect(r.stderr).toMatch(/tensor-parallel rank 1 stalled: it did not reach an? (all-reduce|all-gather) \(collective 12\) within 1000 ms/);
+    const bad = runCli(['run', float, '--prompt', '1,2', '--max-new', '2', '--backend', 'cpu', '--tp', '2', '--ranks', 'fibers']);
+    expect(bad.status).toBe(2);
+    expect(bad.stderr).toMatch(/--ranks/);
+  });
+
   it('a rank that throws or stalls ends the run: exit 1, one line naming the rank, no thread left behind', () => {
     const cases: [string, RegExp][] = [
       ['1:collective=12:throw', /tensor-parallel rank 1 threw during a decode step: injected fault at collective 12/],

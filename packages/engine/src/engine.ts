@@ -26,7 +26,7 @@ import { ModelSource, type WeightReader } from './model-source.js';
 import { Runner, type TreeBuffers } from './runner.js';
 import type { Shard } from './shard.js';
 import { openModel } from './shard-source.js';
-import { parseTpFault, TP_TIMEOUT_MS, TpGroup, type TpFault } from './tp.js';
+import { parseTpFault, TP_TIMEOUT_MS, TpGroup, type TpFault, type TpRanks } from './tp.js';
 
 export type Spec = 'greedy' | 'chain' | 'ddtree';
 export const SPECS: readonly Spec[] = ['greedy', 'chain', 'ddtree'];
@@ -68,6 +68,12 @@ export interface EngineOptions {
   tpTimeoutMs?: number;
   /** Under tp > 1, for tests: a fault to inject, `RANK:load:KIND` or `RANK:collective=N:KIND` (KIND throw, stall or exit); default $KDTREE_TP_FAULT. */
   tpFault?: string;
+  /**
+   * Under tp > 1 on the cpu backend: how ranks 1..tp-1 run. 'threads' (the default): worker
+   * threads of this process over shared memory; 'processes': one forked process each, over TCP to
+   * rank 0 (the path GPU ranks take: one process per device).
+   */
+  tpRanks?: TpRanks;
   /** Progress of the model's load (rank 0's shard under tp > 1). */
   onLoadProgress?: (progress: LoadProgress) => void;
   signal?: AbortSignal;
@@ -192,6 +198,11 @@ export class Engine {
     return this.group?.world ?? 1;
   }
 
+  /** The process ids of ranks 1..tp-1 under `tpRanks: 'processes'` (empty otherwise): for an operator's monitoring, and the tests' check that none outlives the engine. */
+  get rankPids(): number[] {
+    return this.group?.pids ?? [];
+  }
+
   /** Throws the failure of a tensor-parallel rank, once one has ended the group. */
   private checkRanks(): void {
     const failed = this.group?.failure();
@@ -213,7 +224,8 @@ export class Engine {
     const failed = this.group?.failure();
     if (!failed) return error;
     await this.group!.close();
-    return failed;
+    // a rank process's failure is named by how it exited once that is known
+    return this.group!.failure() ?? failed;
   }
 
   get device(): string {
@@ -689,6 +701,8 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
   }
   const tp = checkInt('tp', options.tp ?? 1, 1, 64);
   const timeoutMs = checkInt('tpTimeoutMs', options.tpTimeoutMs ?? TP_TIMEOUT_MS, 100, 3_600_000);
+  const ranks = options.tpRanks ?? 'threads';
+  if (ranks !== 'threads' && ranks !== 'processes') throw argumentError('tpRanks', `expected 'threads' or 'processes', got '${String(ranks)}'`);
   const faultText = options.tpFault ?? process.env.KDTREE_TP_FAULT;
   const fault: TpFault | undefined = tp > 1 && faultText ? parseTpFault(faultText, tp) : undefined;
   if (tp > 1 && typeof given !== 'string') throw argumentError('model', 'tensor parallelism (tp > 1) needs the path of a bundle or checkpoint, which every rank reads its shard of');
@@ -718,7 +732,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     let collective: HostCollective | undefined;
     if (tp > 1) {
       const slotFloats = Math.max(rows * c.hiddenSize, rows * Math.ceil(c.vocabSize / tp), Math.ceil((nodes * (nodes + 16) + 4) / 4));
-      group = TpGroup.start(tp, { model: given as string, config: options.config, rows, activations, cacheTokens, cacheDtype, prefillChunk, nodes, maxDepth }, { slotFloats, timeoutMs, fault });
+      group = await TpGroup.start(tp, { model: given as string, config: options.config, rows, activations, cacheTokens, cacheDtype, prefillChunk, nodes, maxDepth }, { slotFloats, timeoutMs, fault, ranks });
       collective = new HostCollective(backend, group.transport);
     }
     const model = await loadRank0(backend, source, { rows, activations, shard, collective, onProgress: options.onLoadProgress, signal: options.signal }, group);

@@ -1,7 +1,10 @@
 /**
  * Tensor-parallel ranks on the cpu backend: rank 0 is the engine's own thread, ranks 1..N-1 are
- * worker threads (tp-worker.ts), each with its own cpu backend, its shard of the model read from
- * the same checkpoint, and its Runner. They share one SharedMemoryTransport. Rank 0 sends every
+ * worker threads (tp-worker.ts, over one SharedMemoryTransport) or processes (tp-process.ts, over
+ * TCP: SocketTransport), each with its own cpu backend, its shard of the model read from the same
+ * checkpoint, and its Runner (tp-rank.ts, shared by both). A RankLauncher starts them and
+ * carries messages; everything else (readiness, the load watchdog, commands, closing) is this
+ * group's, the same for both. Rank 0 sends every
  * state-changing Runner call to the workers (RankPeers) as a message before running it itself;
  * the collectives inside the steps keep the ranks in lockstep.
  *
@@ -11,12 +14,17 @@
  * `timeoutMs` is named by the rank waiting for it. Every case ends with a RankFailure naming the
  * rank and what happened, and every worker terminated.
  */
+import { fork, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
+import type { HostTransport } from './collective.js';
 import type { CacheDtype } from './kv-cache.js';
 import type { ActivationDtype } from './workspace.js';
 import type { RankCommand, RankPeers } from './runner.js';
 import { RankFailure, SharedMemoryTransport, transportMemory, type TransportMemory } from './shared-memory-transport.js';
 import { argumentError } from './errors.js';
+import type { RelayData, RelayMessage, RelayRequest } from './socket-relay.js';
+import { relayMemory, SocketTransport } from './socket-transport.js';
 
 /** The default bound on a rank's silence (loading one part, or reaching the next collective). */
 export const TP_TIMEOUT_MS = 20_000;
@@ -61,83 +69,261 @@ export interface RankWorkerData {
   fault?: TpFault;
 }
 
+/** How the ranks other than rank 0 run: threads of this process, or processes of their own. */
+export type TpRanks = 'threads' | 'processes';
+
+/** The data a rank process starts with (JSON in KDTREE_TP_RANK). */
+export interface RankProcessData {
+  rank: number;
+  world: number;
+  setup: RankSetup;
+  slotFloats: number;
+  timeoutMs: number;
+  fault?: TpFault;
+  /** Rank 0's relay. */
+  host: string;
+  port: number;
+}
+
 /** Messages from a worker to rank 0. */
 export type RankMessage = { type: 'ready' } | { type: 'error'; message: string };
 
-function workerUrl(): URL {
-  // under vitest this module runs from src/*.ts; the worker is the built one
-  return import.meta.url.endsWith('.ts') ? new URL('../dist/tp-worker.js', import.meta.url) : new URL('./tp-worker.js', import.meta.url);
+/** A module of this package's build (under vitest this module runs from src/*.ts; threads and processes run the built one). */
+export function builtModule(file: string): URL {
+  return import.meta.url.endsWith('.ts') ? new URL(`../dist/${file}`, import.meta.url) : new URL(`./${file}`, import.meta.url);
 }
 
-export class TpGroup implements RankPeers {
-  /** Rank 0's end of the transport. */
+/** The transport as rank 0's group uses it: the collectives plus the failure record and load counters. */
+export interface GroupTransport extends HostTransport {
+  failure(): RankFailure | undefined;
+  fail(rank: number, what: string): void;
+  progressOf(rank: number): number;
+}
+
+/** Starts ranks 1..world-1 and carries rank 0's messages to them and theirs back. */
+export interface RankLauncher {
+  readonly transport: GroupTransport;
+  /** Calls `on` with each rank's load report; returns the function that stops it. */
+  onMessage(on: (rank: number, message: RankMessage) => void): () => void;
+  post(command: RankCommand | { op: 'close' }): void;
+  /** Ends every rank now (terminate, SIGKILL). */
+  kill(): void;
+  /** Settles when rank `rank` has ended. */
+  readonly exited: Promise<void>[];
+  /** Frees what rank 0 itself holds for the ranks (after every rank has ended). */
+  release(): Promise<void>;
+}
+
+type OnExit = (rank: number, what: string) => void;
+
+class ThreadRanks implements RankLauncher {
   readonly transport: SharedMemoryTransport;
+  readonly exited: Promise<void>[] = [];
   private readonly workers: Worker[] = [];
-  private readonly exited: Promise<void>[] = [];
-  private failed: RankFailure | undefined;
-  private closing = false;
 
-  private constructor(
-    readonly world: number,
-    private readonly memory: TransportMemory,
-    readonly timeoutMs: number,
-  ) {
-    this.transport = new SharedMemoryTransport(memory, 0, timeoutMs);
-  }
-
-  /**
-   * Starts ranks 1..world-1 loading their shards. `slotFloats`: the largest collective's f32
-   * values (a pass's [rows, hidden] all-reduce or [rows, vocab / world] all-gather block).
-   */
-  static start(world: number, setup: RankSetup, options: { slotFloats: number; timeoutMs: number; fault?: TpFault }): TpGroup {
-    const group = new TpGroup(world, transportMemory(world, options.slotFloats), options.timeoutMs);
+  constructor(world: number, setup: RankSetup, options: { slotFloats: number; timeoutMs: number; fault?: TpFault }, onExit: OnExit) {
+    const memory = transportMemory(world, options.slotFloats);
+    this.transport = new SharedMemoryTransport(memory, 0, options.timeoutMs);
     for (let rank = 1; rank < world; rank++) {
-      const data: RankWorkerData = { memory: group.memory, rank, setup, timeoutMs: options.timeoutMs, fault: options.fault?.rank === rank ? options.fault : undefined };
-      const worker = new Worker(workerUrl(), { workerData: data });
-      group.workers.push(worker);
-      group.exited.push(
+      const data: RankWorkerData = { memory, rank, setup, timeoutMs: options.timeoutMs, fault: options.fault?.rank === rank ? options.fault : undefined };
+      const worker = new Worker(builtModule('tp-worker.js'), { workerData: data });
+      this.workers.push(worker);
+      this.exited.push(
         new Promise<void>((resolve) => {
-          worker.on('error', (error) => group.mark(new RankFailure(rank, `threw: ${error.message}`)));
+          worker.on('error', (error) => onExit(rank, `threw: ${error.message}`));
           worker.on('exit', (code) => {
-            if (!group.closing) group.mark(new RankFailure(rank, `exited (code ${code})`));
+            onExit(rank, `exited (code ${code})`);
             resolve();
           });
         }),
       );
     }
+  }
+
+  onMessage(on: (rank: number, message: RankMessage) => void): () => void {
+    const handlers = this.workers.map((w, i) => {
+      const h = (message: RankMessage) => on(i + 1, message);
+      w.on('message', h);
+      return h;
+    });
+    return () => this.workers.forEach((w, i) => w.off('message', handlers[i]));
+  }
+
+  post(command: RankCommand | { op: 'close' }): void {
+    for (const w of this.workers) w.postMessage(command);
+  }
+
+  kill(): void {
+    for (const w of this.workers) void w.terminate();
+  }
+
+  async release(): Promise<void> {}
+}
+
+/** The recorded failure of a rank whose socket closed before its exit was seen. */
+const CONNECTION_CLOSED = 'exited (its connection to rank 0 closed)';
+
+class ProcessRanks implements RankLauncher {
+  readonly exited: Promise<void>[] = [];
+  readonly children: ChildProcess[] = [];
+  /** How each rank ended, once it has: 'code 3', 'signal SIGKILL'. */
+  private readonly ends: (string | undefined)[] = [];
+  private readonly listeners = new Set<(rank: number, message: RankMessage) => void>();
+
+  private constructor(
+    readonly transport: GroupTransport,
+    private readonly relay: Worker,
+  ) {}
+
+  static async start(world: number, setup: RankSetup, options: { slotFloats: number; timeoutMs: number; fault?: TpFault }, onExit: OnExit): Promise<ProcessRanks> {
+    const memory = relayMemory(world, options.slotFloats);
+    const host = '127.0.0.1';
+    const relay = new Worker(builtModule('socket-relay.js'), { workerData: { memory, rank: 0, timeoutMs: options.timeoutMs, host, port: 0 } satisfies RelayData });
+    const port = await new Promise<number>((resolve, reject) => {
+      relay.once('error', reject);
+      relay.on('message', (m: RelayMessage) => m.type === 'listening' && resolve(m.port));
+    });
+    const socket = new SocketTransport(memory, 0);
+    let launcher: ProcessRanks | undefined;
+    // a closed connection is named by how the rank exited, once that is known
+    const transport: GroupTransport = {
+      rank: 0,
+      world,
+      allReduceSum: (data) => socket.allReduceSum(data),
+      allGather: (local, rows, cols, out) => socket.allGather(local, rows, cols, out),
+      broadcast: (data, root) => socket.broadcast(data, root),
+      fail: (rank, what) => socket.fail(rank, what),
+      progressOf: (rank) => socket.progressOf(rank),
+      failure() {
+        const failed = socket.failure();
+        const end = failed?.what === CONNECTION_CLOSED ? launcher?.ends[failed.rank] : undefined;
+        return end === undefined ? failed : new RankFailure(failed!.rank, `exited (${end})`);
+      },
+    };
+    launcher = new ProcessRanks(transport, relay);
+    const l = launcher;
+    const entry = fileURLToPath(builtModule('tp-process.js'));
+    for (let rank = 1; rank < world; rank++) {
+      const data: RankProcessData = { rank, world, setup, slotFloats: options.slotFloats, timeoutMs: options.timeoutMs, fault: options.fault?.rank === rank ? options.fault : undefined, host, port };
+      const child = fork(entry, [], { env: { ...process.env, KDTREE_TP_RANK: JSON.stringify(data) }, execArgv: [], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+      l.children.push(child);
+      l.exited.push(
+        new Promise<void>((resolve) => {
+          child.on('error', (error) => onExit(rank, `could not be started: ${error.message}`));
+          child.on('exit', (code, signal) => {
+            l.ends[rank] = signal ? `signal ${signal}` : `code ${code}`;
+            onExit(rank, `exited (${l.ends[rank]})`);
+            resolve();
+          });
+        }),
+      );
+    }
+    // the ranks' load reports come through the relay
+    relay.on('message', (m: RelayMessage) => {
+      if (m.type === 'ready') l.report(m.rank, { type: 'ready' });
+      else if (m.type === 'error') l.report(m.rank, { type: 'error', message: m.message });
+    });
+    return l;
+  }
+
+  private report(rank: number, message: RankMessage): void {
+    for (const on of this.listeners) on(rank, message);
+  }
+
+  onMessage(on: (rank: number, message: RankMessage) => void): () => void {
+    this.listeners.add(on);
+    return () => this.listeners.delete(on);
+  }
+
+  post(command: RankCommand | { op: 'close' }): void {
+    this.relay.postMessage((command.op === 'close' ? { type: 'close' } : { type: 'command', command }) satisfies RelayRequest);
+  }
+
+  kill(): void {
+    const failed = this.transport.failure();
+    this.children.forEach((child, i) => {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      // a rank whose connection closed is already exiting: a moment to finish, so that the error
+      // can say how it ended (its code), then killed like the rest
+      if (failed?.rank === i + 1 && failed.what === CONNECTION_CLOSED) {
+        const timer = setTimeout(() => child.kill('SIGKILL'), 1000);
+        child.once('exit', () => clearTimeout(timer));
+      } else child.kill('SIGKILL');
+    });
+  }
+
+  async release(): Promise<void> {
+    await this.relay.terminate();
+  }
+}
+
+export class TpGroup implements RankPeers {
+  private failed: RankFailure | undefined;
+  private closing = false;
+
+  private constructor(
+    readonly world: number,
+    readonly timeoutMs: number,
+    private readonly launcher: RankLauncher,
+  ) {}
+
+  /** Rank 0's end of the transport. */
+  get transport(): GroupTransport {
+    return this.launcher.transport;
+  }
+
+  /** The ranks' process ids (processes only; tests check that none outlives the group). */
+  get pids(): number[] {
+    return this.launcher instanceof ProcessRanks ? this.launcher.children.map((c) => c.pid ?? -1) : [];
+  }
+
+  /**
+   * Starts ranks 1..world-1 loading their shards, as threads or processes. `slotFloats`: the
+   * largest collective's f32 values (a pass's [rows, hidden] all-reduce or [rows, vocab / world]
+   * all-gather block).
+   */
+  static async start(world: number, setup: RankSetup, options: { slotFloats: number; timeoutMs: number; fault?: TpFault; ranks?: TpRanks }): Promise<TpGroup> {
+    let group: TpGroup | undefined;
+    const early: RankFailure[] = [];
+    const onExit: OnExit = (rank, what) => {
+      if (group === undefined) early.push(new RankFailure(rank, what));
+      else if (!group.closing) group.mark(new RankFailure(rank, what));
+    };
+    const launcher = options.ranks === 'processes' ? await ProcessRanks.start(world, setup, options, onExit) : new ThreadRanks(world, setup, options, onExit);
+    group = new TpGroup(world, options.timeoutMs, launcher);
+    if (early.length > 0) group.mark(early[0]);
     return group;
   }
 
-  /** Records the first failure (in shared memory too, so ranks waiting at a barrier wake up). */
+  /** Records the first failure (in the transport too, so ranks waiting in a collective wake up). */
   private mark(failure: RankFailure): void {
-    if (this.failed !== undefined) return;
+    if (this.failure() !== undefined) return;
     this.transport.fail(failure.rank, failure.what);
     this.failed = this.transport.failure() ?? failure;
   }
 
   /** The failure that ended the group, if one did. */
   failure(): RankFailure | undefined {
-    this.failed ??= this.transport.failure();
-    return this.failed;
+    return this.transport.failure() ?? this.failed;
   }
 
   /**
-   * Resolves when every worker has loaded its shard; rejects with the first RankFailure: a load
-   * that threw, a thread that exited, or a rank whose load made no progress for timeoutMs.
+   * Resolves when every rank has loaded its shard; rejects with the first RankFailure: a load
+   * that threw, a rank that exited, or a rank whose load made no progress for timeoutMs.
    */
   ready(signal?: AbortSignal): Promise<void> {
     return new Promise<void>((resolve, reject) => {
-      const pending = new Set(this.workers.map((_, i) => i + 1));
-      const seen = this.workers.map((_, i) => ({ progress: this.transport.progressOf(i + 1), at: Date.now() }));
+      const ranks = Array.from({ length: this.world - 1 }, (_, i) => i + 1);
+      const pending = new Set(ranks);
+      const seen = ranks.map((rank) => ({ progress: this.transport.progressOf(rank), at: Date.now() }));
       let timer: NodeJS.Timeout | undefined;
       const done = (error?: Error) => {
         clearInterval(timer);
-        this.workers.forEach((w) => w.off('message', onMessage[this.workers.indexOf(w)]));
+        off();
         if (error) reject(error);
         else resolve();
       };
-      const onMessage = this.workers.map((_, i) => (message: RankMessage) => {
-        const rank = i + 1;
+      const off = this.launcher.onMessage((rank, message) => {
         if (message.type === 'error') {
           this.mark(new RankFailure(rank, `failed to load: ${message.message}`));
           done(this.failure());
@@ -146,7 +332,6 @@ export class TpGroup implements RankPeers {
         pending.delete(rank);
         if (pending.size === 0) done();
       });
-      this.workers.forEach((w, i) => w.on('message', onMessage[i]));
       timer = setInterval(() => {
         const failed = this.failure();
         if (failed) return done(failed);
@@ -167,26 +352,27 @@ export class TpGroup implements RankPeers {
     });
   }
 
-  /** Sends `command` to every worker rank; throws the group's failure instead if there was one. */
+  /** Sends `command` to every other rank; throws the group's failure instead if there was one. */
   send(command: RankCommand): void {
     const failed = this.failure();
     if (failed) throw failed;
-    for (const w of this.workers) w.postMessage(command);
+    this.launcher.post(command);
   }
 
   /**
-   * Ends every worker: after a failure at once (terminate), otherwise each disposes its shard and
-   * exits, and a worker that has not within timeoutMs is terminated. No thread outlives this.
+   * Ends every rank: after a failure at once (terminate, SIGKILL), otherwise each disposes its
+   * shard and exits, and a rank that has not within timeoutMs is killed. No rank outlives this.
    */
   async close(): Promise<void> {
     this.closing = true;
-    if (this.failure() === undefined) for (const w of this.workers) w.postMessage({ op: 'close' });
-    else for (const w of this.workers) void w.terminate();
-    const all = Promise.all(this.exited);
+    if (this.failure() === undefined) this.launcher.post({ op: 'close' });
+    else this.launcher.kill();
+    const all = Promise.all(this.launcher.exited);
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), this.timeoutMs)));
-    if ((await Promise.race([all, late])) === 'late') await Promise.all(this.workers.map((w) => w.terminate()));
+    if ((await Promise.race([all, late])) === 'late') this.launcher.kill();
     clearTimeout(timer);
     await all;
+    await this.launcher.release();
   }
 }
