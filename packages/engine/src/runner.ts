@@ -219,8 +219,8 @@ export class Runner {
    * parallelism on host collectives the graphs between them (see HostCollective). `slots`: how
    * far past the host's committed length the step writes by the time it ends. A graph is captured
    * per power-of-two bound (from 512 slots) on L + slots: a decode step at L = 100 of a 4096-slot
-   * cache then launches attention blocks for 512 slots, not 4096 (past L they find no keys, but
-   * each costs its launch: ~6% of a Kimi K2-shaped decode step).
+   * cache then launches attention blocks and work space for 512 slots, not 4096 (past L the
+   * blocks find no keys, but they are still launched).
    */
   graph(key: string, queue: (stream: number) => void, slots = 1): StepGraph {
     let bound = 512;
