@@ -10,6 +10,11 @@
  *   - the verify cost curve: a tree step of 1..256 nodes against a decode step
  *   - chain and DDTree (fixed budgets 4..64 and auto) with a draft model and with ngram
  *   - prefill of a 2048-token prompt
+ *   - a DFlash drafter of Kimi K2.5-DFlash's shape (6 layers, hidden 7168, 64 / 8 heads of 128,
+ *     intermediate 18432, block 8, 6 tapped layers; seeded weights): its step (commit of the
+ *     accepted rows + one draft) against the target's verify at the same tree sizes, measured on
+ *     this model and extrapolated to Kimi K2's 61 layers from a 2-layer model's curve (the
+ *     difference is two layers' cost: one MoE layer = half of it)
  *   - the same model with 64 experts (what fits transformers' bf16 experts on one GPU)
  * Writes $OUT/engine-bench.json. Transformers' figures come from hf_peer.py in the same run.
  */
@@ -18,7 +23,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createBackend, type KdtreeBackend } from '@kdtree/cuda';
 import { createEngine, SeededSource, weightBytes, type Engine, type GenerateOptions } from '@kdtree/engine';
-import { presetConfigJson } from '@kdtree/reference';
+import { dflashConfigJson, parseDflashConfig, presetConfigJson } from '@kdtree/reference';
 
 const here = dirname(fileURLToPath(import.meta.url));
 // KDTREE_BENCH_SMOKE=1: the same run on the cpu twin at toy sizes, to check the script itself
@@ -153,6 +158,7 @@ async function benchModel(experts: number, full: boolean, cacheTokens = 4096, ac
     }
     out.speculative = rows;
     draft.dispose();
+    if (process.env.KDTREE_BENCH_DFLASH !== '0') out.dflash = await benchDflash(engine, source, prompt, greedy.tokens, maxNew);
     out.greedyTokensRepeat = new Set(greedy.tokens.slice(64)).size;
     const long = promptOf(2048, 3, V);
     const prefill = await median(3, () => engine.complete(long, { maxNew: 1, eos: [] }), (r) => r.stats.prefillMs);
@@ -164,13 +170,90 @@ async function benchModel(experts: number, full: boolean, cacheTokens = 4096, ac
   return out;
 }
 
+/**
+ * A seeded drafter of Kimi K2.5-DFlash's shape on `engine`'s target. The real one taps 6 of 61
+ * layers; this target has fewer, so some are tapped twice (the same fc of 6 x 7168 inputs and the
+ * same work). Its weights are random: acceptance means nothing here, only the cost.
+ */
+async function benchDflash(engine: Engine, source: SeededSource, prompt: number[], greedyTokens: number[], maxNew: number): Promise<Record<string, unknown>> {
+  const L = source.config.numLayers;
+  const taps = Array.from({ length: 6 }, (_, i) => Math.round((i * (L - 1)) / 5));
+  const shape = smoke ? { layers: 2, heads: 4, kvHeads: 2, headDim: 32, intermediate: 512 } : { layers: 6, heads: 64, kvHeads: 8, headDim: 128, intermediate: 18432 };
+  const config = parseDflashConfig(dflashConfigJson(source.config, { ...shape, blockSize: 8, targetLayerIds: taps }), 'K2.5-DFlash shape');
+  const t0 = performance.now();
+  // a seeded source makes any tensor by name: the drafter's are seeded like the target's
+  const drafter = await engine.dflashDrafter(config, new SeededSource(source.configJson, { seed: 9, quant: 'none' }), 'dflash:seeded K2.5-DFlash shape');
+  const out: Record<string, unknown> = { config: { ...shape, blockSize: 8, targetLayerIds: taps }, loadSeconds: (performance.now() - t0) / 1000 };
+  try {
+    const H = config.hiddenSize;
+    const V = config.vocabSize;
+    const depth = config.blockSize - 1;
+    const logits = b.zeros('f32', [depth, V]);
+    const tapsOf = (rows: number) => taps.map((_, j) => b.fromArray('f32', [rows, H], Float32Array.from({ length: rows * H }, (_, i) => Math.sin(0.37 * i + j))));
+    const context = tapsOf(prompt.length);
+    drafter.begin();
+    drafter.commit(context, prompt.length);
+    const step: Record<string, unknown>[] = [];
+    for (const rows of [1, 2, 4, 8]) {
+      const hidden = tapsOf(rows);
+      const commitMs: number[] = [];
+      const draftMs: number[] = [];
+      const wallMs: number[] = [];
+      for (let rep = 0; rep < 6; rep++) {
+        const w0 = performance.now();
+        const c = b.time(() => drafter.commit(hidden, rows));
+        const tokens = new Array<number>(drafter.contextLength + 1).fill(1);
+        const d = b.time(() => drafter.draft({ tokens, depth, out: logits }));
+        b.synchronize();
+        // the first call captures the graphs
+        if (rep > 0) commitMs.push(c), draftMs.push(d), wallMs.push(performance.now() - w0);
+      }
+      const med = (x: number[]) => x.sort((p, q) => p - q)[Math.floor(x.length / 2)];
+      step.push({ acceptedRows: rows, commitMs: med(commitMs), draftMs: med(draftMs), wallMs: med(wallMs) });
+      b.free(...hidden);
+    }
+    b.free(...context, logits);
+    out.step = step;
+    log(`DFlash (K2.5 shape, loaded in ${(out.loadSeconds as number).toFixed(1)} s): ${step.map((s) => `commit ${s.acceptedRows} rows ${(s.commitMs as number).toFixed(3)} ms + draft ${(s.draftMs as number).toFixed(3)} ms (wall ${(s.wallMs as number).toFixed(3)})`).join('; ')}`);
+    const curve = engine.measureCosts(depth);
+    out.verifyCurve = { decodeMs: curve.decodeMs, verifyMs: Object.fromEntries(curve.verifyMs) };
+    const rows: Record<string, unknown>[] = [];
+    for (const [label, options] of [
+      ['chain, dflash (random), 7', { spec: 'chain', budget: 7 }],
+      ['ddtree, dflash (random), B 16', { spec: 'ddtree', budget: 16 }],
+      ['ddtree, dflash (random), auto', { spec: 'ddtree', budget: 'auto' }],
+    ] as [string, Partial<GenerateOptions>][]) {
+      const r = await engine.complete(prompt, { maxNew, eos: [], drafter, depth, ...options });
+      const exact = r.tokens.join() === greedyTokens.join();
+      rows.push({ mode: label, tokensPerSecond: r.stats.tokensPerSecond, meanAcceptedLength: r.stats.meanAcceptedLength, targetForwards: r.stats.targetForwards, exact });
+      log(`${label}: ${r.stats.tokensPerSecond.toFixed(1)} tokens/s, ${r.stats.meanAcceptedLength.toFixed(2)} tokens a step, ${exact ? 'exact' : 'DIFFERENT FROM GREEDY'}`);
+    }
+    out.generation = rows;
+  } finally {
+    drafter.dispose();
+  }
+  return out;
+}
+
+/** The verify curve of a `numLayers`-layer model (one dense layer, the rest MoE) at `depth`. */
+async function verifyCurveOf(numLayers: number, depth: number): Promise<Record<string, unknown>> {
+  const engine = await createEngine({ model: new SeededSource(k2Config(numLayers, 384), { seed: 7 }), backend: b, cacheTokens: 4096, maxBudget: 256 });
+  try {
+    const curve = engine.measureCosts(depth);
+    return { layers: numLayers, decodeMs: curve.decodeMs, verifyMs: Object.fromEntries(curve.verifyMs) };
+  } finally {
+    await engine.dispose();
+  }
+}
+
 const bandwidth = copyBandwidth(b);
 report.copyBandwidth = bandwidth;
 log(`copy bandwidth: ${(bandwidth / 1e12).toFixed(3)} TB/s (bytes read + written)`);
 const models: Record<string, unknown>[] = [];
 for (const experts of (process.env.KDTREE_BENCH_EXPERTS ?? '384,64').split(',').map(Number)) {
   const m = await benchModel(experts, experts === 384 || process.env.KDTREE_BENCH_FULL === '1', 4096);
-  if (experts === 384 && !smoke) {
+  // KDTREE_BENCH_VARIANTS=0 leaves out the 512-slot cache and f32 activations
+  if (experts === 384 && !smoke && process.env.KDTREE_BENCH_VARIANTS !== '0') {
     m.smallCache = await benchModel(experts, false, 512);
     // the same model with f32 activations into the GEMMs (three bf16 planes of x), in the same run
     m.f32Activations = await benchModel(experts, false, 4096, 'f32');
@@ -183,6 +266,20 @@ for (const experts of (process.env.KDTREE_BENCH_EXPERTS ?? '384,64').split(',').
   models.push(m);
 }
 report.models = models;
+const full = models.find((m) => m.experts === 384);
+if (full?.dflash !== undefined) {
+  // verify(61 layers) = verify(L) + (61 - L) x one MoE layer, one MoE layer = (verify(L) - verify(L - 2)) / 2
+  const small = await verifyCurveOf(layers - 2, 7);
+  const dflash = full.dflash as { verifyCurve: { verifyMs: Record<string, number> }; step: { acceptedRows: number; commitMs: number; draftMs: number }[] };
+  const big = dflash.verifyCurve.verifyMs;
+  const k2 = Object.fromEntries(Object.entries(big).map(([n, ms]) => [n, ms + ((61 - layers) * (ms - (small.verifyMs as Record<string, number>)[n])) / 2]));
+  dflash.verifyCurve = { ...dflash.verifyCurve, ...{ smallModel: small, kimiK2Extrapolated: k2 } };
+  const stepMs = (rows: number) => {
+    const s = dflash.step.find((x) => x.acceptedRows === rows)!;
+    return s.commitMs + s.draftMs;
+  };
+  log(`DFlash step / verify, budget B (B + 1 nodes), 4 accepted rows: ${Object.keys(big).filter((n) => [4, 8, 16, 32, 64].includes(Number(n))).map((n) => `B ${n}: ${(100 * stepMs(4) / big[n]).toFixed(1)}% of this model's verify (${big[n].toFixed(3)} ms), ${(100 * stepMs(4) / k2[n]).toFixed(1)}% of Kimi K2's 61 layers (${k2[n].toFixed(2)} ms)`).join('; ')}`);
+}
 if (process.env.OUT) {
   mkdirSync(process.env.OUT, { recursive: true });
   writeFileSync(join(process.env.OUT, 'engine-bench.json'), `${JSON.stringify(report, null, 1)}\n`);

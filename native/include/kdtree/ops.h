@@ -132,6 +132,9 @@ struct GqaAttentionArgs {
   Tensor k_cache, v_cache;  // f32 or bf16 [S, Hkv, D]; rows [0, context_length) are read
   Tensor k, v;              // f32 [T, Hkv, D]: the block's own keys and values
   Tensor out;               // f32 or bf16 [T, Hq, D]
+  // With context_length_on_device (i32 [1], read when the kernel runs, so one captured step serves
+  // every length), context_length is its bound and the value read is clamped to [0, bound].
+  Tensor context_length_on_device;
   int64_t context_length = 0;
   double scale = 1.0;
 };

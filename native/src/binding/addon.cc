@@ -1135,6 +1135,7 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.k = TensorArg(c, "k");
     a.v = TensorArg(c, "v");
     a.out = TensorArg(c, "out");
+    a.context_length_on_device = TensorArg(c, "contextLengthOnDevice", true);
     a.context_length = Int(c, "contextLength", 0, 0, INT32_MAX);
     a.scale = Num(c, "scale", 0);
     return Run(c, a, ValidateGqaAttention, &Backend::GqaAttention);

@@ -354,7 +354,7 @@ Status ValidateSiluMul(const SiluMulArgs& a) {
 }
 
 Status ValidateGqaAttention(const GqaAttentionArgs& a) {
-  const OpContext ctx("gqa_attention", a.q, a.k_cache, a.v_cache, a.k, a.v, a.out);
+  const OpContext ctx("gqa_attention", a.q, a.k_cache, a.v_cache, a.k, a.v, a.out, a.context_length_on_device);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q, {DType::kF32}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.k_cache, {DType::kF32, DType::kBF16}, 3));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.v_cache, {DType::kF32, DType::kBF16}, 3));
@@ -371,7 +371,11 @@ Status ValidateGqaAttention(const GqaAttentionArgs& a) {
   if (a.k.dim(0) != t || a.k.dim(1) != hkv || a.k.dim(2) != d) return Invalid(ctx, "k must be [T, Hkv, D] = [", t, ", ", hkv, ", ", d, "] (the block's own keys)");
   if (a.v.shape != a.k.shape) return Invalid(ctx, "v must be like k: [", t, ", ", hkv, ", ", d, "]");
   if (a.out.shape != a.q.shape) return Invalid(ctx, "out must be like q: [", t, ", ", hq, ", ", d, "]");
-  if (a.context_length < 0 || a.context_length > s) return Invalid(ctx, "contextLength ", a.context_length, " is outside the cache's [0, ", s, "] rows");
+  KDTREE_RETURN_IF_ERROR(CheckDeviceScalar(ctx, a.context_length_on_device));
+  if (a.context_length < 0 || a.context_length > s) {
+    if (a.context_length_on_device.present()) return Invalid(ctx, "contextLength (the bound of ", a.context_length_on_device.name, ") ", a.context_length, " is outside the cache's [0, ", s, "] rows");
+    return Invalid(ctx, "contextLength ", a.context_length, " is outside the cache's [0, ", s, "] rows");
+  }
   if (!(a.scale > 0) || !std::isfinite(a.scale)) return Invalid(ctx, "scale must be positive and finite, got ", a.scale);
   return Status::Ok();
 }

@@ -28,7 +28,9 @@ const float* HeadRow(const Tensor& t, int64_t row, int64_t head, std::vector<flo
 
 Status CpuGqaAttention(const GqaAttentionArgs& a, ThreadPool& pool) {
   const int64_t t = a.q.dim(0), hq = a.q.dim(1), d = a.q.dim(2), hkv = a.k.dim(1);
-  const int64_t ctx = a.context_length, keys = ctx + t, group = hq / hkv;
+  // a length on the device is read now (a replayed capture), clamped to its bound as on cuda
+  const int64_t ctx = a.context_length_on_device.present() ? std::clamp<int64_t>(a.context_length_on_device.as<const int32_t>()[0], 0, a.context_length) : a.context_length;
+  const int64_t keys = ctx + t, group = hq / hkv;
   const float scale = static_cast<float>(a.scale);
   pool.ParallelFor(t * hq, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(keys)), acc(static_cast<size_t>(d)), row;

@@ -29,18 +29,21 @@ struct GqaParams {
   void* out;
   DType out_dtype;
   int t, hq, hkv, d;
-  int64_t context_length;
+  int64_t context_length;                 // the length, or its bound with context_length_on_device
+  const int32_t* context_length_on_device;
   float scale;
 };
 
 // Element `i` of key/value row `s` (context rows first, then the block's) at KV head `kv`.
-__device__ __forceinline__ float KeyValue(const GqaParams& p, const void* cache, const float* block, int64_t s, int kv, int i) {
-  if (s < p.context_length) return LoadAsF32(cache, p.cache_dtype, (s * p.hkv + kv) * static_cast<int64_t>(p.d) + i);
-  return block[((s - p.context_length) * p.hkv + kv) * static_cast<int64_t>(p.d) + i];
+__device__ __forceinline__ float KeyValue(const GqaParams& p, int64_t context, const void* cache, const float* block, int64_t s, int kv, int i) {
+  if (s < context) return LoadAsF32(cache, p.cache_dtype, (s * p.hkv + kv) * static_cast<int64_t>(p.d) + i);
+  return block[((s - context) * p.hkv + kv) * static_cast<int64_t>(p.d) + i];
 }
 
 __global__ void __launch_bounds__(kWarps * 32) GqaAttentionKernel(GqaParams p) {
   PdlWait();
+  // a length on the device (written by the step before) is clamped to the bound the host checked
+  const int64_t context = p.context_length_on_device ? min(max(static_cast<int64_t>(*p.context_length_on_device), int64_t{0}), p.context_length) : p.context_length;
   const int item = blockIdx.x;  // t * Hq + head
   const int head = item % p.hq;
   const int kv = head / (p.hq / p.hkv);
@@ -54,13 +57,13 @@ __global__ void __launch_bounds__(kWarps * 32) GqaAttentionKernel(GqaParams p) {
     acc[j] = 0.f;
   }
   float mx = -INFINITY, sum = 0.f;
-  const int64_t keys = p.context_length + p.t;
+  const int64_t keys = context + p.t;
   for (int64_t s = warp; s < keys; s += kWarps) {
     float dot = 0.f;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int i = lane + 32 * j;
-      if (i < p.d) dot = fmaf(qv[j], KeyValue(p, p.k_cache, p.k, s, kv, i), dot);
+      if (i < p.d) dot = fmaf(qv[j], KeyValue(p, context, p.k_cache, p.k, s, kv, i), dot);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32) GqaAttentionKernel(GqaParams p) {
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int i = lane + 32 * j;
-      acc[j] = acc[j] * rescale + (i < p.d ? w * KeyValue(p, p.v_cache, p.v, s, kv, i) : 0.f);
+      acc[j] = acc[j] * rescale + (i < p.d ? w * KeyValue(p, context, p.v_cache, p.v, s, kv, i) : 0.f);
     }
     mx = next;
   }
@@ -105,7 +108,7 @@ Status LaunchGqaAttention(const GqaAttentionArgs& a, cudaStream_t s) {
   if (items == 0) return Status::Ok();
   if (items > INT32_MAX) return Unsupported("gqa_attention: ", items, " (token, head) pairs exceed one grid");
   GqaParams p{a.q.as<const float>(), a.k_cache.data, a.v_cache.data, a.k_cache.dtype, a.k.as<const float>(), a.v.as<const float>(), a.out.data, a.out.dtype,
-              static_cast<int>(a.q.dim(0)), static_cast<int>(a.q.dim(1)), static_cast<int>(a.k.dim(1)), static_cast<int>(a.q.dim(2)), a.context_length, static_cast<float>(a.scale)};
+              static_cast<int>(a.q.dim(0)), static_cast<int>(a.q.dim(1)), static_cast<int>(a.k.dim(1)), static_cast<int>(a.q.dim(2)), a.context_length, OnDevice(a.context_length_on_device), static_cast<float>(a.scale)};
   return LaunchPdl("gqa_attention", GqaAttentionKernel, dim3(static_cast<unsigned>(items)), dim3(kWarps * 32), 0, s, p);
 }
 

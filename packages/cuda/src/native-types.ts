@@ -222,8 +222,11 @@ export interface NativeBackend {
    * (f32 or bf16 [S, Hkv, D], contextLength <= S) followed by the block's own k / v (f32 [T, Hkv,
    * D]). Every query sees every one of those keys; query head h reads KV head h / (Hq / Hkv) (Hq a
    * multiple of Hkv). out [T, Hq, D] f32 or bf16 = softmax(q . k^T * scale) . v, f32 sums. D is 1..256.
+   * With `contextLengthOnDevice` (i32 [1]) the length is read on the device when the kernel runs,
+   * so one captured step serves every length; `contextLength` is then its bound (<= S) and the
+   * value read is clamped to [0, contextLength].
    */
-  gqaAttention(args: { q: TensorArg; kCache: TensorArg; vCache: TensorArg; k: TensorArg; v: TensorArg; out: TensorArg; contextLength: number; scale: number; stream?: number }): void;
+  gqaAttention(args: { q: TensorArg; kCache: TensorArg; vCache: TensorArg; k: TensorArg; v: TensorArg; out: TensorArg; contextLength: number; contextLengthOnDevice?: TensorArg; scale: number; stream?: number }): void;
   add(args: { a: TensorArg; b: TensorArg; out: TensorArg; stream?: number }): void;
   router(args: { logits: TensorArg; bias: TensorArg; ids: TensorArg; weights: TensorArg; topk: number; nGroup?: number; topkGroup?: number; normTopkProb?: boolean; scaling?: number; stream?: number }): void;
   argmax(args: { x: TensorArg; out: TensorArg; stream?: number }): void;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { BudgetPolicy, bucketsUpTo } from './budget.js';
+import { BudgetPolicy, bucketsUpTo, MIN_CALIBRATION, PROBE_BUDGET } from './budget.js';
 
 // a MoE-like curve: a decode step 1 ms, a verify growing with the tree (distinct experts touched)
 const curve = { decodeMs: 1, verifyMs: new Map([[1, 1.1], [2, 1.2], [4, 1.4], [8, 1.9], [16, 2.8], [32, 4.5], [64, 8]]) };
@@ -46,12 +46,27 @@ describe('BudgetPolicy', () => {
     expect(p.choose(ruled, 1).budget).toBeGreaterThan(0);
   });
 
+  it('is calibrated once its trees have drafted an expected token (until then the engine runs probes of PROBE_BUDGET)', () => {
+    const p = new BudgetPolicy(curve, 0);
+    expect(p.calibrated).toBe(false);
+    const sure = logs([0.6, ...Array(63).fill(0.001)]);
+    p.record(sure, PROBE_BUDGET, 0);
+    expect(p.calibrated).toBe(false); // 0.6 expected so far
+    expect(p.calibration).toBe(1);
+    p.record(sure, PROBE_BUDGET, 0);
+    expect(p.calibrated).toBe(true); // 0.6 x 0.9 + 0.6
+    expect(p.calibration).toBe(MIN_CALIBRATION);
+    expect(p.choose(sure).calibration).toBe(MIN_CALIBRATION);
+  });
+
   it('waits longer after a try the further the best tree was from paying, longest for a drafter that predicts nothing', () => {
-    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.8, bestGain: 0.5 })).toBe(2);
-    expect(BudgetPolicy.backoff(2, { treeVsDecode: 0.3, bestGain: 0.5 })).toBe(8);
-    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.9, bestGain: 0.05 })).toBe(8);
-    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.9, bestGain: 0.001 })).toBe(32);
-    expect(BudgetPolicy.backoff(512, { treeVsDecode: 0.9, bestGain: 0.001 })).toBe(1024);
+    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.8, bestGain: 0.5, calibration: 1 })).toBe(2);
+    expect(BudgetPolicy.backoff(2, { treeVsDecode: 0.3, bestGain: 0.5, calibration: 1 })).toBe(8);
+    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.9, bestGain: 0.05, calibration: 1 })).toBe(8);
+    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.9, bestGain: 0.001, calibration: 1 })).toBe(32);
+    expect(BudgetPolicy.backoff(512, { treeVsDecode: 0.9, bestGain: 0.001, calibration: 1 })).toBe(1024);
+    // trees that were never accepted: the calibration sits at its floor, whatever the drafter now claims
+    expect(BudgetPolicy.backoff(1, { treeVsDecode: 0.9, bestGain: 0.5, calibration: MIN_CALIBRATION })).toBe(32);
     const p = new BudgetPolicy(curve, 0);
     expect(p.choose(logs(Array(64).fill(1e-5))).bestGain).toBeLessThan(0.1);
   });

@@ -25,6 +25,29 @@ export function bucketsUpTo(maxBudget: number): number[] {
   return out;
 }
 
+/** The calibration's floor: a drafter whose trees are never accepted still gets a try now and then. */
+export const MIN_CALIBRATION = 0.05;
+
+/**
+ * The budget of a probe: a try that runs while the calibration is a guess or rules trees out. One
+ * node (the drafter's top token at depth 1) costs a 2-node verify, about 1.2 decode steps on an
+ * H200 at Kimi K2's size, and tells whether the drafter predicts.
+ */
+export const PROBE_BUDGET = 1;
+
+export interface BudgetChoice {
+  /** The budget to run; 0: a plain decode step pays more than any tree. */
+  budget: number;
+  /** The tokens that budget's step is expected to emit. */
+  expected: number;
+  /** The best tree's rate over plain decoding's (below 1 the step decodes). */
+  treeVsDecode: number;
+  /** The draft tokens the largest tree expects to add to a step (about 0: a drafter that predicts nothing). */
+  bestGain: number;
+  /** The calibration it applied. */
+  calibration: number;
+}
+
 /** Measured milliseconds of one step: a plain decode (budget 0) and a verify per bucket. */
 export interface CostCurve {
   decodeMs: number;
@@ -66,17 +89,25 @@ export class BudgetPolicy {
     return this.draftMs < 0.05 * this.curve.decodeMs ? 0 : backoff;
   }
 
-  /** The calibration ratio applied to the draft probabilities, in [0.05, 2]. */
+  /** The calibration ratio applied to the draft probabilities, in [MIN_CALIBRATION, 2]. */
   get calibration(): number {
     if (this.expected < 1) return 1;
-    return Math.min(2, Math.max(0.05, this.accepted / this.expected));
+    return Math.min(2, Math.max(MIN_CALIBRATION, this.accepted / this.expected));
+  }
+
+  /**
+   * Whether the trees that ran have drafted an expected token's worth: until then the calibration
+   * is a guess (1), and the engine runs probes (PROBE_BUDGET) instead of the trees it would choose.
+   */
+  get calibrated(): boolean {
+    return this.expected >= 1;
   }
 
   /**
    * The budget for a tree whose nodes (in pop order, root excluded) have these cumulative draft
    * log-probabilities; 0 means a plain decode step pays more than any tree.
    */
-  choose(logProbs: ArrayLike<number>, cal = this.calibration): { budget: number; expected: number; treeVsDecode: number; bestGain: number } {
+  choose(logProbs: ArrayLike<number>, cal = this.calibration): BudgetChoice {
     // budget 0 stands for decoding without a drafter (see the engine's idle steps): no draft cost
     let best = { budget: 0, expected: 1, rate: 1 / this.curve.decodeMs };
     const decodeRate = best.rate;
@@ -95,7 +126,7 @@ export class BudgetPolicy {
     // treeVsDecode: the best tree's rate over plain decoding's (below 1 the step decodes);
     // bestGain: the draft tokens the largest tree expects to add to a step (about 0: a drafter that
     // predicts nothing, whatever the costs)
-    return { budget: best.budget, expected: best.expected, treeVsDecode: bestTree / decodeRate, bestGain: cal * sum };
+    return { budget: best.budget, expected: best.expected, treeVsDecode: bestTree / decodeRate, bestGain: cal * sum, calibration: cal };
   }
 
   /**
@@ -103,8 +134,10 @@ export class BudgetPolicy {
    * many the last wait was: longer the further the best tree was from paying, and much longer for a
    * drafter that predicts nothing (each try costs a draft, a tree build and a host round trip).
    */
-  static backoff(previous: number, choice: { treeVsDecode: number; bestGain: number }): number {
-    const factor = choice.bestGain < 0.01 ? 32 : choice.bestGain < 0.1 ? 8 : choice.treeVsDecode < 0.5 ? 4 : 2;
+  static backoff(previous: number, choice: Pick<BudgetChoice, 'treeVsDecode' | 'bestGain' | 'calibration'>): number {
+    // a calibration at its floor: the trees that ran were (almost) never accepted
+    const useless = choice.bestGain < 0.01 || choice.calibration <= MIN_CALIBRATION;
+    const factor = useless ? 32 : choice.bestGain < 0.1 ? 8 : choice.treeVsDecode < 0.5 ? 4 : 2;
     return Math.min(1024, previous * factor);
   }
 

@@ -18,15 +18,24 @@
  * after the forward, which is the public implementation's crop back to the committed length each
  * round. Weights stay bf16 as the checkpoint stores them (the engine's bf16 GEMM); activations,
  * the cache and every sum are f32.
+ *
+ * Graphs: a forward is ~17 ops a layer, and a native call costs the host 12-25 us on an H200, so a
+ * drafter of Kimi K2.5-DFlash's 6 layers queued op by op would cost the host more than the GPU
+ * spends. The drafter therefore keeps the committed length on the device too (positions, cache
+ * slots and the attention's context length are read there) and replays each forward as one
+ * captured graph: one per depth for draft(), one per row count up to the block size for commit()
+ * (a step's accepted rows; a prefill's larger commit runs op by op).
  */
 import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
 import { bf16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorStore } from '@kdtree/format';
 import { floatToF32 } from '@kdtree/quant';
 import { checkDflashPairing, checkDflashTensors, dflashWeightPrefix, parseDflashConfig, PairingError, ropeTablesFor, type DflashConfig } from '@kdtree/reference';
+import type { Graph } from '@kdtree/cuda';
 import type { Drafter, DraftRequest } from './drafters.js';
 import { EngineError, modelError } from './errors.js';
 import { applyLinear, linearTensors, loadLinear, view, type DeviceLinear, type LinearSource } from './linear.js';
 import type { DeviceModel } from './model.js';
+import { checkFits, estimateDflashMemory } from './memory.js';
 import { configFor, pickCols, type HostBf16 } from './model-source.js';
 
 interface DflashLayer {
@@ -40,13 +49,24 @@ interface DflashLayer {
   o: DeviceLinear;
   gateUp: DeviceLinear;
   down: DeviceLinear;
-  /** f32 [capacity, kv_heads, head_dim]: the context's keys (normed, rotated) and values. */
+  /** f32 [capacity, kv_heads, head_dim]: the context's keys (normed, rotated) and values, written at the committed slots. */
   kCache: DeviceTensor;
   vCache: DeviceTensor;
 }
 
+/** Where a drafter's tensors come from: its checkpoint, or seeded values for a benchmark. */
+export type DrafterWeights = LinearSource & { readF32(name: string, shape: readonly number[]): Promise<Float32Array> };
+
+export interface DflashLoadOptions {
+  /** Context positions the drafter's cache holds (the target's KV capacity). */
+  capacity: number;
+  /** Rows one commit may bring (the target's largest pass). */
+  maxRows: number;
+  name?: string;
+}
+
 /** A drafter checkpoint's tensors as the engine's loaders read them (bf16 bits, f32 for norms). */
-class DrafterTensors implements LinearSource {
+class DrafterTensors implements DrafterWeights {
   constructor(
     readonly path: string,
     private readonly store: AnyTensorStore,
@@ -98,9 +118,14 @@ export class DflashDrafter implements Drafter {
   private readonly attentionFactor: number;
   private readonly invFreq: DeviceTensor;
   /** f32 scratch: [max(commit rows, block size), width] for the context side, [block size, width] for the block's. */
-  private readonly buf: Record<'ctx' | 'part' | 'normed' | 'tap' | 'x' | 'h' | 'o' | 'q' | 'qn' | 'kRaw' | 'kb' | 'vb' | 'attn' | 'gateUp' | 'act' | 'mlp', DeviceTensor>;
+  private readonly buf: Record<'ctx' | 'part' | 'normed' | 'tap' | 'kRaw' | 'kc' | 'vc' | 'x' | 'h' | 'o' | 'q' | 'qn' | 'kb' | 'vb' | 'attn' | 'gateUp' | 'act' | 'mlp', DeviceTensor>;
   private readonly ids: DeviceTensor;
   private readonly positions: DeviceTensor;
+  /** i32 [1]: the committed length on the device (kept equal to `length`), which the graphs read. */
+  private readonly lengthOnDevice: DeviceTensor;
+  /** Captured forwards by what they bake in (depth or rows, and the tensors they read or write). */
+  private readonly graphs = new Map<string, Graph>();
+  private captureStream = -1;
 
   private constructor(
     private readonly b: KdtreeBackend,
@@ -134,12 +159,13 @@ export class DflashDrafter implements Drafter {
       // a commit's rows for the context side, the block's B rows for the rest
       const B = c.blockSize;
       this.buf = {
-        ctx: f32(H), part: f32(H), normed: f32(H), tap: f32(H), kRaw: f32(kw),
+        ctx: f32(H), part: f32(H), normed: f32(H), tap: f32(H), kRaw: f32(kw), kc: f32(kw), vc: f32(kw),
         x: f32(H, B), h: f32(H, B), o: f32(H, B), q: f32(qw, B), qn: f32(qw, B), kb: f32(kw, B), vb: f32(kw, B), attn: f32(qw, B),
         gateUp: f32(2 * c.intermediateSize, B), act: f32(c.intermediateSize, B), mlp: f32(H, B),
       };
       this.ids = this.own(b.zeros('i32', [c.blockSize]));
       this.positions = this.own(b.zeros('i32', [rows]));
+      this.lengthOnDevice = this.own(b.zeros('i32', [1]));
     } catch (error) {
       // the weights are the loader's to free (it still holds them)
       b.free(...this.owned);
@@ -153,9 +179,8 @@ export class DflashDrafter implements Drafter {
    * layer) its final norm. Throws KDTREE_ENGINE_DRAFTER with checkDflashPairing's message when the
    * drafter does not fit the target.
    */
-  static async load(b: KdtreeBackend, path: string, target: DeviceModel, options: { capacity: number; maxRows: number; name?: string }): Promise<DflashDrafter> {
+  static async load(b: KdtreeBackend, path: string, target: DeviceModel, options: DflashLoadOptions): Promise<DflashDrafter> {
     const store = await openTensors(path);
-    const owned: { free(): void }[] = [];
     try {
       const { json, source } = await configFor(store, path);
       const config = parseDflashConfig(json, source);
@@ -167,17 +192,30 @@ export class DflashDrafter implements Drafter {
       }
       checkDflashTensors(config, [...store.tensors], path);
       const prefix = dflashWeightPrefix(store) ?? '';
-      const src = new DrafterTensors(path, store, prefix);
+      return await DflashDrafter.fromWeights(b, config, new DrafterTensors(path, store, prefix), target, { name: `dflash:${path}`, ...options });
+    } finally {
+      await store.close();
+    }
+  }
+
+  /**
+   * A drafter of `config` whose tensors (under the public checkpoint's names, no prefix) come from
+   * `weights`: a checkpoint (load) or seeded values (a benchmark at Kimi K2.5-DFlash's size).
+   */
+  static async fromWeights(b: KdtreeBackend, config: DflashConfig, weights: DrafterWeights, target: DeviceModel, options: DflashLoadOptions): Promise<DflashDrafter> {
+    checkFits(b, estimateDflashMemory(config, options), `DFlash drafter ${weights.path}`);
+    const owned: { free(): void }[] = [];
+    try {
       const c = config;
       const H = c.hiddenSize;
       const D = c.headDim;
       const linear = async (names: string[], shapes: [number, number][], cols?: { start: number; count: number }, gateUp = false) => {
-        const w = await loadLinear(b, src, [{ names, shapes, cols }], { gateUp });
+        const w = await loadLinear(b, weights, [{ names, shapes, cols }], { gateUp });
         owned.push({ free: () => b.free(...linearTensors(w)) });
         return w;
       };
       const vector = async (name: string, n: number) => {
-        const t = b.fromArray('f32', [n], await src.readF32(name, [n]));
+        const t = b.fromArray('f32', [n], await weights.readF32(name, [n]));
         owned.push({ free: () => b.free(t) });
         return t;
       };
@@ -213,12 +251,10 @@ export class DflashDrafter implements Drafter {
         });
       }
       const norm = await vector('norm.weight', H);
-      return new DflashDrafter(b, config, options.name ?? `dflash:${path}`, target, fc, hiddenNorm, layers, norm, options.capacity, options.maxRows);
+      return new DflashDrafter(b, config, options.name ?? `dflash:${weights.path}`, target, fc, hiddenNorm, layers, norm, options.capacity, options.maxRows);
     } catch (error) {
       for (const o of owned.reverse()) o.free();
       throw error;
-    } finally {
-      await store.close();
     }
   }
 
@@ -234,6 +270,20 @@ export class DflashDrafter implements Drafter {
 
   begin(): void {
     this.length = 0;
+    this.b.native.upload(this.lengthOnDevice.buffer, Int32Array.of(0));
+  }
+
+  /** Replays the graph `key` (capturing `queue` on first use) on stream 0. */
+  private replay(key: string, queue: (stream: number) => void): void {
+    const b = this.b;
+    let g = this.graphs.get(key);
+    if (g === undefined) {
+      if (this.captureStream < 0) this.captureStream = b.native.createStream();
+      const stream = this.captureStream;
+      g = b.capture(stream, () => queue(stream));
+      this.graphs.set(key, g);
+    }
+    b.native.launchGraph(g, 0);
   }
 
   /**
@@ -243,12 +293,21 @@ export class DflashDrafter implements Drafter {
    * values join the context cache.
    */
   commit(hidden: readonly DeviceTensor[], rows: number): void {
-    const b = this.b;
     const c = this.config;
-    const H = c.hiddenSize;
     if (hidden.length !== this.targetLayers.length) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `the DFlash drafter taps ${this.targetLayers.length} layers, the commit brought ${hidden.length}`, 'hidden');
     if (!Number.isInteger(rows) || rows < 1 || rows > this.maxRows) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `a commit brings 1..${this.maxRows} rows, got ${rows}`, 'rows');
     if (this.length + rows > this.capacity) throw new EngineError('KDTREE_ENGINE_CAPACITY', `the DFlash drafter's context cache holds ${this.capacity} positions; ${this.length} + ${rows} do not fit`, 'cacheTokens');
+    const queue = (stream: number) => this.queueCommit(hidden, rows, stream);
+    if (rows <= c.blockSize) this.replay(`commit ${rows} ${hidden.map(tensorKey).join(' ')}`, queue);
+    else queue(0);
+    this.length += rows;
+  }
+
+  /** commit()'s ops: the context rows' keys and values into the cache at the committed slots, the length on the device moved on. */
+  private queueCommit(hidden: readonly DeviceTensor[], rows: number, stream: number): void {
+    const b = this.b;
+    const c = this.config;
+    const H = c.hiddenSize;
     const last = this.target.config.numLayers - 1;
     const ctx = view(this.buf.ctx, [rows, H]);
     const part = view(this.buf.part, [rows, H]);
@@ -257,39 +316,42 @@ export class DflashDrafter implements Drafter {
       if (this.targetLayers[j] === last) {
         // the last layer's entry of output_hidden_states is the model's normed output
         const normed = view(this.buf.tap, [rows, H]);
-        b.native.rmsNorm({ x, weight: this.target.finalNorm, out: normed, eps: this.target.config.rmsNormEps, stream: 0 });
+        b.native.rmsNorm({ x, weight: this.target.finalNorm, out: normed, eps: this.target.config.rmsNormEps, stream });
         x = normed;
       }
-      applyLinear(b, this.fc[j], x, j === 0 ? ctx : part, 0);
-      if (j > 0) b.native.add({ a: ctx, b: part, out: ctx, stream: 0 });
+      applyLinear(b, this.fc[j], x, j === 0 ? ctx : part, stream);
+      if (j > 0) b.native.add({ a: ctx, b: part, out: ctx, stream });
     });
     const normed = view(this.buf.normed, [rows, H]);
-    b.native.rmsNorm({ x: ctx, weight: this.hiddenNorm, out: normed, eps: c.rmsNormEps, stream: 0 });
+    b.native.rmsNorm({ x: ctx, weight: this.hiddenNorm, out: normed, eps: c.rmsNormEps, stream });
+    // the rows' positions are their cache slots: length .. length + rows - 1
     const positions = view(this.positions, [rows]);
-    b.native.arange({ out: positions, start: this.length, stream: 0 });
+    b.native.arange({ out: positions, startOnDevice: this.lengthOnDevice, stream });
     const width = c.numKvHeads * c.headDim;
+    const k = view(this.buf.kc, [rows, width]);
+    const v = view(this.buf.vc, [rows, width]);
     for (const layer of this.layers) {
-      const k = view(layer.kCache, [rows, width], this.length * width);
-      this.keys(layer, normed, rows, positions, k);
-      applyLinear(b, layer.v, normed, view(layer.vCache, [rows, width], this.length * width), 0);
+      this.keys(layer, normed, rows, positions, k, stream);
+      applyLinear(b, layer.v, normed, v, stream);
+      b.native.kvWrite({ c: k, kpe: v, cacheC: view(layer.kCache, [this.capacity, width]), cacheKpe: view(layer.vCache, [this.capacity, width]), slots: positions, stream });
     }
-    this.length += rows;
+    b.native.arange({ out: this.lengthOnDevice, start: rows, startOnDevice: this.lengthOnDevice, stream });
   }
 
   /** k = rope(k_norm(k_proj(x))) for `rows` rows into `out` [rows, kv_heads * head_dim]. */
-  private keys(layer: DflashLayer, x: DeviceTensor, rows: number, positions: DeviceTensor, out: DeviceTensor): void {
+  private keys(layer: DflashLayer, x: DeviceTensor, rows: number, positions: DeviceTensor, out: DeviceTensor, stream: number): void {
     const b = this.b;
     const { numKvHeads: nkv, headDim: D, rmsNormEps: eps } = this.config;
     const raw = view(this.buf.kRaw, [rows, nkv * D]);
-    applyLinear(b, layer.k, x, raw, 0);
-    b.native.rmsNorm({ x: view(raw, [rows * nkv, D]), weight: layer.kNorm, out: view(out, [rows * nkv, D]), eps, stream: 0 });
-    b.native.rope({ x: view(out, [rows, nkv, D]), positions, invFreq: this.invFreq, attentionFactor: this.attentionFactor, interleave: false, stream: 0 });
+    applyLinear(b, layer.k, x, raw, stream);
+    b.native.rmsNorm({ x: view(raw, [rows * nkv, D]), weight: layer.kNorm, out: view(out, [rows * nkv, D]), eps, stream });
+    b.native.rope({ x: view(out, [rows, nkv, D]), positions, invFreq: this.invFreq, attentionFactor: this.attentionFactor, interleave: false, stream });
   }
 
   draft({ tokens, depth, out }: DraftRequest): void {
     const b = this.b;
     const c = this.config;
-    const { hiddenSize: H, blockSize: B, numHeads: nq, numKvHeads: nkv, headDim: D, rmsNormEps: eps } = c;
+    const B = c.blockSize;
     if (!Number.isInteger(depth) || depth < 1 || depth > this.maxDepth) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `depth must be in [1, ${this.maxDepth}] (block_size ${B}), got ${depth}`, 'depth');
     // every committed token's hidden states must have arrived: the root is the one token after them
     if (tokens.length - 1 !== this.length) {
@@ -297,8 +359,16 @@ export class DflashDrafter implements Drafter {
     }
     if (this.length + B > c.maxPositionEmbeddings) throw new EngineError('KDTREE_ENGINE_CAPACITY', `the block at positions ${this.length}.. passes the drafter's max_position_embeddings ${c.maxPositionEmbeddings}`, 'tokens');
     b.native.upload(this.ids.buffer, Int32Array.from({ length: B }, (_, i) => (i === 0 ? tokens[tokens.length - 1] : c.maskTokenId)));
+    this.replay(`draft ${depth} ${tensorKey(out)}`, (stream) => this.queueDraft(depth, out, stream));
+  }
+
+  /** draft()'s ops, for the block at the committed length on the device. */
+  private queueDraft(depth: number, out: DeviceTensor, stream: number): void {
+    const b = this.b;
+    const c = this.config;
+    const { hiddenSize: H, blockSize: B, numHeads: nq, numKvHeads: nkv, headDim: D, rmsNormEps: eps } = c;
     const positions = view(this.positions, [B]);
-    b.native.arange({ out: positions, start: this.length, stream: 0 });
+    b.native.arange({ out: positions, startOnDevice: this.lengthOnDevice, stream });
     const x = view(this.buf.x, [B, H]);
     const h = view(this.buf.h, [B, H]);
     const o = view(this.buf.o, [B, H]);
@@ -310,14 +380,14 @@ export class DflashDrafter implements Drafter {
     const attn = view(this.buf.attn, [B, nq * D]);
     const gateUp = view(this.buf.gateUp, [B, 2 * c.intermediateSize]);
     const act = view(this.buf.act, [B, c.intermediateSize]);
-    b.native.embedding({ table: this.target.embedTokens, ids: this.ids, out: x, stream: 0 });
+    b.native.embedding({ table: this.target.embedTokens, ids: this.ids, out: x, stream });
     for (const layer of this.layers) {
-      b.native.rmsNorm({ x, weight: layer.inputNorm, out: h, eps, stream: 0 });
-      applyLinear(b, layer.q, h, q, 0);
-      b.native.rmsNorm({ x: view(q, [B * nq, D]), weight: layer.qNorm, out: view(qn, [B * nq, D]), eps, stream: 0 });
-      b.native.rope({ x: view(qn, [B, nq, D]), positions, invFreq: this.invFreq, attentionFactor: this.attentionFactor, interleave: false, stream: 0 });
-      this.keys(layer, h, B, positions, kb);
-      applyLinear(b, layer.v, h, vb, 0);
+      b.native.rmsNorm({ x, weight: layer.inputNorm, out: h, eps, stream });
+      applyLinear(b, layer.q, h, q, stream);
+      b.native.rmsNorm({ x: view(q, [B * nq, D]), weight: layer.qNorm, out: view(qn, [B * nq, D]), eps, stream });
+      b.native.rope({ x: view(qn, [B, nq, D]), positions, invFreq: this.invFreq, attentionFactor: this.attentionFactor, interleave: false, stream });
+      this.keys(layer, h, B, positions, kb, stream);
+      applyLinear(b, layer.v, h, vb, stream);
       b.native.gqaAttention({
         q: view(qn, [B, nq, D]),
         kCache: layer.kCache,
@@ -325,26 +395,32 @@ export class DflashDrafter implements Drafter {
         k: view(kb, [B, nkv, D]),
         v: view(vb, [B, nkv, D]),
         out: view(attn, [B, nq, D]),
-        contextLength: this.length,
+        // the bound the host checked; the graph reads the length itself
+        contextLength: this.capacity,
+        contextLengthOnDevice: this.lengthOnDevice,
         scale: this.scale,
-        stream: 0,
+        stream,
       });
-      applyLinear(b, layer.o, attn, o, 0);
+      applyLinear(b, layer.o, attn, o, stream);
       // x += o, fused into the post-attention norm
-      b.native.rmsNorm({ x, weight: layer.postNorm, out: h, eps, residual: o, sum: x, stream: 0 });
-      applyLinear(b, layer.gateUp, h, act, 0, gateUp);
-      applyLinear(b, layer.down, act, mlp, 0);
-      b.native.add({ a: x, b: mlp, out: x, stream: 0 });
+      b.native.rmsNorm({ x, weight: layer.postNorm, out: h, eps, residual: o, sum: x, stream });
+      applyLinear(b, layer.gateUp, h, act, stream, gateUp);
+      applyLinear(b, layer.down, act, mlp, stream);
+      b.native.add({ a: x, b: mlp, out: x, stream });
     }
     // depths 1..depth are block rows 1..depth
     const rows = view(this.buf.x, [depth, H], H);
     const normed = view(this.buf.h, [depth, H]);
-    b.native.rmsNorm({ x: rows, weight: this.norm, out: normed, eps, stream: 0 });
-    applyLinear(b, this.target.lmHeadWeight, normed, view(out, [depth, c.vocabSize]), 0);
+    b.native.rmsNorm({ x: rows, weight: this.norm, out: normed, eps, stream });
+    applyLinear(b, this.target.lmHeadWeight, normed, view(out, [depth, c.vocabSize]), stream);
   }
 
   dispose(): void {
     const b = this.b;
+    for (const g of this.graphs.values()) b.native.freeGraph(g);
+    this.graphs.clear();
+    if (this.captureStream >= 0) b.native.destroyStream(this.captureStream);
+    this.captureStream = -1;
     for (const w of this.fc) b.free(...linearTensors(w));
     this.fc.length = 0;
     for (const l of this.layers) {
@@ -356,4 +432,14 @@ export class DflashDrafter implements Drafter {
     b.free(...this.owned);
     this.owned.length = 0;
   }
+}
+
+const tensorIds = new WeakMap<object, number>();
+let nextTensorId = 1;
+
+/** A tensor's identity in a graph's key: its buffer (numbered on first sight), offset and shape. */
+function tensorKey(t: DeviceTensor): string {
+  let id = tensorIds.get(t.buffer);
+  if (id === undefined) tensorIds.set(t.buffer, (id = nextTensorId++));
+  return `${id}+${t.offset ?? 0}[${t.shape.join('x')}]`;
 }

@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   dflashConfigJson,
   dflashDecode,
+  dflashWeightSpecs,
   greedyDecode,
   loadDflashModel,
   loadModel,
@@ -26,6 +27,7 @@ import {
   type ReferenceModel,
 } from '@kdtree/reference';
 import { createEngine, DflashDrafter, EngineError, type Drafter, type Engine } from './index.js';
+import { estimateDflashMemory } from './memory.js';
 import { tempDir, TEST_BACKEND } from './test-support/models.js';
 
 const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
@@ -53,6 +55,18 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
   });
   afterAll(async () => {
     await engine?.dispose();
+  });
+
+  it("estimates the drafter's device memory before loading: its weights are the checkpoint's tensors (bf16 matrices, f32 norms)", () => {
+    const config = reference.drafter.config;
+    const tensors = dflashWeightSpecs(config).reduce((sum, spec) => sum + spec.shape.reduce((a, b) => a * b, 1) * (spec.shape.length === 1 ? 4 : 2), 0);
+    const estimate = estimateDflashMemory(config, { capacity: 256, maxRows: 64 });
+    expect(estimate.weights).toBe(tensors);
+    expect(estimate.cache).toBe(4 * 2 * config.numLayers * 256 * config.numKvHeads * config.headDim);
+    expect(estimate.total).toBe(estimate.weights + estimate.cache + estimate.workspace + estimate.staging);
+    // Kimi K2.5-DFlash (6 layers, hidden 7168, 64 / 8 heads of 128, intermediate 18432, 6 taps): ~6.5 GiB of bf16
+    const k25 = parseDflashConfig(dflashConfigJson(parseModelConfig({ ...presetConfigJson('tiny'), hidden_size: 7168, num_hidden_layers: 61 }, 'k2'), { layers: 6, heads: 64, kvHeads: 8, headDim: 128, intermediate: 18432, blockSize: 8, targetLayerIds: [1, 12, 24, 35, 47, 58] }));
+    expect(estimateDflashMemory(k25, { capacity: 4096, maxRows: 2048 }).weights / 2 ** 30).toBeCloseTo(6.48, 2);
   });
 
   it('taps the target layers the drafter names, the last one among them', () => {

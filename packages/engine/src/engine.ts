@@ -12,9 +12,10 @@
  * Speculative decoding (chain, ddtree) emits exactly the tokens of greedy decoding of the target.
  */
 import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor } from '@kdtree/cuda';
-import { bucketsUpTo, BudgetPolicy, type CostCurve } from './budget.js';
+import { checkDflashPairing, PairingError, type DflashConfig } from '@kdtree/reference';
+import { bucketsUpTo, BudgetPolicy, PROBE_BUDGET, type CostCurve } from './budget.js';
 import { HostCollective } from './collective.js';
-import { DflashDrafter } from './dflash-drafter.js';
+import { DflashDrafter, type DrafterWeights } from './dflash-drafter.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
 import { argumentError, checkInt, EngineError } from './errors.js';
 import type { CacheDtype } from './kv-cache.js';
@@ -257,9 +258,30 @@ export class Engine {
     }
     if (spec.startsWith('dflash:')) {
       if (this.tp > 1) throw argumentError('drafter', 'a DFlash drafter runs on one device (it reads the target\'s hidden states and lm_head there); use tp 1');
-      return DflashDrafter.load(this.backend, spec.slice('dflash:'.length), this.model, { capacity: this.options.cacheTokens, maxRows: this.model.workspace.rows, name: spec });
+      return DflashDrafter.load(this.backend, spec.slice('dflash:'.length), this.model, { ...this.dflashOptions(), name: spec });
     }
     throw argumentError('drafter', `expected 'ngram', 'model:PATH' or 'dflash:PATH', got '${spec}'`);
+  }
+
+  /** A DFlash drafter's cache and commit sizes on this engine: the target's KV capacity and largest pass. */
+  private dflashOptions(): { capacity: number; maxRows: number } {
+    return { capacity: this.options.cacheTokens, maxRows: this.model.workspace.rows };
+  }
+
+  /**
+   * A DFlash drafter of `config` from any weights (seeded values for a benchmark at Kimi
+   * K2.5-DFlash's size; a checkpoint goes through `drafter: 'dflash:PATH'`), paired with this
+   * engine's target: pass it as `drafter` to generate().
+   */
+  async dflashDrafter(config: DflashConfig, weights: DrafterWeights, name = `dflash:${weights.path}`): Promise<DflashDrafter> {
+    if (this.tp > 1) throw argumentError('drafter', 'a DFlash drafter runs on one device (it reads the target\'s hidden states and lm_head there); use tp 1');
+    try {
+      checkDflashPairing(config, this.config, { drafter: name, target: 'the target model' });
+    } catch (error) {
+      if (error instanceof PairingError) throw new EngineError('KDTREE_ENGINE_DRAFTER', error.message, 'drafter', { cause: error });
+      throw error;
+    }
+    return DflashDrafter.fromWeights(this.backend, config, weights, this.model, { ...this.dflashOptions(), name });
   }
 
   /** A draft model's drafter from any weight reader (a bundle, seeded weights), on this engine's backend. */
@@ -578,17 +600,21 @@ export class Engine {
       if (budget === 0) {
         state.backoff = BudgetPolicy.backoff(state.backoff, choice);
         state.skip = policy.waitAfterNoTree(state.backoff);
-        // the calibration learns only from trees that ran: when it alone rules trees out, this try
-        // runs the tree the drafter's own probabilities choose, so a drafter that has become good
-        // (a repetitive stretch for ngram) can win its calibration back
-        const probe = policy.choose(logProbs, 1).budget;
-        if (probe === 0) {
+        // the calibration learns only from trees that ran: when it alone rules trees out and the
+        // drafter's own probabilities would still draft, this try runs a probe, so a drafter that
+        // has become good (a repetitive stretch for ngram) can win its calibration back
+        if (policy.choose(logProbs, 1).budget === 0) {
           policy.record(logProbs, 0, 0);
           const step = this.greedyStep();
           return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
         }
-        budget = probe;
-      } else state.backoff = 1;
+        budget = PROBE_BUDGET;
+      } else {
+        state.backoff = 1;
+        // before the trees have given evidence the drafter's probabilities are taken on trust:
+        // probes then, so a drafter that predicts nothing costs a few 2-node verifies, not trees
+        if (!policy.calibrated) budget = Math.min(budget, PROBE_BUDGET);
+      }
     } else budget = state.budget as number;
     let n: number;
     if (spec === 'chain') {

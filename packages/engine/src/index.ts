@@ -1,13 +1,13 @@
 export { createEngine, Engine, SPECS, type DrafterSpec, type EngineOptions, type GenerateOptions, type GenerationChunk, type GenerationResult, type GenerationStats, type Spec, type StepTrace } from './engine.js';
 export { ModelDrafter, NgramDrafter, type Drafter, type DraftRequest } from './drafters.js';
-export { DflashDrafter } from './dflash-drafter.js';
+export { DflashDrafter, type DflashLoadOptions, type DrafterWeights } from './dflash-drafter.js';
 export { BudgetPolicy, BUDGET_BUCKETS, type CostCurve } from './budget.js';
 export { EngineError, type EngineErrorCode } from './errors.js';
 export { KvCache, type CacheDtype } from './kv-cache.js';
 export { DeviceModel, shardPlan, weightBytes, type LoadProgress, type LogitRows } from './model.js';
 export { ModelSource, type HostBf16, type HostInt4, type WeightReader } from './model-source.js';
 export { SeededSource, type SeededSourceOptions } from './seeded-source.js';
-export { estimateMemory, type MemoryEstimate } from './memory.js';
+export { estimateDflashMemory, estimateMemory, type MemoryEstimate } from './memory.js';
 export type { ActivationDtype } from './workspace.js';
 export { Runner, type TreeBuffers } from './runner.js';
 export type { Pass } from './layers.js';

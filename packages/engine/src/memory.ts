@@ -5,7 +5,7 @@
  * with the device's free memory so a model that does not fit fails at once with both numbers.
  */
 import type { KdtreeBackend } from '@kdtree/cuda';
-import type { ModelConfig } from '@kdtree/reference';
+import type { DflashConfig, ModelConfig } from '@kdtree/reference';
 import { EngineError } from './errors.js';
 import { KvCache, type CacheDtype } from './kv-cache.js';
 import { weightBytes } from './model.js';
@@ -33,6 +33,27 @@ export function estimateMemory(source: WeightReader, options: { capacity: number
   const workspace = Workspace.bytes(c, options.rows, true, shard.world) + 4 * c.vocabSize * (options.nodes + options.depth + 1) + options.nodes * (options.nodes + 24);
   const moeLayer = parts.slice(1, -1).reduce((m, p) => Math.max(m, p.bytes), 0);
   const staging = Math.max(c.vocabSize * c.hiddenSize * 2, moeLayer / 2);
+  return { weights, cache, workspace, staging, total: weights + cache + workspace + staging };
+}
+
+/**
+ * Device memory of a DFlash drafter (DflashDrafter): its bf16 weights (fc over the tapped layers,
+ * per layer q/k/v/o and the MLP; embed_tokens and lm_head are the target's), the f32 context cache
+ * (keys and values of `capacity` positions per layer) and its f32 scratch (commits of up to
+ * `maxRows` rows, the block's rows). The largest weight's bf16 copy is staged while it loads.
+ */
+export function estimateDflashMemory(c: DflashConfig, options: { capacity: number; maxRows: number }): MemoryEstimate {
+  const H = c.hiddenSize;
+  const q = c.numHeads * c.headDim;
+  const kv = c.numKvHeads * c.headDim;
+  const I = c.intermediateSize;
+  const layer = H * q * 2 + H * kv * 2 + 3 * H * I;
+  const fc = c.targetLayerIds.length * H * H;
+  const weights = 2 * (fc + c.numLayers * layer) + 4 * (H * (2 * c.numLayers + 2) + 2 * c.headDim * c.numLayers);
+  const cache = 4 * 2 * c.numLayers * options.capacity * kv;
+  const rows = Math.max(options.maxRows, c.blockSize);
+  const workspace = 4 * (rows * (4 * H + 3 * kv) + c.blockSize * (4 * H + 3 * q + 2 * kv + 3 * I));
+  const staging = 2 * Math.max(fc / c.targetLayerIds.length, 2 * H * I);
   return { weights, cache, workspace, staging, total: weights + cache + workspace + staging };
 }
 

@@ -73,6 +73,50 @@ const reference: KernelCheck = {
   },
 };
 
+const onDevice: KernelCheck = {
+  name: 'gqa_attention: contextLengthOnDevice reads the length when the kernel runs (one capture replayed at lengths 0, 5, 9 equals direct calls at those lengths) and clamps it to the bound',
+  run(b) {
+    const s = { T: 3, hq: 6, hkv: 2, D: 40, S: 12 };
+    const bound = 9;
+    withTensors(b, (track) => {
+      const inputs = {
+        q: track(b.fromArray('f32', [s.T, s.hq, s.D], randomF32(s.T * s.hq * s.D, 1))),
+        kCache: track(b.fromArray('f32', [s.S, s.hkv, s.D], randomF32(s.S * s.hkv * s.D, 2))),
+        vCache: track(b.fromArray('f32', [s.S, s.hkv, s.D], randomF32(s.S * s.hkv * s.D, 3))),
+        k: track(b.fromArray('f32', [s.T, s.hkv, s.D], randomF32(s.T * s.hkv * s.D, 4))),
+        v: track(b.fromArray('f32', [s.T, s.hkv, s.D], randomF32(s.T * s.hkv * s.D, 5))),
+        scale: SCALE,
+      };
+      const length = track(b.zeros('i32', [1]));
+      const out = track(b.empty('f32', [s.T, s.hq, s.D]));
+      const direct = track(b.empty('f32', [s.T, s.hq, s.D]));
+      const stream = b.native.createStream();
+      try {
+        const graph = b.capture(stream, () => b.native.gqaAttention({ ...inputs, out, contextLength: bound, contextLengthOnDevice: length, stream }));
+        try {
+          // 12 is past the bound: the kernel reads 9 rows, not the cache's 12
+          for (const [value, expected] of [[0, 0], [5, 5], [9, 9], [12, 9], [-3, 0]] as const) {
+            b.native.upload(length.buffer, Int32Array.of(value));
+            b.native.launchGraph(graph, 0);
+            b.native.gqaAttention({ ...inputs, out: direct, contextLength: expected });
+            const got = b.toArray(out) as Float32Array;
+            const want = b.toArray(direct) as Float32Array;
+            const diff = got.findIndex((x, i) => !Object.is(x, want[i]));
+            if (diff >= 0) throw new Error(`device length ${value} (read as ${expected}): out[${diff}] = ${got[diff]}, a direct call at ${expected} gives ${want[diff]}`);
+          }
+        } finally {
+          b.native.freeGraph(graph);
+        }
+      } finally {
+        b.native.destroyStream(stream);
+      }
+      expectThrows('bound past the cache', () => b.native.gqaAttention({ ...inputs, out, contextLength: 13, contextLengthOnDevice: length }), /contextLength \(the bound of contextLengthOnDevice\) 13 is outside the cache's \[0, 12\] rows/);
+      expectThrows('device scalar shape', () => b.native.gqaAttention({ ...inputs, out, contextLength: 3, contextLengthOnDevice: track(b.zeros('i32', [2])) }), /contextLengthOnDevice must be \[1\]/);
+    });
+    return { detail: 'lengths 0, 5, 9, 12 -> 9, -3 -> 0 bit-identical to direct calls' };
+  },
+};
+
 const badShapes: KernelCheck = {
   name: 'gqa_attention: bad shapes are rejected, naming the tensor (head ratio, head dim, k/v and cache shapes, contextLength past the cache, dtypes, scale)',
   run(b) {
@@ -97,4 +141,4 @@ const badShapes: KernelCheck = {
   },
 };
 
-export const GQA_ATTENTION_CHECKS: KernelCheck[] = [reference, badShapes];
+export const GQA_ATTENTION_CHECKS: KernelCheck[] = [reference, onDevice, badShapes];
