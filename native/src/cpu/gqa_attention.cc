@@ -1,9 +1,10 @@
-// Non-causal GQA attention on the CPU: for query token t and head h (KV head h / (Hq / Hkv)),
+// The CPU twin of gqaAttention (cuda/gqa_attention.cu), non-causal GQA attention: for query
+// token t and head h (KV head h / (Hq / Hkv)),
 //   keys = [context rows 0..context_length of the cache; the block's T rows]
 //   out[t, h] = softmax(q . k^T * scale) . v
 // in f32 with a fixed order per output (scores in key order, the max subtracted, the sum of the
 // exponentials, then the weighted values in key order), so results do not depend on the threads.
-#include "gqa_attention.h"
+#include "twins.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "../common/half.h"
 
 namespace kdtree {
+namespace cpu {
 namespace {
 
 // Row `row` of a [rows, Hkv, D] tensor at KV head `head`, as f32 (widened into `scratch` for bf16).
@@ -26,7 +28,7 @@ const float* HeadRow(const Tensor& t, int64_t row, int64_t head, std::vector<flo
 
 }  // namespace
 
-Status CpuGqaAttention(const GqaAttentionArgs& a, ThreadPool& pool) {
+Status GqaAttention(const GqaAttentionArgs& a, ThreadPool& pool) {
   const int64_t t = a.q.dim(0), hq = a.q.dim(1), d = a.q.dim(2), hkv = a.k.dim(1);
   // a length on the device is read now (a replayed capture), clamped to its bound as on cuda
   const int64_t ctx = a.context_length_on_device.present() ? std::clamp<int64_t>(a.context_length_on_device.as<const int32_t>()[0], 0, a.context_length) : a.context_length;
@@ -63,4 +65,5 @@ Status CpuGqaAttention(const GqaAttentionArgs& a, ThreadPool& pool) {
   return Status::Ok();
 }
 
+}  // namespace cpu
 }  // namespace kdtree

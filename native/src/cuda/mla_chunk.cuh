@@ -1,7 +1,8 @@
-// What the MLA attention kernels share (mla_attention.cu: CUDA cores, f32 or bf16 cache;
-// mla_attention_mma.cu: tensor cores, bf16 cache): the chunking of a row's key list, the keys of a
-// chunk, and the softmax's roundings. Every kernel cuts a row's keys at the same places and rounds
-// a score the same way, so the merge (mla_attention.cu) takes any kernel's partials.
+// What the MLA attend kernels share (mla_attend.cu: CUDA cores, f32 or bf16 cache;
+// mla_attend_mma.cu: tensor cores, bf16 cache) and the merge reads: the chunking of a row's key
+// list, its key count, the keys of a chunk, and the softmax's roundings. Every kernel cuts a row's
+// keys at the same places and rounds a score the same way, so the merge (mla_merge.cu) takes any
+// kernel's partials.
 #pragma once
 #include "common.cuh"
 
@@ -144,32 +145,6 @@ __device__ __forceinline__ int BlockChunk(int chunk0, int64_t& base, KeyCounts& 
     return chunk < chunks.y ? chunk : -1;
   }
 }
-
-// A chunk's partial for one token-head row: [m, l, R context values] at
-// partial[(th * max_chunks + chunk) * (R + 2)].
-struct AttendMmaArgs {
-  const float *q_lat, *q_pe;                   // [T H, R], [T H, dr] (f32)
-  const __nv_bfloat16 *cache_c, *cache_kpe;    // [slots, R], [slots, dr]
-  const uint8_t* mask;                          // [T, T] or null (causal)
-  int T, H, R, dr;
-  int64_t base;
-  float scale;
-  int max_chunks;
-  KeyCounts key_counts;
-  float* partial;                               // [T H, max_chunks, R + 2]
-};
-// Whether the tensor-core kernel takes this call (bf16 cache, rows in whole 8-byte pieces, the
-// chunk and a tile's q in shared memory).
-bool AttendMmaFits(const AttendMmaArgs& a);
-// Runs every row's chunks (the first `shared_chunks` shared by all rows, the next `token_chunks`
-// looked up per token through the mask) on a device of `sms` SMs.
-Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, int token_chunks, int sms, cudaStream_t s);
-
-// The q absorption on tensor cores (mla_q_absorb_mma.cu): whether it takes this call (bf16 kv_b,
-// dn a multiple of 16 up to 128, R a multiple of 8, aligned rows), and its launch; otherwise
-// mla_attention.cu's CUDA-core kernel. Either way a token's q_lat does not depend on the others.
-bool QLatentMmaFits(const void* kv_b, DType kvb_dtype, const float* q_nope, int dn, int R);
-Status LaunchQLatentMma(const float* q_nope, const __nv_bfloat16* kv_b, int T, int H, int dn, int dv, int R, float* q_lat, cudaStream_t s);
 
 }  // namespace mla
 }  // namespace cuda

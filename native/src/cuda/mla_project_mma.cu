@@ -1,5 +1,6 @@
-// The few-row form of the tensor-core MLA output projection (mla_project_mma.cuh has the design);
-// the many-row form runs inside mla_attention.cu's merge kernel.
+// Stage 4 of MLA attention, the output projection of few rows on tensor cores (mla_project_mma.cuh
+// has the design): ctx f32 [T H, R] -> out [T, H, dv]; the many-row form runs inside the merge
+// kernel (mla_merge.cu).
 #include "mla_project_mma.cuh"
 
 namespace kdtree {

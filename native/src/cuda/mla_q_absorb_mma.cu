@@ -1,7 +1,8 @@
-// The q absorption of MLA on tensor cores, for a bf16 kv_b: q_lat[t, h, :] = W_kb[h]^T q_nope[t, h, :]
+// Stage 1 of MLA attention, the q absorption, on tensor cores, for a bf16 kv_b:
+//   q_lat[t, h, :] = W_kb[h]^T q_nope[t, h, :]
 // (W_kb[h] = kv_b rows h (dn + dv) .. + dn - 1, [dn, R]). kv_b values are exact bf16 operands and
 // q_nope is split into three bf16 planes (SplitPair), so the products are exact and the MMA's f32
-// sums the only roundings. Why: the CUDA-core kernel (mla_attention.cu, QLatentKernel) reads a
+// sums the only roundings. Why: the CUDA-core kernel (mla_q_absorb.cu, QLatentKernel) reads a
 // head's 128 KB of W_kb once per 8 tokens and spends an FMA per (token, i, r): ~140 us of a
 // 512-token prefill and ~23 us of a 65-node verify under Nsight.
 //  * q_lat^T [R, tokens] = W_kb^T [R, dn] . q_nope^T: r on the 16-row side (`ldmatrix.trans` of the
@@ -9,7 +10,7 @@
 //    split from q_nope in registers).
 //  * Every (t, r) value is one chain of MMAs over the dn / 16 slices x 3 planes whatever the block,
 //    so a token's bits do not depend on the others (tree verify equals decoding).
-#include "mla_chunk.cuh"
+#include "mla_stages.cuh"
 
 namespace kdtree {
 namespace cuda {

@@ -1,5 +1,6 @@
-// MLA attention of a chunk on tensor cores, for a bf16 latent cache (what it shares with the
-// CUDA-core kernels of mla_attention.cu is in mla_chunk.cuh; their merge takes its partials).
+// Stage 2 of MLA attention, the attend, on tensor cores, for a bf16 latent cache: the chunks'
+// partials [T H, max_chunks, R + 2] as the CUDA-core kernels write them (mla_attend.cu; what they
+// share is in mla_chunk.cuh), so the merge (mla_merge.cu) takes either's.
 //
 // Why: the CUDA-core tiles run a tree verify far below the memory floor, as f32 FMA chains of
 // D = R + dr per score and 64 keys per context value. A bf16 cache value is an exact bf16 operand;
@@ -25,7 +26,7 @@
 // reads; a copy per chunk of the q fragments (no double buffer, 32-row tiles) was slower.
 #include <algorithm>
 
-#include "mla_chunk.cuh"
+#include "mla_stages.cuh"
 
 namespace kdtree {
 namespace cuda {

@@ -1,0 +1,154 @@
+// The CPU twins of the small ops (cuda/small_ops.cu): embedding, rmsNorm (with the fused residual
+// add), rope, siluMul, add, argmax, topk, kvWrite and arange. rmsNorm sums its squares in the cuda
+// kernel's order (RmsSumOfSquares).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "common.h"
+#include "twins.h"
+
+namespace kdtree {
+namespace cpu {
+
+namespace {
+
+// A row's sum of squares in the cuda kernel's order (kRmsNormThreads, ops.h).
+float RmsSumOfSquares(const float* x, int64_t h) {
+  float part[kRmsNormThreads];
+  const int64_t chunks = (h + 3) / 4;
+  for (int t = 0; t < kRmsNormThreads; ++t) {
+    float ss = 0.f;
+    for (int64_t c = t; c < chunks; c += kRmsNormThreads) {
+      for (int64_t j = 4 * c; j < std::min(4 * c + 4, h); ++j) ss = std::fma(x[j], x[j], ss);
+    }
+    part[t] = ss;
+  }
+  float total = 0.f;
+  for (int w = 0; w < kRmsNormThreads / 32; ++w) {
+    float* lanes = part + 32 * w;
+    for (int off = 16; off > 0; off >>= 1) {
+      float next[32];
+      for (int l = 0; l < 32; ++l) next[l] = lanes[l] + lanes[l ^ off];
+      std::copy(next, next + 32, lanes);
+    }
+    total += lanes[0];
+  }
+  return total;
+}
+}  // namespace
+
+Status Embedding(const EmbeddingArgs& a, ThreadPool& pool) {
+  const int64_t v = a.table.dim(0), hdim = a.table.dim(1);
+  for (int64_t i = 0; i < a.ids.dim(0); ++i) {
+    const int32_t id = a.ids.as<const int32_t>()[i];
+    if (id < 0 || id >= v) return Invalid("embedding: ids[", i, "] = ", id, " is outside the table's ", v, " rows");
+    for (int64_t j = 0; j < hdim; ++j) a.out.as<float>()[i * hdim + j] = LoadF(a.table, id * hdim + j);
+  }
+  return Status::Ok();
+}
+
+Status RmsNorm(const RmsNormArgs& a, ThreadPool& pool) {
+  const int64_t rows = a.x.dim(0), hdim = a.x.dim(1);
+  pool.ParallelFor(rows, [&](int64_t b, int64_t e) {
+    std::vector<float> sum;
+    for (int64_t r = b; r < e; ++r) {
+      const float* x = a.x.as<const float>() + r * hdim;
+      if (a.residual.present()) {  // the fused residual add: x + residual, also stored to `sum`
+        const float* res = a.residual.as<const float>() + r * hdim;
+        sum.resize(static_cast<size_t>(hdim));
+        for (int64_t j = 0; j < hdim; ++j) sum[j] = x[j] + res[j];
+        std::copy(sum.begin(), sum.end(), a.sum.as<float>() + r * hdim);
+        x = sum.data();
+      }
+      const float inv = 1.f / std::sqrt(RmsSumOfSquares(x, hdim) / static_cast<float>(hdim) + static_cast<float>(a.eps));
+      for (int64_t j = 0; j < hdim; ++j) {
+        const float y = x[j] * inv * LoadF(a.weight, j);
+        StoreF(a.out, r * hdim + j, y);
+        if (a.out_bf16.present()) StoreF(a.out_bf16, r * hdim + j, y);
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+Status Rope(const RopeArgs& a, ThreadPool& pool) {
+  const int64_t t = a.x.dim(0), heads = a.x.dim(1), hd = a.x.dim(2), half = a.inv_freq.dim(0);
+  for (int64_t ti = 0; ti < t; ++ti) {
+    const double pos = a.positions.as<const int32_t>()[ti];
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = pos * a.inv_freq.as<const double>()[i];
+      const double c = std::cos(angle) * a.attention_factor, s = std::sin(angle) * a.attention_factor;
+      for (int64_t hh = 0; hh < heads; ++hh) {
+        float* x = a.x.as<float>() + (ti * heads + hh) * hd + a.offset;
+        const int64_t i0 = a.interleave ? 2 * i : i, i1 = a.interleave ? 2 * i + 1 : i + half;
+        const double x0 = x[i0], x1 = x[i1];
+        x[i0] = static_cast<float>(x0 * c - x1 * s);
+        x[i1] = static_cast<float>(x1 * c + x0 * s);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status SiluMul(const SiluMulArgs& a, ThreadPool& pool) {
+  const int64_t t = a.out.dim(0), inter = a.out.dim(1);
+  for (int64_t r = 0; r < t; ++r) {
+    for (int64_t j = 0; j < inter; ++j) {
+      StoreF(a.out, r * inter + j, SiluMulValue(LoadF(a.x, r * 2 * inter + j), LoadF(a.x, r * 2 * inter + inter + j)));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Add(const AddArgs& a, ThreadPool& pool) {
+  for (int64_t i = 0; i < a.a.numel(); ++i) a.out.as<float>()[i] = a.a.as<const float>()[i] + a.b.as<const float>()[i];
+  return Status::Ok();
+}
+
+Status Argmax(const ArgmaxArgs& a, ThreadPool& pool) {
+  const int64_t t = a.x.dim(0), v = a.x.dim(1);
+  for (int64_t r = 0; r < t; ++r) {
+    const float* x = a.x.as<const float>() + r * v;
+    int64_t best = 0;
+    for (int64_t i = 1; i < v; ++i) if (x[i] > x[best]) best = i;
+    a.out.as<int32_t>()[r] = static_cast<int32_t>(best);
+  }
+  return Status::Ok();
+}
+
+Status Topk(const TopkArgs& a, ThreadPool& pool) {
+  const int64_t t = a.x.dim(0), v = a.x.dim(1);
+  std::vector<int> order(static_cast<size_t>(v));
+  for (int64_t r = 0; r < t; ++r) {
+    const float* x = a.x.as<const float>() + r * v;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + a.k, order.end(), [&](int p, int q) { return x[p] > x[q] || (x[p] == x[q] && p < q); });
+    for (int j = 0; j < a.k; ++j) {
+      a.values.as<float>()[r * a.k + j] = x[order[j]];
+      a.ids.as<int32_t>()[r * a.k + j] = order[j];
+    }
+  }
+  return Status::Ok();
+}
+
+Status KvWrite(const KvWriteArgs& a, ThreadPool& pool) {
+  const int64_t t = a.c.dim(0), r = a.c.dim(1), dr = a.kpe.dim(1), s = a.cache_c.dim(0);
+  for (int64_t i = 0; i < t; ++i) {
+    const int32_t slot = a.slots.as<const int32_t>()[i];
+    if (slot < 0 || slot >= s) return Invalid("kv_write: slots[", i, "] = ", slot, " is outside the cache's ", s, " slots");
+    for (int64_t j = 0; j < r; ++j) StoreF(a.cache_c, slot * r + j, a.c.as<const float>()[i * r + j]);
+    for (int64_t j = 0; j < dr; ++j) StoreF(a.cache_kpe, slot * dr + j, a.kpe.as<const float>()[i * dr + j]);
+  }
+  return Status::Ok();
+}
+
+Status Arange(const ArangeArgs& a, ThreadPool& pool) {
+  const int64_t start = a.start + (a.start_on_device.present() ? a.start_on_device.as<const int32_t>()[0] : 0);  // read before out is written: they may be one
+  for (int64_t i = 0; i < a.out.dim(0); ++i) a.out.as<int32_t>()[i] = static_cast<int32_t>(start + i);
+  return Status::Ok();
+}
+
+}  // namespace cpu
+}  // namespace kdtree
