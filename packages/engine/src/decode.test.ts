@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { greedyDecode, loadModel, modelDrafter, argmax } from '@kdtree/reference';
-import { BUDGET_BUCKETS, createEngine, EngineError, type Engine, type GenerateOptions } from './index.js';
+import { BUDGET_BUCKETS, createEngine, EngineError, ModelSource, type Engine, type GenerateOptions } from './index.js';
 import { syntheticPair, tempDir, TEST_BACKEND, type ModelPair } from './test-support/models.js';
 
 const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
@@ -115,6 +115,33 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       expect(step.draftTop1).toEqual(Array.from({ length: depth }, (_, d) => argmax(logits, d * vocab, vocab)));
       expect(step.treeSize).toBe(9);
       emitted += step.accepted + 1;
+    }
+  });
+
+  it("a model drafter catches up on tokens decoded without drafting in captured power-of-two steps (36 tokens: 32 + 2 + 1, then the last), and drafts the reference draft model's argmax", async () => {
+    const { engine, pair, greedy } = setups['kimi-k2'];
+    const { model: draft } = await loadModel(pair.draft);
+    const refDrafter = modelDrafter(draft);
+    // a drafter of its own: the engine's shared one writes into the engine's draft logits
+    const source = await ModelSource.open(pair.draft);
+    const drafter = await engine.modelDrafter(source).finally(() => source.close());
+    const b = engine.backend;
+    const V = draft.config.vocabSize;
+    const depth = 3;
+    const out = b.zeros('f32', [16, V]);
+    try {
+      drafter.begin();
+      for (const emitted of [1, 2, 38, 40]) {
+        const context = [...PROMPT, ...greedy.slice(0, emitted)];
+        drafter.draft({ tokens: context, depth, out });
+        const logits = b.toArray(out) as Float32Array;
+        const want = refDrafter(context, depth);
+        const top1 = (x: Float32Array) => Array.from({ length: depth }, (_, d) => argmax(x, d * V, V));
+        expect(top1(logits), `after ${emitted} emitted tokens`).toEqual(top1(want));
+      }
+    } finally {
+      b.free(out);
+      drafter.dispose();
     }
   });
 

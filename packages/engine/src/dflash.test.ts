@@ -138,6 +138,49 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     }
   });
 
+  it("holds back the taps of auto's plain decode steps and commits them in one batch before the next draft, which equals the reference drafter over the whole context", async () => {
+    const inner = (await engine.drafter(`dflash:${drafter}`)) as DflashDrafter;
+    const b = engine.backend;
+    const V = inner.vocabSize;
+    const commits: number[] = [];
+    const drafts: { tokens: number[]; top1: number[] }[] = [];
+    const wrapper: Drafter = {
+      name: 'dflash-recorded',
+      vocabSize: V,
+      maxDepth: inner.maxDepth,
+      targetLayers: inner.targetLayers,
+      begin: () => inner.begin(),
+      commit: (hidden, rows) => {
+        commits.push(rows);
+        inner.commit(hidden, rows);
+      },
+      draft(request) {
+        inner.draft(request);
+        const logits = b.toArray(request.out) as Float32Array;
+        drafts.push({ tokens: [...request.tokens], top1: Array.from({ length: request.depth }, (_, d) => argmax(logits, d * V, V)) });
+      },
+      dispose() {},
+    };
+    const maxNew = 48;
+    const expected = greedyDecode(reference.model, PROMPT, { maxNew, eos: [] }).tokens;
+    const r = await engine.complete(PROMPT, { maxNew, eos: [], spec: 'ddtree', drafter: wrapper, budget: 'auto', trace: true });
+    expect(r.tokens).toEqual(expected);
+    // the random drafter's trees are not accepted: auto backs off into plain decode steps, and
+    // their rows arrive together (a commit of more rows than a step accepts)
+    const skipped = r.steps.filter((s) => s.budget === 0 && s.draftTop1.length === 0).length;
+    expect(skipped).toBeGreaterThan(8);
+    expect(Math.max(...commits.slice(1))).toBeGreaterThan(BLOCK);
+    expect(drafts.length).toBeGreaterThanOrEqual(2);
+    const { model, drafter: ref } = reference;
+    for (const { tokens, top1 } of drafts) {
+      const committed = tokens.length - 1;
+      const taps = targetTaps(model, ref.config.targetLayerIds, committed);
+      model.forward(tokens.slice(0, -1), model.newCache(committed + 1), { logitRows: [], onLayer: taps.onLayer });
+      const { logits } = ref.draft(ref.newCache(), taps.hidden, committed, tokens[committed]);
+      expect(top1, `after ${committed} committed tokens`).toEqual(top1.map((_, d) => argmax(logits, d * V, V)));
+    }
+  });
+
   it("defaults the depth to block_size - 1 and drafts exactly with budget 'auto' (its plain decode steps commit their rows too)", async () => {
     const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: `dflash:${drafter}`, trace: true });
     expect(r.tokens).toEqual(greedy);

@@ -122,6 +122,11 @@ export class NgramDrafter implements Drafter {
  * each writing its logits into the next row of the request's tensor. Its cache keeps only the
  * sequence: the chain's speculative slots are overwritten by the next request.
  */
+/** The largest captured catch-up step of a draft model (tokens; at most its workspace's rows). */
+const CATCH_UP_CHUNK = 64;
+/** A catch-up longer than this (a prompt) runs as direct prefill passes. */
+const CATCH_UP_DIRECT = 1024;
+
 export class ModelDrafter implements Drafter {
   readonly runner: Runner;
   private processed = 0;
@@ -148,13 +153,17 @@ export class ModelDrafter implements Drafter {
     const r = this.runner;
     const V = this.vocabSize;
     if (tokens.length + depth > r.capacity) throw new EngineError('KDTREE_ENGINE_CAPACITY', `the draft model's cache holds ${r.capacity} tokens; ${tokens.length} + depth ${depth} do not fit`, 'cacheTokens');
-    // the tokens it has not run: all but the last in prefill chunks when there are many, the rest in a captured step
+    // the tokens it has not run: a captured catch-up step per count up to depth + 1 (what a
+    // speculative step accepts, so the counts repeat); more (the tokens of steps decoded without
+    // drafting, or the prompt) first run all but the last: in captured steps of power-of-two
+    // counts (a try after auto's plain decode steps then costs the device's time, not ~100 host
+    // calls), or a prompt of more than CATCH_UP_DIRECT tokens in direct prefill passes
     let fresh = tokens.slice(this.processed);
-    // a captured catch-up step per count up to depth + 1 (what a speculative step accepts, so the
-    // counts repeat); more (the prompt, or the tokens of steps decoded without drafting) run directly
     const stepMax = Math.min(r.model.workspace.rows, depth + 1);
     if (fresh.length > stepMax) {
-      r.prefill(fresh.slice(0, -1), this.processed, undefined);
+      const lead = fresh.slice(0, -1);
+      if (lead.length > CATCH_UP_DIRECT) r.prefill(lead, this.processed, undefined);
+      else this.catchUp(lead, out);
       this.processed = tokens.length - 1;
       fresh = fresh.slice(-1);
     }
@@ -183,11 +192,29 @@ export class ModelDrafter implements Drafter {
     this.processed = tokens.length;
   }
 
+  /** Runs `lead` (tokens after the processed ones) in captured steps of power-of-two counts; their logits are scratch. */
+  private catchUp(lead: readonly number[], out: DeviceTensor): void {
+    const r = this.runner;
+    const V = this.vocabSize;
+    const most = 2 ** Math.floor(Math.log2(Math.min(r.model.workspace.rows, this.input().shape[0])));
+    const input = this.input();
+    for (let i = 0; i < lead.length; ) {
+      const k = 2 ** Math.floor(Math.log2(Math.min(most, lead.length - i)));
+      // the ids buffer is the graphs' input: the previous step must have read it
+      if (i > 0) r.b.synchronize();
+      r.b.native.upload(input.buffer, Int32Array.from(lead.slice(i, i + k)));
+      r.committed = this.processed + i;
+      r.launch(r.graph(`catch-up ${k}`, (s) => r.queueAppend(k, view(input, [k]), view(out, [1, V]), s), k));
+      i += k;
+    }
+  }
+
   private inputIds: DeviceTensor | undefined;
   private out: DeviceTensor | undefined;
 
+  /** The catch-up steps' token ids: a step's accepted tokens, or a power-of-two chunk of tokens decoded without drafting. */
   private input(): DeviceTensor {
-    this.inputIds ??= this.runner.own(this.runner.b.zeros('i32', [this.maxDepth + 1]));
+    this.inputIds ??= this.runner.own(this.runner.b.zeros('i32', [Math.max(this.maxDepth + 1, CATCH_UP_CHUNK)]));
     return this.inputIds;
   }
 

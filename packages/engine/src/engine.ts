@@ -30,6 +30,9 @@ import { openModel } from './shard-source.js';
 import { parseTpFault, TP_TIMEOUT_MS, TpGroup, type TpFault, type TpRanks } from './tp.js';
 
 export type Spec = 'greedy' | 'chain' | 'ddtree';
+/** Rows of taps auto's plain decode steps hold back before they commit them anyway (see heldTaps). */
+const HELD_TAP_ROWS = 64;
+
 export const SPECS: readonly Spec[] = ['greedy', 'chain', 'ddtree'];
 
 /** 'ngram', 'model:PATH' (a draft model bundle or directory), 'dflash:PATH' (a DFlash drafter bundle or directory), or a Drafter of your own. */
@@ -169,6 +172,16 @@ export class Engine {
   private readonly pathBuffers = new Map<number, DeviceTensor>();
   /** The generation's drafter when it reads the target's hidden states (it gets each committed row). */
   private tapping: Drafter | undefined;
+  /**
+   * Rows of taps held back from the tapping drafter while `auto` decodes without drafting (its
+   * skipped steps): a commit costs the drafter's fc and K/V projections (0.45 ms a step for a drafter
+   * of Kimi K2.5-DFlash's size), a held row one copy; they reach commit() in one batch before the
+   * next draft. f32 [HELD_TAP_ROWS, hidden] per tapped layer.
+   */
+  private readonly heldTaps = new Map<number, DeviceTensor>();
+  private heldRows = 0;
+  /** Whether the step being run is one of auto's plain decode steps, whose rows are held back. */
+  private holdTaps = false;
   private tail: Promise<void> = Promise.resolve();
   private disposed = false;
 
@@ -486,6 +499,7 @@ export class Engine {
     r.taps = this.tapping === undefined ? undefined : this.tapsFor(this.tapping.targetLayers!);
     if (state?.budget === 'auto') state.policy = await this.budgetPolicy(state);
     state?.drafter.begin(prompt);
+    this.heldRows = 0;
     r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
     forwards += Math.ceil(prompt.length / this.options.prefillChunk);
     const first = take([r.readToken()]);
@@ -549,6 +563,20 @@ export class Engine {
     if (drafter === undefined) return;
     const H = this.config.hiddenSize;
     const n = rows.length;
+    if (this.holdTaps && this.heldRows + n <= HELD_TAP_ROWS) {
+      for (const l of new Set(drafter.targetLayers!)) {
+        const tap = this.tapBuffers.get(l)!;
+        let held = this.heldTaps.get(l);
+        if (held === undefined) {
+          held = this.runner.own(this.backend.empty('f32', [HELD_TAP_ROWS, H]));
+          this.heldTaps.set(l, held);
+        }
+        rows.forEach((r, k) => this.copyRow(held, this.heldRows + k, tap, r));
+      }
+      this.heldRows += n;
+      return;
+    }
+    this.commitHeldTaps();
     const leading = rows.every((r, i) => r === i);
     const hidden = drafter.targetLayers!.map((l) => {
       const tap = this.tapBuffers.get(l)!;
@@ -558,10 +586,25 @@ export class Engine {
         out = this.runner.own(this.backend.empty('f32', [this.tree.tokens.shape[0], H]));
         this.pathBuffers.set(l, out);
       }
-      rows.forEach((r, k) => this.backend.native.copy({ dst: out.buffer, dstOffset: (out.offset ?? 0) + k * H * 4, src: tap.buffer, srcOffset: (tap.offset ?? 0) + r * H * 4, bytes: H * 4, stream: 0 }));
+      rows.forEach((r, k) => this.copyRow(out, k, tap, r));
       return view(out, [n, H]);
     });
     drafter.commit!(hidden, n);
+  }
+
+  /** Row `from` of `src` into row `to` of `dst` (f32 [*, hidden] each). */
+  private copyRow(dst: DeviceTensor, to: number, src: DeviceTensor, from: number): void {
+    const bytes = this.config.hiddenSize * 4;
+    this.backend.native.copy({ dst: dst.buffer, dstOffset: (dst.offset ?? 0) + to * bytes, src: src.buffer, srcOffset: (src.offset ?? 0) + from * bytes, bytes, stream: 0 });
+  }
+
+  /** Hands the tapping drafter the rows held back during plain decode steps, in order. */
+  private commitHeldTaps(): void {
+    const n = this.heldRows;
+    if (n === 0) return;
+    this.heldRows = 0;
+    const H = this.config.hiddenSize;
+    this.tapping!.commit!(this.tapping!.targetLayers!.map((l) => view(this.heldTaps.get(l)!, [n, H])), n);
   }
 
   private speculativeStep(spec: Spec, state: SpecState, context: number[], trace: boolean): { emitted: number[]; trace?: StepTrace } {
@@ -572,10 +615,17 @@ export class Engine {
     if (policy !== undefined && state.skip > 0) {
       // drafting did not pay at the last tries: plain decode steps until the next try
       state.skip--;
-      const step = this.greedyStep();
+      this.holdTaps = true;
+      let step: { emitted: number[] };
+      try {
+        step = this.greedyStep();
+      } finally {
+        this.holdTaps = false;
+      }
       return { emitted: step.emitted, trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
     }
     const draftLogits = view(this.draftLogits, [depth, V]);
+    this.commitHeldTaps();
     const draftMs = b.time(() => drafter.draft({ tokens: context, depth, out: draftLogits }));
     let draftTop1: number[] = [];
     if (trace) {
