@@ -3,7 +3,7 @@
  * and speculative decoding (which emits exactly greedy's tokens, whatever the options).
  */
 import { BACKEND_KINDS } from '@kdtree/cuda';
-import { createEngine, SPECS, type Engine, type Spec } from '@kdtree/engine';
+import { createEngine, launchPlans, SPECS, type Engine, type LaunchPlan, type Spec, type TpMaster } from '@kdtree/engine';
 import { parseChoice, parseIntArg, type OptionSpec, type Parsed } from './args.js';
 import { CliUsageError } from './cli-error.js';
 import type { CommandIO } from './io.js';
@@ -34,10 +34,48 @@ export const ENGINE_HELP = [
   "--cache-tokens N      KV cache capacity: the context (default: 4096, or the model's max positions)",
   '--cache-dtype T       bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
   '--activations T       dtype of the GEMMs\' inputs, bf16 or f32 (default: bf16 on cuda, f32 on cpu)',
-  '--tp N                tensor-parallel ranks (default 1): the model split over N ranks (cpu backend)',
-  '--ranks HOW           under --tp: ranks 1..N-1 as threads (default: worker threads, shared memory) or processes (one forked process each, TCP to rank 0)',
+  '--tp N                tensor-parallel ranks (default 1; per node with --nnodes): the model split over N ranks (cpu: threads or processes; cuda: one process per device, NCCL)',
+  '--ranks HOW           under --tp on cpu: ranks 1..N-1 as threads (default: worker threads, shared memory) or processes (one forked process each, TCP to rank 0)',
   '--tp-timeout MS       how long a rank may go silent before the run ends naming it (default 20000)',
 ];
+
+/** A run over several nodes (kdtree run only); torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT stand in for them. */
+export const LAUNCH_OPTIONS: OptionSpec = {
+  nnodes: { type: 'string' },
+  'node-rank': { type: 'string' },
+  'master-addr': { type: 'string' },
+  'master-port': { type: 'string' },
+};
+
+export const LAUNCH_HELP = [
+  '--nnodes M            nodes of the run (default 1): --tp ranks on each, M x N in all; every node runs the same command with its --node-rank',
+  "--node-rank R         this node (default 0): node 0 runs rank 0 and prints the tokens, node R > 0 starts ranks R*N..R*N+N-1, which join it, and exits when the run ends",
+  "--master-addr A       node 0's address, where the other nodes' ranks connect (default $MASTER_ADDR, else 127.0.0.1; needed with --nnodes > 1)",
+  '--master-port P       the port node 0 listens on for its ranks (default $MASTER_PORT, else 29500); under torchrun (RANK and WORLD_SIZE set) each process is one rank: RANK 0 prints the tokens, the others join it',
+];
+
+export const LAUNCH_USAGE = '[--nnodes M --node-rank R --master-addr A --master-port P]';
+
+/** Where this process sits in a run over several nodes or under torchrun; undefined for a run on this host alone. */
+export interface Launch {
+  /** The ranks this process starts (node R) or is (torchrun): plans[0].rank 0 means it runs rank 0. */
+  plans: LaunchPlan[];
+  /** One rank per process, as torchrun starts them. */
+  torchrun: boolean;
+}
+
+export function parseLaunch(p: Parsed, args: EngineArgs, env: NodeJS.ProcessEnv = process.env): Launch | undefined {
+  const nnodes = parseIntArg(p.values.nnodes as string | undefined, '--nnodes', { min: 1, max: 4096 });
+  const nodeRank = parseIntArg(p.values['node-rank'] as string | undefined, '--node-rank', { min: 0, max: 4095 });
+  const masterPort = parseIntArg(p.values['master-port'] as string | undefined, '--master-port', { min: 1, max: 65535 });
+  const masterAddr = p.values['master-addr'] as string | undefined;
+  if (masterAddr === '') throw new CliUsageError('--master-addr: expected a host name or address', 'run');
+  const torchrun = env.RANK !== undefined || env.WORLD_SIZE !== undefined;
+  if (!torchrun && nnodes === undefined && nodeRank === undefined && masterAddr === undefined && masterPort === undefined) return undefined;
+  if (!torchrun && nodeRank !== undefined && nnodes === undefined) throw new CliUsageError('--node-rank: needs --nnodes', 'run');
+  if (args.tpRanks === 'threads') throw new CliUsageError('--ranks threads: a run over several nodes, or under torchrun, has rank processes', 'run');
+  return { plans: launchPlans({ tp: args.tp, nnodes, nodeRank, masterAddr, masterPort }, env), torchrun };
+}
 
 /** The usage text of the engine options. */
 export const ENGINE_USAGE = '[--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH|dflash:PATH] [--budget B|auto] [--depth L] [--cache-tokens N] [--tp N [--ranks threads|processes]]';
@@ -51,6 +89,9 @@ export interface EngineArgs {
   tp?: number;
   tpTimeoutMs?: number;
   tpRanks?: 'threads' | 'processes';
+  /** Rank 0 of a run over several nodes: this node's ranks and where the others connect. */
+  tpLocalRanks?: number;
+  tpMaster?: TpMaster;
   decoding: { spec: Spec; drafter?: string; budget?: number | 'auto'; depth?: number };
 }
 
@@ -91,6 +132,8 @@ export async function openEngine(model: string, args: EngineArgs, io: CommandIO,
     tp: args.tp,
     tpTimeoutMs: args.tpTimeoutMs,
     tpRanks: args.tpRanks,
+    tpLocalRanks: args.tpLocalRanks,
+    tpMaster: args.tpMaster,
     maxBudget: typeof budget === 'number' ? Math.max(64, budget) : undefined,
     maxDepth: depth !== undefined ? Math.max(16, depth) : undefined,
     onLoadProgress: (l) => {

@@ -14,7 +14,7 @@
 import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor } from '@kdtree/cuda';
 import { checkDflashPairing, PairingError, type DflashConfig } from '@kdtree/reference';
 import { bucketsUpTo, BudgetPolicy, PROBE_BUDGET, type CostCurve } from './budget.js';
-import { HostCollective } from './collective.js';
+import { HostCollective, type Collective } from './collective.js';
 import { DflashDrafter, type DrafterWeights } from './dflash-drafter.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
 import { argumentError, checkInt, EngineError } from './errors.js';
@@ -27,7 +27,8 @@ import { ModelSource, type WeightReader } from './model-source.js';
 import { Runner, type TreeBuffers } from './runner.js';
 import type { Shard } from './shard.js';
 import { openModel } from './shard-source.js';
-import { parseTpFault, TP_TIMEOUT_MS, TpGroup, type TpFault, type TpRanks } from './tp.js';
+import { NcclCollective } from './nccl-collective.js';
+import { ncclIdBytes, ncclIdHex, parseTpFault, rankDevice, TP_TIMEOUT_MS, TpGroup, type TpFault, type TpMaster, type TpRanks } from './tp.js';
 
 export type Spec = 'greedy' | 'chain' | 'ddtree';
 /** Rows of taps auto's plain decode steps hold back before they commit them anyway (see heldTaps). */
@@ -65,7 +66,8 @@ export interface EngineOptions {
   /**
    * Tensor-parallel ranks (default 1): the model split over `tp` ranks (heads, intermediate
    * channels and vocabulary; docs/tp.md). On the cpu backend the engine starts tp - 1 worker
-   * threads itself; `model` must then be a path, which every rank reads its shard of.
+   * threads or processes itself (tpRanks); on cuda, one process per device over NCCL; other
+   * nodes' ranks can join (tpLocalRanks). `model` must be a path, which every rank reads its shard of.
    */
   tp?: number;
   /** Under tp > 1: how long a rank may go silent (loading a part, reaching a collective) before the run ends with an error naming it (default 20000 ms). */
@@ -75,9 +77,17 @@ export interface EngineOptions {
   /**
    * Under tp > 1 on the cpu backend: how ranks 1..tp-1 run. 'threads' (the default): worker
    * threads of this process over shared memory; 'processes': one forked process each, over TCP to
-   * rank 0 (the path GPU ranks take: one process per device).
+   * rank 0 (the path GPU ranks take: one process per device; the default on cuda and across nodes).
    */
   tpRanks?: TpRanks;
+  /**
+   * Under tp > 1 with rank processes, for a run over several nodes: this engine starts ranks
+   * 0..tpLocalRanks-1 (default tp), and the others join it from their nodes (`kdtree run --nnodes`,
+   * torchrun; docs/tp.md). The run waits up to tpTimeoutMs for them, then fails naming the missing.
+   */
+  tpLocalRanks?: number;
+  /** Where rank 0 listens for its ranks (default 127.0.0.1 and a free port): the master address and port the other nodes are given. */
+  tpMaster?: TpMaster;
   /** Progress of the model's load (rank 0's shard under tp > 1). */
   onLoadProgress?: (progress: LoadProgress) => void;
   signal?: AbortSignal;
@@ -759,6 +769,7 @@ export class Engine {
       await this.group?.close();
       this.runner.dispose();
       this.model.dispose();
+      if (this.model.collective instanceof NcclCollective) this.model.collective.close();
     } finally {
       release();
     }
@@ -777,15 +788,24 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
   }
   const tp = checkInt('tp', options.tp ?? 1, 1, 64);
   const timeoutMs = checkInt('tpTimeoutMs', options.tpTimeoutMs ?? TP_TIMEOUT_MS, 100, 3_600_000);
-  const ranks = options.tpRanks ?? 'threads';
-  if (ranks !== 'threads' && ranks !== 'processes') throw argumentError('tpRanks', `expected 'threads' or 'processes', got '${String(ranks)}'`);
+  const localRanks = checkInt('tpLocalRanks', options.tpLocalRanks ?? tp, 1, tp);
+  const master = options.tpMaster;
+  if (master !== undefined && (typeof master !== 'object' || typeof master.host !== 'string' || master.host === '' || !Number.isSafeInteger(master.port) || master.port < 0 || master.port > 65535)) {
+    throw argumentError('tpMaster', `expected { host, port } with a TCP port in [0, 65535], got ${JSON.stringify(master)}`);
+  }
+  const spread = localRanks < tp || master !== undefined;
+  if (options.tpRanks !== undefined && options.tpRanks !== 'threads' && options.tpRanks !== 'processes') throw argumentError('tpRanks', `expected 'threads' or 'processes', got '${String(options.tpRanks)}'`);
+  if (spread && options.tpRanks === 'threads') throw argumentError('tpRanks', 'ranks that join from other nodes (tpLocalRanks < tp, or tpMaster) run as processes; use tpRanks: processes');
   const faultText = options.tpFault ?? process.env.KDTREE_TP_FAULT;
   const fault: TpFault | undefined = tp > 1 && faultText ? parseTpFault(faultText, tp) : undefined;
   if (tp > 1 && typeof given !== 'string') throw argumentError('model', 'tensor parallelism (tp > 1) needs the path of a bundle or checkpoint, which every rank reads its shard of');
   const backend = options.backend instanceof KdtreeBackend ? options.backend : createBackend({ backend: options.backend, device: options.device, log: options.log });
-  if (tp > 1 && backend.kind !== 'cpu') {
-    throw argumentError('tp', `tensor parallelism runs on the cpu backend's ranks today; the ${backend.kind} backend's NCCL ranks are not built yet (use --backend cpu)`);
-  }
+  const cuda = tp > 1 && backend.kind === 'cuda';
+  if (cuda && options.tpRanks === 'threads') throw argumentError('tpRanks', 'ranks on the cuda backend are processes, one per device; use tpRanks: processes');
+  // one process per device: rank 0 is local rank 0 on device 0 (CUDA_VISIBLE_DEVICES picks the devices)
+  if (cuda && (options.device ?? 0) !== 0) throw argumentError('device', `under tp > 1 each rank runs on the device of its local rank (rank 0 on device 0), got device ${options.device}; pick the devices with CUDA_VISIBLE_DEVICES`);
+  if (cuda) rankDevice(0, localRanks, backend.loaded.probe?.deviceCount ?? 0);
+  const ranks: TpRanks = options.tpRanks ?? (spread || cuda ? 'processes' : 'threads');
   const shard: Shard = { rank: 0, world: tp };
   const source = typeof given === 'string' ? await openModel(given, { config: options.config, shard }) : given;
   let group: TpGroup | undefined;
@@ -803,13 +823,25 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     const nodes = Math.max(maxBudget, maxDepth) + 1;
     const rows = Math.max(prefillChunk, nodes);
     const memory = estimateMemory(source, { capacity: cacheTokens, cacheDtype, rows, nodes, depth: maxDepth, shard });
-    // the cpu ranks share the host's memory: all of their shards must fit together
-    checkFits(backend, tp > 1 ? scaleEstimate(memory, tp) : memory, tp > 1 ? `${source.path} on ${tp} ranks` : source.path);
-    let collective: HostCollective | undefined;
+    // the cpu ranks share this host's memory: its ranks' shards must fit together (a GPU rank has a device of its own)
+    checkFits(backend, tp > 1 && !cuda ? scaleEstimate(memory, localRanks) : memory, tp > 1 ? `${source.path} on ${tp} ranks` : source.path);
+    let collective: Collective | undefined;
     if (tp > 1) {
-      const slotFloats = Math.max(rows * c.hiddenSize, rows * Math.ceil(c.vocabSize / tp), Math.ceil((nodes * (nodes + 16) + 4) / 4));
-      group = await TpGroup.start(tp, { model: given as string, config: options.config, rows, activations, cacheTokens, cacheDtype, prefillChunk, nodes, maxDepth }, { slotFloats, timeoutMs, fault, ranks });
-      collective = new HostCollective(backend, group.transport);
+      const gatherFloats = rows * Math.ceil(c.vocabSize / tp);
+      // the collectives of cuda ranks go over NCCL: their relays carry only commands and reports
+      const slotFloats = cuda ? 1 : Math.max(rows * c.hiddenSize, gatherFloats, Math.ceil((nodes * (nodes + 16) + 4) / 4));
+      const ncclId = cuda ? ncclIdHex(backend.ncclUniqueId()) : undefined;
+      const setup = { model: given as string, config: options.config, rows, activations, cacheTokens, cacheDtype, prefillChunk, nodes, maxDepth, backend: backend.kind };
+      group = await TpGroup.start(tp, setup, { slotFloats, timeoutMs, fault, ranks, localRanks, master, ncclId });
+      if (cuda) {
+        // ncclCommInitRank blocks this thread until every rank has called it: only once every rank
+        // has connected (the relay thread, which serves them, does not wait on this one), and
+        // bounded by that relay, which ends this process if a rank fails meanwhile
+        await group.joined();
+        const g = group;
+        collective = g.blocking(() => new NcclCollective(backend, { rank: 0, world: tp, id: ncclIdBytes(ncclId), timeoutMs, gatherFloats }));
+        g.guardSteps();
+      } else collective = new HostCollective(backend, group.transport);
     }
     const model = await loadRank0(backend, source, { rows, activations, shard, collective, onProgress: options.onLoadProgress, signal: options.signal }, group);
     try {

@@ -3,13 +3,16 @@
  * own thread can block in a collective. Rank 0's relay listens and takes one connection per rank;
  * every other rank's relay connects to it. Besides the collectives' parts and results, the
  * connections carry rank 0's Runner commands to the ranks and the ranks' load reports and
- * failures back.
- *
- * Frames: [type u32, n u32, bytes u32] then the bytes (little-endian).
+ * failures back. A rank that another node (or torchrun) started first asks rank 0's relay for the
+ * run's setup on a connection of its own (JOIN, answered by SETUP or REFUSE), then connects as
+ * every rank does.
  */
+import { writeSync } from 'node:fs';
 import { connect, createServer, type Socket } from 'node:net';
 import { parentPort, workerData } from 'node:worker_threads';
-import { COLS, DONE, OP, OPS, PROGRESS, recordFailure, REQUEST, ROOT, ROWS, SIZE, type RelayMemory } from './socket-transport.js';
+import { CLOSE, COMMAND, ERROR, FAIL, frame, HELLO, JOIN, PART, PROGRESS_FRAME, readFrames, READY, REFUSE, RESULT, SETUP } from './relay-frames.js';
+import type { RankJoinReply } from './tp.js';
+import { COLS, DONE, GUARD, GUARD_INIT, OP, OPS, PROGRESS, recordedFailure, recordFailure, REQUEST, ROOT, ROWS, SIZE, type RelayMemory } from './socket-transport.js';
 
 export interface RelayData {
   memory: RelayMemory;
@@ -18,6 +21,8 @@ export interface RelayData {
   /** Rank 0: the address to listen on (port 0: any); other ranks: rank 0's address. */
   host: string;
   port: number;
+  /** Rank 0: what a rank that joins from elsewhere is sent (its own fault added). */
+  join?: RankJoinReply;
 }
 
 /** Messages from a relay to its rank's thread. */
@@ -27,20 +32,13 @@ export type RelayMessage =
   | { type: 'error'; rank: number; message: string }
   | { type: 'command'; command: unknown }
   | { type: 'lost' }
-  | { type: 'sent' };
+  | { type: 'sent' }
+  | { type: 'joined'; rank: number }
+  | { type: 'failed' }
+  | { type: 'gone'; rank: number };
 
 /** Messages from a rank's thread to its relay. */
-export type RelayRequest = { type: 'command'; command: unknown } | { type: 'close' } | { type: 'ready' } | { type: 'error'; message: string } | { type: 'progress' } | { type: 'fail'; what: string };
-
-const HELLO = 1;
-const PART = 2;
-const RESULT = 3;
-const READY = 4;
-const ERROR = 5;
-const PROGRESS_FRAME = 6;
-const FAIL = 7;
-const COMMAND = 8;
-const CLOSE = 9;
+export type RelayRequest = { type: 'command'; command: unknown } | { type: 'close' } | { type: 'drop' } | { type: 'ready' } | { type: 'error'; message: string } | { type: 'progress' } | { type: 'fail'; what: string };
 
 const data = workerData as RelayData;
 const port = parentPort!;
@@ -50,28 +48,6 @@ const control = new Int32Array(memory.control);
 const part = new Uint8Array(memory.data, 0, 4 * memory.slotFloats);
 const result = new Float32Array(memory.data, 4 * memory.slotFloats);
 let closing = false;
-
-function frame(type: number, n: number, bytes: Uint8Array = new Uint8Array(0)): Buffer {
-  const head = Buffer.alloc(12);
-  head.writeUInt32LE(type, 0);
-  head.writeUInt32LE(n, 4);
-  head.writeUInt32LE(bytes.byteLength, 8);
-  return Buffer.concat([head, bytes]);
-}
-
-/** Calls `on(type, n, bytes)` for each whole frame read from `socket`. */
-function readFrames(socket: Socket, on: (type: number, n: number, bytes: Buffer) => void): void {
-  let pending: Buffer = Buffer.alloc(0);
-  socket.on('data', (chunk: Buffer) => {
-    pending = pending.length === 0 ? chunk : Buffer.concat([pending, chunk]);
-    while (pending.length >= 12) {
-      const length = pending.readUInt32LE(8);
-      if (pending.length < 12 + length) break;
-      on(pending.readUInt32LE(0), pending.readUInt32LE(4), pending.subarray(12, 12 + length));
-      pending = pending.subarray(12 + length);
-    }
-  });
-}
 
 /** The part the rank's thread handed over for `call`, as bytes (a broadcast's non-root ranks send none). */
 function ownPart(): { op: (typeof OPS)[number]; bytes: Uint8Array; rows: number; cols: number; root: number } {
@@ -104,6 +80,45 @@ async function watchRequests(on: (call: number) => void): Promise<void> {
   }
 }
 
+/** Rank 0's answer to a JOIN from rank `r`: the run's setup, or why it cannot join. */
+function joinReply(r: number, bytes: Buffer): Buffer {
+  let asked: number | undefined;
+  try {
+    asked = (JSON.parse(bytes.toString('utf8')) as { world?: number }).world;
+  } catch {
+    // answered below as a mismatch
+  }
+  if (data.join === undefined) return frame(REFUSE, 0, Buffer.from('this run takes no ranks from other nodes'));
+  if (asked !== world) return frame(REFUSE, 0, Buffer.from(`rank 0 runs ${world} ranks, but this rank was started for ${asked ?? '?'} (check --tp and --nnodes, or WORLD_SIZE, on every node)`));
+  if (r < 1 || r >= world) return frame(REFUSE, 0, Buffer.from(`rank ${r} is not in [1, ${world})`));
+  const { fault, ...reply } = data.join;
+  return frame(SETUP, 0, Buffer.from(JSON.stringify({ ...reply, fault: fault?.rank === r ? fault : undefined } satisfies RankJoinReply)));
+}
+
+/**
+ * While rank 0's thread is blocked where nothing can wake it (GUARD: NCCL's init, which waits for
+ * every rank), a rank's failure or the timeout ends rank 0's process from here, saying why: its
+ * forked ranks end with it (their IPC channel), the other nodes' ranks with their connections.
+ */
+function watchGuard(): void {
+  let since: number | undefined;
+  setInterval(() => {
+    const mode = Atomics.load(control, GUARD);
+    const failure = recordedFailure(memory);
+    // steps: only a failure starts the clock (rank 0's thread, if it runs, takes it up meanwhile)
+    if (mode === 0 || (mode !== GUARD_INIT && failure === undefined)) {
+      since = undefined;
+      return;
+    }
+    since ??= Date.now();
+    if (mode === GUARD_INIT ? failure === undefined && Date.now() - since <= data.timeoutMs : Date.now() - since <= data.timeoutMs) return;
+    const why = failure?.message ?? `tensor-parallel rank 0 waited ${data.timeoutMs} ms in NCCL's init (ncclCommInitRank) for ranks that did not reach it`;
+    const where = mode === GUARD_INIT ? "NCCL's init" : 'an NCCL collective';
+    writeSync(2, `kdtree: error: ${why}; rank 0 was blocked in ${where}, which cannot be interrupted, so its process ends\n`);
+    process.kill(process.pid, 'SIGKILL');
+  }, 100).unref();
+}
+
 function rank0(): void {
   const sockets: (Socket | undefined)[] = new Array(world).fill(undefined);
   /** Parts that arrived, per collective, by rank. */
@@ -113,6 +128,7 @@ function rank0(): void {
   const failed = (r: number, what: string) => {
     if (closing) return;
     recordFailure(memory, r, what);
+    port.postMessage({ type: 'failed' } satisfies RelayMessage);
   };
   const complete = () => {
     if (current === undefined) return;
@@ -157,11 +173,22 @@ function rank0(): void {
     socket.setNoDelay(true);
     let from = -1;
     readFrames(socket, (type, n, bytes) => {
-      if (type === HELLO) {
-        from = n;
-        sockets[from] = socket;
+      if (type === JOIN) {
+        socket.end(joinReply(n, bytes));
         return;
       }
+      if (type === HELLO) {
+        // a rank number out of range or taken (a node started twice) is not let in
+        if (n < 1 || n >= world || sockets[n] !== undefined) {
+          socket.destroy();
+          return;
+        }
+        from = n;
+        sockets[from] = socket;
+        port.postMessage({ type: 'joined', rank: from } satisfies RelayMessage);
+        return;
+      }
+      if (from < 0) return;
       if (type === PART) {
         if (!parts.has(n)) parts.set(n, new Array(world).fill(undefined));
         parts.get(n)![from] = new Uint8Array(bytes);
@@ -177,7 +204,9 @@ function rank0(): void {
     });
     socket.on('error', () => undefined);
     socket.on('close', () => {
-      if (from > 0) failed(from, 'exited (its connection to rank 0 closed)');
+      if (from < 0 || sockets[from] !== socket) return;
+      failed(from, 'exited (its connection to rank 0 closed)');
+      port.postMessage({ type: 'gone', rank: from } satisfies RelayMessage);
     });
   });
   server.listen(data.port, data.host, () => {
@@ -192,8 +221,13 @@ function rank0(): void {
       closing = true;
       for (let r = 1; r < world; r++) sockets[r]?.end(frame(CLOSE, 0));
       server.close();
+    } else if (message.type === 'drop') {
+      // the run is over after a failure: every rank's connection closes, which ends the rank
+      server.close();
+      for (let r = 1; r < world; r++) sockets[r]?.destroy();
     }
   });
+  watchGuard();
   void watchRequests((call) => {
     const timer = setTimeout(() => {
       const missing = Array.from({ length: world }, (_, r) => r).filter((r) => r > 0 && parts.get(call)?.[r] === undefined);
@@ -224,6 +258,9 @@ function rankN(): void {
     if (closing) return;
     recordFailure(memory, 0, 'closed its connection');
     port.postMessage({ type: 'lost' } satisfies RelayMessage);
+    // the rank's thread ends its process on 'lost'; one stuck where it cannot see the message
+    // (a native call, an injected stall) is ended from here, so no rank outlives rank 0
+    setTimeout(() => process.kill(process.pid, 'SIGKILL'), 2000);
   });
   port.on('message', (message: RelayRequest) => {
     if (message.type === 'ready') socket.write(frame(READY, 0));

@@ -29,6 +29,15 @@ export const SIZE = 6;
 export const ROWS = 7;
 export const COLS = 8;
 export const ROOT = 9;
+/**
+ * Rank 0, when its ranks' collectives are NCCL's (which no host-side failure can wake): 1 while
+ * its thread is in NCCL's init, when its relay ends the process on a rank's failure or after
+ * timeoutMs; 2 while it runs steps, when the relay ends the process if a rank's failure is not
+ * taken up by rank 0's thread within timeoutMs (it is then blocked in a collective).
+ */
+export const GUARD = 10;
+export const GUARD_INIT = 1;
+export const GUARD_STEPS = 2;
 /** Per rank from PROGRESS: its load progress counter, moved on by rank 0's relay. */
 export const PROGRESS = 12;
 export const MESSAGE_BYTES = 4096;
@@ -107,6 +116,30 @@ export class SocketTransport implements HostTransport {
   /** Rank `rank`'s load progress counter (rank 0's relay moves it on as that rank reports parts). */
   progressOf(rank: number): number {
     return Atomics.load(this.control, PROGRESS + rank);
+  }
+
+  /**
+   * Runs `work`, which blocks this thread where no failure can wake it (ncclCommInitRank waits for
+   * every rank, unbounded): meanwhile rank 0's relay ends this process, with the failure on
+   * stderr, if a rank fails or `work` has not returned within the timeout.
+   */
+  blocking<T>(work: () => T): T {
+    const before = Atomics.exchange(this.control, GUARD, GUARD_INIT);
+    try {
+      return work();
+    } finally {
+      Atomics.store(this.control, GUARD, before);
+    }
+  }
+
+  /** From now on a failure that rank 0's thread does not take up within the timeout ends the process (NCCL steps). */
+  guardSteps(): void {
+    Atomics.store(this.control, GUARD, GUARD_STEPS);
+  }
+
+  /** Rank 0's thread has seen the failure (its event loop runs: it is not blocked in a collective). */
+  takeUp(): void {
+    Atomics.compareExchange(this.control, GUARD, GUARD_STEPS, 0);
   }
 
   /** Hands the part in `part` to the relay and sleeps until the result is in `result`. */

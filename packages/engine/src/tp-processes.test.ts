@@ -12,6 +12,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel, type GoldenRecord } from '@kdtree/reference';
 import { createEngine, EngineError, type Engine, type GenerateOptions } from './index.js';
 import { tempDir } from './test-support/models.js';
+import { alive, until } from './test-support/processes.js';
 
 const dir = tempDir('kdtree-tp-processes-');
 // tiny has 2 heads: 2 ranks; k2-mini (4 heads, INT4 experts of 4 groups) runs 4
@@ -29,25 +30,6 @@ beforeAll(async () => {
 
 const greedy: GenerateOptions = { maxNew: 16, eos: [] };
 const ddtree: GenerateOptions = { maxNew: 16, eos: [], spec: 'ddtree', drafter: 'ngram', budget: 8, depth: 3 };
-
-/** Whether process `pid` is still there. */
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** Waits up to `ms` for `check` to hold. */
-async function until(check: () => boolean, ms: number): Promise<boolean> {
-  for (const t0 = Date.now(); Date.now() - t0 < ms; ) {
-    if (check()) return true;
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
-  return check();
-}
 
 async function tokens(path: string, prompt: number[], tp: number, options: GenerateOptions, check?: (engine: Engine) => void): Promise<number[]> {
   const engine = await createEngine({ model: path, backend: 'cpu', cacheTokens: 128, maxBudget: 16, tp, tpRanks: tp > 1 ? 'processes' : undefined });

@@ -5,11 +5,12 @@
  * link to rank 0 (a message port and shared memory, or a relay thread and a socket) differs.
  */
 import { createBackend } from '@kdtree/cuda';
-import { HostCollective, type HostTransport } from './collective.js';
+import { HostCollective, type Collective, type HostTransport } from './collective.js';
+import { NcclCollective } from './nccl-collective.js';
 import { DeviceModel } from './model.js';
 import { openModel } from './shard-source.js';
 import { Runner, type RankCommand } from './runner.js';
-import type { RankSetup, TpFault } from './tp.js';
+import { ncclIdBytes, rankDevice, type RankSetup, type TpFault } from './tp.js';
 
 /** A rank's connection to rank 0. */
 export interface RankLink {
@@ -44,16 +45,31 @@ function describe(command: RankCommand): string {
   return command.op === 'step' ? `a ${command.step.kind} step` : command.op;
 }
 
-export async function serveRank(rank: number, setup: RankSetup, link: RankLink, fault: TpFault | undefined): Promise<void> {
+/** Where a rank runs on the cuda backend: its device (its local rank) and rank 0's NCCL id. */
+export interface RankDevice {
+  localRank: number;
+  ncclId?: string;
+  timeoutMs: number;
+}
+
+export async function serveRank(rank: number, setup: RankSetup, link: RankLink, fault: TpFault | undefined, where?: RankDevice): Promise<void> {
   let runner: Runner | undefined;
   let model: DeviceModel | undefined;
+  let collective: Collective | undefined;
   const world = link.transport.world;
   try {
     if (fault?.at === 'load') inject(fault);
-    const b = createBackend({ backend: 'cpu' });
+    const cuda = setup.backend === 'cuda';
+    const b = cuda ? createBackend({ backend: 'cuda', device: where?.localRank ?? 0 }) : createBackend({ backend: 'cpu' });
+    if (cuda) rankDevice(where?.localRank ?? 0, (where?.localRank ?? 0) + 1, b.loaded.probe?.deviceCount ?? 0);
     const source = await openModel(setup.model, { config: setup.config, shard: { rank, world } });
     try {
-      model = await DeviceModel.load(b, source, { rows: setup.rows, activations: setup.activations, shard: { rank, world }, collective: new HostCollective(b, link.transport), onProgress: () => link.progress() });
+      // NCCL's init blocks until every rank has called it; rank 0 calls it once every rank has
+      // connected to its relay (this one has: the relay connected before the load began)
+      collective = cuda
+        ? new NcclCollective(b, { rank, world, id: ncclIdBytes(where?.ncclId), timeoutMs: where?.timeoutMs ?? 20_000, gatherFloats: setup.rows * Math.ceil(source.config.vocabSize / world) })
+        : new HostCollective(b, link.transport);
+      model = await DeviceModel.load(b, source, { rows: setup.rows, activations: setup.activations, shard: { rank, world }, collective, onProgress: () => link.progress() });
     } finally {
       await source.close();
     }
@@ -62,6 +78,7 @@ export async function serveRank(rank: number, setup: RankSetup, link: RankLink, 
   } catch (error) {
     runner?.dispose();
     model?.dispose();
+    if (collective instanceof NcclCollective) collective.close();
     link.loaded(error instanceof Error ? error.message : String(error));
     return;
   }
@@ -74,6 +91,7 @@ export async function serveRank(rank: number, setup: RankSetup, link: RankLink, 
       closing = true;
       r.dispose();
       m.dispose();
+      if (collective instanceof NcclCollective) collective.close();
       link.closed();
       return;
     }

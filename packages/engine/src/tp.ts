@@ -22,7 +22,7 @@ import type { CacheDtype } from './kv-cache.js';
 import type { ActivationDtype } from './workspace.js';
 import type { RankCommand, RankPeers } from './runner.js';
 import { RankFailure, SharedMemoryTransport, transportMemory, type TransportMemory } from './shared-memory-transport.js';
-import { argumentError } from './errors.js';
+import { argumentError, EngineError } from './errors.js';
 import type { RelayData, RelayMessage, RelayRequest } from './socket-relay.js';
 import { relayMemory, SocketTransport } from './socket-transport.js';
 
@@ -58,6 +58,8 @@ export interface RankSetup {
   prefillChunk: number;
   nodes: number;
   maxDepth: number;
+  /** The ranks' backend (default cpu): on cuda each rank runs on the device of its local rank, with NCCL collectives. */
+  backend?: 'cpu' | 'cuda';
 }
 
 /** The data a worker thread starts with. */
@@ -72,21 +74,70 @@ export interface RankWorkerData {
 /** How the ranks other than rank 0 run: threads of this process, or processes of their own. */
 export type TpRanks = 'threads' | 'processes';
 
-/** The data a rank process starts with (JSON in KDTREE_TP_RANK). */
-export interface RankProcessData {
-  rank: number;
+/** What rank 0 tells every rank about the run (a rank started elsewhere asks for it: JOIN). */
+export interface RankJoinReply {
   world: number;
   setup: RankSetup;
   slotFloats: number;
   timeoutMs: number;
   fault?: TpFault;
+  /** Rank 0's NCCL unique id (hex), when the ranks are on the cuda backend. */
+  ncclId?: string;
+}
+
+/** The data a rank process starts with (JSON in KDTREE_TP_RANK). */
+export interface RankProcessData extends RankJoinReply {
+  rank: number;
+  /** The rank on its host: its CUDA device on the cuda backend. */
+  localRank: number;
   /** Rank 0's relay. */
+  host: string;
+  port: number;
+  /** Started by another node or by torchrun (not forked by rank 0): it reports its own end on stderr. */
+  joined?: boolean;
+}
+
+/** Where rank 0's relay listens and the other nodes' ranks connect (processes only). */
+export interface TpMaster {
   host: string;
   port: number;
 }
 
+/** How rank 0's engine starts the process ranks. */
+export interface ProcessRankOptions {
+  slotFloats: number;
+  timeoutMs: number;
+  fault?: TpFault;
+  /** Ranks 0..localRanks-1 are this host's (forked here); the others join from other nodes (default: all). */
+  localRanks?: number;
+  /** Default 127.0.0.1 and a free port (every rank on this host). */
+  master?: TpMaster;
+  ncclId?: string;
+}
+
 /** Messages from a worker to rank 0. */
 export type RankMessage = { type: 'ready' } | { type: 'error'; message: string };
+
+/**
+ * The CUDA device of local rank `localRank` among `localRanks` on a host with `devices` devices
+ * (one rank per device, in order: CUDA_VISIBLE_DEVICES picks which).
+ */
+export function rankDevice(localRank: number, localRanks: number, devices: number): number {
+  if (localRanks > devices) {
+    throw argumentError('tp', `${localRanks} tensor-parallel ranks on this host need one CUDA device each (devices 0..${localRanks - 1}), but it has ${devices}${devices > 0 ? ` (run at most --tp ${devices} per node, or more nodes)` : ''}`);
+  }
+  return localRank;
+}
+
+/** An NCCL unique id as it travels in a rank's setup (hex) and back to its 128 bytes. */
+export function ncclIdHex(id: Uint8Array): string {
+  return Buffer.from(id.buffer, id.byteOffset, id.byteLength).toString('hex');
+}
+
+export function ncclIdBytes(hex: string | undefined): Uint8Array {
+  if (hex === undefined || !/^[0-9a-f]{256}$/.test(hex)) throw argumentError('ncclId', `expected rank 0's NCCL unique id as 256 hex digits, got ${hex === undefined ? 'none' : `'${hex.slice(0, 40)}'`}`);
+  return new Uint8Array(Buffer.from(hex, 'hex'));
+}
 
 /** A module of this package's build (under vitest this module runs from src/*.ts; threads and processes run the built one). */
 export function builtModule(file: string): URL {
@@ -98,6 +149,10 @@ export interface GroupTransport extends HostTransport {
   failure(): RankFailure | undefined;
   fail(rank: number, what: string): void;
   progressOf(rank: number): number;
+  /** Runs `work`, which may block where no failure wakes it, bounded by the relay (processes only). */
+  blocking?<T>(work: () => T): T;
+  /** Steps over NCCL: a failure rank 0's thread does not take up in time ends the process (processes only). */
+  guardSteps?(): void;
 }
 
 /** Starts ranks 1..world-1 and carries rank 0's messages to them and theirs back. */
@@ -112,6 +167,8 @@ export interface RankLauncher {
   readonly exited: Promise<void>[];
   /** Frees what rank 0 itself holds for the ranks (after every rank has ended). */
   release(): Promise<void>;
+  /** Ranks that have not connected to rank 0 yet, and where they were to (ranks other nodes start). */
+  unjoined?(): { ranks: number[]; at: string };
 }
 
 type OnExit = (rank: number, what: string) => void;
@@ -169,18 +226,26 @@ class ProcessRanks implements RankLauncher {
   /** How each rank ended, once it has: 'code 3', 'signal SIGKILL'. */
   private readonly ends: (string | undefined)[] = [];
   private readonly listeners = new Set<(rank: number, message: RankMessage) => void>();
+  /** Ranks connected to rank 0's relay. */
+  private readonly joined = new Set<number>();
+  private joinWaiters: (() => void)[] = [];
+  /** Ends the wait for the ranks other nodes started (their connections are dropped). */
+  private readonly remoteEnds: (() => void)[] = [];
 
   private constructor(
     readonly transport: GroupTransport,
     private readonly relay: Worker,
+    private readonly at: string,
   ) {}
 
-  static async start(world: number, setup: RankSetup, options: { slotFloats: number; timeoutMs: number; fault?: TpFault }, onExit: OnExit): Promise<ProcessRanks> {
+  static async start(world: number, setup: RankSetup, options: ProcessRankOptions, onExit: OnExit): Promise<ProcessRanks> {
     const memory = relayMemory(world, options.slotFloats);
-    const host = '127.0.0.1';
-    const relay = new Worker(builtModule('socket-relay.js'), { workerData: { memory, rank: 0, timeoutMs: options.timeoutMs, host, port: 0 } satisfies RelayData });
+    const localRanks = options.localRanks ?? world;
+    const host = options.master?.host ?? '127.0.0.1';
+    const join: RankJoinReply | undefined = localRanks < world ? { world, setup, slotFloats: options.slotFloats, timeoutMs: options.timeoutMs, fault: options.fault, ncclId: options.ncclId } : undefined;
+    const relay = new Worker(builtModule('socket-relay.js'), { workerData: { memory, rank: 0, timeoutMs: options.timeoutMs, host, port: options.master?.port ?? 0, join } satisfies RelayData });
     const port = await new Promise<number>((resolve, reject) => {
-      relay.once('error', reject);
+      relay.once('error', (error) => reject(new EngineError('KDTREE_ENGINE_RANK', `rank 0 cannot listen for its ranks on ${host}:${options.master?.port ?? 0}: ${error.message}`, 'masterPort', { cause: error })));
       relay.on('message', (m: RelayMessage) => m.type === 'listening' && resolve(m.port));
     });
     const socket = new SocketTransport(memory, 0);
@@ -194,36 +259,59 @@ class ProcessRanks implements RankLauncher {
       broadcast: (data, root) => socket.broadcast(data, root),
       fail: (rank, what) => socket.fail(rank, what),
       progressOf: (rank) => socket.progressOf(rank),
+      blocking: (work) => socket.blocking(work),
+      guardSteps: () => socket.guardSteps(),
       failure() {
         const failed = socket.failure();
         const end = failed?.what === CONNECTION_CLOSED ? launcher?.ends[failed.rank] : undefined;
         return end === undefined ? failed : new RankFailure(failed!.rank, `exited (${end})`);
       },
     };
-    launcher = new ProcessRanks(transport, relay);
+    launcher = new ProcessRanks(transport, relay, `${host}:${port}`);
     const l = launcher;
     const entry = fileURLToPath(builtModule('tp-process.js'));
-    for (let rank = 1; rank < world; rank++) {
-      const data: RankProcessData = { rank, world, setup, slotFloats: options.slotFloats, timeoutMs: options.timeoutMs, fault: options.fault?.rank === rank ? options.fault : undefined, host, port };
+    // the ranks other nodes start end when their connection does
+    for (let rank = localRanks; rank < world; rank++) {
+      l.exited[rank - 1] = new Promise<void>((resolve) => {
+        l.remoteEnds.push(resolve);
+        relay.on('message', (m: RelayMessage) => m.type === 'gone' && m.rank === rank && resolve());
+      });
+    }
+    for (let rank = 1; rank < localRanks; rank++) {
+      const data: RankProcessData = { rank, localRank: rank, world, setup, slotFloats: options.slotFloats, timeoutMs: options.timeoutMs, fault: options.fault?.rank === rank ? options.fault : undefined, ncclId: options.ncclId, host, port };
       const child = fork(entry, [], { env: { ...process.env, KDTREE_TP_RANK: JSON.stringify(data) }, execArgv: [], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
       l.children.push(child);
-      l.exited.push(
-        new Promise<void>((resolve) => {
-          child.on('error', (error) => onExit(rank, `could not be started: ${error.message}`));
-          child.on('exit', (code, signal) => {
-            l.ends[rank] = signal ? `signal ${signal}` : `code ${code}`;
-            onExit(rank, `exited (${l.ends[rank]})`);
-            resolve();
-          });
-        }),
-      );
+      l.exited[rank - 1] = new Promise<void>((resolve) => {
+        child.on('error', (error) => onExit(rank, `could not be started: ${error.message}`));
+        child.on('exit', (code, signal) => {
+          l.ends[rank] = signal ? `signal ${signal}` : `code ${code}`;
+          onExit(rank, `exited (${l.ends[rank]})`);
+          resolve();
+        });
+      });
     }
     // the ranks' load reports come through the relay
     relay.on('message', (m: RelayMessage) => {
       if (m.type === 'ready') l.report(m.rank, { type: 'ready' });
       else if (m.type === 'error') l.report(m.rank, { type: 'error', message: m.message });
+      // this thread's event loop runs, so it is not blocked in a collective: it takes the failure up
+      else if (m.type === 'failed') socket.takeUp();
+      else if (m.type === 'joined') {
+        l.joined.add(m.rank);
+        if (l.joined.size === world - 1) for (const w of l.joinWaiters.splice(0)) w();
+      }
     });
     return l;
+  }
+
+  unjoined(): { ranks: number[]; at: string } {
+    const ranks = Array.from({ length: this.transport.world - 1 }, (_, i) => i + 1).filter((r) => !this.joined.has(r));
+    return { ranks, at: this.at };
+  }
+
+  /** Resolves when every rank has connected (or at once if all have). */
+  allJoined(): Promise<void> {
+    return this.unjoined().ranks.length === 0 ? Promise.resolve() : new Promise((resolve) => this.joinWaiters.push(resolve));
   }
 
   private report(rank: number, message: RankMessage): void {
@@ -240,6 +328,7 @@ class ProcessRanks implements RankLauncher {
   }
 
   kill(): void {
+    this.relay.postMessage({ type: 'drop' } satisfies RelayRequest);
     const failed = this.transport.failure();
     this.children.forEach((child, i) => {
       if (child.exitCode !== null || child.signalCode !== null) return;
@@ -250,6 +339,7 @@ class ProcessRanks implements RankLauncher {
         child.once('exit', () => clearTimeout(timer));
       } else child.kill('SIGKILL');
     });
+    for (const end of this.remoteEnds) end();
   }
 
   async release(): Promise<void> {
@@ -260,6 +350,8 @@ class ProcessRanks implements RankLauncher {
 export class TpGroup implements RankPeers {
   private failed: RankFailure | undefined;
   private closing = false;
+  /** When the ranks were started: the bound on their joining runs from here. */
+  private readonly started = Date.now();
 
   private constructor(
     readonly world: number,
@@ -282,7 +374,7 @@ export class TpGroup implements RankPeers {
    * largest collective's f32 values (a pass's [rows, hidden] all-reduce or [rows, vocab / world]
    * all-gather block).
    */
-  static async start(world: number, setup: RankSetup, options: { slotFloats: number; timeoutMs: number; fault?: TpFault; ranks?: TpRanks }): Promise<TpGroup> {
+  static async start(world: number, setup: RankSetup, options: ProcessRankOptions & { ranks?: TpRanks }): Promise<TpGroup> {
     let group: TpGroup | undefined;
     const early: RankFailure[] = [];
     const onExit: OnExit = (rank, what) => {
@@ -337,6 +429,11 @@ export class TpGroup implements RankPeers {
         if (failed) return done(failed);
         if (signal?.aborted) return done(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
         const now = Date.now();
+        const missing = this.unjoinedFor(now);
+        if (missing) {
+          this.mark(missing);
+          return done(this.failure());
+        }
         for (const rank of pending) {
           const s = seen[rank - 1];
           const progress = this.transport.progressOf(rank);
@@ -350,6 +447,54 @@ export class TpGroup implements RankPeers {
         }
       }, Math.min(250, this.timeoutMs / 4));
     });
+  }
+
+  /** The failure naming the ranks that have not connected `timeoutMs` after the group started, if any have not. */
+  private unjoinedFor(now: number): RankFailure | undefined {
+    const u = this.launcher.unjoined?.();
+    if (u === undefined || u.ranks.length === 0 || now - this.started <= this.timeoutMs) return undefined;
+    const [first, ...rest] = u.ranks;
+    return new RankFailure(first, `did not join the run at ${u.at} within ${this.timeoutMs} ms${rest.length > 0 ? ` (nor did ranks ${rest.join(', ')})` : ''}`);
+  }
+
+  /**
+   * Resolves when every rank has connected to rank 0 (before a blocking NCCL init, which must not
+   * begin while a rank may never come); rejects naming the missing ranks after timeoutMs.
+   */
+  async joined(): Promise<void> {
+    const launcher = this.launcher;
+    if (!(launcher instanceof ProcessRanks)) return;
+    let timer: NodeJS.Timeout | undefined;
+    const bound = new Promise<void>((_, reject) => {
+      timer = setInterval(() => {
+        const failed = this.failure() ?? this.unjoinedFor(Date.now());
+        if (failed) {
+          this.mark(failed);
+          reject(this.failure());
+        }
+      }, Math.min(250, this.timeoutMs / 4));
+    });
+    try {
+      await Promise.race([launcher.allJoined(), bound]);
+    } finally {
+      clearInterval(timer);
+    }
+  }
+
+  /**
+   * Runs `work`, which blocks this thread until every rank has joined it (NCCL's init): a rank
+   * that fails or does not come within timeoutMs ends this process, the failure on stderr, since
+   * nothing else can end that wait.
+   */
+  blocking<T>(work: () => T): T {
+    const t = this.launcher.transport;
+    if (t.blocking === undefined) throw new EngineError('KDTREE_ENGINE_ARGUMENT', 'a blocking NCCL init needs rank processes (tpRanks: processes)', 'tpRanks');
+    return t.blocking(work);
+  }
+
+  /** The ranks' collectives are NCCL's from here on: see GroupTransport.guardSteps. */
+  guardSteps(): void {
+    this.launcher.transport.guardSteps?.();
   }
 
   /** Sends `command` to every other rank; throws the group's failure instead if there was one. */

@@ -2,7 +2,8 @@ import type { GenerateOptions, GenerationStats, StepTrace } from '@kdtree/engine
 import { completionStopTokens } from '@kdtree/server';
 import { parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
-import { ENGINE_HELP, ENGINE_OPTIONS, ENGINE_USAGE, openEngine, parseEngineArgs } from '../engine-args.js';
+import { joinAsRank, startNodeRanks, TP_TIMEOUT_MS } from '@kdtree/engine';
+import { ENGINE_HELP, ENGINE_OPTIONS, ENGINE_USAGE, LAUNCH_HELP, LAUNCH_OPTIONS, LAUNCH_USAGE, openEngine, parseEngineArgs, parseLaunch, type EngineArgs, type Launch } from '../engine-args.js';
 import { jsonReport, type CommandIO } from '../io.js';
 import { openTokenizer } from '../model-tokenizer.js';
 import { tokenList } from '../token-list.js';
@@ -11,12 +12,13 @@ export const runSpec: CommandSpec = {
   name: 'run',
   summary:
     "Decode with the engine on the best native backend (cuda, else the cpu twin): greedy, or chain / DDTree speculation with an ngram or draft-model drafter, which emit exactly the tokens of greedy decoding. The prompt is token ids (--prompt), or text (--text) encoded with the model's tokenizer, which then decodes the answer as it streams (the text kdtree serve's /v1/completions answers). Tokens or text stream to stdout as steps accept them; the stats go to stderr.",
-  usage: `kdtree run MODEL --prompt 1,2,3 | --text "..." --max-new N ${ENGINE_USAGE} [--eos IDS] [--tokenizer DIR] [--json] [--trace]`,
+  usage: `kdtree run MODEL --prompt 1,2,3 | --text "..." --max-new N ${ENGINE_USAGE} ${LAUNCH_USAGE} [--eos IDS] [--tokenizer DIR] [--json] [--trace]`,
   help: [
     '--prompt IDS          comma-separated token ids',
     "--text TEXT           the prompt as text, encoded with the model's tokenizer (special-token text parsed); the answer is printed as text",
     '--max-new N           tokens to generate at most',
     ...ENGINE_HELP,
+    ...LAUNCH_HELP,
     "--eos IDS             stop tokens (default: the config's eos_token_id, and with --text the tokenizer's eos; \"\" for none)",
     "--tokenizer DIR       the tokenizer's model directory (default: the one the bundle carries, or MODEL's directory)",
     '--json                print the result as JSON (schema "kdtree.run/1": prompt, tokens, stats; with --text also text) at the end instead of streaming',
@@ -27,6 +29,7 @@ export const runSpec: CommandSpec = {
     text: { type: 'string' },
     'max-new': { type: 'string' },
     ...ENGINE_OPTIONS,
+    ...LAUNCH_OPTIONS,
     eos: { type: 'string' },
     tokenizer: { type: 'string' },
     json: { type: 'boolean' },
@@ -49,6 +52,32 @@ function stepJson(t: StepTrace) {
   return { draft_top1: t.draftTop1, tree_size: t.treeSize, accepted: t.accepted, budget: t.budget };
 }
 
+/**
+ * A node other than node 0 (its ranks join rank 0 and run until it ends the run), or a torchrun
+ * process of a rank other than 0 (it is that rank, and ends its process with the run).
+ */
+async function joinRun(launch: Launch, model: string, args: EngineArgs, io: CommandIO): Promise<number> {
+  const timeoutMs = args.tpTimeoutMs ?? TP_TIMEOUT_MS;
+  const [first] = launch.plans;
+  const at = `${first.masterAddr}:${first.masterPort}`;
+  if (launch.torchrun) {
+    io.err(`rank ${first.rank} of ${first.world} (local rank ${first.localRank}) joining rank 0 at ${at}`);
+    return joinAsRank(first, { timeoutMs, model });
+  }
+  const node = startNodeRanks(launch.plans, { timeoutMs, model });
+  const ranks = launch.plans.map((plan) => plan.rank);
+  io.err(`node ${first.rank / launch.plans.length} of ${first.world / launch.plans.length}: ranks ${ranks.join(', ')} (pids ${node.pids.join(', ')}) joining rank 0 at ${at}`);
+  const stop = () => node.kill();
+  process.once('SIGINT', stop).once('SIGTERM', stop);
+  try {
+    await node.done;
+  } finally {
+    process.off('SIGINT', stop).off('SIGTERM', stop);
+  }
+  io.err(`node ${first.rank / launch.plans.length}: ranks ${ranks.join(', ')} done`);
+  return 0;
+}
+
 export async function runRun(p: Parsed, io: CommandIO): Promise<number> {
   const text = p.values.text as string | undefined;
   if ((p.values.prompt === undefined) === (text === undefined)) throw new CliUsageError(`run: give --prompt IDS or --text TEXT, not ${text === undefined ? 'neither' : 'both'}`, 'run');
@@ -58,6 +87,14 @@ export async function runRun(p: Parsed, io: CommandIO): Promise<number> {
   const maxNew = parseIntArg(p.values['max-new'] as string | undefined, '--max-new', { min: 0, max: 1 << 24 });
   if (maxNew === undefined) throw new CliUsageError('run: --max-new is required', 'run');
   const args = parseEngineArgs(p, 'run');
+  const launch = parseLaunch(p, args);
+  if (launch !== undefined && launch.plans[0].rank !== 0) return joinRun(launch, p.positionals[0], args, io);
+  if (launch !== undefined) {
+    const [plan] = launch.plans;
+    args.tp = plan.world;
+    args.tpLocalRanks = launch.plans.length;
+    args.tpMaster = { host: plan.masterAddr, port: plan.masterPort };
+  }
   const eosGiven = p.values.eos === undefined ? undefined : tokenList(p.values.eos as string, '--eos');
   // the tokenizer first: a model without one fails before the weights load
   const tokenizer = text === undefined ? undefined : await openTokenizer((p.values.tokenizer as string | undefined) ?? p.positionals[0]);
