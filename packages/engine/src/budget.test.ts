@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { BudgetPolicy, bucketsUpTo, MIN_CALIBRATION, PROBE_BUDGET } from './budget.js';
+import { BudgetPolicy, bucketsUpTo, CALIBRATION_PROBES, MIN_CALIBRATION, PROBE_BUDGET } from './budget.js';
 
 // a MoE-like curve: a decode step 1 ms, a verify growing with the tree (distinct experts touched)
 const curve = { decodeMs: 1, verifyMs: new Map([[1, 1.1], [2, 1.2], [4, 1.4], [8, 1.9], [16, 2.8], [32, 4.5], [64, 8]]) };
@@ -57,6 +57,13 @@ describe('BudgetPolicy', () => {
     expect(p.calibrated).toBe(true); // 0.6 x 0.9 + 0.6
     expect(p.calibration).toBe(MIN_CALIBRATION);
     expect(p.choose(sure).calibration).toBe(MIN_CALIBRATION);
+    // a drafter unsure of its own top tokens: after CALIBRATION_PROBES probes its probabilities choose
+    const unsure = new BudgetPolicy(curve, 0);
+    const low = logs([0.05, ...Array(63).fill(0.001)]);
+    for (let i = 0; i < CALIBRATION_PROBES - 1; i++) unsure.record(low, PROBE_BUDGET, 0);
+    expect(unsure.calibrated).toBe(false);
+    unsure.record(low, PROBE_BUDGET, 1);
+    expect(unsure.calibrated).toBe(true);
   });
 
   it('waits longer after a try the further the best tree was from paying, longest for a drafter that predicts nothing', () => {

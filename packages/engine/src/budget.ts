@@ -35,6 +35,9 @@ export const MIN_CALIBRATION = 0.05;
  */
 export const PROBE_BUDGET = 1;
 
+/** Probes after which the drafter's own probabilities choose the trees, whatever they expected. */
+export const CALIBRATION_PROBES = 3;
+
 export interface BudgetChoice {
   /** The budget to run; 0: a plain decode step pays more than any tree. */
   budget: number;
@@ -59,6 +62,8 @@ export class BudgetPolicy {
   /** Running sums of accepted and expected draft tokens (decayed), for the calibration ratio. */
   private accepted = 0;
   private expected = 0;
+  /** Trees recorded (probes included). */
+  private trees = 0;
 
   constructor(
     readonly curve: CostCurve,
@@ -96,11 +101,13 @@ export class BudgetPolicy {
   }
 
   /**
-   * Whether the trees that ran have drafted an expected token's worth: until then the calibration
-   * is a guess (1), and the engine runs probes (PROBE_BUDGET) instead of the trees it would choose.
+   * Whether the trees that ran have drafted an expected token's worth, or CALIBRATION_PROBES of
+   * them have run (a drafter whose top tokens are unlikely by its own account would never get
+   * there on probes alone): until then the engine runs probes (PROBE_BUDGET) instead of the trees
+   * it would choose.
    */
   get calibrated(): boolean {
-    return this.expected >= 1;
+    return this.expected >= 1 || this.trees >= CALIBRATION_PROBES;
   }
 
   /**
@@ -146,6 +153,7 @@ export class BudgetPolicy {
     let sum = 0;
     for (let i = 0; i < Math.min(budget, logProbs.length); i++) sum += Math.exp(logProbs[i]);
     const decay = 0.9;
+    if (budget > 0) this.trees++;
     this.accepted = decay * this.accepted + accepted;
     this.expected = decay * this.expected + sum;
   }

@@ -24,7 +24,8 @@
  * spends. The drafter therefore keeps the committed length on the device too (positions, cache
  * slots and the attention's context length are read there) and replays each forward as one
  * captured graph: one per depth for draft(), one per row count up to the block size for commit()
- * (a step's accepted rows; a prefill's larger commit runs op by op).
+ * (a step's accepted rows; a larger commit, a prefill's or one of rows held back while auto
+ * decodes without drafting, runs op by op).
  */
 import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
 import { bf16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorStore } from '@kdtree/format';

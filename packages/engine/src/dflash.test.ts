@@ -181,6 +181,19 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     }
   });
 
+  it("holds back no more rows than one commit may bring (an engine of 9-row passes), and stays exact with budget 'auto'", async () => {
+    const small = await createEngine({ model: target, backend: TEST_BACKEND, cacheTokens: 256, cacheDtype: 'f32', activations: 'f32', prefillChunk: 8, maxBudget: 8, maxDepth: 4 });
+    try {
+      const maxNew = 48;
+      const expected = greedyDecode(reference.model, PROMPT, { maxNew, eos: [] }).tokens;
+      const r = await small.complete(PROMPT, { maxNew, eos: [], spec: 'ddtree', drafter: `dflash:${drafter}`, budget: 'auto', trace: true });
+      expect(r.tokens).toEqual(expected);
+      expect(r.steps.filter((s) => s.budget === 0).length).toBeGreaterThan(9);
+    } finally {
+      await small.dispose();
+    }
+  });
+
   it("defaults the depth to block_size - 1 and drafts exactly with budget 'auto' (its plain decode steps commit their rows too)", async () => {
     const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: `dflash:${drafter}`, trace: true });
     expect(r.tokens).toEqual(greedy);

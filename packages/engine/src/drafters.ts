@@ -158,6 +158,11 @@ export class ModelDrafter implements Drafter {
     // drafting, or the prompt) first run all but the last: in captured steps of power-of-two
     // counts (a try after auto's plain decode steps then costs the device's time, not ~100 host
     // calls), or a prompt of more than CATCH_UP_DIRECT tokens in direct prefill passes
+    // the graphs write into `out` as captured: one output tensor for the drafter's life
+    this.out ??= out;
+    if (this.out.buffer !== out.buffer || (this.out.offset ?? 0) !== (out.offset ?? 0)) {
+      throw new EngineError('KDTREE_ENGINE_ARGUMENT', 'a model drafter writes every draft into the tensor of its first request', 'out');
+    }
     let fresh = tokens.slice(this.processed);
     const stepMax = Math.min(r.model.workspace.rows, depth + 1);
     if (fresh.length > stepMax) {
@@ -169,11 +174,6 @@ export class ModelDrafter implements Drafter {
     }
     r.committed = this.processed;
     const k = fresh.length;
-    // the graphs write into `out` as captured: one output tensor for the drafter's life
-    this.out ??= out;
-    if (this.out.buffer !== out.buffer || (this.out.offset ?? 0) !== (out.offset ?? 0)) {
-      throw new EngineError('KDTREE_ENGINE_ARGUMENT', 'a model drafter writes every draft into the tensor of its first request', 'out');
-    }
     const input = this.input();
     r.b.native.upload(input.buffer, Int32Array.from(fresh));
     r.launch(r.graph(`catch-up ${k}`, (s) => r.queueAppend(k, view(input, [k]), view(out, [1, V]), s), k));
@@ -200,8 +200,7 @@ export class ModelDrafter implements Drafter {
     const input = this.input();
     for (let i = 0; i < lead.length; ) {
       const k = 2 ** Math.floor(Math.log2(Math.min(most, lead.length - i)));
-      // the ids buffer is the graphs' input: the previous step must have read it
-      if (i > 0) r.b.synchronize();
+      // upload() queues behind the previous step on stream 0, so that step has read its ids
       r.b.native.upload(input.buffer, Int32Array.from(lead.slice(i, i + k)));
       r.committed = this.processed + i;
       r.launch(r.graph(`catch-up ${k}`, (s) => r.queueAppend(k, view(input, [k]), view(out, [1, V]), s), k));

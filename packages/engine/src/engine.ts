@@ -186,10 +186,15 @@ export class Engine {
    * Rows of taps held back from the tapping drafter while `auto` decodes without drafting (its
    * skipped steps): a commit costs the drafter's fc and K/V projections (0.45 ms a step for a drafter
    * of Kimi K2.5-DFlash's size), a held row one copy; they reach commit() in one batch before the
-   * next draft. f32 [HELD_TAP_ROWS, hidden] per tapped layer.
+   * next draft (heldCapacity rows at most: what one commit may bring). f32 [heldCapacity, hidden]
+   * per tapped layer.
    */
   private readonly heldTaps = new Map<number, DeviceTensor>();
   private heldRows = 0;
+  /** Rows the held buffers take: HELD_TAP_ROWS, or fewer where the drafter's commits are smaller (the workspace's rows). */
+  private get heldCapacity(): number {
+    return Math.min(HELD_TAP_ROWS, this.model.workspace.rows);
+  }
   /** Whether the step being run is one of auto's plain decode steps, whose rows are held back. */
   private holdTaps = false;
   private tail: Promise<void> = Promise.resolve();
@@ -573,12 +578,12 @@ export class Engine {
     if (drafter === undefined) return;
     const H = this.config.hiddenSize;
     const n = rows.length;
-    if (this.holdTaps && this.heldRows + n <= HELD_TAP_ROWS) {
+    if (this.holdTaps && this.heldRows + n <= this.heldCapacity) {
       for (const l of new Set(drafter.targetLayers!)) {
         const tap = this.tapBuffers.get(l)!;
         let held = this.heldTaps.get(l);
         if (held === undefined) {
-          held = this.runner.own(this.backend.empty('f32', [HELD_TAP_ROWS, H]));
+          held = this.runner.own(this.backend.empty('f32', [this.heldCapacity, H]));
           this.heldTaps.set(l, held);
         }
         rows.forEach((r, k) => this.copyRow(held, this.heldRows + k, tap, r));
@@ -644,6 +649,7 @@ export class Engine {
     }
     let budget: number;
     let logProbs: Float32Array | undefined;
+    let probe = false;
     if (policy !== undefined) {
       // the best tree of the largest budget, only for its nodes' probabilities: its prefixes are the best smaller trees
       policy.updateDraftMs(draftMs);
@@ -669,6 +675,7 @@ export class Engine {
           return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
         }
         budget = PROBE_BUDGET;
+        probe = true;
       } else {
         state.backoff = 1;
         // before the trees have given evidence the drafter's probabilities are taken on trust:
@@ -692,6 +699,11 @@ export class Engine {
     r.advance(pathLen);
     this.commitRows(Array.from(path));
     if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1);
+    if (probe && pathLen > 1) {
+      // the drafter predicts again: no wait before the next try
+      state.backoff = 1;
+      state.skip = 0;
+    }
     return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
   }
 

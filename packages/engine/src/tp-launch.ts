@@ -172,6 +172,8 @@ export function startNodeRanks(plans: readonly LaunchPlan[], options: { timeoutM
           child.on('error', (error) => {
             failed ??= new RankFailure(plans[i].rank, `could not be started: ${error.message}`);
             kill();
+            // Node does not promise an 'exit' after an 'error'
+            resolve();
           });
           child.on('exit', (code, signal) => {
             if (code !== 0) {
