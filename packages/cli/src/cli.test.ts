@@ -141,7 +141,7 @@ describe('kdtree CLI', () => {
         const r = runCli(['demo', '--preset', 'small', '--max-new', '24', '--cache', cache, '--backend', 'cpu']);
         expect(r.status, r.stderr).toBe(0);
         expect(r.stdout).toMatch(want);
-        for (const mode of ['greedy', 'chain, draft model', 'ddtree, draft model, budget 16', 'ddtree, draft model, budget auto', 'ddtree, ngram']) {
+        for (const mode of ['greedy', 'chain, draft model', 'ddtree, draft model, budget 16', 'ddtree, draft model, budget auto', 'ddtree, ngram', 'chain, dflash \\(random weights\\)', 'ddtree, dflash \\(random weights\\), budget 16']) {
           expect(r.stdout).toMatch(new RegExp(`${mode}.*\\byes$`, 'm'));
         }
         expect(r.stdout).toMatch(/re-imported model decodes the same tokens on the engine/);

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { BACKEND_KINDS } from '@kdtree/cuda';
 import { createEngine, type Engine, type GenerateOptions } from '@kdtree/engine';
 import { openBundle } from '@kdtree/format';
-import { greedyDecode, loadModel, MODEL_PRESET_NAMES, type GoldenRecord } from '@kdtree/reference';
+import { dflashConfigJson, greedyDecode, loadModel, MODEL_PRESET_NAMES, parseDflashConfig, parseModelConfig, randomDflashWeights, writeDflashDirectory, type GoldenRecord } from '@kdtree/reference';
 import { MIN_SYNTHETIC_VOCAB, TOKENIZER_METADATA_KEY } from '@kdtree/tokenizer';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliError } from '../cli-error.js';
@@ -19,7 +19,7 @@ import { runVerify } from './verify.js';
 export const demoSpec: CommandSpec = {
   name: 'demo',
   summary:
-    'The main job end to end on a small Kimi K2-shaped model (INT4 routed experts, a correlated draft model): generate it (or reuse it from a cache folder), verify the bundle, decode it with the golden reference, then on the engine on the best backend decode greedily and with chain and DDTree speculation, check every result against the golden tokens, print one table, and round-trip the weights through the compressed-tensors format of the real Kimi K2.x checkpoints.',
+    'The main job end to end on a small Kimi K2-shaped model (INT4 routed experts, a correlated draft model): generate it (or reuse it from a cache folder), verify the bundle, decode it with the golden reference, then on the engine on the best backend decode greedily and with chain and DDTree speculation (the draft model, n-grams, and a DFlash drafter of random weights over the target\'s hidden states), check every result against the golden tokens, print one table, and round-trip the weights through the compressed-tensors format of the real Kimi K2.x checkpoints.',
   usage: 'kdtree demo [--preset k2-mini|small|tiny] [--max-new N] [--backend auto|cpu|cuda] [--cache DIR | --no-cache] [--keep DIR]',
   help: [
     '--preset NAME         model size (default k2-mini: Kimi K2\'s ratios, shrunk)',
@@ -34,6 +34,8 @@ export const demoSpec: CommandSpec = {
 };
 
 const SEED = 1;
+/** The demo's DFlash drafter drafts depths 1..DFLASH_BLOCK - 1 in one forward. */
+const DFLASH_BLOCK = 4;
 
 interface Mode {
   label: string;
@@ -125,11 +127,18 @@ export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
     section(`3. the golden reference (f32, matches transformers) decodes ${maxNew} tokens greedily: the oracle`);
     const b = await openBundle(target);
     const golden = b.metadata.golden as GoldenRecord;
+    const targetConfig = parseModelConfig(b.metadata.config, target);
     await b.close();
     const expected = await oracle(target, golden, maxNew);
     io.out(`prompt [${golden.prompt.join(', ')}] -> [${expected.join(', ')}]  (its first ${golden.tokens.length} are the golden record)`);
 
     section('4. the engine: greedy, chain and DDTree decoding, each checked against the oracle');
+    // a DFlash drafter of random weights: the block-diffusion drafter's whole path (the target's
+    // hidden-state taps, its context cache, one forward per step) is checked exact here; it cannot
+    // predict this random target, and nor could one distilled from it (docs/benchmarks/engine.md)
+    const dflash = join(work, 'dflash-random');
+    const dflashJson = dflashConfigJson(targetConfig, { blockSize: DFLASH_BLOCK, heads: 4, kvHeads: 2, headDim: 32, targetLayerIds: [1, targetConfig.numLayers - 1] });
+    await writeDflashDirectory(dflash, dflashJson, randomDflashWeights(parseDflashConfig(dflashJson, dflash), SEED));
     const engine = await createEngine({ model: target, backend, cacheTokens: golden.prompt.length + maxNew + 80, maxBudget: 64 });
     let result;
     try {
@@ -140,6 +149,8 @@ export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
         { label: 'ddtree, draft model, budget 16, depth 4', options: { spec: 'ddtree', drafter: model, budget: 16, depth: 4 } },
         { label: 'ddtree, draft model, budget auto, depth 4', options: { spec: 'ddtree', drafter: model, budget: 'auto', depth: 4 } },
         { label: 'ddtree, ngram, budget 8, depth 4', options: { spec: 'ddtree', drafter: 'ngram', budget: 8, depth: 4 } },
+        { label: `chain, dflash (random weights), ${DFLASH_BLOCK - 1} nodes`, options: { spec: 'chain', drafter: `dflash:${dflash}`, budget: DFLASH_BLOCK - 1 } },
+        { label: `ddtree, dflash (random weights), budget 16, depth ${DFLASH_BLOCK - 1}`, options: { spec: 'ddtree', drafter: `dflash:${dflash}`, budget: 16 } },
       ]);
       io.out(`${engine.device}\n`);
       io.out(renderTable(['mode', 'backend', 'tokens/s', 'mean accepted', 'target forwards', 'speedup', 'exact'], result.rows, new Set([2, 3, 4, 5])));
@@ -148,6 +159,9 @@ export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
         io.out('as large as the target, so speculation saves target forwards but not time. On a GPU a step is bound by the');
         io.out('bytes it reads, which a tree verify shares among its nodes (docs/benchmarks/engine.md).');
       }
+      io.out('\nThe DFlash rows run a drafter of random weights over the target\'s hidden states: they check the drafter\'s');
+      io.out('path exact end to end, and accept nothing (this random target\'s continuations are not learnable by a small');
+      io.out('drafter: docs/benchmarks/engine.md has the DFlash drafter\'s cost at Kimi K2.5-DFlash\'s size).');
     } finally {
       await engine.dispose();
     }
