@@ -57,6 +57,19 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     await engine?.dispose();
   });
 
+  /** Each recorded draft's argmax per depth equals the reference drafter's over the whole committed context, recomputed from scratch. */
+  function expectReferenceDrafts(drafts: { tokens: number[]; top1: number[] }[]): void {
+    const { model, drafter: ref } = reference;
+    const V = model.config.vocabSize;
+    for (const { tokens, top1 } of drafts) {
+      const committed = tokens.length - 1;
+      const taps = targetTaps(model, ref.config.targetLayerIds, committed);
+      model.forward(tokens.slice(0, -1), model.newCache(committed + 1), { logitRows: [], onLayer: taps.onLayer });
+      const { logits } = ref.draft(ref.newCache(), taps.hidden, committed, tokens[committed]);
+      expect(top1, `after ${committed} committed tokens`).toEqual(top1.map((_, d) => argmax(logits, d * V, V)));
+    }
+  }
+
   it("estimates the drafter's device memory before loading: its weights are the checkpoint's tensors (bf16 matrices, f32 norms)", () => {
     const config = reference.drafter.config;
     const tensors = dflashWeightSpecs(config).reduce((sum, spec) => sum + spec.shape.reduce((a, b) => a * b, 1) * (spec.shape.length === 1 ? 4 : 2), 0);
@@ -128,14 +141,7 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: wrapper, budget: 8, depth: BLOCK - 1, trace: true });
     expect(r.tokens).toEqual(greedy);
     expect(Math.max(...r.steps.map((s) => s.accepted))).toBe(BLOCK - 1);
-    const { model, drafter: ref } = reference;
-    for (const { tokens, top1 } of drafts) {
-      const committed = tokens.length - 1;
-      const taps = targetTaps(model, ref.config.targetLayerIds, committed);
-      model.forward(tokens.slice(0, -1), model.newCache(committed + 1), { logitRows: [], onLayer: taps.onLayer });
-      const { logits } = ref.draft(ref.newCache(), taps.hidden, committed, tokens[committed]);
-      expect(top1, `after ${committed} committed tokens`).toEqual(top1.map((_, d) => argmax(logits, d * V, V)));
-    }
+    expectReferenceDrafts(drafts);
   });
 
   it("holds back the taps of auto's plain decode steps and commits them in one batch before the next draft, which equals the reference drafter over the whole context", async () => {
@@ -171,14 +177,7 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     expect(skipped).toBeGreaterThan(8);
     expect(Math.max(...commits.slice(1))).toBeGreaterThan(BLOCK);
     expect(drafts.length).toBeGreaterThanOrEqual(2);
-    const { model, drafter: ref } = reference;
-    for (const { tokens, top1 } of drafts) {
-      const committed = tokens.length - 1;
-      const taps = targetTaps(model, ref.config.targetLayerIds, committed);
-      model.forward(tokens.slice(0, -1), model.newCache(committed + 1), { logitRows: [], onLayer: taps.onLayer });
-      const { logits } = ref.draft(ref.newCache(), taps.hidden, committed, tokens[committed]);
-      expect(top1, `after ${committed} committed tokens`).toEqual(top1.map((_, d) => argmax(logits, d * V, V)));
-    }
+    expectReferenceDrafts(drafts);
   });
 
   it("holds back no more rows than one commit may bring (an engine of 9-row passes), and stays exact with budget 'auto'", async () => {
