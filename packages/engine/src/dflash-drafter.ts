@@ -16,8 +16,9 @@
  *
  * The cache holds only committed context: the block's keys live in scratch buffers and are gone
  * after the forward, which is the public implementation's crop back to the committed length each
- * round. Weights stay bf16 as the checkpoint stores them (the engine's bf16 GEMM); activations,
- * the cache and every sum are f32.
+ * round. Weights stay bf16 as the checkpoint stores them (the engine's bf16 GEMM); the GEMMs read
+ * the engine's activation dtype (bf16 on cuda, f32 on the cpu twin); the residual stream, queries,
+ * keys, the cache and every sum are f32.
  *
  * Graphs: a forward is ~17 ops a layer, and a native call costs the host 12-25 us on an H200, so a
  * drafter of Kimi K2.5-DFlash's 6 layers queued op by op would cost the host more than the GPU
@@ -36,6 +37,7 @@ import type { Drafter, DraftRequest } from './drafters.js';
 import { EngineError, modelError } from './errors.js';
 import { applyLinear, linearTensors, loadLinear, view, type DeviceLinear, type LinearSource } from './linear.js';
 import type { DeviceModel } from './model.js';
+import type { ActivationDtype } from './workspace.js';
 import { checkFits, estimateDflashMemory } from './memory.js';
 import { configFor, pickCols, type HostBf16 } from './model-source.js';
 
@@ -64,6 +66,13 @@ export interface DflashLoadOptions {
   /** Rows one commit may bring (the target's largest pass). */
   maxRows: number;
   name?: string;
+  /**
+   * The dtype of the activations its GEMMs read (the normed inputs, the attention output, the MLP's
+   * activation): bf16 (the engine's default on cuda) halves what the bf16 GEMM does for each of them
+   * next to f32's three planes; f32 (the cpu twin's default) is the reference's arithmetic. The
+   * residual stream, the queries and keys, the cache and every sum stay f32.
+   */
+  activations?: ActivationDtype;
 }
 
 /** A drafter checkpoint's tensors as the engine's loaders read them (bf16 bits, f32 for norms). */
@@ -141,6 +150,7 @@ export class DflashDrafter implements Drafter {
     readonly capacity: number,
     /** Rows one commit may bring (the target's largest pass). */
     readonly maxRows: number,
+    readonly activations: ActivationDtype,
   ) {
     const c = config;
     this.vocabSize = c.vocabSize;
@@ -155,14 +165,16 @@ export class DflashDrafter implements Drafter {
     const qw = c.numHeads * c.headDim;
     const kw = c.numKvHeads * c.headDim;
     const f32 = (width: number, n = rows) => this.own(b.empty('f32', [n, width]));
+    // what the GEMMs read
+    const act = (width: number, n = rows) => this.own(b.empty(activations, [n, width]));
     try {
       this.invFreq = this.own(b.fromArray('f64', [rope.invFreq.length], rope.invFreq));
       // a commit's rows for the context side, the block's B rows for the rest
       const B = c.blockSize;
       this.buf = {
-        ctx: f32(H), part: f32(H), normed: f32(H), tap: f32(H), kRaw: f32(kw), kc: f32(kw), vc: f32(kw),
-        x: f32(H, B), h: f32(H, B), o: f32(H, B), q: f32(qw, B), qn: f32(qw, B), kb: f32(kw, B), vb: f32(kw, B), attn: f32(qw, B),
-        gateUp: f32(2 * c.intermediateSize, B), act: f32(c.intermediateSize, B), mlp: f32(H, B),
+        ctx: f32(H), part: f32(H), normed: act(H), tap: act(H), kRaw: f32(kw), kc: f32(kw), vc: f32(kw),
+        x: f32(H, B), h: act(H, B), o: f32(H, B), q: f32(qw, B), qn: f32(qw, B), kb: f32(kw, B), vb: f32(kw, B), attn: act(qw, B),
+        gateUp: f32(2 * c.intermediateSize, B), act: act(c.intermediateSize, B), mlp: f32(H, B),
       };
       this.ids = this.own(b.zeros('i32', [c.blockSize]));
       this.positions = this.own(b.zeros('i32', [rows]));
@@ -252,7 +264,7 @@ export class DflashDrafter implements Drafter {
         });
       }
       const norm = await vector('norm.weight', H);
-      return new DflashDrafter(b, config, options.name ?? `dflash:${weights.path}`, target, fc, hiddenNorm, layers, norm, options.capacity, options.maxRows);
+      return new DflashDrafter(b, config, options.name ?? `dflash:${weights.path}`, target, fc, hiddenNorm, layers, norm, options.capacity, options.maxRows, options.activations ?? 'f32');
     } catch (error) {
       for (const o of owned.reverse()) o.free();
       throw error;

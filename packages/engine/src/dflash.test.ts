@@ -193,6 +193,21 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     }
   });
 
+  it('drafts with bf16 activations into its GEMMs on an engine of bf16 activations (the cuda default), and chain and DDTree still equal that engine\'s greedy', async () => {
+    const bf16 = await createEngine({ model: target, backend: TEST_BACKEND, cacheTokens: 256, cacheDtype: 'f32', activations: 'bf16', maxBudget: 32 });
+    try {
+      const d = (await bf16.drafter(`dflash:${drafter}`)) as DflashDrafter;
+      expect(d.activations).toBe('bf16');
+      const own = (await bf16.complete(PROMPT, { maxNew: MAX_NEW, eos: [] })).tokens;
+      for (const options of [{ spec: 'chain', budget: BLOCK - 1 }, { spec: 'ddtree', budget: 16 }, { spec: 'ddtree', budget: 'auto' }] as const) {
+        const r = await bf16.complete(PROMPT, { maxNew: MAX_NEW, eos: [], drafter: `dflash:${drafter}`, trace: true, ...options });
+        expect(r.tokens, JSON.stringify(options)).toEqual(own);
+      }
+    } finally {
+      await bf16.dispose();
+    }
+  });
+
   it("defaults the depth to block_size - 1 and drafts exactly with budget 'auto' (its plain decode steps commit their rows too)", async () => {
     const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: `dflash:${drafter}`, trace: true });
     expect(r.tokens).toEqual(greedy);

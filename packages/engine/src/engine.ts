@@ -292,8 +292,8 @@ export class Engine {
   }
 
   /** A DFlash drafter's cache and commit sizes on this engine: the target's KV capacity and largest pass. */
-  private dflashOptions(): { capacity: number; maxRows: number } {
-    return { capacity: this.options.cacheTokens, maxRows: this.model.workspace.rows };
+  private dflashOptions(): { capacity: number; maxRows: number; activations: ActivationDtype } {
+    return { capacity: this.options.cacheTokens, maxRows: this.model.workspace.rows, activations: this.options.activations };
   }
 
   /**
