@@ -33,6 +33,8 @@ import { tempDir, TEST_BACKEND } from './test-support/models.js';
 const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
 const MAX_NEW = 24;
 const BLOCK = 5;
+/** How long recordingDrafter's drafts take. */
+const SLOW_DRAFT_MS = 30;
 
 describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
   const dir = tempDir('kdtree-dflash-engine-');
@@ -68,6 +70,37 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
       const { logits } = ref.draft(ref.newCache(), taps.hidden, committed, tokens[committed]);
       expect(top1, `after ${committed} committed tokens`).toEqual(top1.map((_, d) => argmax(logits, d * V, V)));
     }
+  }
+
+  /**
+   * `inner`, recording its commits and drafts, and made to take SLOW_DRAFT_MS a draft on the
+   * backend's clock (the cpu twin's is the host's): dearer than any tree of a random drafter is
+   * worth, so `auto` backs off into plain decode steps whatever the machine's speed.
+   */
+  function recordingDrafter(inner: DflashDrafter, b: Engine['backend']): { drafter: Drafter; commits: number[]; drafts: { tokens: number[]; top1: number[] }[] } {
+    const V = inner.vocabSize;
+    const commits: number[] = [];
+    const drafts: { tokens: number[]; top1: number[] }[] = [];
+    const drafter: Drafter = {
+      name: 'dflash-recorded',
+      vocabSize: V,
+      maxDepth: inner.maxDepth,
+      targetLayers: inner.targetLayers,
+      begin: () => inner.begin(),
+      commit: (hidden, rows) => {
+        commits.push(rows);
+        inner.commit(hidden, rows);
+      },
+      draft(request) {
+        inner.draft(request);
+        if (b.kind === 'cpu') for (const until = performance.now() + SLOW_DRAFT_MS; performance.now() < until; );
+        else b.native.hold(SLOW_DRAFT_MS * 1000, 0);
+        const logits = b.toArray(request.out) as Float32Array;
+        drafts.push({ tokens: [...request.tokens], top1: Array.from({ length: request.depth }, (_, d) => argmax(logits, d * V, V)) });
+      },
+      dispose() {},
+    };
+    return { drafter, commits, drafts };
   }
 
   it("estimates the drafter's device memory before loading: its weights are the checkpoint's tensors (bf16 matrices, f32 norms)", () => {
@@ -145,28 +178,7 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
   });
 
   it("holds back the taps of auto's plain decode steps and commits them in one batch before the next draft, which equals the reference drafter over the whole context", async () => {
-    const inner = (await engine.drafter(`dflash:${drafter}`)) as DflashDrafter;
-    const b = engine.backend;
-    const V = inner.vocabSize;
-    const commits: number[] = [];
-    const drafts: { tokens: number[]; top1: number[] }[] = [];
-    const wrapper: Drafter = {
-      name: 'dflash-recorded',
-      vocabSize: V,
-      maxDepth: inner.maxDepth,
-      targetLayers: inner.targetLayers,
-      begin: () => inner.begin(),
-      commit: (hidden, rows) => {
-        commits.push(rows);
-        inner.commit(hidden, rows);
-      },
-      draft(request) {
-        inner.draft(request);
-        const logits = b.toArray(request.out) as Float32Array;
-        drafts.push({ tokens: [...request.tokens], top1: Array.from({ length: request.depth }, (_, d) => argmax(logits, d * V, V)) });
-      },
-      dispose() {},
-    };
+    const { drafter: wrapper, commits, drafts } = recordingDrafter((await engine.drafter(`dflash:${drafter}`)) as DflashDrafter, engine.backend);
     const maxNew = 48;
     const expected = greedyDecode(reference.model, PROMPT, { maxNew, eos: [] }).tokens;
     const r = await engine.complete(PROMPT, { maxNew, eos: [], spec: 'ddtree', drafter: wrapper, budget: 'auto', trace: true });
@@ -185,9 +197,12 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     try {
       const maxNew = 48;
       const expected = greedyDecode(reference.model, PROMPT, { maxNew, eos: [] }).tokens;
-      const r = await small.complete(PROMPT, { maxNew, eos: [], spec: 'ddtree', drafter: `dflash:${drafter}`, budget: 'auto', trace: true });
+      const { drafter: slow, commits } = recordingDrafter((await small.drafter(`dflash:${drafter}`)) as DflashDrafter, small.backend);
+      const r = await small.complete(PROMPT, { maxNew, eos: [], spec: 'ddtree', drafter: slow, budget: 'auto', trace: true });
       expect(r.tokens).toEqual(expected);
-      expect(r.steps.filter((s) => s.budget === 0).length).toBeGreaterThan(9);
+      // waits of more than 9 plain decode steps, whose rows arrive in commits of at most 9
+      expect(r.steps.filter((s) => s.budget === 0 && s.draftTop1.length === 0).length).toBeGreaterThan(9);
+      expect(Math.max(...commits.slice(1))).toBeLessThanOrEqual(9);
     } finally {
       await small.dispose();
     }
