@@ -28,18 +28,17 @@
  * (a step's accepted rows; a larger commit, a prefill's or one of rows held back while auto
  * decodes without drafting, runs op by op).
  */
-import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
+import type { DeviceTensor, Graph, KdtreeBackend } from '@kdtree/cuda';
 import { bf16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorStore } from '@kdtree/format';
 import { floatToF32 } from '@kdtree/quant';
 import { checkDflashPairing, checkDflashTensors, dflashWeightPrefix, parseDflashConfig, PairingError, ropeTablesFor, type DflashConfig } from '@kdtree/reference';
-import type { Graph } from '@kdtree/cuda';
 import type { Drafter, DraftRequest } from './drafters.js';
 import { EngineError, modelError } from './errors.js';
 import { applyLinear, linearTensors, loadLinear, view, type DeviceLinear, type LinearSource } from './linear.js';
-import type { DeviceModel } from './model.js';
-import type { ActivationDtype } from './workspace.js';
 import { checkFits, estimateDflashMemory } from './memory.js';
+import type { DeviceModel } from './model.js';
 import { configFor, pickCols, type HostBf16 } from './model-source.js';
+import type { ActivationDtype } from './workspace.js';
 
 interface DflashLayer {
   inputNorm: DeviceTensor;
@@ -127,7 +126,7 @@ export class DflashDrafter implements Drafter {
   private readonly scale: number;
   private readonly attentionFactor: number;
   private readonly invFreq: DeviceTensor;
-  /** f32 scratch: [max(commit rows, block size), width] for the context side, [block size, width] for the block's. */
+  /** Scratch (f32, or the activation dtype where a GEMM reads it): [max(commit rows, block size), width] for the context side, [block size, width] for the block's. */
   private readonly buf: Record<'ctx' | 'part' | 'normed' | 'tap' | 'kRaw' | 'kc' | 'vc' | 'x' | 'h' | 'o' | 'q' | 'qn' | 'kb' | 'vb' | 'attn' | 'gateUp' | 'act' | 'mlp', DeviceTensor>;
   private readonly ids: DeviceTensor;
   private readonly positions: DeviceTensor;
@@ -197,12 +196,6 @@ export class DflashDrafter implements Drafter {
     try {
       const { json, source } = await configFor(store, path);
       const config = parseDflashConfig(json, source);
-      try {
-        checkDflashPairing(config, target.config, { drafter: path, target: 'the target model' });
-      } catch (error) {
-        if (error instanceof PairingError) throw new EngineError('KDTREE_ENGINE_DRAFTER', error.message, 'drafter', { cause: error });
-        throw error;
-      }
       checkDflashTensors(config, [...store.tensors], path);
       const prefix = dflashWeightPrefix(store) ?? '';
       return await DflashDrafter.fromWeights(b, config, new DrafterTensors(path, store, prefix), target, { name: `dflash:${path}`, ...options });
@@ -214,8 +207,11 @@ export class DflashDrafter implements Drafter {
   /**
    * A drafter of `config` whose tensors (under the public checkpoint's names, no prefix) come from
    * `weights`: a checkpoint (load) or seeded values (a benchmark at Kimi K2.5-DFlash's size).
+   * Throws KDTREE_ENGINE_DRAFTER when it does not fit the target, and KDTREE_ENGINE_MEMORY when it
+   * does not fit the device.
    */
   static async fromWeights(b: KdtreeBackend, config: DflashConfig, weights: DrafterWeights, target: DeviceModel, options: DflashLoadOptions): Promise<DflashDrafter> {
+    checkPairing(config, target, weights.path);
     checkFits(b, estimateDflashMemory(config, options), `DFlash drafter ${weights.path}`);
     const owned: { free(): void }[] = [];
     try {
@@ -455,4 +451,14 @@ function tensorKey(t: DeviceTensor): string {
   let id = tensorIds.get(t.buffer);
   if (id === undefined) tensorIds.set(t.buffer, (id = nextTensorId++));
   return `${id}+${t.offset ?? 0}[${t.shape.join('x')}]`;
+}
+
+/** Refuses (KDTREE_ENGINE_DRAFTER, every mismatch named) a drafter that does not fit `target`. */
+function checkPairing(config: DflashConfig, target: DeviceModel, drafter: string): void {
+  try {
+    checkDflashPairing(config, target.config, { drafter, target: 'the target model' });
+  } catch (error) {
+    if (error instanceof PairingError) throw new EngineError('KDTREE_ENGINE_DRAFTER', error.message, 'drafter', { cause: error });
+    throw error;
+  }
 }

@@ -116,17 +116,17 @@ export class NgramDrafter implements Drafter {
   }
 }
 
+/** The largest captured catch-up step of a draft model (tokens; at most its workspace's rows). */
+const CATCH_UP_CHUNK = 64;
+/** A catch-up longer than this (a prompt) runs as direct prefill passes. */
+const CATCH_UP_DIRECT = 1024;
+
 /**
  * A draft model of the same family on the same backend: each request runs the tokens it has not
  * seen yet (a captured step per count), then `depth - 1` greedy decode steps captured as one graph,
  * each writing its logits into the next row of the request's tensor. Its cache keeps only the
  * sequence: the chain's speculative slots are overwritten by the next request.
  */
-/** The largest captured catch-up step of a draft model (tokens; at most its workspace's rows). */
-const CATCH_UP_CHUNK = 64;
-/** A catch-up longer than this (a prompt) runs as direct prefill passes. */
-const CATCH_UP_DIRECT = 1024;
-
 export class ModelDrafter implements Drafter {
   readonly runner: Runner;
   private processed = 0;
@@ -153,16 +153,16 @@ export class ModelDrafter implements Drafter {
     const r = this.runner;
     const V = this.vocabSize;
     if (tokens.length + depth > r.capacity) throw new EngineError('KDTREE_ENGINE_CAPACITY', `the draft model's cache holds ${r.capacity} tokens; ${tokens.length} + depth ${depth} do not fit`, 'cacheTokens');
-    // the tokens it has not run: a captured catch-up step per count up to depth + 1 (what a
-    // speculative step accepts, so the counts repeat); more (the tokens of steps decoded without
-    // drafting, or the prompt) first run all but the last: in captured steps of power-of-two
-    // counts (a try after auto's plain decode steps then costs the device's time, not ~100 host
-    // calls), or a prompt of more than CATCH_UP_DIRECT tokens in direct prefill passes
     // the graphs write into `out` as captured: one output tensor for the drafter's life
     this.out ??= out;
     if (this.out.buffer !== out.buffer || (this.out.offset ?? 0) !== (out.offset ?? 0)) {
       throw new EngineError('KDTREE_ENGINE_ARGUMENT', 'a model drafter writes every draft into the tensor of its first request', 'out');
     }
+    // the tokens it has not run: a captured catch-up step per count up to depth + 1 (what a
+    // speculative step accepts, so the counts repeat); more (the tokens of steps decoded without
+    // drafting, or the prompt) first run all but the last: in captured steps of power-of-two
+    // counts (a try after auto's plain decode steps then costs the device's time, not ~100 host
+    // calls), or a prompt of more than CATCH_UP_DIRECT tokens in direct prefill passes
     let fresh = tokens.slice(this.processed);
     const stepMax = Math.min(r.model.workspace.rows, depth + 1);
     if (fresh.length > stepMax) {
@@ -196,8 +196,8 @@ export class ModelDrafter implements Drafter {
   private catchUp(lead: readonly number[], out: DeviceTensor): void {
     const r = this.runner;
     const V = this.vocabSize;
-    const most = 2 ** Math.floor(Math.log2(Math.min(r.model.workspace.rows, this.input().shape[0])));
     const input = this.input();
+    const most = 2 ** Math.floor(Math.log2(Math.min(r.model.workspace.rows, input.shape[0])));
     for (let i = 0; i < lead.length; ) {
       const k = 2 ** Math.floor(Math.log2(Math.min(most, lead.length - i)));
       // upload() queues behind the previous step on stream 0, so that step has read its ids

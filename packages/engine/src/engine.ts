@@ -12,7 +12,7 @@
  * Speculative decoding (chain, ddtree) emits exactly the tokens of greedy decoding of the target.
  */
 import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor } from '@kdtree/cuda';
-import { checkDflashPairing, PairingError, type DflashConfig } from '@kdtree/reference';
+import type { DflashConfig } from '@kdtree/reference';
 import { bucketsUpTo, BudgetPolicy, PROBE_BUDGET, type CostCurve } from './budget.js';
 import { HostCollective, type Collective } from './collective.js';
 import { DflashDrafter, type DrafterWeights } from './dflash-drafter.js';
@@ -285,10 +285,15 @@ export class Engine {
       }
     }
     if (spec.startsWith('dflash:')) {
-      if (this.tp > 1) throw argumentError('drafter', 'a DFlash drafter runs on one device (it reads the target\'s hidden states and lm_head there); use tp 1');
+      this.checkOneDevice();
       return DflashDrafter.load(this.backend, spec.slice('dflash:'.length), this.model, { ...this.dflashOptions(), name: spec });
     }
     throw argumentError('drafter', `expected 'ngram', 'model:PATH' or 'dflash:PATH', got '${spec}'`);
+  }
+
+  /** A DFlash drafter reads the target's hidden states and lm_head on one device. */
+  private checkOneDevice(): void {
+    if (this.tp > 1) throw argumentError('drafter', 'a DFlash drafter runs on one device (it reads the target\'s hidden states and lm_head there); use tp 1');
   }
 
   /** A DFlash drafter's cache and commit sizes on this engine: the target's KV capacity and largest pass. */
@@ -302,13 +307,7 @@ export class Engine {
    * engine's target: pass it as `drafter` to generate().
    */
   async dflashDrafter(config: DflashConfig, weights: DrafterWeights, name = `dflash:${weights.path}`): Promise<DflashDrafter> {
-    if (this.tp > 1) throw argumentError('drafter', 'a DFlash drafter runs on one device (it reads the target\'s hidden states and lm_head there); use tp 1');
-    try {
-      checkDflashPairing(config, this.config, { drafter: name, target: 'the target model' });
-    } catch (error) {
-      if (error instanceof PairingError) throw new EngineError('KDTREE_ENGINE_DRAFTER', error.message, 'drafter', { cause: error });
-      throw error;
-    }
+    this.checkOneDevice();
     return DflashDrafter.fromWeights(this.backend, config, weights, this.model, { ...this.dflashOptions(), name });
   }
 
