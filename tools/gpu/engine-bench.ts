@@ -261,7 +261,9 @@ report.copyBandwidth = bandwidth;
 log(`copy bandwidth: ${(bandwidth / 1e12).toFixed(3)} TB/s (bytes read + written)`);
 const models: Record<string, unknown>[] = [];
 for (const experts of (process.env.KDTREE_BENCH_EXPERTS ?? '384,64').split(',').map(Number)) {
-  const m = await benchModel(experts, experts === 384 || process.env.KDTREE_BENCH_FULL === '1', 4096);
+  // KDTREE_BENCH_FULL=1 runs the speculative modes and prefill at every expert count, =0 at none
+  const full = process.env.KDTREE_BENCH_FULL === '1' || (experts === 384 && process.env.KDTREE_BENCH_FULL !== '0');
+  const m = await benchModel(experts, full, 4096);
   // KDTREE_BENCH_VARIANTS=0 leaves out the 512-slot cache and f32 activations
   if (experts === 384 && !smoke && process.env.KDTREE_BENCH_VARIANTS !== '0') {
     m.smallCache = await benchModel(experts, false, 512);

@@ -106,6 +106,8 @@ class Backend {
   virtual Status Argmax(const ArgmaxArgs& a, int stream) = 0;
   virtual Status Topk(const TopkArgs& a, int stream) = 0;
   virtual Status KvWrite(const KvWriteArgs& a, int stream) = 0;
+  virtual Status MlaInputs(const MlaInputsArgs& a, int stream) = 0;
+  virtual Status MlaQuery(const MlaQueryArgs& a, int stream) = 0;
   virtual Status DdtreeBuild(const DdtreeBuildArgs& a, int stream) = 0;
   virtual Status DdtreeAccept(const DdtreeAcceptArgs& a, int stream) = 0;
   virtual Status KvCommit(const KvCommitArgs& a, int stream) = 0;

@@ -152,6 +152,31 @@ struct ArgmaxArgs { Tensor x, out; };  // x f32 [T, V] -> out i32 [T]
 struct TopkArgs { Tensor x, values, ids; int k = 1; };  // per row, descending, ties -> lower index
 
 struct KvWriteArgs { Tensor c, kpe, cache_c, cache_kpe, slots; };  // rows -> cache slots
+// MLA's inputs from its down projections, fused so a decode step runs one short kernel where the
+// unfused chain (rms_norm, rope, kv_write) ran three or four, each bound by launch latency:
+//   mla_inputs: x f32 [T, W] holds [q_a(h) (Q, optional) ... | kv_a(h): c (R) | k_pe (dr)] (the kv
+//     part is x's last R + dr columns). Writes q_a_out [T, Q] = rms_norm(x[:, :Q], q_a_norm) when
+//     q_a_norm is given, cache_c[slots[t]] = rms_norm(c, kv_a_norm) and cache_kpe[slots[t]] =
+//     rope(k_pe): the bits of rms_norm, rope (one head) and kv_write on the same rows.
+//   mla_query: x f32 [T, W] holds [q_b(...) nope parts of all H heads (H * dn) | their rope parts
+//     (H * dr)] in its first columns. Writes q_nope [T, H, dn] (copied) and q_pe [T, H, dr] =
+//     rope(rope parts): the bits of rope on the same rows.
+struct MlaInputsArgs {
+  Tensor x;
+  Tensor q_a_norm, q_a_out;  // optional together (a model without q_lora)
+  Tensor kv_a_norm;          // [R]
+  Tensor cache_c, cache_kpe, slots;  // as kv_write's
+  Tensor positions, inv_freq;        // as rope's (inv_freq covers all dr dims)
+  double eps = 1e-6;
+  double attention_factor = 1.0;
+  bool interleave = true;
+};
+struct MlaQueryArgs {
+  Tensor x, q_nope, q_pe;
+  Tensor positions, inv_freq;  // as rope's (inv_freq covers all dr dims)
+  double attention_factor = 1.0;
+  bool interleave = true;
+};
 // Trees hold at most kMaxDdtreeBudget + 1 nodes (the root plus the budget): the device kernels keep
 // a tree's bookkeeping in one block's shared memory.
 constexpr int64_t kMaxDdtreeBudget = 1024;

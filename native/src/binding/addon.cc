@@ -486,6 +486,8 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
       Method<B, &B::ArgmaxJs>("argmax"),
       Method<B, &B::TopkJs>("topk"),
       Method<B, &B::KvWriteJs>("kvWrite"),
+      Method<B, &B::MlaInputsJs>("mlaInputs"),
+      Method<B, &B::MlaQueryJs>("mlaQuery"),
       Method<B, &B::DdtreeBuildJs>("ddtreeBuild"),
       Method<B, &B::DdtreeAcceptJs>("ddtreeAccept"),
       Method<B, &B::KvCommitJs>("kvCommit"),
@@ -1178,6 +1180,35 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     Call c{info.Env(), ArgsObject(info), {}};
     KvWriteArgs a{TensorArg(c, "c"), TensorArg(c, "kpe"), TensorArg(c, "cacheC"), TensorArg(c, "cacheKpe"), TensorArg(c, "slots")};
     return Run(c, a, ValidateKvWrite, &Backend::KvWrite);
+  }
+  Napi::Value MlaInputsJs(const Napi::CallbackInfo& info) {
+    Call c{info.Env(), ArgsObject(info), {}};
+    MlaInputsArgs a;
+    a.x = TensorArg(c, "x");
+    a.q_a_norm = TensorArg(c, "qANorm", true);
+    a.q_a_out = TensorArg(c, "qAOut", true);
+    a.kv_a_norm = TensorArg(c, "kvANorm");
+    a.cache_c = TensorArg(c, "cacheC");
+    a.cache_kpe = TensorArg(c, "cacheKpe");
+    a.slots = TensorArg(c, "slots");
+    a.positions = TensorArg(c, "positions");
+    a.inv_freq = TensorArg(c, "invFreq");
+    a.eps = Num(c, "eps", 0);
+    a.attention_factor = Num(c, "attentionFactor", 1.0);
+    a.interleave = Bool(c, "interleave", true);
+    return Run(c, a, ValidateMlaInputs, &Backend::MlaInputs);
+  }
+  Napi::Value MlaQueryJs(const Napi::CallbackInfo& info) {
+    Call c{info.Env(), ArgsObject(info), {}};
+    MlaQueryArgs a;
+    a.x = TensorArg(c, "x");
+    a.q_nope = TensorArg(c, "qNope");
+    a.q_pe = TensorArg(c, "qPe");
+    a.positions = TensorArg(c, "positions");
+    a.inv_freq = TensorArg(c, "invFreq");
+    a.attention_factor = Num(c, "attentionFactor", 1.0);
+    a.interleave = Bool(c, "interleave", true);
+    return Run(c, a, ValidateMlaQuery, &Backend::MlaQuery);
   }
   Napi::Value DdtreeBuildJs(const Napi::CallbackInfo& info) {
     Call c{info.Env(), ArgsObject(info), {}};

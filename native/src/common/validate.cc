@@ -440,6 +440,57 @@ Status ValidateKvWrite(const KvWriteArgs& a) {
   return Status::Ok();
 }
 
+namespace {
+// The RoPE arguments mla_inputs and mla_query share: one position per row, frequencies for all
+// `dims` rotated dims.
+Status CheckMlaRope(const OpContext& ctx, const Tensor& positions, const Tensor& inv_freq, int64_t t, int64_t dims, double attention_factor) {
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, positions, {DType::kI32}, 1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, inv_freq, {DType::kF64}, 1));
+  if (positions.dim(0) != t) return Invalid(ctx, "positions must have one entry per row of x (", t, ")");
+  if (2 * inv_freq.dim(0) != dims) return Invalid(ctx, "invFreq must be [rope / 2] = [", dims / 2, "] (every rope dim is rotated), got [", inv_freq.dim(0), "]");
+  if (!std::isfinite(attention_factor)) return Invalid(ctx, "attentionFactor must be finite, got ", attention_factor);
+  return Status::Ok();
+}
+}  // namespace
+
+Status ValidateMlaInputs(const MlaInputsArgs& a) {
+  const OpContext ctx("mla_inputs", a.x, a.q_a_norm, a.q_a_out, a.kv_a_norm, a.cache_c, a.cache_kpe, a.slots, a.positions, a.inv_freq);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.kv_a_norm, {DType::kF32, DType::kBF16}, 1));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_c, {DType::kF32, DType::kBF16}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.cache_kpe, {a.cache_c.dtype}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.slots, {DType::kI32}, 1));
+  const int64_t t = a.x.dim(0), w = a.x.dim(1), r = a.cache_c.dim(1), dr = a.cache_kpe.dim(1);
+  if (a.kv_a_norm.dim(0) != r) return Invalid(ctx, "kvANorm must be [R] = [", r, "] (cacheC's row)");
+  if (a.cache_kpe.dim(0) != a.cache_c.dim(0)) return Invalid(ctx, "cacheC and cacheKpe must have the same slots");
+  if (dr % 2 != 0) return Invalid(ctx, "cacheKpe's rope dims must be even, got ", dr);
+  if (a.slots.dim(0) != t) return Invalid(ctx, "slots must have one entry per row of x (", t, ")");
+  if (a.q_a_norm.present() != a.q_a_out.present()) return Invalid(ctx, "qANorm and qAOut go together (the normed q_a part of x)");
+  int64_t q = 0;
+  if (a.q_a_norm.present()) {
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_a_norm, {DType::kF32, DType::kBF16}, 1));
+    KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_a_out, {DType::kF32, DType::kBF16}, 2));
+    q = a.q_a_norm.dim(0);
+    if (a.q_a_out.dim(0) != t || a.q_a_out.dim(1) != q) return Invalid(ctx, "qAOut must be [T, Q] = [", t, ", ", q, "] (qANorm's Q)");
+  }
+  if (w < q + r + dr) return Invalid(ctx, "x must hold [q_a (", q, ") ... | c (", r, ") | k_pe (", dr, ")] in its ", w, " columns: at least ", q + r + dr);
+  KDTREE_RETURN_IF_ERROR(CheckMlaRope(ctx, a.positions, a.inv_freq, t, dr, a.attention_factor));
+  if (!(a.eps > 0) || !std::isfinite(a.eps)) return Invalid(ctx, "eps must be positive and finite, got ", a.eps);
+  return Status::Ok();
+}
+
+Status ValidateMlaQuery(const MlaQueryArgs& a) {
+  const OpContext ctx("mla_query", a.x, a.q_nope, a.q_pe, a.positions, a.inv_freq);
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_nope, {DType::kF32}, 3));
+  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.q_pe, {DType::kF32}, 3));
+  const int64_t t = a.x.dim(0), h = a.q_nope.dim(1), dn = a.q_nope.dim(2), dr = a.q_pe.dim(2);
+  if (a.q_nope.dim(0) != t || a.q_pe.dim(0) != t || a.q_pe.dim(1) != h) return Invalid(ctx, "qNope must be [T, H, nope] and qPe [T, H, rope] with x's T = ", t);
+  if (dr % 2 != 0) return Invalid(ctx, "qPe's rope dims must be even, got ", dr);
+  if (a.x.dim(1) < h * (dn + dr)) return Invalid(ctx, "x must hold [nope of ", h, " heads (", h * dn, ") | their rope parts (", h * dr, ")] in its ", a.x.dim(1), " columns");
+  return CheckMlaRope(ctx, a.positions, a.inv_freq, t, dr, a.attention_factor);
+}
+
 Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
   const OpContext ctx("ddtree_build", a.draft_logits, a.tokens, a.parents, a.depths, a.positions, a.mask, a.size, a.root_on_device, a.start_on_device, a.log_probs);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.draft_logits, {DType::kF32}, 2));

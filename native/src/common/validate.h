@@ -23,6 +23,8 @@ Status ValidateRouter(const RouterArgs& a);
 Status ValidateArgmax(const ArgmaxArgs& a);
 Status ValidateTopk(const TopkArgs& a);
 Status ValidateKvWrite(const KvWriteArgs& a);
+Status ValidateMlaInputs(const MlaInputsArgs& a);
+Status ValidateMlaQuery(const MlaQueryArgs& a);
 Status ValidateDdtreeBuild(const DdtreeBuildArgs& a);
 Status ValidateDdtreeAccept(const DdtreeAcceptArgs& a);
 Status ValidateKvCommit(const KvCommitArgs& a);

@@ -197,6 +197,8 @@ class CpuBackend final : public Backend {
   Status Argmax(const ArgmaxArgs& a, int) override { return cpu::Argmax(a, pool_); }
   Status Topk(const TopkArgs& a, int) override { return cpu::Topk(a, pool_); }
   Status KvWrite(const KvWriteArgs& a, int) override { return cpu::KvWrite(a, pool_); }
+  Status MlaInputs(const MlaInputsArgs& a, int) override { return cpu::MlaInputs(a, pool_); }
+  Status MlaQuery(const MlaQueryArgs& a, int) override { return cpu::MlaQuery(a, pool_); }
   Status DdtreeBuild(const DdtreeBuildArgs& a, int) override { return cpu::DdtreeBuild(a, pool_); }
   Status DdtreeAccept(const DdtreeAcceptArgs& a, int) override { return cpu::DdtreeAccept(a, pool_); }
   Status KvCommit(const KvCommitArgs& a, int) override { return cpu::KvCommit(a, pool_); }

@@ -1,6 +1,6 @@
 // The CPU twins of the small ops (cuda/small_ops.cu): embedding, rmsNorm (with the fused residual
-// add), rope, siluMul, add, argmax, topk, kvWrite and arange. rmsNorm sums its squares in the cuda
-// kernel's order (RmsSumOfSquares).
+// add), rope, siluMul, add, argmax, topk, kvWrite, MLA's fused inputs (mlaInputs, mlaQuery) and
+// arange. rmsNorm sums its squares in the cuda kernel's order (RmsSumOfSquares).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -37,6 +37,24 @@ float RmsSumOfSquares(const float* x, int64_t h) {
   }
   return total;
 }
+
+// out[j] = x[j] / rms(x) * weight[j] (f32 math, stored in out's dtype), at element `at` of out.
+void NormRowInto(const float* x, int64_t h, const Tensor& weight, double eps, const Tensor& out, int64_t at) {
+  const float inv = 1.f / std::sqrt(RmsSumOfSquares(x, h) / static_cast<float>(h) + static_cast<float>(eps));
+  for (int64_t j = 0; j < h; ++j) StoreF(out, at + j, x[j] * inv * LoadF(weight, j));
+}
+
+// Rotates `half` pairs of v at position pos, as Rope does (f64 angles and products).
+void RotatePairs(float* v, double pos, const double* inv_freq, int64_t half, double factor, bool interleave) {
+  for (int64_t i = 0; i < half; ++i) {
+    const double angle = pos * inv_freq[i];
+    const double c = std::cos(angle) * factor, s = std::sin(angle) * factor;
+    const int64_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + half;
+    const double x0 = v[i0], x1 = v[i1];
+    v[i0] = static_cast<float>(x0 * c - x1 * s);
+    v[i1] = static_cast<float>(x1 * c + x0 * s);
+  }
+}
 }  // namespace
 
 Status Embedding(const EmbeddingArgs& a, ThreadPool& pool) {
@@ -62,12 +80,8 @@ Status RmsNorm(const RmsNormArgs& a, ThreadPool& pool) {
         std::copy(sum.begin(), sum.end(), a.sum.as<float>() + r * hdim);
         x = sum.data();
       }
-      const float inv = 1.f / std::sqrt(RmsSumOfSquares(x, hdim) / static_cast<float>(hdim) + static_cast<float>(a.eps));
-      for (int64_t j = 0; j < hdim; ++j) {
-        const float y = x[j] * inv * LoadF(a.weight, j);
-        StoreF(a.out, r * hdim + j, y);
-        if (a.out_bf16.present()) StoreF(a.out_bf16, r * hdim + j, y);
-      }
+      NormRowInto(x, hdim, a.weight, a.eps, a.out, r * hdim);
+      if (a.out_bf16.present()) NormRowInto(x, hdim, a.weight, a.eps, a.out_bf16, r * hdim);
     }
   });
   return Status::Ok();
@@ -77,17 +91,7 @@ Status Rope(const RopeArgs& a, ThreadPool& pool) {
   const int64_t t = a.x.dim(0), heads = a.x.dim(1), hd = a.x.dim(2), half = a.inv_freq.dim(0);
   for (int64_t ti = 0; ti < t; ++ti) {
     const double pos = a.positions.as<const int32_t>()[ti];
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = pos * a.inv_freq.as<const double>()[i];
-      const double c = std::cos(angle) * a.attention_factor, s = std::sin(angle) * a.attention_factor;
-      for (int64_t hh = 0; hh < heads; ++hh) {
-        float* x = a.x.as<float>() + (ti * heads + hh) * hd + a.offset;
-        const int64_t i0 = a.interleave ? 2 * i : i, i1 = a.interleave ? 2 * i + 1 : i + half;
-        const double x0 = x[i0], x1 = x[i1];
-        x[i0] = static_cast<float>(x0 * c - x1 * s);
-        x[i1] = static_cast<float>(x1 * c + x0 * s);
-      }
-    }
+    for (int64_t hh = 0; hh < heads; ++hh) RotatePairs(a.x.as<float>() + (ti * heads + hh) * hd + a.offset, pos, a.inv_freq.as<const double>(), half, a.attention_factor, a.interleave);
   }
   return Status::Ok();
 }
@@ -140,6 +144,35 @@ Status KvWrite(const KvWriteArgs& a, ThreadPool& pool) {
     if (slot < 0 || slot >= s) return Invalid("kv_write: slots[", i, "] = ", slot, " is outside the cache's ", s, " slots");
     for (int64_t j = 0; j < r; ++j) StoreF(a.cache_c, slot * r + j, a.c.as<const float>()[i * r + j]);
     for (int64_t j = 0; j < dr; ++j) StoreF(a.cache_kpe, slot * dr + j, a.kpe.as<const float>()[i * dr + j]);
+  }
+  return Status::Ok();
+}
+
+Status MlaInputs(const MlaInputsArgs& a, ThreadPool& pool) {
+  const int64_t t = a.x.dim(0), w = a.x.dim(1), r = a.cache_c.dim(1), dr = a.cache_kpe.dim(1), s = a.cache_c.dim(0);
+  const int64_t q = a.q_a_norm.present() ? a.q_a_norm.dim(0) : 0;
+  std::vector<float> kpe(static_cast<size_t>(dr));
+  for (int64_t i = 0; i < t; ++i) {
+    const float* row = a.x.as<const float>() + i * w;
+    if (q > 0) NormRowInto(row, q, a.q_a_norm, a.eps, a.q_a_out, i * q);
+    const int32_t slot = a.slots.as<const int32_t>()[i];
+    if (slot < 0 || slot >= s) return Invalid("mla_inputs: slots[", i, "] = ", slot, " is outside the cache's ", s, " slots");
+    NormRowInto(row + w - r - dr, r, a.kv_a_norm, a.eps, a.cache_c, slot * r);
+    std::copy(row + w - dr, row + w, kpe.begin());
+    RotatePairs(kpe.data(), a.positions.as<const int32_t>()[i], a.inv_freq.as<const double>(), dr / 2, a.attention_factor, a.interleave);
+    for (int64_t j = 0; j < dr; ++j) StoreF(a.cache_kpe, slot * dr + j, kpe[j]);
+  }
+  return Status::Ok();
+}
+
+Status MlaQuery(const MlaQueryArgs& a, ThreadPool& pool) {
+  const int64_t t = a.x.dim(0), w = a.x.dim(1), h = a.q_nope.dim(1), dn = a.q_nope.dim(2), dr = a.q_pe.dim(2);
+  for (int64_t i = 0; i < t; ++i) {
+    const float* row = a.x.as<const float>() + i * w;
+    std::copy(row, row + h * dn, a.q_nope.as<float>() + i * h * dn);
+    float* pe = a.q_pe.as<float>() + i * h * dr;
+    std::copy(row + h * dn, row + h * (dn + dr), pe);
+    for (int64_t hh = 0; hh < h; ++hh) RotatePairs(pe + hh * dr, a.positions.as<const int32_t>()[i], a.inv_freq.as<const double>(), dr / 2, a.attention_factor, a.interleave);
   }
   return Status::Ok();
 }

@@ -4,7 +4,8 @@
 //   w4a16_gemm.cc   w4a16Gemm, moeGemm (INT4 experts)      moe_bf16.cc    moeGemm (bf16 experts)
 //   mla_attention.cc  mlaAttention          gqa_attention.cc  gqaAttention
 //   moe_router.cc   router                  ddtree.cc      ddtreeBuild, ddtreeAccept, kvCommit
-//   small_ops.cc    embedding, rmsNorm, rope, siluMul, add, argmax, topk, kvWrite, arange
+//   small_ops.cc    embedding, rmsNorm, rope, siluMul, add, argmax, topk, kvWrite, mlaInputs,
+//                   mlaQuery, arange
 // Each runs a validated call (common/validate.cc), multi-threaded over independent outputs where it
 // pays; each output is one fixed-order sum, so results are batch-invariant and independent of the
 // thread count.
@@ -35,6 +36,8 @@ Status Add(const AddArgs& a, ThreadPool& pool);
 Status Argmax(const ArgmaxArgs& a, ThreadPool& pool);
 Status Topk(const TopkArgs& a, ThreadPool& pool);
 Status KvWrite(const KvWriteArgs& a, ThreadPool& pool);
+Status MlaInputs(const MlaInputsArgs& a, ThreadPool& pool);
+Status MlaQuery(const MlaQueryArgs& a, ThreadPool& pool);
 Status Arange(const ArangeArgs& a, ThreadPool& pool);
 
 }  // namespace cpu

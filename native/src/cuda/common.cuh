@@ -286,6 +286,8 @@ Status LaunchRouter(const RouterArgs& a, cudaStream_t s);
 Status LaunchArgmax(const ArgmaxArgs& a, cudaStream_t s, Scratch& scratch);
 Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch);
 Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s);
+Status LaunchMlaInputs(const MlaInputsArgs& a, cudaStream_t s);
+Status LaunchMlaQuery(const MlaQueryArgs& a, cudaStream_t s);
 Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch);
 Status LaunchDdtreeAccept(const DdtreeAcceptArgs& a, cudaStream_t s);
 Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s);

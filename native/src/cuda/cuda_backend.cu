@@ -352,6 +352,8 @@ class CudaBackend final : public Backend {
   KDTREE_DISPATCH(Argmax, LaunchArgmax, , ScratchOf(stream))
   KDTREE_DISPATCH(Topk, LaunchTopk, , ScratchOf(stream))
   KDTREE_DISPATCH(KvWrite, LaunchKvWrite)
+  KDTREE_DISPATCH(MlaInputs, LaunchMlaInputs)
+  KDTREE_DISPATCH(MlaQuery, LaunchMlaQuery)
   KDTREE_DISPATCH(DdtreeBuild, LaunchDdtreeBuild, , ScratchOf(stream))
   KDTREE_DISPATCH(DdtreeAccept, LaunchDdtreeAccept)
   KDTREE_DISPATCH(KvCommit, LaunchKvCommit)

@@ -1,5 +1,6 @@
 // The small ops of a forward pass: embedding, RMSNorm, RoPE/YaRN, SiLU-and-multiply, residual
-// add, argmax and top-k, and the latent-cache write (the MoE router: moe_router.cu). Reductions use fixed trees
+// add, argmax and top-k, the latent-cache write and MLA's fused inputs (the MoE router:
+// moe_router.cu). Reductions use fixed trees
 // (no atomics), so every result is deterministic and independent of the batch.
 #include <algorithm>
 #include <cstdint>
@@ -90,22 +91,19 @@ __device__ __forceinline__ void StoreChunk(__nv_bfloat16* row, int c, int H, flo
     }
   }
 }
+__device__ __forceinline__ void StoreValue(float* p, float v) { *p = v; }
+__device__ __forceinline__ void StoreValue(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ float4 LoadWeightChunk(const void* w, DType wt, int c, int H) {
   float v[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) v[k] = 4 * c + k < H ? LoadAsF32(w, wt, 4 * c + k) : 0.f;
   return make_float4(v[0], v[1], v[2], v[3]);
 }
+// One row's norm by the block (kNormThreads threads, all of which must call it: it syncs). With
+// residual_row the norm is of row + residual_row, which sum_row receives.
 template <bool kVector, typename OutT>
-__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, const float* residual, float* sum, const void* w, DType wt, int H, float eps, OutT* out,
-                                                             __nv_bfloat16* out_bf16) {
-  PdlWait();
-  PdlLaunchDependents();
-  __shared__ float red[32];
-  const int64_t offset = static_cast<int64_t>(blockIdx.x) * H;
-  const float* row = x + offset;
-  OutT* out_row = out + offset;
-  __nv_bfloat16* copy_row = out_bf16 != nullptr ? out_bf16 + offset : nullptr;
+__device__ __forceinline__ void NormRow(const float* row, const float* residual_row, float* sum_row, const void* w, DType wt, int H, float eps, OutT* out_row,
+                                        __nv_bfloat16* copy_row, float* red) {
   const int chunks = (H + 3) / 4;
   constexpr int kRound = kNormUnroll * kNormThreads;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -115,14 +113,14 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, co
     float4 v[kNormUnroll];
 #pragma unroll
     for (int u = 0; u < kNormUnroll; ++u) v[u] = c0 + u * kNormThreads < chunks ? LoadChunk<kVector>(row, c0 + u * kNormThreads, H) : zero;
-    if (residual != nullptr) {  // the fused residual add, element by element as add does it
+    if (residual_row != nullptr) {  // the fused residual add, element by element as add does it
 #pragma unroll
       for (int u = 0; u < kNormUnroll; ++u) {
         const int c = c0 + u * kNormThreads;
         if (c >= chunks) break;
-        const float4 r = LoadChunk<kVector>(residual + offset, c, H);
+        const float4 r = LoadChunk<kVector>(residual_row, c, H);
         v[u] = make_float4(v[u].x + r.x, v[u].y + r.y, v[u].z + r.z, v[u].w + r.w);
-        StoreChunk<kVector>(sum + offset, c, H, v[u]);
+        StoreChunk<kVector>(sum_row, c, H, v[u]);
       }
     }
     if (c0 == static_cast<int>(threadIdx.x)) {
@@ -142,7 +140,7 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, co
   }
   ss = BlockSum(ss, red);
   const float inv = 1.f / sqrtf(ss / static_cast<float>(H) + eps);
-  const float* normed = residual != nullptr ? sum + offset : row;  // past the first round: re-read (sum may be x itself)
+  const float* normed = residual_row != nullptr ? sum_row : row;  // past the first round: re-read (sum may be x itself)
   for (int c0 = threadIdx.x; c0 < chunks; c0 += kRound) {
     const bool kept = c0 == static_cast<int>(threadIdx.x);
 #pragma unroll
@@ -157,6 +155,28 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, co
   }
 }
 
+template <bool kVector, typename OutT>
+__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(const float* x, const float* residual, float* sum, const void* w, DType wt, int H, float eps, OutT* out,
+                                                             __nv_bfloat16* out_bf16) {
+  PdlWait();
+  PdlLaunchDependents();
+  __shared__ float red[32];
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * H;
+  NormRow<kVector>(x + offset, residual != nullptr ? residual + offset : nullptr, sum != nullptr ? sum + offset : nullptr, w, wt, H, eps, out + offset,
+                   out_bf16 != nullptr ? out_bf16 + offset : nullptr, red);
+}
+
+// One rotated pair of RoPE: angles in f64, as every rope kernel here computes them (same bits).
+__device__ __forceinline__ void RotatePair(float& v0, float& v1, int pos, double inv_freq, double factor) {
+  double sn, cs;
+  sincos(static_cast<double>(pos) * inv_freq, &sn, &cs);
+  cs *= factor;
+  sn *= factor;
+  const double x0 = v0, x1 = v1;
+  v0 = static_cast<float>(x0 * cs - x1 * sn);
+  v1 = static_cast<float>(x1 * cs + x0 * sn);
+}
+
 // Angles in f64: position x inv_freq reaches ~1e5 rad at long context, beyond f32's precision.
 __global__ void RopeKernel(float* x, const int32_t* pos, const double* inv_freq, int T, int heads, int hd, int half, int64_t offset, double factor, bool interleave) {
   PdlWait();
@@ -166,15 +186,67 @@ __global__ void RopeKernel(float* x, const int32_t* pos, const double* inv_freq,
   const int f = static_cast<int>(i % half);
   const int64_t th = i / half;
   const int t = static_cast<int>(th / heads);
-  double sn, cs;
-  sincos(static_cast<double>(pos[t]) * inv_freq[f], &sn, &cs);
-  cs *= factor;
-  sn *= factor;
   float* v = x + th * hd + offset;
   const int a = interleave ? 2 * f : f, b = interleave ? 2 * f + 1 : f + half;
-  const double x0 = v[a], x1 = v[b];
-  v[a] = static_cast<float>(x0 * cs - x1 * sn);
-  v[b] = static_cast<float>(x1 * cs + x0 * sn);
+  RotatePair(v[a], v[b], pos[t], inv_freq[f], factor);
+}
+
+// mla_inputs (ops.h): block (t, 0) writes token t's latent KV into its cache slot (the norm of c,
+// the rotated k_pe), block (t, 1) the normed q_a part. One launch replaces a decode step's
+// rms_norm, rope and kv_write of the latent (and the rms_norm of q_a), each of which was a kernel
+// bound by its launch and one row's load latency.
+template <bool kVector, typename QOut, typename CacheT>
+__global__ void __launch_bounds__(kNormThreads) MlaInputsKernel(const float* x, int W, const void* q_norm, DType q_wt, int Q, QOut* q_out, const void* kv_norm, DType kv_wt, int R,
+                                                               int dr, CacheT* cache_c, CacheT* cache_kpe, const int32_t* slots, int64_t S, const int32_t* pos,
+                                                               const double* inv_freq, double factor, bool interleave, float eps) {
+  PdlWait();
+  PdlLaunchDependents();
+  __shared__ float red[32];
+  const int t = blockIdx.x;
+  const float* row = x + static_cast<int64_t>(t) * W;
+  if (blockIdx.y == 1) {
+    NormRow<kVector>(row, nullptr, nullptr, q_norm, q_wt, Q, eps, q_out + static_cast<int64_t>(t) * Q, static_cast<__nv_bfloat16*>(nullptr), red);
+    return;
+  }
+  const int slot = slots[t];
+  if (slot < 0 || slot >= S) return;  // out-of-range slots are not written (as kv_write)
+  const float* kpe = row + W - dr;
+  CacheT* kpe_out = cache_kpe + static_cast<int64_t>(slot) * dr;
+  const int half = dr / 2;
+  for (int f = threadIdx.x; f < half; f += blockDim.x) {
+    const int a = interleave ? 2 * f : f, b = interleave ? 2 * f + 1 : f + half;
+    float v0 = kpe[a], v1 = kpe[b];
+    RotatePair(v0, v1, pos[t], inv_freq[f], factor);
+    StoreValue(kpe_out + a, v0);
+    StoreValue(kpe_out + b, v1);
+  }
+  NormRow<kVector>(row + W - R - dr, nullptr, nullptr, kv_norm, kv_wt, R, eps, cache_c + static_cast<int64_t>(slot) * R, static_cast<__nv_bfloat16*>(nullptr), red);
+}
+
+// mla_query (ops.h): one thread per copied nope value or rotated rope pair of a token's heads.
+__global__ void MlaQueryKernel(const float* x, int W, int T, int H, int dn, int dr, float* q_nope, float* q_pe, const int32_t* pos, const double* inv_freq, double factor,
+                               bool interleave) {
+  PdlWait();
+  PdlLaunchDependents();
+  const int half = dr / 2;
+  const int64_t per = static_cast<int64_t>(H) * (dn + half);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(T) * per) return;
+  const int t = static_cast<int>(i / per);
+  const int64_t j = i % per;
+  const float* row = x + static_cast<int64_t>(t) * W;
+  if (j < static_cast<int64_t>(H) * dn) {
+    q_nope[static_cast<int64_t>(t) * H * dn + j] = row[j];
+    return;
+  }
+  const int p = static_cast<int>(j - static_cast<int64_t>(H) * dn), h = p / half, f = p % half;
+  const int a = interleave ? 2 * f : f, b = interleave ? 2 * f + 1 : f + half;
+  const float* src = row + static_cast<int64_t>(H) * dn + static_cast<int64_t>(h) * dr;
+  float v0 = src[a], v1 = src[b];
+  RotatePair(v0, v1, pos[t], inv_freq[f], factor);
+  float* out = q_pe + (static_cast<int64_t>(t) * H + h) * dr;
+  out[a] = v0;
+  out[b] = v1;
 }
 
 __global__ void SiluMulKernel(const void* x, DType xt, int64_t T, int I, void* out, DType ot) {
@@ -358,6 +430,41 @@ Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s) {
   return LaunchPdl("kv_write", KvWriteKernel, dim3(static_cast<unsigned>(a.c.dim(0))), dim3(256), 0, s, a.c.as<const float>(), a.kpe.as<const float>(), a.cache_c.data,
                    a.cache_kpe.data, a.cache_c.dtype, a.slots.as<const int32_t>(), static_cast<int>(a.c.dim(0)), static_cast<int>(a.c.dim(1)), static_cast<int>(a.kpe.dim(1)),
                    a.cache_c.dim(0));
+}
+
+namespace {
+template <typename QOut, typename CacheT>
+Status LaunchMlaInputsAs(const MlaInputsArgs& a, cudaStream_t s) {
+  const int64_t T = a.x.dim(0);
+  const int W = static_cast<int>(a.x.dim(1)), R = static_cast<int>(a.cache_c.dim(1)), dr = static_cast<int>(a.cache_kpe.dim(1));
+  const int Q = a.q_a_norm.present() ? static_cast<int>(a.q_a_norm.dim(0)) : 0;
+  const auto aligned = [](const Tensor& t) { return !t.present() || reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  // float4 rows: every segment starts on 16 bytes (x's rows, the kv part, the cache rows)
+  const bool vector = W % 4 == 0 && Q % 4 == 0 && R % 4 == 0 && (R + dr) % 4 == 0 && aligned(a.x) && aligned(a.q_a_out) && aligned(a.cache_c);
+  const dim3 grid(static_cast<unsigned>(T), Q > 0 ? 2 : 1);
+  return LaunchPdl("mla_inputs", vector ? MlaInputsKernel<true, QOut, CacheT> : MlaInputsKernel<false, QOut, CacheT>, grid, dim3(kNormThreads), 0, s, a.x.as<const float>(), W,
+                   Q > 0 ? a.q_a_norm.data : nullptr, Q > 0 ? a.q_a_norm.dtype : DType::kF32, Q, Q > 0 ? a.q_a_out.as<QOut>() : nullptr, a.kv_a_norm.data, a.kv_a_norm.dtype, R, dr,
+                   a.cache_c.as<CacheT>(), a.cache_kpe.as<CacheT>(), a.slots.as<const int32_t>(), a.cache_c.dim(0), a.positions.as<const int32_t>(),
+                   a.inv_freq.as<const double>(), a.attention_factor, a.interleave, static_cast<float>(a.eps));
+}
+template <typename QOut>
+Status LaunchMlaInputsQ(const MlaInputsArgs& a, cudaStream_t s) {
+  return a.cache_c.dtype == DType::kBF16 ? LaunchMlaInputsAs<QOut, __nv_bfloat16>(a, s) : LaunchMlaInputsAs<QOut, float>(a, s);
+}
+}  // namespace
+
+Status LaunchMlaInputs(const MlaInputsArgs& a, cudaStream_t s) {
+  if (a.x.dim(0) == 0) return Status::Ok();
+  const bool bf16_q = a.q_a_out.present() && a.q_a_out.dtype == DType::kBF16;
+  return bf16_q ? LaunchMlaInputsQ<__nv_bfloat16>(a, s) : LaunchMlaInputsQ<float>(a, s);
+}
+Status LaunchMlaQuery(const MlaQueryArgs& a, cudaStream_t s) {
+  const int64_t T = a.x.dim(0), H = a.q_nope.dim(1), dn = a.q_nope.dim(2), dr = a.q_pe.dim(2);
+  const int64_t n = T * H * (dn + dr / 2);
+  if (n == 0) return Status::Ok();
+  return LaunchPdl("mla_query", MlaQueryKernel, dim3(Blocks(n, 256)), dim3(256), 0, s, a.x.as<const float>(), static_cast<int>(a.x.dim(1)), static_cast<int>(T),
+                   static_cast<int>(H), static_cast<int>(dn), static_cast<int>(dr), a.q_nope.as<float>(), a.q_pe.as<float>(), a.positions.as<const int32_t>(),
+                   a.inv_freq.as<const double>(), a.attention_factor, a.interleave);
 }
 
 Status LaunchArange(const ArangeArgs& a, cudaStream_t s) {

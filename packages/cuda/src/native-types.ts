@@ -233,6 +233,33 @@ export interface NativeBackend {
   topk(args: { x: TensorArg; values: TensorArg; ids: TensorArg; k: number; stream?: number }): void;
   /** f32 rows into an f32 or bf16 cache (rounded to nearest even). */
   kvWrite(args: { c: TensorArg; kpe: TensorArg; cacheC: TensorArg; cacheKpe: TensorArg; slots: TensorArg; stream?: number }): void;
+  /**
+   * MLA's inputs from its fused down projection x f32 [T, W] = [q_a (Q) ... | c (R) | k_pe (rope)]
+   * (the kv part in x's last R + rope columns): qAOut [T, Q] = rmsNorm(x[:, :Q], qANorm) when
+   * qANorm is given, and token t's latent KV into slot slots[t] of the cache: rmsNorm(c, kvANorm)
+   * and rope(k_pe). The bits of rmsNorm, rope and kvWrite on the same rows, in one launch.
+   */
+  mlaInputs(args: {
+    x: TensorArg;
+    qANorm?: TensorArg;
+    qAOut?: TensorArg;
+    kvANorm: TensorArg;
+    cacheC: TensorArg;
+    cacheKpe: TensorArg;
+    slots: TensorArg;
+    positions: TensorArg;
+    invFreq: TensorArg;
+    eps: number;
+    attentionFactor?: number;
+    interleave?: boolean;
+    stream?: number;
+  }): void;
+  /**
+   * MLA's query from q_b's output x f32 [T, W] = [nope parts of H heads (H * nope) | their rope
+   * parts (H * rope)] (x's first columns): qNope [T, H, nope] copied, qPe [T, H, rope] = rope of
+   * the rope parts (the bits of rope).
+   */
+  mlaQuery(args: { x: TensorArg; qNope: TensorArg; qPe: TensorArg; positions: TensorArg; invFreq: TensorArg; attentionFactor?: number; interleave?: boolean; stream?: number }): void;
   /** rootOnDevice / startOnDevice (i32 [1] each, e.g. the last accept's bonus and the committed length) replace root / start. */
   ddtreeBuild(args: {
     draftLogits: TensorArg;

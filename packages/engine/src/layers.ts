@@ -15,9 +15,12 @@
  * are replicated. MLA's latent cache has no head dimension, so each rank keeps all of it and runs
  * its heads over it. o_proj and down then hold partial sums: DeviceModel all-reduces them.
  *
- * q_b (and q_proj) is read as two weights, the rows of every head's nope part and of every head's
- * rope part, and kv_a as its latent rows and its rope rows: each GEMM then writes a contiguous
- * tensor the next op takes as it is, instead of a strided view no op reads.
+ * The attention's input projections are read as fewer, wider weights, so a decode step runs few
+ * kernels (each short one is bound by its launch, not its bytes): q_a and kv_a are one weight
+ * [q_a; kv_a] (q_proj and kv_a without q_lora), and q_b (or q_proj) has its rows ordered as every
+ * head's nope part, then every head's rope part. mlaInputs and mlaQuery then cut those outputs
+ * into what the attention reads: the normed q_a, the latent KV written to the cache, and
+ * contiguous q_nope / RoPE'd q_pe.
  */
 import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
 import { qkHeadDim, type ModelConfig } from '@kdtree/reference';
@@ -78,12 +81,11 @@ export class MlaAttention {
     /** Heads this rank runs (all of them on one device). */
     private readonly heads: number,
     private readonly w: {
-      qA?: DeviceLinear;
+      /** [q_a; kv_a] (q_lora models) or [q_proj (nope rows, rope rows); kv_a]: one GEMM of h. */
+      down: DeviceLinear;
       qANorm?: DeviceTensor;
-      qNope: DeviceLinear;
-      qPe: DeviceLinear;
-      kvAC: DeviceLinear;
-      kvAPe: DeviceLinear;
+      /** q_b with its rows as every head's nope part, then every head's rope part (q_lora models). */
+      qB?: DeviceLinear;
       kvANorm: DeviceTensor;
       /** [heads * (nope + v), rank]: W_kb then W_vb per head, read by the attention kernel as stored. */
       kvB: DeviceTensor;
@@ -109,26 +111,34 @@ export class MlaAttention {
     // o_proj's K is heads x v_head_dim: the same heads, in whole INT4 groups
     const oCols = shardBlock(shard, nh * c.vHeadDim, { tensor: oName, shape: oShape, dim: 'K (heads x v_head_dim)', ...kUnit(source, oName) });
     const kvBRows = { start: heads.start * (c.qkNopeDim + c.vHeadDim), count: heads.count * (c.qkNopeDim + c.vHeadDim) };
-    const spec = (name: string, shape: readonly [number, number], rows?: number[], cols?: Block): LinearSpec => ({ names: [name], shapes: [shape], rows: [rows], cols });
+    const qRows = [...headRows(heads, c.qkNopeDim, c.qkRopeDim, 'nope'), ...headRows(heads, c.qkNopeDim, c.qkRopeDim, 'rope')];
+    const down: LinearSpec =
+      c.qLoraRank === null
+        ? { names: [qName, kvA], shapes: [qShape, kvAShape], rows: [qRows, undefined] }
+        : { names: [`${a}q_a_proj.weight`, kvA], shapes: [[c.qLoraRank, H], kvAShape] };
     return {
       a,
       heads: heads.count,
-      qA: c.qLoraRank === null ? undefined : spec(`${a}q_a_proj.weight`, [c.qLoraRank, H]),
-      qNope: spec(qName, qShape, headRows(heads, c.qkNopeDim, c.qkRopeDim, 'nope')),
-      qPe: spec(qName, qShape, headRows(heads, c.qkNopeDim, c.qkRopeDim, 'rope')),
-      kvAC: spec(kvA, kvAShape, range(0, c.kvLoraRank)),
-      kvAPe: spec(kvA, kvAShape, range(c.kvLoraRank, c.qkRopeDim)),
+      down,
+      /** Columns of down's output before its kv_a part: q_a's, or q_proj's of this rank's heads. */
+      downQ: c.qLoraRank ?? heads.count * qd,
+      qB: c.qLoraRank === null ? undefined : ({ names: [qName], shapes: [qShape], rows: [qRows] } as LinearSpec),
       kvB: { name: kvBName, shape: kvBShape, rows: shard.world > 1 ? blockRange(kvBRows) : undefined, count: kvBRows.count },
-      o: spec(oName, oShape, undefined, shard.world > 1 ? oCols : undefined),
+      o: { names: [oName], shapes: [oShape], cols: shard.world > 1 ? oCols : undefined } as LinearSpec,
     };
+  }
+
+  /** Columns of the down projection's output: [q_a or q_proj | c | k_pe]. */
+  static downWidth(c: ModelConfig, heads = c.numHeads): number {
+    return (c.qLoraRank ?? heads * qkHeadDim(c)) + c.kvLoraRank + c.qkRopeDim;
   }
 
   /** Every read `load` makes for this rank (what `kdtree shard` cuts: cutsOf). */
   static shardPlan(source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): WeightRead[] {
     const s = MlaAttention.specs(source, c, layer, shard);
-    const reads: WeightRead[] = [];
-    if (s.qA) reads.push(...specReads(s.qA), { name: `${s.a}q_a_layernorm.weight`, shape: [c.qLoraRank!] });
-    reads.push(...specReads(s.qNope), ...specReads(s.qPe), ...specReads(s.kvAC), ...specReads(s.kvAPe), { name: `${s.a}kv_a_layernorm.weight`, shape: [c.kvLoraRank] });
+    const reads: WeightRead[] = [...specReads(s.down)];
+    if (s.qB) reads.push({ name: `${s.a}q_a_layernorm.weight`, shape: [c.qLoraRank!] }, ...specReads(s.qB));
+    reads.push({ name: `${s.a}kv_a_layernorm.weight`, shape: [c.kvLoraRank] });
     reads.push({ name: s.kvB.name, shape: s.kvB.shape, rows: s.kvB.rows }, ...specReads(s.o));
     return reads;
   }
@@ -136,7 +146,7 @@ export class MlaAttention {
   static bytes(source: WeightReader, c: ModelConfig, layer: number, shard: Shard = WHOLE): number {
     const s = MlaAttention.specs(source, c, layer, shard);
     let total = 0;
-    for (const spec of [s.qA, s.qNope, s.qPe, s.kvAC, s.kvAPe, s.o]) if (spec) total += linearBytes(source, spec);
+    for (const spec of [s.down, s.qB, s.o]) if (spec) total += linearBytes(source, spec);
     const k = s.kvB.shape[1];
     return total + s.kvB.count * k * (source.int4(s.kvB.name) ? 4 : 2) + 4 * ((c.qLoraRank ?? 0) + c.kvLoraRank);
   }
@@ -145,14 +155,11 @@ export class MlaAttention {
     const s = MlaAttention.specs(source, c, layer, shard);
     const loaded: Partial<MlaAttention['w']> = {};
     try {
-      if (s.qA) {
-        loaded.qA = await loadLinear(b, source, [s.qA]);
+      loaded.down = await loadLinear(b, source, [s.down]);
+      if (s.qB) {
         loaded.qANorm = b.fromArray('f32', [c.qLoraRank!], await source.readF32(`${s.a}q_a_layernorm.weight`, [c.qLoraRank!]));
+        loaded.qB = await loadLinear(b, source, [s.qB]);
       }
-      loaded.qNope = await loadLinear(b, source, [s.qNope]);
-      loaded.qPe = await loadLinear(b, source, [s.qPe]);
-      loaded.kvAC = await loadLinear(b, source, [s.kvAC]);
-      loaded.kvAPe = await loadLinear(b, source, [s.kvAPe]);
       loaded.kvANorm = b.fromArray('f32', [c.kvLoraRank], await source.readF32(`${s.a}kv_a_layernorm.weight`, [c.kvLoraRank]));
       if (source.int4(s.kvB.name) !== undefined) {
         throw modelError(s.kvB.name, 'is INT4; the attention kernel reads kv_b_proj in bf16 (keep self_attn float, as Kimi K2 does)', source.path);
@@ -161,7 +168,7 @@ export class MlaAttention {
       loaded.o = await loadLinear(b, source, [s.o]);
       return new MlaAttention(c, s.heads, loaded as MlaAttention['w']);
     } catch (error) {
-      freeLinears(b, loaded.qA, loaded.qNope, loaded.qPe, loaded.kvAC, loaded.kvAPe, loaded.o);
+      freeLinears(b, loaded.down, loaded.qB, loaded.o);
       b.free(...[loaded.qANorm, loaded.kvANorm, loaded.kvB].filter((t): t is DeviceTensor => t !== undefined));
       throw error;
     }
@@ -177,28 +184,22 @@ export class MlaAttention {
     const w = this.w;
     const nh = this.heads;
     const h = ws.get('h', T);
-    const qIn = w.qA ? ws.get('qaNormed', T) : h;
-    if (w.qA) {
-      applyLinear(b, w.qA, h, ws.get('qa', T), stream);
-      b.native.rmsNorm({ x: ws.get('qa', T), weight: w.qANorm!, out: qIn, eps: c.mlaNormEps, stream });
+    const rope = { positions: pass.positions, invFreq: k.invFreq, attentionFactor: k.attentionFactor, interleave: c.ropeInterleave, stream };
+    const down = ws.get('mlaDown', T, [MlaAttention.downWidth(c, nh)]);
+    applyLinear(b, w.down, h, down, stream);
+    const cache = pass.cache(layer);
+    const qIn = w.qB ? ws.get('qaNormed', T) : undefined;
+    b.native.mlaInputs({ x: down, ...(qIn ? { qANorm: w.qANorm, qAOut: qIn } : {}), kvANorm: w.kvANorm, cacheC: cache.c, cacheKpe: cache.kpe, slots: pass.slots, eps: c.mlaNormEps, ...rope });
+    pass.mark?.(`kv ${layer}`);
+    let q = down;
+    if (w.qB) {
+      q = ws.get('qProj', T, [nh * qkHeadDim(c)]);
+      applyLinear(b, w.qB, qIn!, q, stream);
     }
     const qNope = ws.get('qNope', T, [nh * c.qkNopeDim]);
     const qPe = ws.get('qPe', T, [nh * c.qkRopeDim]);
-    applyLinear(b, w.qNope, qIn, qNope, stream);
-    applyLinear(b, w.qPe, qIn, qPe, stream);
+    b.native.mlaQuery({ x: q, qNope: view(qNope, [T, nh, c.qkNopeDim]), qPe: view(qPe, [T, nh, c.qkRopeDim]), ...rope });
     pass.mark?.(`q ${layer}`);
-    const cRaw = ws.get('cRaw', T);
-    const latent = ws.get('c', T);
-    const kpe = ws.get('kpe', T);
-    applyLinear(b, w.kvAC, h, cRaw, stream);
-    applyLinear(b, w.kvAPe, h, kpe, stream);
-    b.native.rmsNorm({ x: cRaw, weight: w.kvANorm, out: latent, eps: c.mlaNormEps, stream });
-    const rope = { positions: pass.positions, invFreq: k.invFreq, attentionFactor: k.attentionFactor, interleave: c.ropeInterleave, stream };
-    b.native.rope({ x: view(qPe, [T, nh, c.qkRopeDim]), ...rope });
-    b.native.rope({ x: view(kpe, [T, 1, c.qkRopeDim]), ...rope });
-    const cache = pass.cache(layer);
-    b.native.kvWrite({ c: latent, kpe, cacheC: cache.c, cacheKpe: cache.kpe, slots: pass.slots, stream });
-    pass.mark?.(`kv ${layer}`);
     const attn = ws.get('attn', T, [nh * c.vHeadDim]);
     b.native.mlaAttention({
       qNope: view(qNope, [T, nh, c.qkNopeDim]),
@@ -219,7 +220,7 @@ export class MlaAttention {
 
   dispose(b: KdtreeBackend): void {
     const w = this.w;
-    freeLinears(b, w.qA, w.qNope, w.qPe, w.kvAC, w.kvAPe, w.o);
+    freeLinears(b, w.down, w.qB, w.o);
     b.free(...[w.qANorm, w.kvANorm, w.kvB].filter((t): t is DeviceTensor => t !== undefined));
   }
 }

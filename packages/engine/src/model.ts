@@ -155,9 +155,10 @@ export class DeviceModel {
    * Queues one forward pass of `pass.t` tokens (`ids`, i32 [T]) and, when `logits` is given, the
    * final norm and lm_head of its rows. `taps`: layer -> f32 [T, hidden] receiving the residual
    * stream after that layer (what a drafter of hidden states, or a test, reads). `mark(part)` is
-   * called after each stage's ops are queued ('embedding'; per layer 'q L', 'kv L', 'mla L',
-   * 'attention L' (o_proj), 'routed L' and 'moe L' (shared experts) or 'mlp L'; 'lm_head'): a
-   * profiler records an event there.
+   * called after each stage's ops are queued ('embedding'; per layer 'kv L' (the input norm,
+   * [q_a; kv_a] and mla_inputs), 'q L' (q_b and mla_query), 'mla L', 'attention L' (o_proj),
+   * 'routed L' and 'moe L' (shared experts) or 'mlp L'; 'lm_head'): a profiler records an event
+   * there.
    */
   forward(pass: Pass, ids: DeviceTensor, logits?: LogitRows, taps?: ReadonlyMap<number, DeviceTensor>, mark?: (part: string) => void): void {
     const { b, config: c, workspace: ws, collective } = this;

@@ -5,7 +5,7 @@
  * share these buffers.
  */
 import { DTYPE_BYTES, type DeviceTensor, type Dtype, type KdtreeBackend } from '@kdtree/cuda';
-import type { ModelConfig } from '@kdtree/reference';
+import { qkHeadDim, type ModelConfig } from '@kdtree/reference';
 import { view } from './linear.js';
 
 /**
@@ -33,13 +33,12 @@ function layout(c: ModelConfig, hasFloatGateUp: boolean, world: number, act: Act
     attnOut: ['f32', c.hiddenSize],
     mlpOut: ['f32', c.hiddenSize],
     sharedOut: ['f32', c.hiddenSize],
-    qa: ['f32', c.qLoraRank ?? 1],
+    // MLA: the down projection [q_a or q_proj | c | k_pe], the normed q_a, q_b's output, the query parts
+    mlaDown: ['f32', (c.qLoraRank ?? c.numHeads * qkHeadDim(c)) + c.kvLoraRank + c.qkRopeDim],
     qaNormed: [act, c.qLoraRank ?? 1],
+    qProj: ['f32', c.qLoraRank === null ? 1 : c.numHeads * qkHeadDim(c)],
     qNope: ['f32', c.numHeads * c.qkNopeDim],
     qPe: ['f32', c.numHeads * c.qkRopeDim],
-    cRaw: ['f32', c.kvLoraRank],
-    c: ['f32', c.kvLoraRank],
-    kpe: ['f32', c.qkRopeDim],
     attn: [act, c.numHeads * c.vHeadDim],
     act: [act, Math.max(1, mlpInter)],
     gateUp: [act, hasFloatGateUp ? 2 * mlpInter : 1],

@@ -192,6 +192,18 @@ const CALLS_BY_OP: Record<string, CallMaker> = {
     const t = c.size(), slots = t + c.pick([0, 4]), cache = floatDtype(c);
     return { c: c.tensor('f32', [t, 16], 'float'), kpe: c.tensor('f32', [t, 8], 'float'), cacheC: c.tensor(cache, [slots, 16]), cacheKpe: c.tensor(cache, [slots, 8]), slots: c.tensor('i32', [t], slots + 1) };
   },
+  mlaInputs: (c) => {
+    const t = c.size(), slots = t + c.pick([0, 4]), cache = floatDtype(c), q = c.pick([0, 8]), w = q + 16 + 8 + c.pick([0, 3]);
+    return {
+      x: c.tensor('f32', [t, w], 'float'), qANorm: q > 0 ? c.tensor(floatDtype(c), [q], 'float') : undefined, qAOut: q > 0 ? c.tensor(floatDtype(c), [t, q]) : undefined,
+      kvANorm: c.tensor(floatDtype(c), [16], 'float'), cacheC: c.tensor(cache, [slots, 16]), cacheKpe: c.tensor(cache, [slots, 8]), slots: c.tensor('i32', [t], slots + 1),
+      positions: c.tensor('i32', [t], 4096), invFreq: c.tensor('f64', [4], 'float'), eps: c.real(1e-6), attentionFactor: c.real(1), interleave: c.flag(0.5),
+    };
+  },
+  mlaQuery: (c) => {
+    const t = c.size(), heads = c.size(), w = heads * (8 + 4) + c.pick([0, 5]);
+    return { x: c.tensor('f32', [t, w], 'float'), qNope: c.tensor('f32', [t, heads, 8]), qPe: c.tensor('f32', [t, heads, 4]), positions: c.tensor('i32', [t], 4096), invFreq: c.tensor('f64', [2], 'float'), attentionFactor: c.real(1), interleave: c.flag(0.5) };
+  },
   ddtreeBuild: (c) => {
     const depth = c.size(), vocab = c.pick([4, 16, 50]), budget = c.pick([0, 1, 4, 16, 64]), nodes = budget + 1;
     return {

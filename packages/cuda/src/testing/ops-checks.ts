@@ -123,6 +123,83 @@ const ropeCheck: KernelCheck = {
   },
 };
 
+/** Columns [from, from + width) of each of the T rows of a [T, W] array. */
+function columns(x: Float32Array, t: number, w: number, from: number, width: number): Float32Array {
+  const out = new Float32Array(t * width);
+  for (let i = 0; i < t; i++) out.set(x.subarray(i * w + from, i * w + from + width), i * width);
+  return out;
+}
+
+const mlaInputsQuery: KernelCheck = {
+  name: 'mla_inputs / mla_query: the bits of the unfused rms_norm, rope and kv_write (f32 and bf16 cache and q_a out, with and without q_a, interleaved and not, odd sizes, off 16-byte alignment); bad shapes rejected',
+  run(b) {
+    return withTensors(b, (track) => {
+      const S = 8;
+      const slotsOf = Int32Array.of(5, 0, 2);
+      const T = slotsOf.length;
+      const positions = track(b.fromArray('i32', [T], Int32Array.of(3, 70000, 11)));
+      const slots = track(b.fromArray('i32', [T], slotsOf));
+      let cases = 0;
+      // [Q, R, rope, W]: odd sizes with padding between the parts, Kimi K2's, and no q_a (W holds q_proj's output first)
+      for (const [Q, R, dr, W] of [[12, 20, 6, 43], [1536, 512, 64, 2112], [0, 20, 6, 60]] as const) {
+        const invFreq = track(b.fromArray('f64', [dr / 2], Float64Array.from({ length: dr / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / dr))));
+        for (const cache of ['f32', 'bf16'] as const) {
+          for (const interleave of [true, false]) {
+            for (const unaligned of [false, true]) {
+              const x = randomF32(T * W, Q + R + W);
+              const xd = unaligned ? { ...track(b.fromArray('f32', [T * W + 1], Float32Array.from([0, ...x]))), shape: [T, W], offset: 4 } : track(b.fromArray('f32', [T, W], x));
+              const qNorm = track(b.fromArray('bf16', [Math.max(Q, 1)], f32ArrayToBf16(randomF32(Math.max(Q, 1), 5))));
+              const kvNorm = track(b.fromArray('f32', [R], randomF32(R, 6)));
+              const qOut = cache === 'bf16' ? 'bf16' : 'f32';
+              const fused = { c: track(b.zeros(cache, [S, R])), kpe: track(b.zeros(cache, [S, dr])), q: track(b.zeros(qOut, [T, Math.max(Q, 1)])) };
+              const rope = { positions, invFreq, attentionFactor: 1.25, interleave };
+              b.native.mlaInputs({ x: xd, ...(Q > 0 ? { qANorm: qNorm, qAOut: fused.q } : {}), kvANorm: kvNorm, cacheC: fused.c, cacheKpe: fused.kpe, slots, eps: 1e-6, ...rope });
+              const want = { c: track(b.zeros(cache, [S, R])), kpe: track(b.zeros(cache, [S, dr])), q: track(b.zeros(qOut, [T, Math.max(Q, 1)])) };
+              if (Q > 0) b.native.rmsNorm({ x: track(b.fromArray('f32', [T, Q], columns(x, T, W, 0, Q))), weight: qNorm, out: want.q, eps: 1e-6 });
+              const c = track(b.empty('f32', [T, R]));
+              b.native.rmsNorm({ x: track(b.fromArray('f32', [T, R], columns(x, T, W, W - R - dr, R))), weight: kvNorm, out: c, eps: 1e-6 });
+              const kpe = track(b.fromArray('f32', [T, 1, dr], columns(x, T, W, W - dr, dr)));
+              b.native.rope({ x: kpe, ...rope });
+              b.native.kvWrite({ c, kpe: { ...kpe, shape: [T, dr] }, cacheC: want.c, cacheKpe: want.kpe, slots });
+              const what = `Q ${Q} R ${R} rope ${dr} W ${W}, ${cache} cache, interleave ${interleave}${unaligned ? ', unaligned' : ''}`;
+              if (!sameBits(b.toArray(fused.c), b.toArray(want.c))) fail(`${what}: the latent rows differ from rms_norm + kv_write`);
+              if (!sameBits(b.toArray(fused.kpe), b.toArray(want.kpe))) fail(`${what}: the rope keys differ from rope + kv_write`);
+              if (Q > 0 && !sameBits(b.toArray(fused.q), b.toArray(want.q))) fail(`${what}: the normed q_a differs from rms_norm`);
+              cases++;
+            }
+          }
+        }
+        // mla_query over the first columns of an x of this width: H heads of [nope | rope]
+        const H = 2, dn = Math.floor((W - 2 * dr - 3) / 2);
+        for (const interleave of [true, false]) {
+          const x = randomF32(T * W, dn + W);
+          const qNope = track(b.zeros('f32', [T, H, dn]));
+          const qPe = track(b.zeros('f32', [T, H, dr]));
+          const rope = { positions, invFreq, attentionFactor: 0.75, interleave };
+          b.native.mlaQuery({ x: track(b.fromArray('f32', [T, W], x)), qNope, qPe, ...rope });
+          const pe = track(b.fromArray('f32', [T, H, dr], columns(x, T, W, H * dn, H * dr)));
+          b.native.rope({ x: pe, ...rope });
+          const what = `mla_query H ${H} nope ${dn} rope ${dr} W ${W}, interleave ${interleave}`;
+          if (!sameBits(b.toArray(qNope), columns(x, T, W, 0, H * dn))) fail(`${what}: q_nope differs from x's nope columns`);
+          if (!sameBits(b.toArray(qPe), b.toArray(pe))) fail(`${what}: q_pe differs from rope of x's rope columns`);
+          cases++;
+        }
+      }
+      const x = track(b.zeros('f32', [T, 40]));
+      const invFreq = track(b.zeros('f64', [3]));
+      const ok = { x, kvANorm: track(b.zeros('f32', [20])), cacheC: track(b.zeros('f32', [S, 20])), cacheKpe: track(b.zeros('f32', [S, 6])), slots, positions, invFreq, eps: 1e-6 };
+      expectThrows('narrow x', () => b.native.mlaInputs({ ...ok, qANorm: track(b.zeros('f32', [16])), qAOut: track(b.zeros('f32', [T, 16])) }), /x must hold \[q_a \(16\) \.\.\. \| c \(20\) \| k_pe \(6\)\] in its 40 columns: at least 42/);
+      expectThrows('q_a norm alone', () => b.native.mlaInputs({ ...ok, qANorm: track(b.zeros('f32', [8])) }), /qANorm and qAOut go together/);
+      expectThrows('mixed cache dtypes', () => b.native.mlaInputs({ ...ok, cacheKpe: track(b.zeros('bf16', [S, 6])) }), /cacheKpe must be f32, got bf16/);
+      expectThrows('short invFreq', () => b.native.mlaInputs({ ...ok, invFreq: track(b.zeros('f64', [2])) }), /invFreq must be \[rope \/ 2\] = \[3\]/);
+      expectThrows('slots', () => b.native.mlaInputs({ ...ok, slots: track(b.zeros('i32', [2])) }), /slots must have one entry per row of x \(3\)/);
+      expectThrows('query width', () => b.native.mlaQuery({ x, qNope: track(b.zeros('f32', [T, 4, 8])), qPe: track(b.zeros('f32', [T, 4, 6])), positions, invFreq }), /x must hold \[nope of 4 heads \(32\) \| their rope parts \(24\)\] in its 40 columns/);
+      expectThrows('query heads', () => b.native.mlaQuery({ x, qNope: track(b.zeros('f32', [T, 2, 8])), qPe: track(b.zeros('f32', [T, 3, 6])), positions, invFreq }), /qNope must be \[T, H, nope\] and qPe \[T, H, rope\]/);
+      return { detail: `${cases} cases bit-identical to the unfused ops` };
+    });
+  },
+};
+
 const elementwise: KernelCheck = {
   name: 'silu_mul, add and embedding (bf16 table) vs reference',
   run(b) {
@@ -261,4 +338,4 @@ const vocabTopk: KernelCheck = {
   },
 };
 
-export const OPS_CHECKS: KernelCheck[] = [rmsNormCheck, fusedResidualNorm, ropeCheck, elementwise, router, argmaxTopk, vocabTopk];
+export const OPS_CHECKS: KernelCheck[] = [rmsNormCheck, fusedResidualNorm, ropeCheck, mlaInputsQuery, elementwise, router, argmaxTopk, vocabTopk];
