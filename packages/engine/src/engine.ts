@@ -162,7 +162,7 @@ interface SpecState {
   depth: number;
   budget: number | 'auto';
   policy?: BudgetPolicy;
-  /** Auto: plain decode steps left before the next draft, and the wait after the next plain choice (doubling or more, to 256). */
+  /** Auto: plain decode steps left before the next draft, and the wait after the next plain choice (growing, to 1024). */
   skip: number;
   backoff: number;
 }
@@ -176,6 +176,13 @@ export class Engine {
   private readonly draftTop1: DeviceTensor;
   private readonly drafters = new Map<string, Promise<Drafter>>();
   private readonly costs = new Map<number, CostCurve>();
+  /**
+   * Auto's state per drafter and depth (its calibration, its wait before the next try), kept
+   * between generations as a server's requests share a drafter: what the trees of one generation
+   * taught about a drafter holds for the next, so a drafter that predicts nothing is not probed
+   * again at every request, and one that does starts from its calibration.
+   */
+  private readonly autoStates = new WeakMap<Drafter, Map<number, SpecState>>();
   /** Layer -> f32 [workspace rows, hidden]: the target's taps for a drafter of hidden states (Runner.taps). */
   private readonly tapBuffers = new Map<number, DeviceTensor>();
   /** Layer -> f32 [tree nodes, hidden]: a tree step's accepted rows, gathered from its taps. */
@@ -370,7 +377,12 @@ export class Engine {
       if (budget === 'auto') {
         if (spec !== 'ddtree') throw argumentError('budget', "'auto' chooses a DDTree budget; chain decoding takes a number");
       } else checkInt('budget', budget, 1, this.options.maxBudget);
-      state = { drafter, depth, budget, skip: 0, backoff: 1 };
+      if (budget === 'auto') {
+        let byDepth = this.autoStates.get(drafter);
+        if (byDepth === undefined) this.autoStates.set(drafter, (byDepth = new Map()));
+        state = byDepth.get(depth);
+        if (state === undefined) byDepth.set(depth, (state = { drafter, depth, budget, skip: 0, backoff: 1 }));
+      } else state = { drafter, depth, budget, skip: 0, backoff: 1 };
     }
     const lookahead = this.scratchSlots({ spec, budget: state?.budget, depth: state?.depth });
     if (tokens.length + maxNew + lookahead > cap) {
@@ -511,7 +523,7 @@ export class Engine {
     // captures those steps as graphs of their own), and each committed row reaches commit()
     this.tapping = state?.drafter.targetLayers !== undefined ? state.drafter : undefined;
     r.taps = this.tapping === undefined ? undefined : this.tapsFor(this.tapping.targetLayers!);
-    if (state?.budget === 'auto') state.policy = await this.budgetPolicy(state);
+    if (state?.budget === 'auto') state.policy ??= await this.budgetPolicy(state);
     state?.drafter.begin(prompt);
     this.heldRows = 0;
     r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
