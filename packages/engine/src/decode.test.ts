@@ -6,7 +6,8 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { greedyDecode, loadModel, modelDrafter, argmax } from '@kdtree/reference';
-import { BUDGET_BUCKETS, createEngine, EngineError, ModelSource, type Engine, type GenerateOptions } from './index.js';
+import { BUDGET_BUCKETS, createEngine, EngineError, ModelSource, type Drafter, type Engine, type GenerateOptions } from './index.js';
+import { PROBE_BUDGET } from './budget.js';
 import { syntheticPair, tempDir, TEST_BACKEND, type ModelPair } from './test-support/models.js';
 
 const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
@@ -143,6 +144,36 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       b.free(out);
       drafter.dispose();
     }
+  });
+
+  it("keeps auto's calibration for the next generation with the same drafter: the first probes a confident drafter that is always wrong, the second starts from what those trees taught", async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    const b = engine.backend;
+    const V = engine.config.vocabSize;
+    // certain of draft tokens that are never the target's (each greedy token + 1 + depth)
+    const wrong: Drafter = {
+      name: 'always-wrong',
+      vocabSize: V,
+      maxDepth: 16,
+      begin() {},
+      draft({ tokens, depth, out }) {
+        const logits = new Float32Array(depth * V).fill(-30);
+        const next = greedy[tokens.length - PROMPT.length] ?? 0;
+        for (let d = 0; d < depth; d++) logits[d * V + ((next + 1 + d) % V)] = 30;
+        b.native.upload(out.buffer, logits, out.offset ?? 0);
+      },
+      dispose() {},
+    };
+    const options = { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: wrong, budget: 'auto', depth: 3, trace: true } as const;
+    const first = await engine.complete(PROMPT, options);
+    const second = await engine.complete(PROMPT, options);
+    expect(first.tokens).toEqual(greedy);
+    expect(second.tokens).toEqual(greedy);
+    expect([...first.steps, ...second.steps].every((s) => s.accepted === 0)).toBe(true);
+    // a fresh policy takes the drafter's certainty on trust only as far as a probe
+    expect(first.steps[0].budget).toBe(PROBE_BUDGET);
+    // the kept one is calibrated (at its floor): no probes, the trees its calibration chooses
+    expect(second.steps.filter((s) => s.budget === PROBE_BUDGET)).toEqual([]);
   });
 
   it('eos stops the generation at the token, in every mode', async () => {

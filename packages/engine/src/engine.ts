@@ -177,12 +177,12 @@ export class Engine {
   private readonly drafters = new Map<string, Promise<Drafter>>();
   private readonly costs = new Map<number, CostCurve>();
   /**
-   * Auto's state per drafter and depth (its calibration, its wait before the next try), kept
-   * between generations as a server's requests share a drafter: what the trees of one generation
-   * taught about a drafter holds for the next, so a drafter that predicts nothing is not probed
-   * again at every request, and one that does starts from its calibration.
+   * Auto's policy per drafter and depth, kept between generations as a server's requests share a
+   * drafter: the calibration the trees of one generation taught holds for the next, so a drafter
+   * that predicts nothing is not probed again at every request. The waits between tries start
+   * afresh with each generation (a new context: prompt lookup may match where the last did not).
    */
-  private readonly autoStates = new WeakMap<Drafter, Map<number, SpecState>>();
+  private readonly autoPolicies = new WeakMap<Drafter, Map<number, BudgetPolicy>>();
   /** Layer -> f32 [workspace rows, hidden]: the target's taps for a drafter of hidden states (Runner.taps). */
   private readonly tapBuffers = new Map<number, DeviceTensor>();
   /** Layer -> f32 [tree nodes, hidden]: a tree step's accepted rows, gathered from its taps. */
@@ -377,12 +377,7 @@ export class Engine {
       if (budget === 'auto') {
         if (spec !== 'ddtree') throw argumentError('budget', "'auto' chooses a DDTree budget; chain decoding takes a number");
       } else checkInt('budget', budget, 1, this.options.maxBudget);
-      if (budget === 'auto') {
-        let byDepth = this.autoStates.get(drafter);
-        if (byDepth === undefined) this.autoStates.set(drafter, (byDepth = new Map()));
-        state = byDepth.get(depth);
-        if (state === undefined) byDepth.set(depth, (state = { drafter, depth, budget, skip: 0, backoff: 1 }));
-      } else state = { drafter, depth, budget, skip: 0, backoff: 1 };
+      state = { drafter, depth, budget, skip: 0, backoff: 1 };
     }
     const lookahead = this.scratchSlots({ spec, budget: state?.budget, depth: state?.depth });
     if (tokens.length + maxNew + lookahead > cap) {
@@ -523,7 +518,7 @@ export class Engine {
     // captures those steps as graphs of their own), and each committed row reaches commit()
     this.tapping = state?.drafter.targetLayers !== undefined ? state.drafter : undefined;
     r.taps = this.tapping === undefined ? undefined : this.tapsFor(this.tapping.targetLayers!);
-    if (state?.budget === 'auto') state.policy ??= await this.budgetPolicy(state);
+    if (state?.budget === 'auto') state.policy = await this.budgetPolicy(state);
     state?.drafter.begin(prompt);
     this.heldRows = 0;
     r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
@@ -720,16 +715,22 @@ export class Engine {
 
   /**
    * The verify cost curve on this backend at this depth (measured once: each bucket's captured tree
-   * step timed on a scratch sequence, before the generation's prefill overwrites it) and a policy
-   * over it.
+   * step timed on a scratch sequence, before the generation's prefill overwrites it) and the
+   * drafter's policy over it (made at its first auto generation at this depth, then kept).
    */
   private async budgetPolicy(state: SpecState): Promise<BudgetPolicy> {
+    let byDepth = this.autoPolicies.get(state.drafter);
+    if (byDepth === undefined) this.autoPolicies.set(state.drafter, (byDepth = new Map()));
+    const kept = byDepth.get(state.depth);
+    if (kept !== undefined) return kept;
     let curve = this.costs.get(state.depth);
     if (curve === undefined) {
       curve = this.measureCosts(state.depth);
       this.costs.set(state.depth, curve);
     }
-    return new BudgetPolicy(curve, 0, state.depth);
+    const policy = new BudgetPolicy(curve, 0, state.depth);
+    byDepth.set(state.depth, policy);
+    return policy;
   }
 
   /** Median device milliseconds of `launch` over a few runs, each on a fresh scratch sequence of 64 tokens. */
