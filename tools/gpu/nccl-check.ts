@@ -77,12 +77,17 @@ await attempt('decode over NCCL (tp 1) == the plain model, token for token', asy
     await source.close();
     const r = new Runner(b, model, 256, 'bf16', 64);
     try {
-      r.prefill(PROMPT, 0);
-      const tokens = [r.readToken()];
+      // every step under the communicator's watchdog (armed for its timeout, disarmed after), as
+      // the engine runs them
+      const tokens = [r.guarded(() => (r.prefill(PROMPT, 0), r.readToken()))];
       for (let i = 1; i < 32; i++) {
-        r.run({ kind: 'decode' });
-        r.advance(1);
-        tokens.push(r.readToken());
+        tokens.push(
+          r.guarded(() => {
+            r.run({ kind: 'decode' });
+            r.advance(1);
+            return r.readToken();
+          }),
+        );
       }
       return tokens;
     } finally {
@@ -95,7 +100,7 @@ await attempt('decode over NCCL (tp 1) == the plain model, token for token', asy
   const over = await decode(true);
   const diverge = plain.findIndex((t, i) => t !== over[i]);
   if (diverge >= 0) throw new Error(`first divergence at token ${diverge}: ${over[diverge]} over NCCL, ${plain[diverge]} plain`);
-  return `identical ${plain.length} tokens (${plain.slice(0, 8).join(' ')} ...)`;
+  return `identical ${plain.length} tokens (${plain.slice(0, 8).join(' ')} ...), each step under the armed watchdog`;
 });
 
 await attempt('per-layer all-reduce time (hidden 7168 f32 x T rows)', () => {

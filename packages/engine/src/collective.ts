@@ -27,6 +27,13 @@ export interface Collective {
   allGather(local: DeviceTensor, out: DeviceTensor, stream: number): void;
   /** Every rank's `tensors` = rank `root`'s (any dtypes; the same shapes on every rank). */
   broadcast(tensors: readonly DeviceTensor[], root: number, stream: number): void;
+  /**
+   * Runs `work` (a step and the host reads after it, which block while a collective waits for a
+   * rank) under the transport's watchdog, where it has one (NCCL: a stall past its timeout aborts
+   * the communicator and `work` throws a RankFailure naming this rank). Host collectives need
+   * none: their waits are bounded by the transport itself.
+   */
+  guard?<T>(work: () => T): T;
 }
 
 /** What moves between ranks on the host: blocking calls every rank makes in the same order. */

@@ -521,9 +521,12 @@ export class Engine {
     if (state?.budget === 'auto') state.policy = await this.budgetPolicy(state);
     state?.drafter.begin(prompt);
     this.heldRows = 0;
-    r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
+    const firstToken = r.guarded(() => {
+      r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
+      return r.readToken();
+    });
     forwards += Math.ceil(prompt.length / this.options.prefillChunk);
-    const first = take([r.readToken()]);
+    const first = take([firstToken]);
     prefillMs = performance.now() - t0;
     if (first.done) {
       const result = finish();
@@ -538,7 +541,7 @@ export class Engine {
       // even when the consumer awaits the next chunk at once
       await new Promise<void>((resolve) => setImmediate(resolve));
       this.checkAbort(o.signal);
-      const step = state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, context, o.trace ?? false);
+      const step = r.guarded(() => (state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, context, o.trace ?? false)));
       forwards++;
       const { taken, done } = take(step.emitted);
       context.push(...taken);

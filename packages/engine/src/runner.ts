@@ -131,6 +131,12 @@ export class Runner {
     this.cache.committed[0] += count;
   }
 
+  /** `work` under the collective's watchdog (Collective.guard), or as it is without one. */
+  guarded<T>(work: () => T): T {
+    const c = this.model.collective;
+    return c?.guard ? c.guard(work) : work();
+  }
+
   /** Runs a command of rank 0's Runner on this rank (a tensor-parallel peer). */
   execute(command: RankCommand): void {
     switch (command.op) {

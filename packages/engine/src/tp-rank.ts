@@ -96,7 +96,7 @@ export async function serveRank(rank: number, setup: RankSetup, link: RankLink, 
       return;
     }
     try {
-      r.execute(command);
+      r.guarded(() => r.execute(command));
     } catch (error) {
       closing = true;
       link.fail(`threw during ${describe(command)}: ${error instanceof Error ? error.message : String(error)}`);
