@@ -146,7 +146,7 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     }
   });
 
-  it("keeps auto's calibration for the next generation with the same drafter: the first probes a confident drafter that is always wrong, the second starts from what those trees taught", async () => {
+  it("keeps auto's policy (its calibration) for the next generation with the same drafter and depth: the first probes a confident drafter that is always wrong, the second goes on from what those trees taught", async () => {
     const { engine, greedy } = setups['kimi-k2'];
     const b = engine.backend;
     const V = engine.config.vocabSize;
@@ -165,15 +165,19 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       dispose() {},
     };
     const options = { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: wrong, budget: 'auto', depth: 3, trace: true } as const;
+    expect(engine.autoPolicy(wrong, 3)).toBeUndefined();
     const first = await engine.complete(PROMPT, options);
+    const kept = engine.autoPolicy(wrong, 3);
+    expect(kept).toBeDefined();
+    // a fresh policy takes the drafter's certainty on trust only as far as a probe, and none was accepted
+    expect(first.steps[0].budget).toBe(PROBE_BUDGET);
+    expect(kept!.calibrated).toBe(true);
     const second = await engine.complete(PROMPT, options);
+    expect(engine.autoPolicy(wrong, 3)).toBe(kept);
+    expect(engine.autoPolicy(wrong, 4)).toBeUndefined();
     expect(first.tokens).toEqual(greedy);
     expect(second.tokens).toEqual(greedy);
     expect([...first.steps, ...second.steps].every((s) => s.accepted === 0)).toBe(true);
-    // a fresh policy takes the drafter's certainty on trust only as far as a probe
-    expect(first.steps[0].budget).toBe(PROBE_BUDGET);
-    // the kept one is calibrated (at its floor): no probes, the trees its calibration chooses
-    expect(second.steps.filter((s) => s.budget === PROBE_BUDGET)).toEqual([]);
   });
 
   it('eos stops the generation at the token, in every mode', async () => {

@@ -192,23 +192,6 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     expectReferenceDrafts(drafts);
   });
 
-  it("carries auto's state (its calibration and its wait) to the next generation with the same drafter: a drafter whose trees did not pay is tried less, and the output stays exact", async () => {
-    const { drafter: wrapper, drafts } = recordingDrafter((await engine.drafter(`dflash:${drafter}`)) as DflashDrafter, engine.backend);
-    const maxNew = 48;
-    const expected = greedyDecode(reference.model, PROMPT, { maxNew, eos: [] }).tokens;
-    const options = { maxNew, eos: [], spec: 'ddtree', drafter: wrapper, budget: 'auto', trace: true } as const;
-    const first = await engine.complete(PROMPT, options);
-    const firstDrafts = drafts.length;
-    const second = await engine.complete(PROMPT, options);
-    expect(first.tokens).toEqual(expected);
-    expect(second.tokens).toEqual(expected);
-    expect(firstDrafts).toBeGreaterThanOrEqual(2);
-    expect(drafts.length - firstDrafts).toBeLessThan(firstDrafts);
-    // the second generation starts inside the first one's wait: plain decode steps, no draft
-    expect(second.steps[0].draftTop1).toEqual([]);
-    expectReferenceDrafts(drafts);
-  });
-
   it("holds back no more rows than one commit may bring (an engine of 9-row passes), and stays exact with budget 'auto'", async () => {
     const small = await createEngine({ model: target, backend: TEST_BACKEND, cacheTokens: 256, cacheDtype: 'f32', activations: 'f32', prefillChunk: 8, maxBudget: 8, maxDepth: 4 });
     try {

@@ -717,6 +717,14 @@ export class Engine {
   }
 
   /**
+   * The policy budget 'auto' keeps for `drafter` at `depth` (its calibration over the cost curve),
+   * undefined before the drafter's first auto generation at that depth.
+   */
+  autoPolicy(drafter: Drafter, depth: number): BudgetPolicy | undefined {
+    return this.autoPolicies.get(drafter)?.get(depth);
+  }
+
+  /**
    * The verify cost curve on this backend at this depth (measured once: each bucket's captured tree
    * step timed on a scratch sequence, before the generation's prefill overwrites it) and the
    * drafter's policy over it (made at its first auto generation at this depth, then kept).
