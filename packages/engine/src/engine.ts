@@ -178,8 +178,8 @@ export class Engine {
   private readonly costs = new Map<number, CostCurve>();
   /**
    * Auto's policy per drafter and depth, kept between generations as a server's requests share a
-   * drafter: the calibration the trees of one generation taught holds for the next, so a drafter
-   * that predicts nothing is not probed again at every request. The waits between tries start
+   * drafter: the calibration the trees of one generation taught holds for the next, so later
+   * requests start calibrated instead of probing the drafter as an unknown. The waits between tries start
    * afresh with each generation (a new context: prompt lookup may match where the last did not).
    */
   private readonly autoPolicies = new WeakMap<Drafter, Map<number, BudgetPolicy>>();
