@@ -521,12 +521,9 @@ export class Engine {
     if (state?.budget === 'auto') state.policy = await this.budgetPolicy(state);
     state?.drafter.begin(prompt);
     this.heldRows = 0;
-    const firstToken = r.guarded(() => {
-      r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
-      return r.readToken();
-    });
+    r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
     forwards += Math.ceil(prompt.length / this.options.prefillChunk);
-    const first = take([firstToken]);
+    const first = take([r.readToken()]);
     prefillMs = performance.now() - t0;
     if (first.done) {
       const result = finish();
@@ -541,7 +538,7 @@ export class Engine {
       // even when the consumer awaits the next chunk at once
       await new Promise<void>((resolve) => setImmediate(resolve));
       this.checkAbort(o.signal);
-      const step = r.guarded(() => (state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, context, o.trace ?? false)));
+      const step = state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, context, o.trace ?? false);
       forwards++;
       const { taken, done } = take(step.emitted);
       context.push(...taken);
@@ -555,12 +552,16 @@ export class Engine {
     }
   }
 
+  /** A decode step; its launch and read under the collective's watchdog (a step's deadline, not a prefill's). */
   private greedyStep(): { emitted: number[]; trace?: StepTrace } {
     const r = this.runner;
-    r.run({ kind: 'decode' });
-    r.advance(1);
+    const token = r.guarded(() => {
+      r.run({ kind: 'decode' });
+      r.advance(1);
+      return r.readToken();
+    });
     this.commitRows([0]);
-    return { emitted: [r.readToken()] };
+    return { emitted: [token] };
   }
 
   /** The tap buffers of `layers` (allocated on first use, for the workspace's rows). */
@@ -692,19 +693,15 @@ export class Engine {
         if (!policy.calibrated) budget = Math.min(budget, PROBE_BUDGET);
       }
     } else budget = state.budget as number;
-    let n: number;
-    if (spec === 'chain') {
-      const length = Math.min(budget, depth);
-      n = length + 1;
-      r.run({ kind: 'chain', length });
-    } else {
-      n = budget + 1;
-      r.run({ kind: 'tree', budget, depth });
-    }
-    const pathLen = (b.toArray(this.tree.pathLen) as Int32Array)[0];
-    const path = (b.toArray(this.tree.path) as Int32Array).subarray(0, pathLen);
-    const nodes = b.toArray(this.tree.tokens) as Int32Array;
-    const emitted = [...Array.from(path.subarray(1), (i) => nodes[i]), r.readToken()];
+    const n = spec === 'chain' ? Math.min(budget, depth) + 1 : budget + 1;
+    // the verify and its reads under the collective's watchdog; the draft above is not a collective's wait
+    const { pathLen, path, emitted } = r.guarded(() => {
+      r.run(spec === 'chain' ? { kind: 'chain', length: n - 1 } : { kind: 'tree', budget, depth });
+      const pathLen = (b.toArray(this.tree.pathLen) as Int32Array)[0];
+      const path = (b.toArray(this.tree.path) as Int32Array).subarray(0, pathLen);
+      const nodes = b.toArray(this.tree.tokens) as Int32Array;
+      return { pathLen, path, emitted: [...Array.from(path.subarray(1), (i) => nodes[i]), r.readToken()] };
+    });
     r.advance(pathLen);
     this.commitRows(Array.from(path));
     if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1);

@@ -96,7 +96,9 @@ export async function serveRank(rank: number, setup: RankSetup, link: RankLink, 
       return;
     }
     try {
-      r.guarded(() => r.execute(command));
+      // a step under the collective's watchdog (a step's deadline); a prefill's length scales with its prompt
+      if (command.op === 'step') r.guarded(() => r.execute(command));
+      else r.execute(command);
     } catch (error) {
       closing = true;
       link.fail(`threw during ${describe(command)}: ${error instanceof Error ? error.message : String(error)}`);
