@@ -38,10 +38,15 @@ float RmsSumOfSquares(const float* x, int64_t h) {
   return total;
 }
 
-// out[j] = x[j] / rms(x) * weight[j] (f32 math, stored in out's dtype), at element `at` of out.
-void NormRowInto(const float* x, int64_t h, const Tensor& weight, double eps, const Tensor& out, int64_t at) {
+// out[j] = x[j] / rms(x) * weight[j] (f32 math, stored in out's dtype), at element `at` of out,
+// and of `copy` too when it is present (one sum of squares for both).
+void NormRowInto(const float* x, int64_t h, const Tensor& weight, double eps, const Tensor& out, int64_t at, const Tensor* copy = nullptr) {
   const float inv = 1.f / std::sqrt(RmsSumOfSquares(x, h) / static_cast<float>(h) + static_cast<float>(eps));
-  for (int64_t j = 0; j < h; ++j) StoreF(out, at + j, x[j] * inv * LoadF(weight, j));
+  for (int64_t j = 0; j < h; ++j) {
+    const float y = x[j] * inv * LoadF(weight, j);
+    StoreF(out, at + j, y);
+    if (copy != nullptr) StoreF(*copy, at + j, y);
+  }
 }
 
 // Rotates `half` pairs of v at position pos, as Rope does (f64 angles and products).
@@ -80,8 +85,7 @@ Status RmsNorm(const RmsNormArgs& a, ThreadPool& pool) {
         std::copy(sum.begin(), sum.end(), a.sum.as<float>() + r * hdim);
         x = sum.data();
       }
-      NormRowInto(x, hdim, a.weight, a.eps, a.out, r * hdim);
-      if (a.out_bf16.present()) NormRowInto(x, hdim, a.weight, a.eps, a.out_bf16, r * hdim);
+      NormRowInto(x, hdim, a.weight, a.eps, a.out, r * hdim, a.out_bf16.present() ? &a.out_bf16 : nullptr);
     }
   });
   return Status::Ok();

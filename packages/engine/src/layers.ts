@@ -120,8 +120,6 @@ export class MlaAttention {
       a,
       heads: heads.count,
       down,
-      /** Columns of down's output before its kv_a part: q_a's, or q_proj's of this rank's heads. */
-      downQ: c.qLoraRank ?? heads.count * qd,
       qB: c.qLoraRank === null ? undefined : ({ names: [qName], shapes: [qShape], rows: [qRows] } as LinearSpec),
       kvB: { name: kvBName, shape: kvBShape, rows: shard.world > 1 ? blockRange(kvBRows) : undefined, count: kvBRows.count },
       o: { names: [oName], shapes: [oShape], cols: shard.world > 1 ? oCols : undefined } as LinearSpec,
