@@ -4,6 +4,7 @@
 //   engine-check.mjs          the engine's exactness suite on cuda (chain / DDTree == greedy, forward vs reference)
 //   nccl-check.mjs            NCCL on one GPU: version, a world-1 communicator, collectives in a graph, tp-1 decode over NCCL
 //   engine-bench.mjs          the engine's benchmark at Kimi K2's dimensions (docs/benchmarks/engine.md)
+//   walk-bench.mjs            the demo's models (walk target, draft model, built DFlash drafter): chain vs DDTree
 //   hf_peer.py                transformers' DeepseekV3 in bf16 on the same architecture, its peer
 //   profile.mjs               the hot kernels once each, for Nsight Compute (run.sh profile)
 //   host-cost.mjs             host time per native call (tools/bench/host-cost.mjs; --backend cuda)
@@ -70,7 +71,7 @@ for (const variant of ['cuda', 'cpu']) {
 // The GPU host has no node_modules: an import rolldown cannot resolve (a workspace package whose
 // dist/ is not built yet) would be left as a bare import and fail there, so it fails here instead,
 // before that bundle is written (each bundle lands whole, through a temp file and a rename).
-for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'gpu/engine-check.ts', 'gpu/nccl-check.ts', 'gpu/engine-bench.ts', 'bench/host-cost.mjs']) {
+for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'gpu/engine-check.ts', 'gpu/nccl-check.ts', 'gpu/engine-bench.ts', 'gpu/walk-bench.ts', 'bench/host-cost.mjs']) {
   const unresolved = new Set();
   const bundle = await rolldown({
     input: join(root, 'tools', input),

@@ -137,13 +137,16 @@ describe('kdtree CLI', () => {
   it('runs the demo on the engine: every mode exact; a second run reuses the cached models', () => {
     const cache = mkdtempSync(join(tmpdir(), 'kdtree-demo-cache-'));
     try {
-      for (const want of [/generated .*small-seed1-int4\.kdtr/, /reused .*small-seed1-int4\.kdtr/]) {
+      for (const want of [/generated .*small-seed1-walk-int4\.kdtr/, /reused .*small-seed1-walk-int4\.kdtr/]) {
         const r = runCli(['demo', '--preset', 'small', '--max-new', '24', '--cache', cache, '--backend', 'cpu']);
         expect(r.status, r.stderr).toBe(0);
         expect(r.stdout).toMatch(want);
-        for (const mode of ['greedy', 'chain, draft model', 'ddtree, draft model, budget 16', 'ddtree, draft model, budget auto', 'ddtree, ngram', 'chain, dflash \\(random weights\\)', 'ddtree, dflash \\(random weights\\), budget 16']) {
+        for (const mode of ['greedy', 'chain, dflash, 7 nodes', 'ddtree, dflash, budget 7', 'ddtree, dflash, budget 16', 'ddtree, dflash, budget auto', 'chain, draft model', 'ddtree, draft model, budget 16', 'ddtree, ngram']) {
           expect(r.stdout).toMatch(new RegExp(`${mode}.*\\byes$`, 'm'));
         }
+        // the built drafter predicts the walk: its chain accepts more than the bonus token a step
+        const chain = /^chain, dflash, 7 nodes\s+\S+\s+\S+\s+(\S+)/m.exec(r.stdout);
+        expect(Number(chain?.[1])).toBeGreaterThan(2);
         expect(r.stdout).toMatch(/re-imported model decodes the same tokens on the engine/);
         expect(r.stdout).toMatch(/demo OK/);
       }

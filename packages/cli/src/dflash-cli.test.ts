@@ -117,3 +117,37 @@ describe('kdtree import / inspect of a DFlash drafter', () => {
     expect(r.stderr).toMatch(/--target is for DFlash drafters/);
   });
 });
+
+describe('kdtree gen-model --structure walk --dflash DIR', () => {
+  it('writes a walk target and a DFlash drafter that predicts it: run --drafter dflash: is greedy-exact and accepts several tokens a step', () => {
+    const walkTarget = join(dir, 'walk.kdtr');
+    const walkDrafter = join(dir, 'walk-dflash');
+    const gen = runCli(['gen-model', '--preset', 'small', '--structure', 'walk', '--quant', 'kimi-k2', '-o', walkTarget, '--dflash', walkDrafter, '--dflash-block', '6', '--json']);
+    expect(gen.status, gen.stderr).toBe(0);
+    expect(JSON.parse(gen.stdout)).toMatchObject({ structure: 'walk', dflash: { output: walkDrafter, block_size: 6 } });
+    const inspect = JSON.parse(runCli(['inspect', walkDrafter, '--json']).stdout);
+    expect(inspect.drafter).toMatchObject({ kind: 'dflash', block_size: 6, depths: 5 });
+    const args = ['run', walkTarget, '--prompt', '1,2,3', '--max-new', '24', '--eos', '', '--backend', 'cpu', '--json'];
+    const greedy = JSON.parse(runCli(args).stdout);
+    for (const spec of ['chain', 'ddtree']) {
+      const r = runCli([...args, '--spec', spec, '--drafter', `dflash:${walkDrafter}`, '--budget', spec === 'chain' ? '5' : '12']);
+      expect(r.status, r.stderr).toBe(0);
+      const out = JSON.parse(r.stdout);
+      expect(out.tokens).toEqual(greedy.tokens);
+      expect(out.stats.mean_accepted_length, spec).toBeGreaterThan(2);
+    }
+  });
+
+  it('refuses --dflash without --structure walk, --dflash-block without --dflash, and a drafter directory that exists', () => {
+    const out = join(dir, 'refused.kdtr');
+    const random = runCli(['gen-model', '--preset', 'tiny', '-o', out, '--dflash', join(dir, 'refused-dflash')]);
+    expect(random.status).toBe(2);
+    expect(random.stderr).toMatch(/--dflash needs --structure walk/);
+    const block = runCli(['gen-model', '--preset', 'tiny', '-o', out, '--structure', 'walk', '--dflash-block', '4']);
+    expect(block.status).toBe(2);
+    expect(block.stderr).toMatch(/--dflash-block needs --dflash/);
+    const exists = runCli(['gen-model', '--preset', 'tiny', '-o', out, '--structure', 'walk', '--dflash', drafterDir]);
+    expect(exists.status).toBe(2);
+    expect(exists.stderr).toMatch(/already holds a config.json/);
+  });
+});

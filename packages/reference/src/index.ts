@@ -35,6 +35,7 @@ export {
 } from './dflash.js';
 export { dflashDecode, targetTaps, type DflashDecodeOptions, type DflashDecodeResult } from './dflash-decode.js';
 export { dflashConfigJson, dflashFromWeights, randomDflashWeights, writeDflashDirectory, type DflashShape } from './dflash-synthetic.js';
+export { walkDflashConfig, walkDflashConfigJson, walkDflashWeights, walkStructure, walkWeights, WALK_STEPS, WALK_TENSORS, type WalkStructure } from './walk.js';
 export {
   acceptTree,
   buildDraftTree,

@@ -163,11 +163,18 @@ export function randomWeights(config: ModelConfig, seed: number): Map<string, Fl
   return out;
 }
 
-/** target = base + noise x N(0, std of each tensor): a model correlated with `base`. */
-export function perturbWeights(base: Map<string, Float32Array>, noise: number, seed: number): Map<string, Float32Array> {
+/**
+ * target = base + noise x N(0, std of each tensor): a model correlated with `base`. Tensors named
+ * in `keep` stay as they are.
+ */
+export function perturbWeights(base: Map<string, Float32Array>, noise: number, seed: number, keep: ReadonlySet<string> = new Set()): Map<string, Float32Array> {
   const rng = new SeededRandom(seed);
   const out = new Map<string, Float32Array>();
   for (const [name, w] of base) {
+    if (keep.has(name)) {
+      out.set(name, w);
+      continue;
+    }
     let ss = 0;
     for (const v of w) ss += v * v;
     const std = Math.sqrt(ss / Math.max(1, w.length));
@@ -214,6 +221,8 @@ export interface SyntheticModelOptions {
   quant?: PresetName;
   /** Weights to write instead of fresh random ones (a draft's target). */
   weights?: Map<string, Float32Array>;
+  /** What the weights are, for the provenance record (default 'random'; 'walk': walkWeights). */
+  structure?: 'random' | 'walk';
   /**
    * More metadata entries for the bundle (a tokenizer, say): written beside `config`, `golden`,
    * `provenance` and `quantization`, whose keys they may not take.
@@ -270,7 +279,7 @@ export async function writeSyntheticModel(path: string, options: SyntheticModelO
     metadata: {
       config: configJson,
       golden,
-      provenance: { tool: `kdtree gen-model (${referenceVersion})`, preset: options.preset, seed: options.seed, created: new Date().toISOString() },
+      provenance: { tool: `kdtree gen-model (${referenceVersion})`, preset: options.preset, seed: options.seed, structure: options.structure ?? 'random', created: new Date().toISOString() },
       ...extra,
     },
   });

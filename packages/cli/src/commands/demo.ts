@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { BACKEND_KINDS } from '@kdtree/cuda';
 import { createEngine, type Engine, type GenerateOptions } from '@kdtree/engine';
 import { openBundle } from '@kdtree/format';
-import { dflashConfigJson, greedyDecode, loadModel, MODEL_PRESET_NAMES, parseDflashConfig, parseModelConfig, randomDflashWeights, writeDflashDirectory, type GoldenRecord } from '@kdtree/reference';
+import { greedyDecode, loadModel, MODEL_PRESET_NAMES, type GoldenRecord } from '@kdtree/reference';
 import { MIN_SYNTHETIC_VOCAB, TOKENIZER_METADATA_KEY } from '@kdtree/tokenizer';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliError } from '../cli-error.js';
@@ -19,7 +19,7 @@ import { runVerify } from './verify.js';
 export const demoSpec: CommandSpec = {
   name: 'demo',
   summary:
-    'The main job end to end on a small Kimi K2-shaped model (INT4 routed experts, a correlated draft model): generate it (or reuse it from a cache folder), verify the bundle, decode it with the golden reference, then on the engine on the best backend decode greedily and with chain and DDTree speculation (the draft model, n-grams, and a DFlash drafter of random weights over the target\'s hidden states), check every result against the golden tokens, print one table, and round-trip the weights through the compressed-tensors format of the real Kimi K2.x checkpoints.',
+    'The main job end to end on a small Kimi K2-shaped model (INT4 routed experts, a structure a drafter can learn, a correlated draft model and a DFlash drafter built to predict it): generate them (or reuse them from a cache folder), verify the bundle, decode it with the golden reference, then on the engine on the best backend decode greedily and with chain and DDTree speculation (the DFlash drafter, the draft model, n-grams), check every result against the golden tokens, print one table, and round-trip the weights through the compressed-tensors format of the real Kimi K2.x checkpoints.',
   usage: 'kdtree demo [--preset k2-mini|small|tiny] [--max-new N] [--backend auto|cpu|cuda] [--cache DIR | --no-cache] [--keep DIR]',
   help: [
     '--preset NAME         model size (default k2-mini: Kimi K2\'s ratios, shrunk)',
@@ -34,8 +34,8 @@ export const demoSpec: CommandSpec = {
 };
 
 const SEED = 1;
-/** The demo's DFlash drafter drafts depths 1..DFLASH_BLOCK - 1 in one forward. */
-const DFLASH_BLOCK = 4;
+/** The demo's DFlash drafter drafts depths 1..DFLASH_BLOCK - 1 in one forward (Kimi K2.5-DFlash's block). */
+const DFLASH_BLOCK = 8;
 
 interface Mode {
   label: string;
@@ -46,17 +46,25 @@ function defaultCache(): string {
   return join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'kdtree', 'demo');
 }
 
-/** The cached pair when both bundles exist, verify, and were written by this version for this preset; else a fresh one. */
-async function modelPair(dir: string, preset: string, io: CommandIO): Promise<{ target: string; draft: string; reused: boolean }> {
-  const target = join(dir, `${preset}-seed${SEED}-int4.kdtr`);
-  const draft = join(dir, `${preset}-seed${SEED}-draft.kdtr`);
-  if (existsSync(target) && existsSync(draft)) {
+interface DemoModels {
+  target: string;
+  draft: string;
+  /** The DFlash drafter directory built for the target. */
+  dflash: string;
+  reused: boolean;
+}
+
+/** The cached models when all exist, verify, and were written by this version for this preset; else fresh ones. */
+async function demoModels(dir: string, preset: string, io: CommandIO): Promise<DemoModels> {
+  const stem = join(dir, `${preset}-seed${SEED}-walk`);
+  const models = { target: `${stem}-int4.kdtr`, draft: `${stem}-draft.kdtr`, dflash: `${stem}-dflash${DFLASH_BLOCK}` };
+  if (existsSync(models.target) && existsSync(models.draft) && existsSync(join(models.dflash, 'model.safetensors'))) {
     try {
-      for (const path of [target, draft]) {
+      for (const path of [models.target, models.draft]) {
         const b = await openBundle(path);
         try {
-          const provenance = b.metadata.provenance as { tool?: string; preset?: string } | undefined;
-          if (provenance?.preset !== preset || !provenance.tool?.includes(CLI_VERSION)) throw new Error('another version');
+          const provenance = b.metadata.provenance as { tool?: string; preset?: string; structure?: string } | undefined;
+          if (provenance?.preset !== preset || provenance.structure !== 'walk' || !provenance.tool?.includes(CLI_VERSION)) throw new Error('another version');
           // written before gen-model put a tokenizer into the bundles that have room for one
           const vocab = (b.metadata.config as { vocab_size?: number } | undefined)?.vocab_size ?? 0;
           if (vocab >= MIN_SYNTHETIC_VOCAB && b.metadata[TOKENIZER_METADATA_KEY] === undefined) throw new Error('no tokenizer');
@@ -65,14 +73,15 @@ async function modelPair(dir: string, preset: string, io: CommandIO): Promise<{ 
           await b.close();
         }
       }
-      return { target, draft, reused: true };
+      return { ...models, reused: true };
     } catch {
       io.err(`demo: the cached models in ${dir} are stale or damaged; generating them again`);
     }
   }
   await mkdir(dir, { recursive: true });
-  await runGenModel({ values: { preset, seed: String(SEED), output: target, quant: 'kimi-k2', draft, quiet: true }, positionals: [] }, io);
-  return { target, draft, reused: false };
+  await rm(models.dflash, { recursive: true, force: true });
+  await runGenModel({ values: { preset, seed: String(SEED), output: models.target, quant: 'kimi-k2', structure: 'walk', draft: models.draft, dflash: models.dflash, 'dflash-block': String(DFLASH_BLOCK), quiet: true }, positionals: [] }, io);
+  return { ...models, reused: false };
 }
 
 /** The reference's greedy tokens for `maxNew` (the oracle every mode is checked against), cached beside the model. */
@@ -117,9 +126,9 @@ export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
   const cache = keep ?? (p.values['no-cache'] ? work : ((p.values.cache as string | undefined) ?? defaultCache()));
   const section = (title: string) => io.out(`\n== ${title}`);
   try {
-    section(`1. a ${preset} Kimi K2-shaped model: INT4 routed experts, a draft model (target = draft + noise), golden tokens`);
-    const { target, draft, reused } = await modelPair(cache, preset, io);
-    io.out(`${reused ? 'reused' : 'generated'} ${target} and its draft ${draft}`);
+    section(`1. a ${preset} Kimi K2-shaped model: INT4 routed experts, a walk a drafter can learn, a draft model (target = draft + noise), a DFlash drafter built for it, golden tokens`);
+    const { target, draft, dflash, reused } = await demoModels(cache, preset, io);
+    io.out(`${reused ? 'reused' : 'generated'} ${target}, its draft model ${draft} and its DFlash drafter ${dflash}`);
 
     section('2. every checksum of the bundle');
     await runVerify({ values: { quiet: true }, positionals: [target] }, io);
@@ -127,30 +136,26 @@ export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
     section(`3. the golden reference (f32, matches transformers) decodes ${maxNew} tokens greedily: the oracle`);
     const b = await openBundle(target);
     const golden = b.metadata.golden as GoldenRecord;
-    const targetConfig = parseModelConfig(b.metadata.config, target);
     await b.close();
     const expected = await oracle(target, golden, maxNew);
     io.out(`prompt [${golden.prompt.join(', ')}] -> [${expected.join(', ')}]  (its first ${golden.tokens.length} are the golden record)`);
 
     section('4. the engine: greedy, chain and DDTree decoding, each checked against the oracle');
-    // a DFlash drafter of random weights: the block-diffusion drafter's whole path (the target's
-    // hidden-state taps, its context cache, one forward per step) is checked exact here; it cannot
-    // predict this random target, and nor could one distilled from it (docs/benchmarks/engine.md)
-    const dflash = join(work, 'dflash-random');
-    const dflashJson = dflashConfigJson(targetConfig, { blockSize: DFLASH_BLOCK, heads: 4, kvHeads: 2, headDim: 32, targetLayerIds: [1, targetConfig.numLayers - 1] });
-    await writeDflashDirectory(dflash, dflashJson, randomDflashWeights(parseDflashConfig(dflashJson, dflash), SEED));
     const engine = await createEngine({ model: target, backend, cacheTokens: golden.prompt.length + maxNew + 80, maxBudget: 64 });
     let result;
     try {
       const model = `model:${draft}`;
+      const flash = `dflash:${dflash}`;
+      const depth = DFLASH_BLOCK - 1;
       result = await table(engine, golden.prompt, expected, [
         { label: 'greedy', options: {} },
+        { label: `chain, dflash, ${depth} nodes`, options: { spec: 'chain', drafter: flash, budget: depth } },
+        { label: `ddtree, dflash, budget ${depth}`, options: { spec: 'ddtree', drafter: flash, budget: depth } },
+        { label: 'ddtree, dflash, budget 16', options: { spec: 'ddtree', drafter: flash, budget: 16 } },
+        { label: 'ddtree, dflash, budget auto', options: { spec: 'ddtree', drafter: flash, budget: 'auto' } },
         { label: 'chain, draft model, 4 nodes', options: { spec: 'chain', drafter: model, budget: 4, depth: 4 } },
         { label: 'ddtree, draft model, budget 16, depth 4', options: { spec: 'ddtree', drafter: model, budget: 16, depth: 4 } },
-        { label: 'ddtree, draft model, budget auto, depth 4', options: { spec: 'ddtree', drafter: model, budget: 'auto', depth: 4 } },
         { label: 'ddtree, ngram, budget 8, depth 4', options: { spec: 'ddtree', drafter: 'ngram', budget: 8, depth: 4 } },
-        { label: `chain, dflash (random weights), ${DFLASH_BLOCK - 1} nodes`, options: { spec: 'chain', drafter: `dflash:${dflash}`, budget: DFLASH_BLOCK - 1 } },
-        { label: `ddtree, dflash (random weights), budget 16, depth ${DFLASH_BLOCK - 1}`, options: { spec: 'ddtree', drafter: `dflash:${dflash}`, budget: 16 } },
       ]);
       io.out(`${engine.device}\n`);
       io.out(renderTable(['mode', 'backend', 'tokens/s', 'mean accepted', 'target forwards', 'speedup', 'exact'], result.rows, new Set([2, 3, 4, 5])));
@@ -159,9 +164,10 @@ export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
         io.out('as large as the target, so speculation saves target forwards but not time. On a GPU a step is bound by the');
         io.out('bytes it reads, which a tree verify shares among its nodes (docs/benchmarks/engine.md).');
       }
-      io.out('\nThe DFlash rows run a drafter of random weights over the target\'s hidden states: they check the drafter\'s');
-      io.out('path exact end to end, and accept nothing (this random target\'s continuations are not learnable by a small');
-      io.out('drafter: docs/benchmarks/engine.md has the DFlash drafter\'s cost at Kimi K2.5-DFlash\'s size).');
+      io.out('\nThe target walks: each token\'s embedding carries a code of its place on a walk, lm_head scores the next');
+      io.out('place or the one after, and the random layers choose between them. The DFlash drafter is built, not trained:');
+      io.out(`one forward drafts the likeliest token at each of ${depth} depths; DDTree spends its budget on the drafter\'s`);
+      io.out('alternatives as well (docs/reference.md, "A target a drafter can predict").');
     } finally {
       await engine.dispose();
     }

@@ -1,6 +1,8 @@
+import { existsSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
+import { join } from 'node:path';
 import { PRESETS } from '@kdtree/quant';
-import { MODEL_PRESET_NAMES, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, weightSpecs, writeSyntheticModel } from '@kdtree/reference';
+import { MODEL_PRESET_NAMES, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, walkDflashConfig, walkDflashWeights, walkStructure, walkWeights, WALK_TENSORS, weightSpecs, writeDflashDirectory, writeSyntheticModel } from '@kdtree/reference';
 import { MIN_SYNTHETIC_VOCAB, SPECIAL_SLOTS, syntheticTokenizerFiles, Tokenizer, tokenizerMetadata, TOKENIZER_METADATA_KEY, type TokenizerMetadata } from '@kdtree/tokenizer';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
@@ -10,11 +12,14 @@ import { formatBytes, formatDuration } from '../output.js';
 
 /** The seed when none is given (the demo's): `gen-model --preset small -o m.kdtr` is the demo's model. */
 export const DEFAULT_SEED = 1;
+/** The built DFlash drafter's block when --dflash-block is not given (Kimi K2.5-DFlash's). */
+export const DEFAULT_DFLASH_BLOCK = 8;
+const STRUCTURES = ['random', 'walk'] as const;
 
 export const genModelSpec: CommandSpec = {
   name: 'gen-model',
-  summary: "Generate a synthetic DeepSeek-V3 / Kimi K2-shaped model bundle with seeded weights, its config, golden greedy tokens and logits for a fixed prompt (INT4 bundles: golden on the dequantized weights), and a Kimi-style tokenizer in its metadata where the vocabulary holds one (k2-mini: BPE ranks trained on a bundled corpus; small: the 256 byte tokens only; tiny: none). With --draft, also a correlated draft model (target = draft + noise) for speculative decoding.",
-  usage: 'kdtree gen-model --preset tiny|small|k2-mini|tp8 -o OUT.kdtr [--seed S] [--quant seed|kimi-k2] [--draft DRAFT.kdtr [--draft-noise X]] [--json] [--quiet]',
+  summary: "Generate a synthetic DeepSeek-V3 / Kimi K2-shaped model bundle with seeded weights, its config, golden greedy tokens and logits for a fixed prompt (INT4 bundles: golden on the dequantized weights), and a Kimi-style tokenizer in its metadata where the vocabulary holds one (k2-mini: BPE ranks trained on a bundled corpus; small: the 256 byte tokens only; tiny: none). With --draft, also a correlated draft model (target = draft + noise) for speculative decoding. With --structure walk, a target whose continuation a drafter can predict (each token's embedding carries a code of its place on a walk that lm_head steps along; the random layers decide each step), and with --dflash a DFlash drafter built to predict it.",
+  usage: 'kdtree gen-model --preset tiny|small|k2-mini|tp8 -o OUT.kdtr [--seed S] [--quant seed|kimi-k2] [--structure random|walk] [--draft DRAFT.kdtr [--draft-noise X]] [--dflash DIR [--dflash-block N]] [--json] [--quiet]',
   help: [
     `--preset NAME         ${MODEL_PRESET_NAMES.join(', ')} (tiny: CI-fast; k2-mini: Kimi K2's ratios, shrunk; tp8: splits over up to 8 tensor-parallel ranks, INT4 included)`,
     `--seed S              integer seed in [0, 2^32); the same seed gives the same weights on every machine (default ${DEFAULT_SEED})`,
@@ -22,6 +27,9 @@ export const genModelSpec: CommandSpec = {
     '--quant PRESET        quantize to INT4 with a selection preset: kimi-k2 (routed experts) or seed (every MLP)',
     '--draft FILE          also write a draft model (quantized like the target); the target becomes draft + noise',
     '--draft-noise X       relative noise between draft and target (default 0.05)',
+    '--structure KIND      random (default): seeded random weights; walk: the same, plus a learnable walk (docs/reference.md)',
+    '--dflash DIR          with --structure walk: also write a DFlash drafter directory (config.json + model.safetensors) built to predict the target',
+    `--dflash-block N      the drafter's block size: it drafts depths 1..N-1 in one forward (default ${DEFAULT_DFLASH_BLOCK}, 2..16)`,
     '--json                print a JSON summary (schema "kdtree.gen-model/1")',
     '-q, --quiet           no progress lines on stderr',
   ],
@@ -32,6 +40,9 @@ export const genModelSpec: CommandSpec = {
     quant: { type: 'string' },
     draft: { type: 'string' },
     'draft-noise': { type: 'string' },
+    structure: { type: 'string' },
+    dflash: { type: 'string' },
+    'dflash-block': { type: 'string' },
     json: { type: 'boolean' },
     quiet: { type: 'boolean', short: 'q' },
   },
@@ -81,6 +92,14 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   await refuseOverwritingInputs('gen-model', [{ flag: '-o', path: output }, ...(draftPath !== undefined ? [{ flag: '--draft', path: draftPath }] : [])], []);
   const noise = noiseText === undefined ? 0.05 : Number(noiseText);
   if (!(noise >= 0 && Number.isFinite(noise))) throw new CliUsageError(`--draft-noise: expected a non-negative number, got '${noiseText}'`, 'gen-model');
+  const structure = parseChoice(p.values.structure as string | undefined, '--structure', STRUCTURES) ?? 'random';
+  const dflashDir = p.values.dflash as string | undefined;
+  const dflashBlock = parseIntArg(p.values['dflash-block'] as string | undefined, '--dflash-block', { min: 2, max: 16 });
+  if (dflashBlock !== undefined && dflashDir === undefined) throw new CliUsageError('gen-model: --dflash-block needs --dflash', 'gen-model');
+  if (dflashDir !== undefined && structure !== 'walk') {
+    throw new CliUsageError('gen-model: --dflash needs --structure walk (no drafter can predict a target of random weights: its next token depends on every weight)', 'gen-model');
+  }
+  if (dflashDir !== undefined && existsSync(join(dflashDir, 'config.json'))) throw new CliUsageError(`gen-model: --dflash ${dflashDir} already holds a config.json; choose a new directory`, 'gen-model');
   const quiet = Boolean(p.values.quiet || p.values.json);
   const started = performance.now();
   const log = (step: string) => quiet || io.err(`gen-model: ${step}`);
@@ -88,26 +107,35 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   const reference = `@kdtree/cli ${CLI_VERSION}`;
   const tokenizer = syntheticModelTokenizer(config.vocabSize);
   const extraMetadata = tokenizer === undefined ? undefined : { [TOKENIZER_METADATA_KEY]: tokenizer.metadata };
-  let target;
+  const walk = structure === 'walk' ? walkStructure(config, seed) : undefined;
+  const random = () => (walk === undefined ? randomWeights(config, seed) : walkWeights(config, randomWeights(config, seed), walk));
+  let target = walk === undefined ? undefined : random();
   let draftGolden;
   if (draftPath !== undefined) {
-    const base = randomWeights(config, seed);
+    const base = target ?? random();
     log(`draft model -> ${draftPath}`);
-    draftGolden = await writeSyntheticModel(draftPath, { preset, seed, weights: base, quant, extraMetadata, onProgress: (s) => log(`draft: ${s}`) }, reference);
-    target = perturbWeights(base, noise, seed + 1);
+    draftGolden = await writeSyntheticModel(draftPath, { preset, seed, weights: base, quant, structure, extraMetadata, onProgress: (s) => log(`draft: ${s}`) }, reference);
+    target = perturbWeights(base, noise, seed + 1, walk === undefined ? undefined : WALK_TENSORS);
   }
   log(`target model -> ${output}`);
-  const golden = await writeSyntheticModel(output, { preset, seed, quant, weights: target, extraMetadata, onProgress: log }, reference);
+  const golden = await writeSyntheticModel(output, { preset, seed, quant, weights: target, structure, extraMetadata, onProgress: log }, reference);
+  if (walk !== undefined && dflashDir !== undefined) {
+    log(`DFlash drafter -> ${dflashDir}`);
+    const drafter = walkDflashConfig(config, walk, { blockSize: dflashBlock ?? DEFAULT_DFLASH_BLOCK });
+    await writeDflashDirectory(dflashDir, drafter.json, walkDflashWeights(drafter.config, walk));
+  }
   const params = weightSpecs(config).reduce((s, w) => s + w.shape.reduce((a, b) => a * b, 1), 0);
   const bytes = (await stat(output)).size;
   const seconds = (performance.now() - started) / 1000;
-  const summary = { output, preset, seed, quant: quant ?? null, parameters: params, bytes, golden, tokenizer: tokenizer?.summary ?? null, draft: draftPath ? { output: draftPath, noise, golden: draftGolden } : null, seconds: Number(seconds.toFixed(3)) };
+  const dflash = dflashDir === undefined ? null : { output: dflashDir, block_size: dflashBlock ?? DEFAULT_DFLASH_BLOCK };
+  const summary = { output, preset, seed, quant: quant ?? null, structure, parameters: params, bytes, golden, tokenizer: tokenizer?.summary ?? null, draft: draftPath ? { output: draftPath, noise, golden: draftGolden } : null, dflash, seconds: Number(seconds.toFixed(3)) };
   if (p.values.json) io.out(jsonReport('kdtree.gen-model/1', summary));
   else {
-    io.out(`wrote ${output}: preset ${preset}, seed ${seed}, ${(params / 1e6).toFixed(2)}M parameters, ${quant ? `INT4 (${quant}), ` : ''}${formatBytes(bytes)}, in ${formatDuration(seconds)}`);
+    io.out(`wrote ${output}: preset ${preset}, seed ${seed}, ${structure === 'walk' ? 'walk-structured, ' : ''}${(params / 1e6).toFixed(2)}M parameters, ${quant ? `INT4 (${quant}), ` : ''}${formatBytes(bytes)}, in ${formatDuration(seconds)}`);
     io.out(`golden: prompt [${golden.prompt.join(', ')}] -> [${golden.tokens.join(', ')}]${golden.float_tokens ? `\n        float weights -> [${golden.float_tokens.join(', ')}]` : ''}`);
     io.out(`tokenizer: ${tokenizerLine(config.vocabSize, tokenizer?.summary)}`);
     if (draftPath) io.out(`draft:  ${draftPath} (target = draft + ${noise} x noise)`);
+    if (dflash) io.out(`dflash: ${dflash.output} (block ${dflash.block_size}: drafts ${dflash.block_size - 1} tokens a forward; run with --drafter dflash:${dflash.output})`);
   }
   return 0;
 }

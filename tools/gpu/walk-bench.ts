@@ -1,0 +1,114 @@
+/**
+ * The demo's models on one GPU (bundled into .gpu/walk-bench.mjs; docs/benchmarks/engine.md,
+ * "A DFlash drafter that predicts its target"): the k2-mini walk target with INT4 routed experts,
+ * its draft model (the target's layers plus 5% noise) and the DFlash drafter built for it (block
+ * 8), made here as `kdtree gen-model --preset k2-mini --structure walk --quant kimi-k2 --draft
+ * --dflash` makes them. In one run, 128 new tokens after the golden prompt:
+ *   - greedy; chain and DDTree with the DFlash drafter at equal budgets (3, 7) and DDTree at larger
+ *     ones (16, 32, 64) and `auto`; the draft model and ngram for comparison
+ *   - every mode checked against greedy, and the DFlash DDTree run's draftTop1 per step against
+ *     @kdtree/reference's dflashDecode over the same target and drafter
+ * Speculative rows are the median of 3 generations after one that captures their graphs.
+ * Writes $OUT/walk-bench.json. KDTREE_BENCH_SMOKE=1 runs it on the cpu twin with the small preset.
+ */
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { createBackend } from '@kdtree/cuda';
+import { createEngine, type GenerateOptions, type GenerationResult } from '@kdtree/engine';
+import {
+  dflashDecode,
+  GOLDEN_PROMPT,
+  greedyDecode,
+  loadDflashModel,
+  loadModel,
+  parseModelConfig,
+  perturbWeights,
+  presetConfigJson,
+  randomWeights,
+  walkDflashConfig,
+  walkDflashWeights,
+  walkStructure,
+  walkWeights,
+  WALK_TENSORS,
+  writeDflashDirectory,
+  writeSyntheticModel,
+} from '@kdtree/reference';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const smoke = process.env.KDTREE_BENCH_SMOKE === '1';
+const b = createBackend({ backend: smoke ? 'cpu' : 'cuda', searchPaths: [here], onlySearchPaths: true });
+const preset = smoke ? 'small' : 'k2-mini';
+const maxNew = smoke ? 48 : 128;
+const BLOCK = 8;
+const log = (s: string) => console.log(s);
+
+const dir = mkdtempSync(join(tmpdir(), 'kdtree-walk-bench-'));
+const report: Record<string, unknown> = { device: b.info(), preset, maxNew, blockSize: BLOCK };
+try {
+  const config = parseModelConfig(presetConfigJson(preset), preset);
+  const walk = walkStructure(config, 1);
+  const base = walkWeights(config, randomWeights(config, 1), walk);
+  const target = join(dir, 'target.kdtr');
+  const draft = join(dir, 'draft.kdtr');
+  const flash = join(dir, 'dflash');
+  await writeSyntheticModel(draft, { preset, seed: 1, quant: 'kimi-k2', structure: 'walk', weights: base }, 'walk-bench');
+  await writeSyntheticModel(target, { preset, seed: 1, quant: 'kimi-k2', structure: 'walk', weights: perturbWeights(base, 0.05, 2, WALK_TENSORS) }, 'walk-bench');
+  const drafter = walkDflashConfig(config, walk, { blockSize: BLOCK });
+  await writeDflashDirectory(flash, drafter.json, walkDflashWeights(drafter.config, walk));
+
+  const prompt = GOLDEN_PROMPT;
+  const reference = (await loadModel(target)).model;
+  const oracle = greedyDecode(reference, prompt, { maxNew, eos: [] }).tokens;
+  const engine = await createEngine({ model: target, backend: b, cacheTokens: 1024, maxBudget: 64 });
+  try {
+    const median = (runs: GenerationResult[]) => runs.sort((x, y) => x.stats.tokensPerSecond - y.stats.tokensPerSecond)[1];
+    const run = async (options: Partial<GenerateOptions>) => {
+      await engine.complete(prompt, { maxNew, eos: [], ...options });
+      const runs: GenerationResult[] = [];
+      for (let i = 0; i < 3; i++) runs.push(await engine.complete(prompt, { maxNew, eos: [], ...options }));
+      return median(runs);
+    };
+    const greedy = await run({});
+    const rows: Record<string, unknown>[] = [];
+    const record = (mode: string, r: GenerationResult) => {
+      const exact = r.tokens.join() === oracle.join();
+      rows.push({ mode, tokensPerSecond: r.stats.tokensPerSecond, meanAcceptedLength: r.stats.meanAcceptedLength, targetForwards: r.stats.targetForwards, speedup: r.stats.tokensPerSecond / greedy.stats.tokensPerSecond, exact });
+      log(`${mode}: ${r.stats.tokensPerSecond.toFixed(1)} tokens/s, ${r.stats.meanAcceptedLength.toFixed(2)} tokens a step, ${r.stats.targetForwards} target forwards, ${exact ? 'exact' : 'DIFFERENT FROM GREEDY'}`);
+    };
+    record('greedy', greedy);
+    const dflash = `dflash:${flash}`;
+    const draftModel = `model:${draft}`;
+    const modes: [string, Partial<GenerateOptions>][] = [
+      ['chain, dflash, 3', { spec: 'chain', drafter: dflash, budget: 3, depth: 3 }],
+      ['ddtree, dflash, B 3', { spec: 'ddtree', drafter: dflash, budget: 3 }],
+      ['chain, dflash, 7', { spec: 'chain', drafter: dflash, budget: 7 }],
+      ['ddtree, dflash, B 7', { spec: 'ddtree', drafter: dflash, budget: 7 }],
+      ...[16, 32, 64].map((budget): [string, Partial<GenerateOptions>] => [`ddtree, dflash, B ${budget}`, { spec: 'ddtree', drafter: dflash, budget }]),
+      ['ddtree, dflash, auto', { spec: 'ddtree', drafter: dflash, budget: 'auto' }],
+      ['chain, model, 4', { spec: 'chain', drafter: draftModel, budget: 4, depth: 4 }],
+      ['ddtree, model, B 16', { spec: 'ddtree', drafter: draftModel, budget: 16, depth: 4 }],
+      ['ddtree, model, auto', { spec: 'ddtree', drafter: draftModel, budget: 'auto', depth: 4 }],
+      ['ddtree, ngram, B 8', { spec: 'ddtree', drafter: 'ngram', budget: 8, depth: 4 }],
+    ];
+    for (const [mode, options] of modes) record(mode, await run(options));
+    report.modes = rows;
+    // the drafter on this backend is the reference's: the same draftTop1 at every step
+    const traced = await engine.complete(prompt, { maxNew, eos: [], spec: 'ddtree', drafter: dflash, budget: 16, trace: true });
+    const ref = dflashDecode(reference, (await loadDflashModel(flash, reference)).model, prompt, { maxNew, budget: 16, eos: [] });
+    const steps = traced.steps.map((s) => s.draftTop1);
+    const same = steps.filter((s, i) => s.join() === ref.draftTop1PerStep[i]?.join()).length;
+    report.draftTop1 = { steps: steps.length, referenceSteps: ref.draftTop1PerStep.length, equal: same };
+    log(`draftTop1 (DDTree B 16): ${same} of ${steps.length} steps equal the reference's (${ref.draftTop1PerStep.length} steps)`);
+    report.curve = Object.fromEntries(engine.measureCosts(BLOCK - 1).verifyMs);
+  } finally {
+    await engine.dispose();
+  }
+} finally {
+  rmSync(dir, { recursive: true, force: true });
+}
+if (process.env.OUT) {
+  mkdirSync(process.env.OUT, { recursive: true });
+  writeFileSync(join(process.env.OUT, 'walk-bench.json'), `${JSON.stringify(report, null, 1)}\n`);
+}
