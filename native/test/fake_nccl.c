@@ -8,7 +8,11 @@ typedef struct { char internal[128]; } ncclUniqueId;
 static int async_error = 0;
 static int aborts = 0;
 
-int ncclGetVersion(int* v) { *v = 22703; return 0; }
+// the version code: 2.27.3 unless built with -DFAKE_NCCL_VERSION=... (an old library for the loader's check)
+#ifndef FAKE_NCCL_VERSION
+#define FAKE_NCCL_VERSION 22703
+#endif
+int ncclGetVersion(int* v) { *v = FAKE_NCCL_VERSION; return 0; }
 int ncclGetUniqueId(ncclUniqueId* id) { memset(id, 7, sizeof(*id)); return 0; }
 // succeeds for rank 1 of 2 with an id of all 7s (the last byte proves the id came whole, by value)
 int ncclCommInitRank(void** comm, int n, ncclUniqueId id, int rank) {

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace kdtree {
@@ -18,6 +19,30 @@ namespace {
 constexpr const char* kLibrary = "libnccl.so.2";
 constexpr int kSum = 0;          // ncclSum
 constexpr int kInProgress = 7;   // ncclInProgress
+
+// The oldest NCCL the engine runs on, as ncclGetVersion's code: 2.10.3, the release that brought
+// ncclBfloat16 (9, which DataType maps bf16 to). The rest of what it uses is older: collectives
+// captured into CUDA graphs (2.9), ncclCommAbort and ncclCommGetAsyncError for the watchdog (2.4),
+// and ncclGetLastError (2.13) is optional. ncclInProgress (7, 2.14) is only compared against: an
+// older library never returns it.
+constexpr int kMinVersion = 21003;
+constexpr const char* kMinVersionName = "2.10.3";
+
+// ncclGetVersion's code as major.minor.patch: major * 10000 + minor * 100 + patch since 2.9,
+// major * 1000 + minor * 100 + patch before.
+std::string VersionName(int code) {
+  const bool wide = code >= 10000;
+  const int major = wide ? code / 10000 : code / 1000;
+  const int minor = wide ? code / 100 % 100 : code / 100 % 10;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
+}
+
+// The file the dynamic loader took for the library (found through LD_LIBRARY_PATH or the cache).
+std::string LibraryPath(void* symbol) {
+  Dl_info info{};
+  if (symbol != nullptr && dladdr(symbol, &info) != 0 && info.dli_fname != nullptr) return info.dli_fname;
+  return kLibrary;
+}
 
 using GetVersionFn = int (*)(int*);
 using GetUniqueIdFn = int (*)(UniqueId*);
@@ -78,7 +103,18 @@ void LoadOnce() {
   if (!missing.empty()) {
     api = Api{};
     dlclose(lib);
-    load_status = MakeStatus(Code::kUnsupported, "nccl: ", kLibrary, " lacks ", missing, "; install NCCL 2.12 or newer");
+    load_status = MakeStatus(Code::kUnsupported, "nccl: ", kLibrary, " lacks ", missing, "; install NCCL ", kMinVersionName, " or newer");
+    return;
+  }
+  int version = 0;
+  const int r = api.get_version(&version);
+  if (r != 0 || version < kMinVersion) {
+    const std::string path = LibraryPath(reinterpret_cast<void*>(api.get_version));
+    api = Api{};
+    dlclose(lib);
+    load_status = r != 0 ? MakeStatus(Code::kUnsupported, "nccl: ncclGetVersion of ", path, " failed: ncclResult ", r)
+                         : MakeStatus(Code::kUnsupported, "nccl: ", path, " is NCCL ", VersionName(version), " (version code ", version, "); the engine needs NCCL ",
+                                      kMinVersionName, " or newer (ncclBfloat16): install a newer one (e.g. the libnccl2 package, or pip's nvidia-nccl-cu13) and make it findable (LD_LIBRARY_PATH)");
   }
 }
 

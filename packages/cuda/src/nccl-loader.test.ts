@@ -1,7 +1,8 @@
 /**
  * The cuda variant's NCCL loader and watchdog (native/src/cuda/nccl.cc) without a GPU or NCCL:
  * built with the host C++ compiler and run against a stand-in libnccl.so.2 with NCCL's ABI
- * (native/test/fake_nccl.c), and with no library at all.
+ * (native/test/fake_nccl.c), built also as older NCCLs than the engine takes, and with no library
+ * at all.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync } from 'node:fs';
@@ -17,6 +18,8 @@ const haveCompilers = spawnSync(cxx, ['--version']).status === 0 && spawnSync(cc
 const dir = mkdtempSync(join(tmpdir(), 'kdtree-nccl-loader-'));
 const fake = join(dir, 'fake');
 const none = join(dir, 'none');
+/** The stand-in built reporting other versions: 2.9.9 and 2.8.4 (the code's older layout) are refused, 2.10.3 is the oldest taken. */
+const versions = { old: 20909, older: 2804, oldest: 21003 } as const;
 
 /** The harness's `name: value` lines, run with `libraryPath` as where libnccl.so.2 is found. */
 function run(libraryPath: string): Record<string, string> {
@@ -29,6 +32,10 @@ describe.skipIf(!haveCompilers)(`the NCCL loader (built with ${cxx})`, () => {
     mkdirSync(fake);
     mkdirSync(none);
     execFileSync(cc, ['-shared', '-fPIC', join(native, 'test', 'fake_nccl.c'), '-o', join(fake, 'libnccl.so.2')]);
+    for (const [name, code] of Object.entries(versions)) {
+      mkdirSync(join(dir, name));
+      execFileSync(cc, ['-shared', '-fPIC', `-DFAKE_NCCL_VERSION=${code}`, join(native, 'test', 'fake_nccl.c'), '-o', join(dir, name, 'libnccl.so.2')]);
+    }
     execFileSync(cxx, ['-std=c++17', '-Wall', '-Wextra', '-Wno-unused-parameter', '-Werror', `-I${join(native, 'include')}`, `-I${join(native, 'src', 'cuda')}`, join(native, 'test', 'nccl_loader_test.cc'), join(native, 'src', 'cuda', 'nccl.cc'), '-o', join(dir, 'nccl_loader_test'), '-ldl', '-pthread']);
   }, 120_000);
 
@@ -37,6 +44,18 @@ describe.skipIf(!haveCompilers)(`the NCCL loader (built with ${cxx})`, () => {
     const r = run(none);
     if (r.version.startsWith('0 ')) expect(r.version).toMatch(/^0 nccl: cannot load libnccl\.so\.2 \(.*\); .*install it/);
     else expect(r.version).toMatch(/^\d+ $/);
+  });
+
+  it('refuses an NCCL older than 2.10.3, naming its version and the file it was loaded from', () => {
+    for (const [name, shown] of [['old', '2.9.9'], ['older', '2.8.4']] as const) {
+      const path = join(dir, name, 'libnccl.so.2');
+      expect(run(join(dir, name)).version, name).toBe(
+        `0 nccl: ${path} is NCCL ${shown} (version code ${versions[name]}); the engine needs NCCL 2.10.3 or newer (ncclBfloat16): install a newer one (e.g. the libnccl2 package, or pip's nvidia-nccl-cu13) and make it findable (LD_LIBRARY_PATH)`,
+      );
+    }
+    const oldest = run(join(dir, 'oldest'));
+    expect(oldest.version).toBe('21003 ');
+    expect(oldest['init rank 1']).toBe('ok');
   });
 
   it('passes the unique id by value and turns every result into a message with the op and sizes', () => {

@@ -12,7 +12,9 @@
  * On a MoE model the verify cost grows with the distinct experts the tree's tokens route to (a
  * 65-node verify of Kimi K2's MoE layer reads ~289 of 384 experts), so the curve, not a constant,
  * decides. Drafters are not perfectly calibrated: the draft probabilities are scaled by the ratio
- * of tokens actually accepted to tokens expected over recent steps.
+ * of tokens actually accepted to tokens expected over the last few trees. A try that finds nothing
+ * (no tree worth running, or a rejected probe) is followed by plain decode steps that pay for its
+ * cost at TRY_SHARE of a decode step each (BudgetPolicy.tryNow, record).
  */
 import { EngineError } from './errors.js';
 
@@ -38,6 +40,41 @@ export const PROBE_BUDGET = 1;
 /** Probes after which the drafter's own probabilities choose the trees, whatever they expected. */
 export const CALIBRATION_PROBES = 3;
 
+/**
+ * The share of decode time that tries finding nothing may cost: a try that runs no tree (its draft
+ * and the tree build read back) or only a probe that is rejected (its draft and its verify beyond
+ * a decode step) is paid for by the plain decode steps that follow it, TRY_SHARE of a decode step
+ * each. The wait is sized by the try's own cost: ngram (a try costs a few percent of a decode step)
+ * tries again a few steps later, a drafter whose draft costs two decode steps about 200 later.
+ */
+export const TRY_SHARE = 0.01;
+
+/**
+ * The most plain decode steps after the k-th try in a row that found nothing: for a drafter whose
+ * draft tokens have been accepted, 2^(k-1) since the last one (a rejection is little proof that a
+ * good stretch is over: the next try comes at once, and the waits grow to what the cost asks within
+ * a few misses); for one never accepted, FIRST_WAIT after its first and MAX_WAIT after later ones.
+ */
+export const FIRST_WAIT = 32;
+export const MAX_WAIT = 1024;
+
+/**
+ * The calibration's memory: each tree that runs keeps this share of the sums before it (about the
+ * last three trees count), so a drafter whose worth changes within a generation (ngram entering or
+ * leaving a repetitive stretch) is rated by its last trees, not by a stretch that is over.
+ */
+export const CALIBRATION_DECAY = 0.7;
+
+/** The drafter's last step times the policy takes the median of. */
+export const DRAFT_SAMPLES = 5;
+
+/** What a try runs: a budget (0: a plain decode step), and whether it is a probe (PROBE_BUDGET testing whether the drafter predicts). */
+export interface BudgetPlan {
+  budget: number;
+  probe: boolean;
+  choice: BudgetChoice;
+}
+
 export interface BudgetChoice {
   /** The budget to run; 0: a plain decode step pays more than any tree. */
   budget: number;
@@ -59,11 +96,17 @@ export interface CostCurve {
 }
 
 export class BudgetPolicy {
-  /** Running sums of accepted and expected draft tokens (decayed), for the calibration ratio. */
+  /** Running sums of accepted and expected draft tokens (decayed per tree that ran), for the calibration ratio. */
   private accepted = 0;
   private expected = 0;
   /** Trees recorded (probes included). */
   private trees = 0;
+  /** Milliseconds of tries that found nothing, not yet paid for by plain decode steps (the wait before the next try). */
+  private debt = 0;
+  /** Tries in a row that found nothing, and whether a draft token was ever accepted. */
+  private misses = 0;
+  private proven = false;
+  private readonly draftSamples: number[] = [];
 
   constructor(
     readonly curve: CostCurve,
@@ -83,15 +126,6 @@ export class BudgetPolicy {
     let largest = buckets[0][0];
     for (const [b, ms] of buckets) if (ms + this.draftMs <= (this.depth + 1) * this.curve.decodeMs) largest = b;
     return largest;
-  }
-
-  /**
-   * Plain decode steps before the next try, after a try that found no tree worth running: none for
-   * a drafter whose try costs next to nothing beside a decode step (ngram: when its suffix has no
-   * earlier match now, one may come at the next token), else the backoff.
-   */
-  waitAfterNoTree(backoff: number): number {
-    return this.draftMs < 0.05 * this.curve.decodeMs ? 0 : backoff;
   }
 
   /** The calibration ratio applied to the draft probabilities, in [MIN_CALIBRATION, 2]. */
@@ -136,29 +170,76 @@ export class BudgetPolicy {
     return { budget: best.budget, expected: best.expected, treeVsDecode: bestTree / decodeRate, bestGain: cal * sum, calibration: cal };
   }
 
+  /** A generation starts: the wait left by the last one is dropped (a new context: prompt lookup may match where the last did not). */
+  begin(): void {
+    this.debt = 0;
+  }
+
+  /** Whether this step tries the drafter; false: a plain decode step of the wait, which pays TRY_SHARE of a decode step of the debt. */
+  tryNow(): boolean {
+    if (this.wait === 0) return true;
+    this.debt = Math.max(0, this.debt - TRY_SHARE * this.curve.decodeMs);
+    return false;
+  }
+
   /**
-   * Plain decode steps before the next try after a try that found no tree worth running, given how
-   * many the last wait was: longer the further the best tree was from paying, and much longer for a
-   * drafter that predicts nothing (each try costs a draft, a tree build and a host round trip).
+   * What a try runs, given its tree's log-probs: the chosen tree; a probe while the trees have
+   * given no evidence yet (the calibration is a guess); a probe too when the calibration alone
+   * rules trees out and the drafter's own probabilities would still draft, so a drafter that has
+   * become good (a repetitive stretch for ngram) wins its calibration back; else 0, a plain decode
+   * step.
    */
-  static backoff(previous: number, choice: Pick<BudgetChoice, 'treeVsDecode' | 'bestGain' | 'calibration'>): number {
-    // a calibration at its floor: the trees that ran were (almost) never accepted
-    const useless = choice.bestGain < 0.01 || choice.calibration <= MIN_CALIBRATION;
-    const factor = useless ? 32 : choice.bestGain < 0.1 ? 8 : choice.treeVsDecode < 0.5 ? 4 : 2;
-    return Math.min(1024, previous * factor);
+  plan(logProbs: ArrayLike<number>): BudgetPlan {
+    const choice = this.choose(logProbs);
+    if (choice.budget > 0) return this.calibrated ? { budget: choice.budget, probe: false, choice } : { budget: Math.min(choice.budget, PROBE_BUDGET), probe: true, choice };
+    return this.choose(logProbs, 1).budget > 0 ? { budget: PROBE_BUDGET, probe: true, choice } : { budget: 0, probe: false, choice };
   }
 
-  /** What a step with `budget` expected and actually accepted (draft tokens, bonus excluded). */
-  record(logProbs: ArrayLike<number>, budget: number, accepted: number): void {
-    let sum = 0;
-    for (let i = 0; i < Math.min(budget, logProbs.length); i++) sum += Math.exp(logProbs[i]);
-    const decay = 0.9;
-    if (budget > 0) this.trees++;
-    this.accepted = decay * this.accepted + accepted;
-    this.expected = decay * this.expected + sum;
+  /**
+   * What a try ran (`budget`, 0: a plain decode step; `probe` as planned) and the draft tokens it
+   * accepted (bonus excluded). The trees that ran teach the calibration. A try that ran no tree, or
+   * only a probe that was rejected, found nothing: a wait follows, sized by its cost (TRY_SHARE) and
+   * capped by the misses in a row (FIRST_WAIT, MAX_WAIT); an accepted token ends the wait.
+   */
+  record(logProbs: ArrayLike<number>, budget: number, accepted: number, probe = false): void {
+    if (budget > 0) {
+      let sum = 0;
+      for (let i = 0; i < Math.min(budget, logProbs.length); i++) sum += Math.exp(logProbs[i]);
+      this.trees++;
+      this.accepted = CALIBRATION_DECAY * this.accepted + accepted;
+      this.expected = CALIBRATION_DECAY * this.expected + sum;
+    }
+    if (accepted > 0) {
+      this.debt = 0;
+      this.misses = 0;
+      this.proven = true;
+    } else if (budget === 0 || probe) {
+      this.misses++;
+      const decode = this.curve.decodeMs;
+      const cost = this.draftMs + (budget > 0 ? Math.max(0, this.verifyMs(budget) - decode) : 0);
+      const steps = this.proven ? Math.min(MAX_WAIT, 2 ** (this.misses - 1)) : this.misses === 1 ? FIRST_WAIT : MAX_WAIT;
+      this.debt = Math.min(steps * TRY_SHARE * decode, this.debt + cost);
+    }
   }
 
+  /** Plain decode steps left before the next try. */
+  get wait(): number {
+    return Math.max(0, Math.ceil(this.debt / (TRY_SHARE * this.curve.decodeMs) - 1e-9));
+  }
+
+  /**
+   * A measurement of the drafter's step (the draft, and the tree build read back): the policy uses
+   * the median of the last DRAFT_SAMPLES, so a one-off (a draft that captured a new graph) neither
+   * rules trees out nor stretches the waits, and ngram's steps with and without a match even out.
+   */
   updateDraftMs(ms: number): void {
-    this.draftMs = 0.8 * this.draftMs + 0.2 * ms;
+    this.draftSamples.push(ms);
+    if (this.draftSamples.length > DRAFT_SAMPLES) this.draftSamples.shift();
+    const sorted = [...this.draftSamples].sort((x, y) => x - y);
+    this.draftMs = sorted[Math.floor(sorted.length / 2)];
+  }
+
+  private verifyMs(budget: number): number {
+    return this.curve.verifyMs.get(budget) ?? Math.min(...this.curve.verifyMs.values());
   }
 }

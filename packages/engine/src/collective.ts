@@ -10,11 +10,12 @@
  * Every rank must end with the same bits, so that argmax, DDTree acceptance and the KV commit
  * make the same decision everywhere and the ranks stay in lockstep without talking about it.
  *
- * HostCollective runs them on the host over a HostTransport (the CPU ranks' shared memory). A
+ * HostCollective runs them on the host over a HostTransport (the CPU ranks' shared memory for
+ * worker threads, TCP for rank processes: SharedMemoryTransport, SocketTransport). A
  * captured step cannot contain a host call, so while a step is captured (captureStep) each
  * collective ends the capture there, remembers the host call, and begins the next part: the step
- * is replayed as [graph, host call, graph, ...], in order, on one stream. (The NCCL path will queue
- * its collectives on the stream itself and capture them into one graph with the rest.)
+ * is replayed as [graph, host call, graph, ...], in order, on one stream. NcclCollective needs no
+ * such split: it queues its collectives on the stream itself, so a step stays one graph.
  */
 import { DTYPE_BYTES, numel, type DeviceTensor, type Graph, type KdtreeBackend } from '@kdtree/cuda';
 
@@ -28,12 +29,14 @@ export interface Collective {
   /** Every rank's `tensors` = rank `root`'s (any dtypes; the same shapes on every rank). */
   broadcast(tensors: readonly DeviceTensor[], root: number, stream: number): void;
   /**
-   * Runs `work` (a step and the host reads after it, which block while a collective waits for a
-   * rank) under the transport's watchdog, where it has one (NCCL: a stall past its timeout aborts
-   * the communicator and `work` throws a RankFailure naming this rank). Host collectives need
-   * none: their waits are bounded by the transport itself.
+   * Runs `work` (forward passes and the host reads after them, which block while a collective
+   * waits for a rank) under the transport's watchdog, where it has one (NCCL: work not done
+   * within `passes` times its timeout aborts the communicator and `work` throws a RankFailure
+   * naming this rank). `passes` (default 1) is how many forward passes `work` runs: a step is one,
+   * a prefill one per chunk, so the bound is per pass and a long prompt does not trip it. Host
+   * collectives need none: their waits are bounded by the transport itself.
    */
-  guard?<T>(work: () => T): T;
+  guard?<T>(work: () => T, passes?: number): T;
 }
 
 /** What moves between ranks on the host: blocking calls every rank makes in the same order. */

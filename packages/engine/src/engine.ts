@@ -13,7 +13,7 @@
  */
 import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor } from '@kdtree/cuda';
 import type { DflashConfig } from '@kdtree/reference';
-import { bucketsUpTo, BudgetPolicy, PROBE_BUDGET, type CostCurve } from './budget.js';
+import { bucketsUpTo, BudgetPolicy, type CostCurve } from './budget.js';
 import { HostCollective, type Collective } from './collective.js';
 import { DflashDrafter, type DrafterWeights } from './dflash-drafter.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
@@ -161,10 +161,8 @@ interface SpecState {
   drafter: Drafter;
   depth: number;
   budget: number | 'auto';
+  /** Auto: the policy (its calibration and the wait before the next try) of this drafter and depth. */
   policy?: BudgetPolicy;
-  /** Auto: plain decode steps left before the next draft, and the wait after the next plain choice (growing, to 1024). */
-  skip: number;
-  backoff: number;
 }
 
 export class Engine {
@@ -377,7 +375,7 @@ export class Engine {
       if (budget === 'auto') {
         if (spec !== 'ddtree') throw argumentError('budget', "'auto' chooses a DDTree budget; chain decoding takes a number");
       } else checkInt('budget', budget, 1, this.options.maxBudget);
-      state = { drafter, depth, budget, skip: 0, backoff: 1 };
+      state = { drafter, depth, budget };
     }
     const lookahead = this.scratchSlots({ spec, budget: state?.budget, depth: state?.depth });
     if (tokens.length + maxNew + lookahead > cap) {
@@ -425,9 +423,13 @@ export class Engine {
     try {
       return await this.guarded(() => {
         for (let l = 0; l < c.numLayers; l++) taps.set(l, b.empty('f32', [T, c.hiddenSize]));
-        logits = b.empty('f32', [T, c.vocabSize]);
-        this.runner.teacherForced(ids, 0, logits, taps);
-        return { logits: b.toArray(logits) as Float32Array, hidden: [...taps.values()].map((t) => b.toArray(t) as Float32Array) };
+        const out = b.empty('f32', [T, c.vocabSize]);
+        logits = out;
+        // one pass and its reads under the collective's watchdog
+        return this.runner.guarded(() => {
+          this.runner.teacherForced(ids, 0, out, taps);
+          return { logits: b.toArray(out) as Float32Array, hidden: [...taps.values()].map((t) => b.toArray(t) as Float32Array) };
+        });
       });
     } finally {
       b.free(...taps.values(), ...(logits ? [logits] : []));
@@ -518,12 +520,16 @@ export class Engine {
     // captures those steps as graphs of their own), and each committed row reaches commit()
     this.tapping = state?.drafter.targetLayers !== undefined ? state.drafter : undefined;
     r.taps = this.tapping === undefined ? undefined : this.tapsFor(this.tapping.targetLayers!);
-    if (state?.budget === 'auto') state.policy = await this.budgetPolicy(state);
+    if (state?.budget === 'auto') (state.policy = await this.budgetPolicy(state)).begin();
     state?.drafter.begin(prompt);
     this.heldRows = 0;
-    r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
+    // the prefill and its read under the collective's watchdog, its deadline one step's per chunk
+    const firstToken = r.guarded(() => {
+      r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
+      return r.readToken();
+    }, r.prefillPasses(prompt.length));
     forwards += Math.ceil(prompt.length / this.options.prefillChunk);
-    const first = take([r.readToken()]);
+    const first = take([firstToken]);
     prefillMs = performance.now() - t0;
     if (first.done) {
       const result = finish();
@@ -637,9 +643,8 @@ export class Engine {
     const b = this.backend;
     const V = this.config.vocabSize;
     const { drafter, depth, policy } = state;
-    if (policy !== undefined && state.skip > 0) {
-      // drafting did not pay at the last tries: plain decode steps until the next try
-      state.skip--;
+    if (policy !== undefined && !policy.tryNow()) {
+      // the last tries found nothing: plain decode steps pay for them before the next try
       this.holdTaps = true;
       let step: { emitted: number[] };
       try {
@@ -651,19 +656,14 @@ export class Engine {
     }
     const draftLogits = view(this.draftLogits, [depth, V]);
     this.commitHeldTaps();
-    const draftMs = b.time(() => drafter.draft({ tokens: context, depth, out: draftLogits }));
-    let draftTop1: number[] = [];
-    if (trace) {
-      b.native.argmax({ x: draftLogits, out: view(this.draftTop1, [depth]) });
-      draftTop1 = Array.from((b.toArray(this.draftTop1) as Int32Array).subarray(0, depth));
-    }
-    let budget: number;
-    let logProbs: Float32Array | undefined;
-    let probe = false;
-    if (policy !== undefined) {
-      // the best tree of the largest budget, only for its nodes' probabilities: its prefixes are the best smaller trees
-      policy.updateDraftMs(draftMs);
-      const largest = policy.largestUseful;
+    // (assigned in the timed closure below: typed without narrowing to its initial value)
+    let logProbs = undefined as Float32Array | undefined;
+    // auto: the best tree of the largest budget, only for its nodes' probabilities (its prefixes are
+    // the best smaller trees); the build and its read-back are timed with the draft, as a try pays both
+    const largest = policy?.largestUseful ?? 0;
+    const draftMs = b.time(() => {
+      drafter.draft({ tokens: context, depth, out: draftLogits });
+      if (policy === undefined) return;
       const t = this.tree;
       const nodes = (x: DeviceTensor) => view(x, [largest + 1]);
       b.native.ddtreeBuild({
@@ -671,26 +671,22 @@ export class Engine {
         tokens: nodes(t.tokens), parents: nodes(t.parents), depths: nodes(t.depths), positions: nodes(t.positions), mask: view(t.mask, [largest + 1, largest + 1]), size: t.size, logProbs: nodes(t.logProbs),
       });
       logProbs = (b.toArray(t.logProbs) as Float32Array).subarray(1, largest + 1);
-      const choice = policy.choose(logProbs);
-      budget = choice.budget;
+    });
+    let draftTop1: number[] = [];
+    if (trace) {
+      b.native.argmax({ x: draftLogits, out: view(this.draftTop1, [depth]) });
+      draftTop1 = Array.from((b.toArray(this.draftTop1) as Int32Array).subarray(0, depth));
+    }
+    let budget: number;
+    let probe = false;
+    if (policy !== undefined && logProbs !== undefined) {
+      policy.updateDraftMs(draftMs);
+      ({ budget, probe } = policy.plan(logProbs));
       if (budget === 0) {
-        state.backoff = BudgetPolicy.backoff(state.backoff, choice);
-        state.skip = policy.waitAfterNoTree(state.backoff);
-        // the calibration learns only from trees that ran: when it alone rules trees out and the
-        // drafter's own probabilities would still draft, this try runs a probe, so a drafter that
-        // has become good (a repetitive stretch for ngram) can win its calibration back
-        if (policy.choose(logProbs, 1).budget === 0) {
-          policy.record(logProbs, 0, 0);
-          const step = this.greedyStep();
-          return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
-        }
-        budget = PROBE_BUDGET;
-        probe = true;
-      } else {
-        state.backoff = 1;
-        // before the trees have given evidence the drafter's probabilities are taken on trust:
-        // probes then, so a drafter that predicts nothing costs a few 2-node verifies, not trees
-        if (!policy.calibrated) budget = Math.min(budget, PROBE_BUDGET);
+        // no tree worth running: the policy waits a while before the next try
+        policy.record(logProbs, 0, 0);
+        const step = this.greedyStep();
+        return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
       }
     } else budget = state.budget as number;
     const n = spec === 'chain' ? Math.min(budget, depth) + 1 : budget + 1;
@@ -704,12 +700,7 @@ export class Engine {
     });
     r.advance(pathLen);
     this.commitRows(Array.from(path));
-    if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1);
-    if (probe && pathLen > 1) {
-      // the drafter predicts again: no wait before the next try
-      state.backoff = 1;
-      state.skip = 0;
-    }
+    if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1, probe);
     return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
   }
 
@@ -798,10 +789,13 @@ export class Engine {
         }
       }
       this.drafters.clear();
+      // a rank's failure (recorded before the close, or by it: a rank that had to be killed) means
+      // a peer may be gone, and NCCL's destroy could wait on it: the communicator is aborted then
+      const peerFailed = this.group?.failure() !== undefined;
       await this.group?.close();
       this.runner.dispose();
       this.model.dispose();
-      if (this.model.collective instanceof NcclCollective) this.model.collective.close();
+      if (this.model.collective instanceof NcclCollective) this.model.collective.close(peerFailed || this.group?.failure() !== undefined);
     } finally {
       release();
     }
@@ -841,6 +835,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
   const shard: Shard = { rank: 0, world: tp };
   const source = typeof given === 'string' ? await openModel(given, { config: options.config, shard }) : given;
   let group: TpGroup | undefined;
+  let collective: Collective | undefined;
   try {
     const c = source.config;
     const cacheTokens = checkInt('cacheTokens', options.cacheTokens ?? Math.min(4096, c.maxPositionEmbeddings), 2, c.maxPositionEmbeddings);
@@ -857,7 +852,6 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     const memory = estimateMemory(source, { capacity: cacheTokens, cacheDtype, rows, nodes, depth: maxDepth, shard });
     // the cpu ranks share this host's memory: its ranks' shards must fit together (a GPU rank has a device of its own)
     checkFits(backend, tp > 1 && !cuda ? scaleEstimate(memory, localRanks) : memory, tp > 1 ? `${source.path} on ${tp} ranks` : source.path);
-    let collective: Collective | undefined;
     if (tp > 1) {
       const gatherFloats = rows * Math.ceil(c.vocabSize / tp);
       // the collectives of cuda ranks go over NCCL: their relays carry only commands and reports
@@ -884,6 +878,8 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     }
   } catch (error) {
     await group?.close();
+    // the run failed with its ranks: the communicator is aborted, not destroyed (a peer may be gone)
+    if (collective instanceof NcclCollective) collective.close(true);
     throw error;
   } finally {
     await source.close();

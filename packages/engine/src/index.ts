@@ -17,6 +17,9 @@ export { RankFailure } from './shared-memory-transport.js';
 export { rankDevice, TP_TIMEOUT_MS, type TpMaster } from './tp.js';
 export { joinAsRank, startNodeRanks, type NodeRanks } from './tp-launch.js';
 export { NcclCollective, type NcclCollectiveOptions } from './nccl-collective.js';
+// launchPlans: what `kdtree run` launches from. serveUniqueId / fetchUniqueId (with UNIQUE_ID_BYTES
+// and DEFAULT_MASTER_PORT): a standalone NCCL-id rendezvous for custom launchers, which the
+// engine's own launch does not need (its ranks get the id with the run's setup; docs/tp.md)
 export { DEFAULT_MASTER_PORT, fetchUniqueId, launchPlans, serveUniqueId, UNIQUE_ID_BYTES, type LaunchFlags, type LaunchPlan } from './rendezvous.js';
 export type { Block, Shard, Split, TensorCut } from './shard.js';
 export { openModel, readShardIndex, rankFileName, shardIndexPath, ShardSource, SHARD_INDEX_NAME, SHARD_INDEX_SCHEMA, type ShardIndex, type ShardIndexTensor } from './shard-source.js';

@@ -61,18 +61,22 @@ export class ModelSource implements WeightReader {
     readonly prefix: string,
     /**
      * The tensor-parallel rank this source is read for: with more than one rank, a selection of
-     * rows or columns reads only the bytes of those rows (TensorStore.readRange), unchecked.
+     * rows or of K reads only the bytes of those rows, or of each row its block of K
+     * (TensorStore.readRange), unchecked.
      */
     readonly shard: Shard,
+    /** A tensor-parallel rank's pieces of a tensor at most this many bytes apart are read as one range (coalesceReads). */
+    readonly readGap: number,
   ) {}
 
   /**
    * Opens a checkpoint. `shard` (a tensor-parallel rank): selections are then read as byte ranges
    * without their CRC-32 — a checksum covers a whole tensor, so checking it would read every byte
    * on every rank (`kdtree verify` checks the bundle once); without it every read is a whole,
-   * checked tensor, selections cut from it in memory.
+   * checked tensor, selections cut from it in memory. `readGap`: see coalesceReads (default
+   * READ_GAP; 0 reads exactly the selected bytes).
    */
-  static async open(path: string, options: { config?: string; shard?: Shard } = {}): Promise<ModelSource> {
+  static async open(path: string, options: { config?: string; shard?: Shard; readGap?: number } = {}): Promise<ModelSource> {
     const shard = checkShard(options.shard ?? WHOLE);
     const store = await openTensors(path);
     try {
@@ -88,7 +92,7 @@ export class ModelSource implements WeightReader {
         }
       }
       const prefix = config.weightPrefix || (store.has('language_model.model.embed_tokens.weight') ? 'language_model.' : '');
-      return new ModelSource(path, store, config, json as Record<string, unknown>, quantization, prefix, shard);
+      return new ModelSource(path, store, config, json as Record<string, unknown>, quantization, prefix, shard, options.readGap ?? READ_GAP);
     } catch (error) {
       await store.close();
       throw error;
@@ -142,24 +146,39 @@ export class ModelSource implements WeightReader {
   }
 
   /**
-   * The bytes of the given rows (of `rowBytes` each) of tensor `full`, in that order: runs of
-   * consecutive rows are each one ranged read (unchecked: see open), or, for a whole-model source,
-   * cut from the whole checked tensor.
+   * Bytes [colStart, colStart + colBytes) of each of the given rows (of `rowBytes` each) of tensor
+   * `full`, rows in that order, packed: a row-parallel shard's block of K is such a column block,
+   * a column-parallel one's rows are whole-row blocks. A tensor-parallel rank reads them as
+   * unchecked ranged reads (see open), the pieces coalesced by coalesceReads (those back to back,
+   * or at most `readGap` apart, in one read), a few reads at a time; a whole-model source cuts
+   * them from the whole checked tensor.
    */
-  private async readRows(full: string, rowBytes: number, rows: readonly number[]): Promise<Uint8Array> {
+  private async readBlocks(full: string, rowBytes: number, rows: readonly number[], colStart = 0, colBytes = rowBytes): Promise<Uint8Array> {
+    const out = new Uint8Array(rows.length * colBytes);
     if (!this.ranged) {
       const all = await this.store.read(full);
-      const out = new Uint8Array(rows.length * rowBytes);
-      rows.forEach((r, i) => out.set(all.subarray(r * rowBytes, (r + 1) * rowBytes), i * rowBytes));
+      rows.forEach((r, i) => out.set(all.subarray(r * rowBytes + colStart, r * rowBytes + colStart + colBytes), i * colBytes));
       return out;
     }
-    const out = new Uint8Array(rows.length * rowBytes);
-    for (let i = 0; i < rows.length; ) {
-      let j = i + 1;
-      while (j < rows.length && rows[j] === rows[j - 1] + 1) j++;
-      await this.store.readRange(full, rows[i] * rowBytes, (j - i) * rowBytes, out.subarray(i * rowBytes, j * rowBytes), { verify: false });
-      i = j;
-    }
+    const spans = coalesceReads(rows.map((r) => r * rowBytes + colStart), colBytes, this.readGap);
+    let next = 0;
+    const reader = async () => {
+      while (next < spans.length) {
+        const { start, end, first, count } = spans[next++];
+        const target = out.subarray(first * colBytes, (first + count) * colBytes);
+        if (end - start === count * colBytes) {
+          // back to back in the file as in `out`: straight there
+          await this.store.readRange(full, start, end - start, target, { verify: false });
+          continue;
+        }
+        const span = await this.store.readRange(full, start, end - start, undefined, { verify: false });
+        for (let i = 0; i < count; i++) {
+          const at = rows[first + i] * rowBytes + colStart - start;
+          target.set(span.subarray(at, at + colBytes), i * colBytes);
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(READS_IN_FLIGHT, spans.length) }, reader));
     return out;
   }
 
@@ -179,7 +198,8 @@ export class ModelSource implements WeightReader {
     const elementBytes = ({ BF16: 2, F16: 2, F32: 4, F64: 8 } as Record<string, number | undefined>)[info.dtype];
     if (elementBytes === undefined) throw modelError(full, `is ${info.dtype}; expected a float tensor (BF16, F16, F32) or an INT4 descriptor`, this.path);
     const selected = rows ?? (cols === undefined ? undefined : range(r));
-    const bytes = selected === undefined ? await this.store.read(full) : await this.readRows(full, c * elementBytes, selected);
+    const block = cols ?? { start: 0, count: c };
+    const bytes = selected === undefined ? await this.store.read(full) : await this.readBlocks(full, c * elementBytes, selected, block.start * elementBytes, block.count * elementBytes);
     let bits: Uint16Array;
     switch (info.dtype) {
       case 'BF16':
@@ -191,9 +211,7 @@ export class ModelSource implements WeightReader {
       default:
         bits = f32ArrayToBf16(floatToF32(info.dtype, bytes, full));
     }
-    const n = selected?.length ?? r;
-    if (cols === undefined) return { rows: n, cols: c, bits };
-    return { rows: n, cols: cols.count, bits: pickCols(bits, c, cols.start, cols.count) };
+    return { rows: selected?.length ?? r, cols: block.count, bits };
   }
 
   async readInt4(name: string, shape: readonly [number, number], rows?: readonly number[], cols?: Block): Promise<HostInt4> {
@@ -210,14 +228,15 @@ export class ModelSource implements WeightReader {
     }
     const selected = rows ?? range(n);
     const scBytes = scaleDtype === 'bf16' ? 2 : 4;
-    const qwBytes = await this.readRows(d.qw, (k / 8) * 4, selected);
-    const scRaw = await this.readRows(d.sc, (k / g) * scBytes, selected);
-    let qw = new Int32Array(qwBytes.buffer, qwBytes.byteOffset, qwBytes.byteLength / 4);
-    let sc: Uint16Array | Float32Array = scaleDtype === 'bf16' ? new Uint16Array(scRaw.buffer, scRaw.byteOffset, scRaw.byteLength / 2) : new Float32Array(scRaw.buffer, scRaw.byteOffset, scRaw.byteLength / 4);
-    if (cols === undefined) return { rows: selected.length, cols: k, group: g, scaleDtype, qw, sc };
-    qw = pickCols(qw, k / 8, cols.start / 8, cols.count / 8);
-    sc = pickCols(sc, k / g, cols.start / g, cols.count / g);
-    return { rows: selected.length, cols: cols.count, group: g, scaleDtype, qw, sc };
+    // K block [start, start + count) in whole groups: qw's 8 values per i32, sc's one per group
+    const block = cols ?? { start: 0, count: k };
+    const [qwBytes, scRaw] = await Promise.all([
+      this.readBlocks(d.qw, (k / 8) * 4, selected, (block.start / 8) * 4, (block.count / 8) * 4),
+      this.readBlocks(d.sc, (k / g) * scBytes, selected, (block.start / g) * scBytes, (block.count / g) * scBytes),
+    ]);
+    const qw = new Int32Array(qwBytes.buffer, qwBytes.byteOffset, qwBytes.byteLength / 4);
+    const sc: Uint16Array | Float32Array = scaleDtype === 'bf16' ? new Uint16Array(scRaw.buffer, scRaw.byteOffset, scRaw.byteLength / 2) : new Float32Array(scRaw.buffer, scRaw.byteOffset, scRaw.byteLength / 4);
+    return { rows: selected.length, cols: block.count, group: g, scaleDtype, qw, sc };
   }
 
   async close(): Promise<void> {
@@ -226,6 +245,49 @@ export class ModelSource implements WeightReader {
 }
 
 type Rows = Uint16Array | Int32Array | Float32Array;
+
+/** Ranged reads a rank keeps in flight for one tensor. */
+const READS_IN_FLIGHT = 16;
+
+/**
+ * The default gap up to which a rank's pieces of a tensor are read as one range: a page. The
+ * storage reads whole pages, so skipping less saves no I/O, while every read costs a call: the
+ * K blocks of a row-parallel weight whose rows are short (an expert's INT4 down_proj: 1 KiB rows,
+ * 128 bytes a rank at tp 8) are read whole, those of long rows (o_proj: 16 KiB bf16 rows) as one
+ * read per row of only the rank's block.
+ */
+export const READ_GAP = 4096;
+
+/** The largest span coalesceReads makes of several pieces (a bound on the scratch it needs). */
+const MAX_SPAN = 8 << 20;
+
+/** One ranged read of coalesceReads: file bytes [start, end), holding pieces first..first+count-1. */
+export interface ReadSpan {
+  start: number;
+  end: number;
+  first: number;
+  count: number;
+}
+
+/**
+ * Groups pieces of `length` bytes at `offsets` (in the order wanted) into ranged reads: a piece
+ * joins the read before it when it starts at or after that read's end and at most `gap` bytes
+ * later, and the read stays within MAX_SPAN (one piece longer than that is a read of its own).
+ */
+export function coalesceReads(offsets: readonly number[], length: number, gap: number): ReadSpan[] {
+  const spans: ReadSpan[] = [];
+  let last: ReadSpan | undefined;
+  offsets.forEach((start, i) => {
+    if (last !== undefined && start >= last.end && start - last.end <= gap && start + length - last.start <= MAX_SPAN) {
+      last.end = start + length;
+      last.count++;
+      return;
+    }
+    last = { start, end: start + length, first: i, count: 1 };
+    spans.push(last);
+  });
+  return spans;
+}
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 

@@ -1,13 +1,18 @@
 /**
  * NcclCollective's own logic on the cpu backend, with NCCL emulated as rank 0 of two ranks whose
  * peer's data is known: the all-gather's [world, rows, cols] -> [rows, world * cols] reorder, the
- * broadcast of mixed dtypes as bytes, argument checks, and a watchdog abort turned into a
- * RankFailure naming the rank. (The NCCL calls themselves run on the GPU: tools/gpu/nccl-check.)
+ * broadcast of mixed dtypes as bytes, argument checks, a watchdog abort turned into a
+ * RankFailure naming the rank, the guard's deadline per forward pass, and an engine whose group
+ * recorded a rank's failure aborting its communicator rather than destroying it. (The NCCL calls themselves run on the GPU: tools/gpu/nccl-check.)
  */
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { createBackend, numel, type NativeBackend, type TensorArg } from '@kdtree/cuda';
-import { NcclCollective } from './nccl-collective.js';
+import { writeSyntheticModel } from '@kdtree/reference';
+import { DeviceModel, Engine, ModelSource, type MemoryEstimate } from './index.js';
+import { guardDeadlineMs, NcclCollective } from './nccl-collective.js';
 import { RankFailure } from './shared-memory-transport.js';
+import { tempDir } from './test-support/models.js';
 
 const b = createBackend({ backend: 'cpu' });
 
@@ -121,5 +126,50 @@ describe('NcclCollective', () => {
     const { backend, state } = emulated(() => 0);
     new NcclCollective(backend, options).close();
     expect(state.calls.slice(3)).toEqual(['destroy']);
+  });
+
+  it('arms one timeout per forward pass of the guarded work (a prefill of N chunks: N), at most what ncclArm takes', () => {
+    expect([guardDeadlineMs(1000), guardDeadlineMs(1000, 1), guardDeadlineMs(1000, 5), guardDeadlineMs(1000, 0)]).toEqual([1000, 1000, 5000, 1000]);
+    expect(guardDeadlineMs(3_600_000, 10_000)).toBe(2 ** 31 - 1);
+    const { backend, state } = emulated(() => 0);
+    const c = new NcclCollective(backend, options);
+    expect(c.guard(() => 7, 5)).toBe(7);
+    expect(c.guard(() => 8)).toBe(8);
+    expect(state.armed).toEqual([5000, 0, 1000, 0]);
+  });
+
+  it('aborts on close when told a rank failed, though its own communicator reports no error', () => {
+    const { backend, state } = emulated(() => 0);
+    new NcclCollective(backend, options).close(true);
+    expect(state.calls.slice(3)).toEqual(['abort']);
+  });
+});
+
+describe('Engine.dispose over an NcclCollective', () => {
+  const dir = tempDir('kdtree-nccl-dispose-');
+
+  /** The calls that end an engine's communicator when its group reports `failure` (before and after its close). */
+  async function disposal(failure: { before?: RankFailure; after?: RankFailure }): Promise<string[]> {
+    const path = join(dir, 'tiny.kdtr');
+    await writeSyntheticModel(path, { preset: 'tiny', seed: 7 }, 'engine nccl dispose test');
+    const { backend, state } = emulated(() => 0);
+    const collective = new NcclCollective(backend, { rank: 0, world: 2, id: new Uint8Array(128), timeoutMs: 1000, gatherFloats: 0 });
+    const source = await ModelSource.open(path);
+    const model = await DeviceModel.load(b, source, { rows: 17, collective });
+    let closed = false;
+    const group = { world: 2, pids: [], failure: () => (closed ? failure.after : failure.before), close: async () => void (closed = true), send: () => undefined };
+    const options = { cacheTokens: 64, cacheDtype: 'f32' as const, activations: 'f32' as const, prefillChunk: 16, maxBudget: 16, maxDepth: 16 };
+    const engine = new Engine(b, model, { path: source.path, configJson: source.configJson }, options, {} as MemoryEstimate, group as never);
+    await source.close();
+    await engine.dispose();
+    expect(closed).toBe(true);
+    return state.calls.slice(3);
+  }
+
+  it('aborts the communicator when the group recorded a rank\'s failure (a destroy may wait on the dead peer), destroys it otherwise', async () => {
+    expect(await disposal({})).toEqual(['destroy']);
+    expect(await disposal({ before: new RankFailure(1, 'exited (signal SIGKILL)') })).toEqual(['abort']);
+    // a rank that had to be killed at the close
+    expect(await disposal({ after: new RankFailure(1, 'did not end within 1000 ms of the close') })).toEqual(['abort']);
   });
 });

@@ -7,9 +7,10 @@
  * with the one reduced buffer), which is what argmax, DDTree acceptance and the KV commit need.
  *
  * Faults: the communicator's native watchdog thread (ncclInit) polls ncclCommGetAsyncError and,
- * while the work is guarded (guard), a deadline; on an error or a stall it aborts the communicator,
- * which ends the wait this rank is blocked in. The error that follows names this rank and why;
- * the process that started the ranks names the rank that died or went silent (tp-process.ts).
+ * while the work is guarded (guard: a step, a prefill or a teacher-forced pass, one timeout per
+ * forward pass), a deadline; on an error or a stall it aborts the communicator, which ends the
+ * wait this rank is blocked in. The error that follows names this rank and why; rank 0's group
+ * names the rank that died or whose connection closed (tp.ts).
  */
 import { DTYPE_BYTES, numel, type DeviceTensor, type KdtreeBackend } from '@kdtree/cuda';
 import type { Collective } from './collective.js';
@@ -20,7 +21,7 @@ export interface NcclCollectiveOptions {
   /** This rank and the ranks in all. */
   rank: number;
   world: number;
-  /** rank 0's ncclUniqueId (128 bytes), handed to every rank (rendezvous.ts). */
+  /** rank 0's ncclUniqueId (128 bytes): every rank gets it with the run's setup (tp.ts). */
   id: Uint8Array;
   /** How long guarded work may block before the watchdog aborts the communicator. */
   timeoutMs: number;
@@ -32,6 +33,14 @@ export interface NcclCollectiveOptions {
   gatherFloats: number;
   /** The watchdog's poll interval (default 50 ms). */
   watchdogMs?: number;
+}
+
+/**
+ * The watchdog's deadline for guarded work of `passes` forward passes: `timeoutMs` per pass (a
+ * prefill of many chunks gets as many bounds, a step one), at most what ncclArm takes (2^31 - 1 ms).
+ */
+export function guardDeadlineMs(timeoutMs: number, passes = 1): number {
+  return Math.min(timeoutMs * Math.max(1, Math.ceil(passes)), 2 ** 31 - 1);
 }
 
 export class NcclCollective implements Collective {
@@ -117,12 +126,13 @@ export class NcclCollective implements Collective {
   }
 
   /**
-   * Runs `work` (which may block on the device: a step and its download) with the watchdog armed:
-   * if it has not returned within timeoutMs the communicator is aborted and `work` throws. The
-   * error thrown is then a RankFailure naming this rank.
+   * Runs `work` (which may block on the device: `passes` forward passes and their downloads) with
+   * the watchdog armed: if it has not returned within guardDeadlineMs(timeoutMs, passes) the
+   * communicator is aborted and `work` throws. The error thrown is then a RankFailure naming this
+   * rank.
    */
-  guard<T>(work: () => T): T {
-    this.b.native.ncclArm(this.comm, this.timeoutMs);
+  guard<T>(work: () => T, passes = 1): T {
+    this.b.native.ncclArm(this.comm, guardDeadlineMs(this.timeoutMs, passes));
     try {
       return work();
     } catch (error) {
@@ -140,10 +150,14 @@ export class NcclCollective implements Collective {
     return new RankFailure(this.rank, e.message || `failed: ncclResult ${e.result}`);
   }
 
-  /** Destroys the communicator (after a failure: aborts it, as its peers may be gone). */
-  close(): void {
+  /**
+   * Destroys the communicator; aborts it instead after its own failure or when `abort` (the group
+   * recorded a rank's failure): ncclCommDestroy may wait on a peer that is gone, ncclCommAbort
+   * does not.
+   */
+  close(abort = false): void {
     if (this.closed) return;
-    const failed = this.failure() !== undefined;
+    const failed = abort || this.failure() !== undefined;
     this.closed = true;
     if (this.staging) this.b.free(this.staging.buffer);
     if (failed) this.b.native.ncclAbort(this.comm);

@@ -1,11 +1,16 @@
 /**
- * How the GPU ranks find each other: rank 0 makes the NCCL unique id and serves it over TCP at
- * MASTER_ADDR:MASTER_PORT; every other rank connects (retrying until the bound), says which rank
- * it is, and reads the 128 bytes. After that NCCL does its own networking. The launch parameters
- * come from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so
- * existing launchers work, or from kdtree's flags (--nnodes, --node-rank, --master-addr,
- * --master-port with --tp ranks per node).
+ * Where each rank of a launch sits, and a standalone NCCL-id rendezvous.
  *
+ * launchPlans turns kdtree's flags (--tp ranks per node, --nnodes, --node-rank, --master-addr,
+ * --master-port) or torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+ * MASTER_PORT), so that existing launchers work, into each rank's plan; the engine's launch
+ * (tp-launch.ts, `kdtree run`) starts and joins its ranks from those plans.
+ *
+ * serveUniqueId / fetchUniqueId move only the 128-byte NCCL id, for a custom launcher that starts
+ * its own ranks and needs them to share one communicator: the engine's launch does not use them,
+ * since its ranks get the id with the run's setup (tp.ts), over the connection they open to rank
+ * 0 anyway. Rank 0 serves the id over TCP at MASTER_ADDR:MASTER_PORT; every other rank connects
+ * (retrying until the bound: rank 0 may not be up yet), says which rank it is, and reads the id.
  * Wire format (one connection per rank): the rank sends its rank as a u32 little-endian, rank 0
  * answers with the 128-byte id and closes. Rank 0 resolves once every rank 1..world-1 has had it,
  * and fails naming the ranks that never came within the bound.

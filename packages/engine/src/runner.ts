@@ -131,10 +131,28 @@ export class Runner {
     this.cache.committed[0] += count;
   }
 
-  /** `work` under the collective's watchdog (Collective.guard), or as it is without one. */
-  guarded<T>(work: () => T): T {
+  /** `work` (`passes` forward passes) under the collective's watchdog (Collective.guard), or as it is without one. */
+  guarded<T>(work: () => T, passes = 1): T {
     const c = this.model.collective;
-    return c?.guard ? c.guard(work) : work();
+    return c?.guard ? c.guard(work, passes) : work();
+  }
+
+  /** The forward passes a prefill of `tokens` runs: one per chunk of the workspace's rows. */
+  prefillPasses(tokens: number): number {
+    return Math.ceil(tokens / this.prefillRows);
+  }
+
+  /** The forward passes `command` runs (what its guard's deadline scales with); 0: none, only host state. */
+  passes(command: RankCommand): number {
+    switch (command.op) {
+      case 'prefill':
+        return this.prefillPasses(command.tokens.length);
+      case 'teacherForced':
+      case 'step':
+        return 1;
+      default:
+        return 0;
+    }
   }
 
   /** Runs a command of rank 0's Runner on this rank (a tensor-parallel peer). */

@@ -16,6 +16,7 @@ import { writeSyntheticModel, type GoldenRecord } from '@kdtree/reference';
 import type { Collective } from './collective.js';
 import { createEngine, DeviceModel, EngineError, ModelSource, ShardSource, writeShards, type GenerateOptions, type WeightReader } from './index.js';
 import type { Block } from './shard.js';
+import { coalesceReads, READ_GAP } from './model-source.js';
 import { fanOut } from './shard-writer.js';
 import { tempDir } from './test-support/models.js';
 
@@ -91,6 +92,36 @@ function recording(inner: WeightReader, log: string[]): WeightReader {
   };
 }
 
+/**
+ * Counts the bytes `source` reads from its files (whole tensors, ranged reads, streamed chunks),
+ * on its store's own methods (a checked ranged read streams the tensor: its chunks count).
+ */
+function countReads(source: ModelSource): () => number {
+  let bytes = 0;
+  const store = source.store as unknown as {
+    get(name: string): { size: number };
+    readInto(name: string, target: Uint8Array, options?: { verify?: boolean }): Promise<Uint8Array>;
+    readRange(name: string, start: number, length: number, target?: Uint8Array, options?: { verify?: boolean }): Promise<Uint8Array>;
+    chunks(name: string, options?: object): AsyncGenerator<Uint8Array>;
+  };
+  const { readInto, readRange, chunks } = { readInto: store.readInto.bind(store), readRange: store.readRange.bind(store), chunks: store.chunks.bind(store) };
+  store.readInto = (name, target, options) => {
+    bytes += store.get(name).size;
+    return readInto(name, target, options);
+  };
+  store.readRange = (name, start, length, target, options) => {
+    if (options?.verify === false) bytes += length;
+    return readRange(name, start, length, target, options);
+  };
+  store.chunks = async function* (name, options) {
+    for await (const chunk of chunks(name, options)) {
+      bytes += chunk.byteLength;
+      yield chunk;
+    }
+  };
+  return () => bytes;
+}
+
 /** Loads rank `rank` of `world` from `source` on a cpu backend (no forward runs: the collective is never called) and returns the reads it made. */
 async function loadReads(source: WeightReader, rank: number, world: number): Promise<string[]> {
   const log: string[] = [];
@@ -118,6 +149,53 @@ describe('a shard directory holds exactly what load-time sharding reads', () => 
       }
     }, 60_000);
   }
+
+  it('load-time sharding reads from the bundle only a rank\'s blocks: 1/N of every split tensor (row-parallel K blocks too) and the replicated ones whole', async () => {
+    for (const name of ['tp8, float', 'tp8, INT4 every MLP']) {
+      for (const world of [2, 8]) {
+        const index = JSON.parse(readFileSync(join(await shards(name, world), 'tp-index.json'), 'utf8')) as { tensors: Record<string, { split: string }> };
+        const whole = await ModelSource.open(bundles.get(name)!);
+        let expected = 0;
+        let rowParallel = 0;
+        try {
+          for (const [tensor, t] of Object.entries(index.tensors)) {
+            const d = whole.int4(tensor);
+            const bytes = (d === undefined ? [tensor] : [d.qw, d.sc]).reduce((sum, p) => sum + whole.store.get(p).size, 0);
+            expected += t.split === 'replicated' ? bytes : bytes / world;
+            if (t.split === 'row') rowParallel += bytes;
+          }
+        } finally {
+          await whole.close();
+        }
+        expect(rowParallel, `${name}: row-parallel bytes`).toBeGreaterThan(expected / 4);
+        for (const rank of [0, world - 1]) {
+          // readGap 0: exactly the selected bytes (the default also reads gaps of up to a page, which these small rows all are)
+          const source = await ModelSource.open(bundles.get(name)!, { shard: { rank, world }, readGap: 0 });
+          const read = countReads(source);
+          const exact = await loadReads(source, rank, world);
+          expect(read(), `${name}, rank ${rank} of ${world}: bytes read`).toBe(expected);
+          // the same bytes as the default's coalesced reads
+          expect(exact).toEqual(await loadReads(await ModelSource.open(bundles.get(name)!, { shard: { rank, world } }), rank, world));
+        }
+      }
+    }
+  }, 60_000);
+
+  it('a rank\'s pieces are read as one range when back to back or less than a page apart, else each alone', () => {
+    // o_proj of Kimi K2 at tp 8: bf16 rows of 16 KiB, 2 KiB of each a rank's: one read per row, of only those bytes
+    const long = coalesceReads([0, 1, 2].map((r) => r * 16384 + 2048), 2048, READ_GAP);
+    expect(long).toEqual([0, 1, 2].map((r) => ({ start: r * 16384 + 2048, end: r * 16384 + 4096, first: r, count: 1 })));
+    // an expert's INT4 down_proj qw at tp 8: rows of 1 KiB, 128 bytes a rank's: the gaps are read too, in one range
+    expect(coalesceReads([0, 1, 2].map((r) => r * 1024 + 128), 128, READ_GAP)).toEqual([{ start: 128, end: 2048 + 256, first: 0, count: 3 }]);
+    // whole rows back to back are one range at any gap; rows out of order or past the gap start a new one
+    expect(coalesceReads([0, 64, 128, 1 << 20, 0], 64, 0)).toEqual([
+      { start: 0, end: 192, first: 0, count: 3 },
+      { start: 1 << 20, end: (1 << 20) + 64, first: 3, count: 1 },
+      { start: 0, end: 64, first: 4, count: 1 },
+    ]);
+    // a span stays within 8 MiB
+    expect(coalesceReads([0, 4 << 20, 8 << 20], 4 << 20, 0).map((r) => r.count)).toEqual([2, 1]);
+  });
 
   it('each rank file holds only its blocks: the ranks together are about one model, not N', async () => {
     const out = await shards('tp8, INT4 every MLP', 8);

@@ -1,8 +1,8 @@
 /**
  * Tensor-parallel ranks as processes (`tpRanks: 'processes'`: forked ranks over TCP to rank 0):
  * the tokens of one rank and of the golden reference, greedy and DDTree; a rank that is
- * SIGKILLed, exits or stalls ends the run within the bound naming it, and no rank process is
- * left behind, nor after a plain dispose, nor when rank 0's own process is killed.
+ * SIGKILLed, exits, stalls or fails to load ends the run within the bound naming it, and no rank
+ * process is left behind, nor after a plain dispose, nor when rank 0's own process is killed.
  */
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
@@ -12,7 +12,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel, type GoldenRecord } from '@kdtree/reference';
 import { createEngine, EngineError, type Engine, type GenerateOptions } from './index.js';
 import { tempDir } from './test-support/models.js';
-import { alive, until } from './test-support/processes.js';
+import { alive, hasProc, rankChildren, until } from './test-support/processes.js';
 
 const dir = tempDir('kdtree-tp-processes-');
 // tiny has 2 heads: 2 ranks; k2-mini (4 heads, INT4 experts of 4 groups) runs 4
@@ -143,8 +143,22 @@ describe('a rank process that fails ends the run within the bound, naming it, an
       ['1:load:throw', 'tensor-parallel rank 1 failed to load: injected fault at load'],
       ['1:load:stall', 'tensor-parallel rank 1 stalled while loading: no part of its shard loaded for 1500 ms'],
     ]) {
-      const error = await createEngine({ model: tiny, backend: 'cpu', cacheTokens: 128, tp: 2, tpRanks: 'processes', tpTimeoutMs: timeoutMs, tpFault: fault }).catch((e: unknown) => e);
+      // no engine comes back to ask for its ranks: they are watched as this process's children
+      const seen = new Set<number>(rankChildren());
+      expect([...seen], 'rank processes before the run').toEqual([]);
+      let settled = false;
+      const attempt = createEngine({ model: tiny, backend: 'cpu', cacheTokens: 128, tp: 2, tpRanks: 'processes', tpTimeoutMs: timeoutMs, tpFault: fault })
+        .catch((e: unknown) => e)
+        .finally(() => (settled = true));
+      while (!settled) {
+        for (const pid of rankChildren()) seen.add(pid);
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+      const error = await attempt;
       expect((error as Error).message, fault).toBe(message);
+      if (hasProc) expect(seen.size, `${fault}: rank processes seen while loading`).toBe(1);
+      expect([...seen].filter(alive), `${fault}: rank processes left`).toEqual([]);
+      expect(rankChildren(), `${fault}: rank processes left`).toEqual([]);
     }
   }, 30_000);
 });

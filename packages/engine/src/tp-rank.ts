@@ -96,8 +96,9 @@ export async function serveRank(rank: number, setup: RankSetup, link: RankLink, 
       return;
     }
     try {
-      // a step under the collective's watchdog (a step's deadline); a prefill's length scales with its prompt
-      if (command.op === 'step') r.guarded(() => r.execute(command));
+      // a step, prefill or teacher-forced pass under the collective's watchdog: a deadline per forward pass
+      const passes = r.passes(command);
+      if (passes > 0) r.guarded(() => r.execute(command), passes);
       else r.execute(command);
     } catch (error) {
       closing = true;

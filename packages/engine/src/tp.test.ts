@@ -3,12 +3,14 @@
  * count (2, 4, 8) gives the tokens of one rank and of the golden reference, greedy and DDTree, INT4 and
  * float; a shard reads exactly the bytes the whole tensor holds there; a weight that cannot be
  * split is refused naming it; a rank that fails to load, throws, exits or stalls ends the run
- * within the bound with an error naming it, and every thread is gone afterwards.
+ * within the bound with an error naming it, and every thread is gone afterwards; prefill,
+ * teacher-forced passes and steps run under the collective's guard with a deadline per pass.
  */
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel, type GoldenRecord } from '@kdtree/reference';
-import { createEngine, EngineError, ModelSource, type Engine, type GenerateOptions } from './index.js';
+import { createBackend } from '@kdtree/cuda';
+import { createEngine, DeviceModel, Engine, EngineError, ModelSource, type Collective, type GenerateOptions, type MemoryEstimate, type Runner } from './index.js';
 import { tempDir } from './test-support/models.js';
 
 const dir = tempDir('kdtree-tp-');
@@ -18,7 +20,7 @@ const dir = tempDir('kdtree-tp-');
 const models: { name: string; preset: 'tiny' | 'k2-mini' | 'tp8'; quant?: 'kimi-k2' | 'seed'; ranks: number[] }[] = [
   { name: 'tiny, float', preset: 'tiny', ranks: [2] },
   { name: 'k2-mini, INT4 routed experts', preset: 'k2-mini', quant: 'kimi-k2', ranks: [2, 4] },
-  { name: 'tp8, float', preset: 'tp8', ranks: [8] },
+  { name: 'tp8, float', preset: 'tp8', ranks: [4, 8] },
   { name: 'tp8, INT4 routed experts', preset: 'tp8', quant: 'kimi-k2', ranks: [8] },
 ];
 const paths = new Map<string, string>();
@@ -158,5 +160,52 @@ describe('a rank that fails ends the run within the bound, naming the rank', () 
     const { error, engine } = await failing('3:collective=25:stall', 4, 'k2-mini, INT4 routed experts');
     expect(error.message).toMatch(/^tensor-parallel rank 3 stalled/);
     await engine?.dispose();
+  }, 30_000);
+});
+
+describe('the collective\'s watchdog guards every forward pass, with a deadline per pass', () => {
+  it('rank 0 guards a prefill of 3 chunks for 3 passes, each step and a teacher-forced pass for 1; every rank guards the commands that run passes', async () => {
+    const b = createBackend({ backend: 'cpu' });
+    const golden = goldens.get('tiny, float')!;
+    const prompt = golden.prompt;
+    expect(prompt.length).toBeGreaterThanOrEqual(3);
+    const prefillChunk = Math.ceil(prompt.length / 3);
+    const chunks = Math.ceil(prompt.length / prefillChunk);
+    // one rank's collective (its sums and gathers are the identity) that records each guard's passes
+    const guarded: number[] = [];
+    const spy: Collective = {
+      rank: 0,
+      world: 1,
+      allReduceSum: () => undefined,
+      allGather: () => {
+        throw new Error('one rank gathers nothing');
+      },
+      broadcast: () => undefined,
+      guard: (work, passes) => {
+        guarded.push(passes ?? 1);
+        return work();
+      },
+    };
+    const source = await ModelSource.open(paths.get('tiny, float')!);
+    const model = await DeviceModel.load(b, source, { rows: 17, collective: spy });
+    await source.close();
+    const engine = new Engine(b, model, { path: source.path, configJson: source.configJson }, { cacheTokens: 128, cacheDtype: 'f32', activations: 'f32', prefillChunk, maxBudget: 16, maxDepth: 16 }, {} as MemoryEstimate);
+    try {
+      expect((await engine.complete(prompt, { maxNew: 4, eos: [] })).tokens).toEqual(golden.tokens.slice(0, 4));
+      expect(guarded).toEqual([chunks, 1, 1, 1]);
+      guarded.length = 0;
+      await engine.teacherForced(prompt.slice(0, 4));
+      expect(guarded).toEqual([1]);
+      // what every other rank guards each of rank 0's commands for (tp-rank.ts): 0 is none
+      const runner = (engine as unknown as { runner: Runner }).runner;
+      expect(runner.passes({ op: 'prefill', tokens: prompt, start: 0, logits: true })).toBe(chunks);
+      expect(runner.passes({ op: 'prefill', tokens: Array.from({ length: 100 * prefillChunk + 1 }, () => 1), start: 0, logits: false })).toBe(101);
+      expect(runner.passes({ op: 'teacherForced', tokens: prompt, start: 0 })).toBe(1);
+      expect(runner.passes({ op: 'step', step: { kind: 'decode' } })).toBe(1);
+      expect(runner.passes({ op: 'committed', length: 3 })).toBe(0);
+      expect(runner.passes({ op: 'advance', count: 1 })).toBe(0);
+    } finally {
+      await engine.dispose();
+    }
   }, 30_000);
 });
