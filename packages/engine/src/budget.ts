@@ -107,6 +107,9 @@ export class BudgetPolicy {
   private misses = 0;
   private proven = false;
   private readonly draftSamples: number[] = [];
+  /** Whether the first measurement (left out of the median) came, and the last one. */
+  private measured = false;
+  private lastDraftMs: number | undefined;
 
   constructor(
     readonly curve: CostCurve,
@@ -216,7 +219,7 @@ export class BudgetPolicy {
     } else if (budget === 0 || probe) {
       this.misses++;
       const decode = this.curve.decodeMs;
-      const cost = this.draftMs + (budget > 0 ? Math.max(0, this.verifyMs(budget) - decode) : 0);
+      const cost = (this.lastDraftMs ?? this.draftMs) + (budget > 0 ? Math.max(0, this.verifyMs(budget) - decode) : 0);
       const steps = this.proven ? Math.min(MAX_WAIT, 2 ** (this.misses - 1)) : this.misses === 1 ? FIRST_WAIT : MAX_WAIT;
       this.debt = Math.min(steps * TRY_SHARE * decode, this.debt + cost);
     }
@@ -231,8 +234,17 @@ export class BudgetPolicy {
    * A measurement of the drafter's step (the draft, and the tree build read back): the policy uses
    * the median of the last DRAFT_SAMPLES, so a one-off (a draft that captured a new graph) neither
    * rules trees out nor stretches the waits, and ngram's steps with and without a match even out.
+   * The policy's first measurement is left out of the median: that try built its tree at the
+   * largest budget before any cost was known and may have captured the drafter's graphs, so the
+   * first plan takes the drafter at its word (a probe at most, while uncalibrated). What a try
+   * found nothing costs (the wait after it) is always its own measurement.
    */
   updateDraftMs(ms: number): void {
+    this.lastDraftMs = ms;
+    if (!this.measured) {
+      this.measured = true;
+      return;
+    }
     this.draftSamples.push(ms);
     if (this.draftSamples.length > DRAFT_SAMPLES) this.draftSamples.shift();
     const sorted = [...this.draftSamples].sort((x, y) => x - y);
