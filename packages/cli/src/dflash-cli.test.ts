@@ -148,6 +148,9 @@ describe('kdtree gen-model --structure walk --dflash DIR', () => {
     expect(block.stderr).toMatch(/--dflash-block needs --dflash/);
     const exists = runCli(['gen-model', '--preset', 'tiny', '-o', out, '--structure', 'walk', '--dflash', drafterDir]);
     expect(exists.status).toBe(2);
-    expect(exists.stderr).toMatch(/already holds a config.json/);
+    expect(exists.stderr).toMatch(/already exists and is not empty/);
+    const same = runCli(['gen-model', '--preset', 'tiny', '-o', out, '--structure', 'walk', '--dflash', out]);
+    expect(same.status).toBe(2);
+    expect(same.stderr).toMatch(/--dflash and -o name the same path/);
   });
 });

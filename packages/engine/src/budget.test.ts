@@ -287,6 +287,8 @@ describe('BudgetPolicy on the H200 benchmark', () => {
     { name: 'a sure drafter', draftMs: 0.1, ps: [1, 1, 1, 1] },
     { name: 'a draft model', draftMs: 0.4, ps: [0.6, 0.5, 0.4, 0.3] },
     { name: 'a drafter that predicts nothing (ngram without a match)', draftMs: 0.03, ps: [1e-5, 1e-5, 1e-5, 1e-5] },
+    // its trees expect under 0.3 tokens: the kept sums stay under one expected token, and the ratio must apply all the same
+    { name: 'a drafter unsure of its one node', draftMs: 0.03, ps: [0.28] },
   ])('costs a drafter that is never accepted at most 2% over greedy: $name ($draftMs ms a try)', ({ draftMs, ps }) => {
     const policy = new BudgetPolicy(h200, 0, DEPTH);
     for (let gen = 0; gen < 3; gen++) expect(auto(policy, never(ps), draftMs)).toBeGreaterThanOrEqual(0.98 * greedy);

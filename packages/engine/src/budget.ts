@@ -52,8 +52,8 @@ export const TRY_SHARE = 0.01;
 /**
  * The most plain decode steps after the k-th try in a row that found nothing: for a drafter whose
  * draft tokens have been accepted, 2^(k-1) since the last one (a rejection is little proof that a
- * good stretch is over: the next try comes at once, and the waits grow to what the cost asks within
- * a few misses); for one never accepted, FIRST_WAIT after its first and MAX_WAIT after later ones.
+ * good stretch is over: the next try comes after one plain step, and the waits grow to what the
+ * cost asks within a few misses); for one never accepted, FIRST_WAIT after its first and MAX_WAIT after later ones.
  */
 export const FIRST_WAIT = 32;
 export const MAX_WAIT = 1024;
@@ -133,7 +133,9 @@ export class BudgetPolicy {
 
   /** The calibration ratio applied to the draft probabilities, in [MIN_CALIBRATION, 2]. */
   get calibration(): number {
-    if (this.expected < 1) return 1;
+    // until calibrated the drafter is taken at its word; after, the ratio applies however little
+    // the trees expected (a tree expecting 0.2 tokens, never accepted, must not keep a ratio of 1)
+    if (!this.calibrated || this.expected <= 0) return 1;
     return Math.min(2, Math.max(MIN_CALIBRATION, this.accepted / this.expected));
   }
 
@@ -181,7 +183,7 @@ export class BudgetPolicy {
   /** Whether this step tries the drafter; false: a plain decode step of the wait, which pays TRY_SHARE of a decode step of the debt. */
   tryNow(): boolean {
     if (this.wait === 0) return true;
-    this.debt = Math.max(0, this.debt - TRY_SHARE * this.curve.decodeMs);
+    this.debt = Math.max(0, this.debt - TRY_SHARE * Math.max(this.curve.decodeMs, 1e-6));
     return false;
   }
 
@@ -227,7 +229,8 @@ export class BudgetPolicy {
 
   /** Plain decode steps left before the next try. */
   get wait(): number {
-    return Math.max(0, Math.ceil(this.debt / (TRY_SHARE * this.curve.decodeMs) - 1e-9));
+    // a decode step measured at 0 ms (a clock too coarse) would make every wait infinite
+    return Math.max(0, Math.ceil(this.debt / (TRY_SHARE * Math.max(this.curve.decodeMs, 1e-6)) - 1e-9));
   }
 
   /**

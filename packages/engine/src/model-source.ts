@@ -9,7 +9,7 @@ import { dirname, join } from 'node:path';
 import { f16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorStore, type TensorInfo } from '@kdtree/format';
 import { describeCompressedTensors, findCompressedTensorsConfig, floatToF32, readInt4, readQuantizationMetadata, type Int4Descriptor, type QuantizationMetadata } from '@kdtree/quant';
 import { parseModelConfig, type ModelConfig } from '@kdtree/reference';
-import { modelError } from './errors.js';
+import { EngineError, modelError } from './errors.js';
 import { checkShard, WHOLE, type Block, type Shard } from './shard.js';
 
 /** An INT4 weight in the checkpoint layout: qw i32 [rows, K/8], sc [rows, K/group]. */
@@ -92,7 +92,9 @@ export class ModelSource implements WeightReader {
         }
       }
       const prefix = config.weightPrefix || (store.has('language_model.model.embed_tokens.weight') ? 'language_model.' : '');
-      return new ModelSource(path, store, config, json as Record<string, unknown>, quantization, prefix, shard, options.readGap ?? READ_GAP);
+      const readGap = options.readGap ?? READ_GAP;
+      if (!Number.isInteger(readGap) || readGap < 0) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `readGap must be a non-negative integer of bytes, got ${readGap}`, 'readGap');
+      return new ModelSource(path, store, config, json as Record<string, unknown>, quantization, prefix, shard, readGap);
     } catch (error) {
       await store.close();
       throw error;

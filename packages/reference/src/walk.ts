@@ -14,11 +14,11 @@
  *   highest. The layers' outputs (scaled by `layerScale`) are context-dependent noise on top: they
  *   decide between the two steps, and now and then send the walk elsewhere.
  * - The embedding's dimension 0 flags a real token, dimension 1 the DFlash mask token (whose
- *   embedding holds nothing else), and the other dimensions keep their random values.
+ *   embedding holds nothing else, and which lm_head never scores: a walk reaching its coordinate
+ *   goes elsewhere), and the other dimensions keep half their random values.
  *
  * The drafter (one Qwen3 layer, built, not trained) predicts depth k as the code of c(bonus)
- * shifted by the k - 1 steps before the last, mixed by their binomial weights; the target's
- * lm_head adds the last step. Query head k of each KV head attends to the bonus token only from
+ * shifted by k - 1 (the +1 steps before the last); the target's lm_head adds the last step. Query head k of each KV head attends to the bonus token only from
  * block position k: the keys are zero except at the bonus (k_proj reads the token flag), and the
  * query of head k is the least-norm trigonometric polynomial of the offset that scores +SCORE at
  * offset k and -SCORE at every other offset in the block. rope_theta < 1 puts every RoPE
@@ -26,6 +26,9 @@
  * separable. The value is the bonus token's code (v_proj reads the code dimensions), and o_proj
  * of head k applies depth k's shift. fc is zero, so the target's hidden states add nothing (the
  * walk needs only the last token); the taps and the context cache still run.
+ *
+ * The codes use Math.cos and Math.sin, so unlike SeededRandom's weights a walk's last bits may
+ * differ between JavaScript engines; its bf16 rounding hides that in practice.
  */
 import type { ModelConfig } from './config.js';
 import { ReferenceUsageError } from './errors.js';
@@ -257,7 +260,7 @@ function offsetQuery(invFreq: Float64Array, blockSize: number, target: number): 
 /** The drafter's weights for a walk target (see the module comment), bf16-representable. */
 export function walkDflashWeights(config: DflashConfig, w: WalkStructure): Map<string, Float32Array> {
   const { hiddenSize: H, headDim: D, numHeads: nq, numKvHeads: nkv, blockSize: B } = config;
-  if (D !== DRAFT_HEAD_DIM || nkv !== Math.ceil(w.pairs / 64) || nq !== nkv * B || config.numLayers !== 1) {
+  if (D !== DRAFT_HEAD_DIM || nkv !== Math.ceil(w.pairs / 64) || nq !== nkv * B || config.numLayers !== 1 || H !== w.hiddenSize || config.vocabSize !== w.vocabSize) {
     throw new ReferenceUsageError('walkDflashWeights needs the config of walkDflashConfigJson for the same walk');
   }
   const out = new Map<string, Float32Array>();

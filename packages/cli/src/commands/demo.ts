@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { homedir, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { BACKEND_KINDS } from '@kdtree/cuda';
 import { createEngine, type Engine, type GenerateOptions } from '@kdtree/engine';
 import { openBundle } from '@kdtree/format';
@@ -79,7 +79,9 @@ async function demoModels(dir: string, preset: string, io: CommandIO): Promise<D
     }
   }
   await mkdir(dir, { recursive: true });
+  // the drafter directory and the oracles of models about to be replaced go with them
   await rm(models.dflash, { recursive: true, force: true });
+  for (const name of await readdir(dir)) if (name.startsWith(`${basename(models.target)}.greedy-`)) await rm(join(dir, name), { force: true });
   await runGenModel({ values: { preset, seed: String(SEED), output: models.target, quant: 'kimi-k2', structure: 'walk', draft: models.draft, dflash: models.dflash, 'dflash-block': String(DFLASH_BLOCK), quiet: true }, positionals: [] }, io);
   return { ...models, reused: false };
 }

@@ -1,6 +1,6 @@
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync, statSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
-import { join } from 'node:path';
+import { resolve } from 'node:path';
 import { PRESETS } from '@kdtree/quant';
 import { MODEL_PRESET_NAMES, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, walkDflashConfig, walkDflashWeights, walkStructure, walkWeights, WALK_TENSORS, weightSpecs, writeDflashDirectory, writeSyntheticModel } from '@kdtree/reference';
 import { MIN_SYNTHETIC_VOCAB, SPECIAL_SLOTS, syntheticTokenizerFiles, Tokenizer, tokenizerMetadata, TOKENIZER_METADATA_KEY, type TokenizerMetadata } from '@kdtree/tokenizer';
@@ -10,7 +10,7 @@ import { CLI_VERSION, jsonReport, type CommandIO } from '../io.js';
 import { checkOutputName, refuseOverwritingInputs } from '../output-paths.js';
 import { formatBytes, formatDuration } from '../output.js';
 
-/** The seed when none is given (the demo's): `gen-model --preset small -o m.kdtr` is the demo's model. */
+/** The seed when none is given (the demo's). */
 export const DEFAULT_SEED = 1;
 /** The built DFlash drafter's block when --dflash-block is not given (Kimi K2.5-DFlash's). */
 export const DEFAULT_DFLASH_BLOCK = 8;
@@ -99,7 +99,15 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   if (dflashDir !== undefined && structure !== 'walk') {
     throw new CliUsageError('gen-model: --dflash needs --structure walk (no drafter can predict a target of random weights: its next token depends on every weight)', 'gen-model');
   }
-  if (dflashDir !== undefined && existsSync(join(dflashDir, 'config.json'))) throw new CliUsageError(`gen-model: --dflash ${dflashDir} already holds a config.json; choose a new directory`, 'gen-model');
+  if (dflashDir !== undefined) {
+    // checked before anything is written: the drafter comes last, after the bundles
+    if (existsSync(dflashDir) && (!statSync(dflashDir).isDirectory() || readdirSync(dflashDir).length > 0)) {
+      throw new CliUsageError(`gen-model: --dflash ${dflashDir} already exists${statSync(dflashDir).isDirectory() ? ' and is not empty' : ' (a file)'}; choose a new directory`, 'gen-model');
+    }
+    for (const [flag, path] of [['-o', output], ['--draft', draftPath]] as const) {
+      if (path !== undefined && resolve(path) === resolve(dflashDir)) throw new CliUsageError(`gen-model: --dflash and ${flag} name the same path ${path}`, 'gen-model');
+    }
+  }
   const quiet = Boolean(p.values.quiet || p.values.json);
   const started = performance.now();
   const log = (step: string) => quiet || io.err(`gen-model: ${step}`);
