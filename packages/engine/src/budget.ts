@@ -183,7 +183,7 @@ export class BudgetPolicy {
   /** Whether this step tries the drafter; false: a plain decode step of the wait, which pays TRY_SHARE of a decode step of the debt. */
   tryNow(): boolean {
     if (this.wait === 0) return true;
-    this.debt = Math.max(0, this.debt - TRY_SHARE * Math.max(this.curve.decodeMs, 1e-6));
+    this.debt = Math.max(0, this.debt - this.stepPayment);
     return false;
   }
 
@@ -223,14 +223,18 @@ export class BudgetPolicy {
       const decode = this.curve.decodeMs;
       const cost = (this.lastDraftMs ?? this.draftMs) + (budget > 0 ? Math.max(0, this.verifyMs(budget) - decode) : 0);
       const steps = this.proven ? Math.min(MAX_WAIT, 2 ** (this.misses - 1)) : this.misses === 1 ? FIRST_WAIT : MAX_WAIT;
-      this.debt = Math.min(steps * TRY_SHARE * decode, this.debt + cost);
+      this.debt = Math.min(steps * this.stepPayment, this.debt + cost);
     }
   }
 
   /** Plain decode steps left before the next try. */
   get wait(): number {
-    // a decode step measured at 0 ms (a clock too coarse) would make every wait infinite
-    return Math.max(0, Math.ceil(this.debt / (TRY_SHARE * Math.max(this.curve.decodeMs, 1e-6)) - 1e-9));
+    return Math.max(0, Math.ceil(this.debt / this.stepPayment - 1e-9));
+  }
+
+  /** What a plain decode step of a wait pays off: TRY_SHARE of a decode step (a decode measured at 0 ms, a clock too coarse, must not make every wait infinite). */
+  private get stepPayment(): number {
+    return TRY_SHARE * Math.max(this.curve.decodeMs, 1e-6);
   }
 
   /**
@@ -240,7 +244,7 @@ export class BudgetPolicy {
    * The policy's first measurement is left out of the median: that try built its tree at the
    * largest budget before any cost was known and may have captured the drafter's graphs, so the
    * first plan takes the drafter at its word (a probe at most, while uncalibrated). What a try
-   * found nothing costs (the wait after it) is always its own measurement.
+   * that found nothing costs (the wait after it) is always its own measurement.
    */
   updateDraftMs(ms: number): void {
     this.lastDraftMs = ms;

@@ -133,7 +133,7 @@ export class SeededRandom {
 }
 
 /** Rounds to bf16-representable values (what a bf16 checkpoint can hold). */
-function toBf16Values(x: Float32Array): Float32Array {
+export function toBf16Values(x: Float32Array): Float32Array {
   return bf16ArrayToF32(f32ArrayToBf16(x));
 }
 

@@ -18,10 +18,11 @@
  *   goes elsewhere), and the other dimensions keep half their random values.
  *
  * The drafter (one Qwen3 layer, built, not trained) predicts depth k as the code of c(bonus)
- * shifted by k - 1 (the +1 steps before the last); the target's lm_head adds the last step. Query head k of each KV head attends to the bonus token only from
- * block position k: the keys are zero except at the bonus (k_proj reads the token flag), and the
- * query of head k is the least-norm trigonometric polynomial of the offset that scores +SCORE at
- * offset k and -SCORE at every other offset in the block. rope_theta < 1 puts every RoPE
+ * shifted by k - 1 (the +1 steps before the last); the target's lm_head adds the last step.
+ * Query head k of each KV head attends to the bonus token only from block position k: the keys
+ * are zero except at the bonus (k_proj reads the token flag), and the query of head k is the
+ * least-norm trigonometric polynomial of the offset that scores +SCORE at offset k and -SCORE at
+ * every other offset in the block. rope_theta < 1 puts every RoPE
  * frequency between 1 and 10 radians a position, which is what makes neighbouring offsets
  * separable. The value is the bonus token's code (v_proj reads the code dimensions), and o_proj
  * of head k applies depth k's shift. fc is zero, so the target's hidden states add nothing (the
@@ -33,10 +34,10 @@
 import type { ModelConfig } from './config.js';
 import { ReferenceUsageError } from './errors.js';
 import { ropeTablesFor } from './rope.js';
-import { SeededRandom } from './synthetic.js';
-import { DFLASH_ARCHITECTURE, parseDflashConfig, type DflashConfig } from './dflash-config.js';
+import { SeededRandom, toBf16Values } from './synthetic.js';
+import { parseDflashConfig, type DflashConfig } from './dflash-config.js';
+import { dflashConfigJson } from './dflash-synthetic.js';
 import { dflashWeightSpecs } from './dflash.js';
-import { bf16ArrayToF32, f32ArrayToBf16 } from '@kdtree/format';
 
 /**
  * The tensors that carry the walk: a draft model made by perturbing a walk target's weights keeps
@@ -130,29 +131,30 @@ export function walkStructure(config: ModelConfig, seed: number, layerScale = 0.
   return { vocabSize: V, hiddenSize: H, pairs, frequencies, coordinate, layerScale };
 }
 
+/** The angle of a code pair of frequency f at walk coordinate (or shift) m: 2 pi f m / V, reduced exactly. */
+function phase(f: number, m: number, V: number): number {
+  return (2 * Math.PI * ((f * m) % V)) / V;
+}
+
 /** The largest |sum_j cos(2 pi f_j d / V)| over shifts d in [1, V / 2] (it is even in d). */
 function maxSidelobe(frequencies: Int32Array, V: number): number {
   let max = 0;
   for (let d = 1; d <= V / 2; d++) {
     let sum = 0;
-    for (const f of frequencies) sum += Math.cos((2 * Math.PI * ((f * d) % V)) / V);
+    for (const f of frequencies) sum += Math.cos(phase(f, d, V));
     max = Math.max(max, Math.abs(sum));
   }
   return max;
 }
 
-/** Writes the code of walk coordinate `c` shifted by nothing into `out` (hidden-sized), times `scale`. */
+/** Adds the code of walk coordinate `c`, times `scale`, into the hidden-sized row of `out` at `offset`. */
 function writeCode(w: WalkStructure, c: number, out: Float32Array, offset: number, scale: number): void {
   for (let j = 0; j < w.pairs; j++) {
-    const angle = (2 * Math.PI * ((w.frequencies[j] * c) % w.vocabSize)) / w.vocabSize;
+    const angle = phase(w.frequencies[j], c, w.vocabSize);
     const { cos, sin } = codeDims(w.pairs, j);
     out[offset + cos] += scale * Math.cos(angle);
     out[offset + sin] += scale * Math.sin(angle);
   }
-}
-
-function toBf16Values(x: Float32Array): Float32Array {
-  return bf16ArrayToF32(f32ArrayToBf16(x));
 }
 
 /**
@@ -196,30 +198,8 @@ export function walkDflashConfigJson(target: ModelConfig, w: WalkStructure, opti
   const blockSize = options.blockSize ?? 8;
   if (!Number.isInteger(blockSize) || blockSize < 2 || blockSize > 16) throw new ReferenceUsageError(`blockSize must be an integer in [2, 16], got ${blockSize}`);
   const kvHeads = Math.ceil(w.pairs / 64);
-  return {
-    architectures: [DFLASH_ARCHITECTURE],
-    model_type: 'qwen3',
-    vocab_size: target.vocabSize,
-    hidden_size: target.hiddenSize,
-    intermediate_size: 32,
-    num_hidden_layers: 1,
-    num_attention_heads: kvHeads * blockSize,
-    num_key_value_heads: kvHeads,
-    head_dim: DRAFT_HEAD_DIM,
-    hidden_act: 'silu',
-    rms_norm_eps: 1e-6,
-    rope_theta: DRAFT_ROPE_THETA,
-    rope_scaling: null,
-    max_position_embeddings: target.maxPositionEmbeddings,
-    attention_bias: false,
-    tie_word_embeddings: false,
-    layer_types: ['full_attention'],
-    sliding_window: null,
-    num_target_layers: target.numLayers,
-    block_size: blockSize,
-    dflash_config: { target_layer_ids: options.targetLayerIds ?? [0, target.numLayers - 1], mask_token_id: options.maskTokenId ?? target.vocabSize - 2 },
-    torch_dtype: 'bfloat16',
-  };
+  const shape = { layers: 1, heads: kvHeads * blockSize, kvHeads, headDim: DRAFT_HEAD_DIM, intermediate: 32, blockSize, targetLayerIds: options.targetLayerIds ?? [0, target.numLayers - 1], maskTokenId: options.maskTokenId };
+  return { ...dflashConfigJson(target, shape), rope_theta: DRAFT_ROPE_THETA, max_position_embeddings: target.maxPositionEmbeddings };
 }
 
 /**
@@ -318,7 +298,7 @@ export function walkDflashWeights(config: DflashConfig, w: WalkStructure): Map<s
   for (let k = 1; k < B; k++) {
     for (let j = 0; j < w.pairs; j++) {
       // the pair's rotation by k - 1 steps, less SHARPEN x its rotation by k
-      const turn = (m: number) => (2 * Math.PI * ((w.frequencies[j] * m) % w.vocabSize)) / w.vocabSize;
+      const turn = (m: number) => phase(w.frequencies[j], m, w.vocabSize);
       const c = Math.cos(turn(k - 1)) - SHARPEN * Math.cos(turn(k));
       const s = Math.sin(turn(k - 1)) - SHARPEN * Math.sin(turn(k));
       const g = Math.floor(j / 64);

@@ -116,11 +116,11 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   const tokenizer = syntheticModelTokenizer(config.vocabSize);
   const extraMetadata = tokenizer === undefined ? undefined : { [TOKENIZER_METADATA_KEY]: tokenizer.metadata };
   const walk = structure === 'walk' ? walkStructure(config, seed) : undefined;
-  const random = () => (walk === undefined ? randomWeights(config, seed) : walkWeights(config, randomWeights(config, seed), walk));
-  let target = walk === undefined ? undefined : random();
+  // the walk's weights; a random target's are made by writeSyntheticModel unless a draft needs them
+  let target = walk === undefined ? undefined : walkWeights(config, randomWeights(config, seed), walk);
   let draftGolden;
   if (draftPath !== undefined) {
-    const base = target ?? random();
+    const base = target ?? randomWeights(config, seed);
     log(`draft model -> ${draftPath}`);
     draftGolden = await writeSyntheticModel(draftPath, { preset, seed, weights: base, quant, structure, extraMetadata, onProgress: (s) => log(`draft: ${s}`) }, reference);
     target = perturbWeights(base, noise, seed + 1, walk === undefined ? undefined : WALK_TENSORS);
