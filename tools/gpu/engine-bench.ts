@@ -19,6 +19,7 @@
  * Speculative rows are the median of 3 generations after one that captures their graphs.
  * Writes $OUT/engine-bench.json. Transformers' figures come from hf_peer.py in the same run.
  */
+import { createHash } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -120,7 +121,7 @@ function stages(profile: { part: string; ms: number }[]): Record<string, number>
   const sum = (re: RegExp) => profile.filter((p) => re.test(p.part)).reduce((s, p) => s + p.ms, 0);
   return {
     qProjection: sum(/^q \d/), kvProjection: sum(/^kv \d/), mlaAttention: sum(/^mla \d/), oProjection: sum(/^attention \d/),
-    routedExperts: sum(/^routed \d/), sharedExperts: sum(/^moe \d/), denseMlp: sum(/^mlp \d/), lmHead: sum(/^lm_head/), embedding: sum(/^embedding/),
+    router: sum(/^router \d/), routedExperts: sum(/^routed \d/), sharedExperts: sum(/^moe \d/), denseMlp: sum(/^mlp \d/), lmHead: sum(/^lm_head/), embedding: sum(/^embedding/),
     device: profile.reduce((s, p) => s + p.ms, 0),
   };
 }
@@ -140,8 +141,10 @@ async function benchModel(experts: number, full: boolean, cacheTokens = 4096, ac
     const greedy = await median(3, () => engine.complete(prompt, { maxNew, eos: [] }), (r) => r.stats.tokensPerSecond);
     const bytes = decodeBytes(source, prompt.length + maxNew / 2);
     const stepMs = 1000 / greedy.stats.tokensPerSecond;
-    out.greedy = { tokensPerSecond: greedy.stats.tokensPerSecond, stepMs, bytesPerToken: bytes };
-    log(`greedy: ${greedy.stats.tokensPerSecond.toFixed(1)} tokens/s (${stepMs.toFixed(3)} ms a token), ${(bytes / 1e9).toFixed(3)} GB read a token`);
+    // the tokens' fingerprint: builds and kernel forms that keep the bits decode the same tokens
+    const tokensSha256 = createHash('sha256').update(greedy.tokens.join(',')).digest('hex').slice(0, 16);
+    out.greedy = { tokensPerSecond: greedy.stats.tokensPerSecond, stepMs, bytesPerToken: bytes, tokensSha256 };
+    log(`greedy: ${greedy.stats.tokensPerSecond.toFixed(1)} tokens/s (${stepMs.toFixed(3)} ms a token), ${(bytes / 1e9).toFixed(3)} GB read a token; tokens ${tokensSha256}`);
     const profile = await engine.profileDecode(prompt);
     const st = stages(profile);
     out.breakdown = { ...st, hostMs: Math.max(0, stepMs - st.device), parts: profile };

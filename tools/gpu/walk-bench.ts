@@ -6,7 +6,8 @@
  * --dflash` makes them. In one run, 128 new tokens after the golden prompt:
  *   - greedy; chain and DDTree with the DFlash drafter at equal budgets (3, 7) and DDTree at larger
  *     ones (16, 32, 64) and `auto`; the draft model and ngram for comparison
- *   - every mode checked against greedy, and the DFlash DDTree run's draftTop1 per step against
+ *   - every mode checked against this backend's greedy (greedy itself against the f32 reference),
+ *     and, with f32 activations and cache, the DFlash DDTree run's tokens and draftTop1 per step against
  *     @kdtree/reference's dflashDecode over the same target and drafter
  * Speculative rows are the median of 3 generations after one that captures their graphs.
  * Writes $OUT/walk-bench.json. KDTREE_BENCH_SMOKE=1 runs it on the cpu twin with the small preset.
@@ -60,7 +61,6 @@ try {
 
   const prompt = GOLDEN_PROMPT;
   const reference = (await loadModel(target)).model;
-  const oracle = greedyDecode(reference, prompt, { maxNew, eos: [] }).tokens;
   const engine = await createEngine({ model: target, backend: b, cacheTokens: 1024, maxBudget: 64 });
   try {
     const median = (runs: GenerationResult[]) => runs.sort((x, y) => x.stats.tokensPerSecond - y.stats.tokensPerSecond)[1];
@@ -70,10 +70,16 @@ try {
       for (let i = 0; i < 3; i++) runs.push(await engine.complete(prompt, { maxNew, eos: [], ...options }));
       return median(runs);
     };
+    // every mode against this backend's greedy (bf16 activations and cache on cuda); greedy itself
+    // against the f32 reference's, where the two may part at a near tie of the walk's two steps
     const greedy = await run({});
+    const oracle = greedyDecode(reference, prompt, { maxNew, eos: [] }).tokens;
+    const diverge = oracle.findIndex((t, i) => t !== greedy.tokens[i]);
+    report.greedyVsReference = diverge < 0 ? 'identical' : `first divergence at token ${diverge}`;
+    log(`greedy on ${smoke ? 'cpu' : 'cuda'} vs the f32 reference: ${report.greedyVsReference as string}`);
     const rows: Record<string, unknown>[] = [];
     const record = (mode: string, r: GenerationResult) => {
-      const exact = r.tokens.join() === oracle.join();
+      const exact = r.tokens.join() === greedy.tokens.join();
       rows.push({ mode, tokensPerSecond: r.stats.tokensPerSecond, meanAcceptedLength: r.stats.meanAcceptedLength, targetForwards: r.stats.targetForwards, speedup: r.stats.tokensPerSecond / greedy.stats.tokensPerSecond, exact });
       log(`${mode}: ${r.stats.tokensPerSecond.toFixed(1)} tokens/s, ${r.stats.meanAcceptedLength.toFixed(2)} tokens a step, ${r.stats.targetForwards} target forwards, ${exact ? 'exact' : 'DIFFERENT FROM GREEDY'}`);
     };
@@ -94,16 +100,23 @@ try {
     ];
     for (const [mode, options] of modes) record(mode, await run(options));
     report.modes = rows;
-    // the drafter on this backend is the reference's: the same draftTop1 at every step
-    const traced = await engine.complete(prompt, { maxNew, eos: [], spec: 'ddtree', drafter: dflash, budget: 16, trace: true });
-    const ref = dflashDecode(reference, (await loadDflashModel(flash, reference)).model, prompt, { maxNew, budget: 16, eos: [] });
-    const steps = traced.steps.map((s) => s.draftTop1);
-    const same = steps.filter((s, i) => s.join() === ref.draftTop1PerStep[i]?.join()).length;
-    report.draftTop1 = { steps: steps.length, referenceSteps: ref.draftTop1PerStep.length, equal: same };
-    log(`draftTop1 (DDTree B 16): ${same} of ${steps.length} steps equal the reference's (${ref.draftTop1PerStep.length} steps)`);
     report.curve = Object.fromEntries(engine.measureCosts(BLOCK - 1).verifyMs);
   } finally {
     await engine.dispose();
+  }
+  // the drafter on this backend is the reference's: with f32 activations and cache the target's
+  // taps follow the f32 reference, so the tokens and every step's draftTop1 must be its own
+  const exact = await createEngine({ model: target, backend: b, cacheTokens: 1024, maxBudget: 64, activations: 'f32', cacheDtype: 'f32' });
+  try {
+    const traced = await exact.complete(prompt, { maxNew, eos: [], spec: 'ddtree', drafter: `dflash:${flash}`, budget: 16, trace: true });
+    const ref = dflashDecode(reference, (await loadDflashModel(flash, reference)).model, prompt, { maxNew, budget: 16, eos: [] });
+    const steps = traced.steps.map((s) => s.draftTop1);
+    const same = steps.filter((s, i) => s.join() === ref.draftTop1PerStep[i]?.join()).length;
+    const tokens = traced.tokens.join() === ref.tokens.join();
+    report.draftTop1 = { activations: 'f32', cacheDtype: 'f32', steps: steps.length, referenceSteps: ref.draftTop1PerStep.length, equal: same, tokensEqual: tokens };
+    log(`f32 activations and cache, DDTree B 16: tokens ${tokens ? 'equal' : 'DIFFERENT FROM'} the reference's; draftTop1 equal at ${same} of ${steps.length} steps (reference: ${ref.draftTop1PerStep.length} steps)`);
+  } finally {
+    await exact.dispose();
   }
 } finally {
   rmSync(dir, { recursive: true, force: true });

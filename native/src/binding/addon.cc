@@ -1501,6 +1501,7 @@ Napi::Value DispatchPolicyJs(const Napi::CallbackInfo& info) {
     plan.Set("nt", p.nt);
     plan.Set("ranges", p.ranges);
     plan.Set("rangeChunks", p.range_chunks);
+    plan.Set("loadAhead", p.load_ahead);
     return plan;
   }
   if (op != "w4a16Gemm" && op != "moeGemm") Throw(env, Code::kInvalidArgument, "dispatchPolicy: op must be 'gemm', 'w4a16Gemm' or 'moeGemm', got '" + op + "'");

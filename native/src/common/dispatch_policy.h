@@ -112,6 +112,10 @@ constexpr int kGemmTiledSplitMinChunks = 16;
 constexpr int kGemmWgmmaRows = 128;
 constexpr int kGemmWgmmaTokens = 128;
 constexpr int kMaxGridY = 65535;
+// Chunks of 32 k a warp of the split and rows forms loads before it uses the first: 4 (4 KB of
+// weights in flight at one token), fewer as x's fragments grow; 8 for one token tile of 16-bit x.
+constexpr int kGemmLoadAhead = 4;
+constexpr int kGemmDeepLoadAhead = 8;
 
 struct GemmCall {
   int m = 0, n = 0, k = 0;
@@ -123,6 +127,7 @@ struct GemmPlan {
   int nt = 1;            // token groups of 8 per tile: 1, 2, 4 or 8 (4 at most for f32 x)
   int chunks = 0, tiles = 0;
   int ranges = 0, range_chunks = 0;
+  int load_ahead = kGemmLoadAhead;  // the split and rows forms' chunks in flight per warp
 };
 // The K split and the form of a call, or the error of a forced form that cannot run it.
 Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* plan);

@@ -58,11 +58,14 @@ template <typename X>
 using MmaType = typename std::conditional<std::is_same<X, __half>::value, __half, __nv_bfloat16>::type;
 template <typename X>
 constexpr int kPlanes = std::is_same<X, float>::value ? 3 : 1;
-// Chunks whose loads a warp issues before it uses the first: 4 KB of weights in flight per warp at
-// decode, fewer as the x fragments grow (at most 32 registers of them), so that the 64-token
-// instances keep two blocks per SM.
+// Chunks whose loads a warp issues before it uses the first (the plan's load_ahead: dispatch_policy.cc's
+// GemmLoadAhead): 4 KB of weights in flight per warp, fewer as the x fragments grow (at most 32
+// registers of them), so that the 64-token instances keep two blocks per SM; 8 KB for one token
+// tile of 16-bit x (decode).
 template <typename X, int NT>
-constexpr int kLoadAhead = std::max(1, std::min(4, 8 / (NT * kPlanes<X>)));
+constexpr int kLoadAhead = std::max(1, std::min(policy::kGemmLoadAhead, 8 / (NT * kPlanes<X>)));
+template <typename X, int NT>
+constexpr bool kDeepInstance = NT == 1 && kPlanes<X> == 1;  // the one tile shape with a deep instance too
 
 // A lane's B fragments of one token for one chunk: plane p (lo, mid, hi for f32 x), MMA h, regs
 // {b0, b1} = its k 8t + 4h + {0, 1} and {2, 3}.
@@ -100,7 +103,7 @@ __device__ __forceinline__ XFrag<X> LoadX(const Params& p, int token, int k0, bo
 // With `wait` the warp waits for the previous kernel (PdlWait) after issuing its first weight
 // loads and before its first x load: weights are not written by the kernels a GEMM follows, so the
 // first kAhead KB of them stream in while that kernel drains (as the W4A16 kernel fills its ring).
-template <typename W, typename X, int NT>
+template <typename W, typename X, int NT, int kAhead>
 __device__ __forceinline__ void RangePartial(const Params& p, int tile, int token0, int range, bool wait, float (&acc)[NT][4]) {
   using A = MmaType<X>;
   static_assert(std::is_same<A, W>::value, "the weights' type is the MMA's");
@@ -114,7 +117,6 @@ __device__ __forceinline__ void RangePartial(const Params& p, int tile, int toke
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   bool fresh = true;
-  constexpr int kAhead = kLoadAhead<X, NT>;
   for (int c = c_begin; c < c_end; c += kAhead) {
     uint4 w[kAhead][2];
     XFrag<X> xf[kAhead][NT];
@@ -193,7 +195,7 @@ __device__ __forceinline__ void SumRanges(const Params& p, const float* src, boo
 // Split form: grid (tiles x blocks per tile, token tiles of 8 NT); warp w of block b of a tile
 // computes range kBlockWarps b + w. Partials are stored [idx = 4 j + i][lane], so the final sum's
 // threads read consecutive floats.
-template <typename W, typename X, int NT>
+template <typename W, typename X, int NT, int kAhead>
 __global__ void __launch_bounds__(kBlockWarps * 32) GemmSplitKernel(Params p) {
   extern __shared__ float parked[];  // [warps][NT * 4][32]
   __shared__ bool last;
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32) GemmSplitKernel(Params p) {
   constexpr int kElems = NT * 4 * 32;
   if (range < p.ranges) {
     float acc[NT][4];
-    RangePartial<W, X, NT>(p, tile, token0, range, true, acc);  // waits for the previous kernel inside
+    RangePartial<W, X, NT, kAhead>(p, tile, token0, range, true, acc);  // waits for the previous kernel inside
     float* dst = blocks_per_tile == 1 ? parked + warp * kElems : p.partials + ((static_cast<int64_t>(token_tile) * p.tiles + tile) * p.ranges + range) * kElems;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -232,7 +234,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32) GemmSplitKernel(Params p) {
 // a warp per tile), and the token tile is the grid's fastest index, so the token tiles of one
 // weight group run together and read it from L2 rather than HBM (~12% faster at 512-2048 tokens
 // than tile-major order).
-template <typename W, typename X, int NT>
+template <typename W, typename X, int NT, int kAhead>
 __global__ void __launch_bounds__(kBlockWarps * 32, 2) GemmRowsKernel(Params p) {
   const int tile = blockIdx.y * kBlockWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   const int token0 = (p.token_tile0 + blockIdx.x) * 8 * NT;
@@ -240,7 +242,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) GemmRowsKernel(Params p) 
   float sum[NT][4];
   for (int r = 0; r < p.ranges; ++r) {
     float acc[NT][4];
-    RangePartial<W, X, NT>(p, tile, token0, r, r == 0, acc);  // the first range waits for the previous kernel
+    RangePartial<W, X, NT, kAhead>(p, tile, token0, r, r == 0, acc);  // the first range waits for the previous kernel
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll
@@ -475,13 +477,20 @@ Status RunWgmma(Params p, bool f16, Scratch& scratch, cudaStream_t s) {
 }
 
 template <typename W, typename X, int NT>
-Status Run(const Params& p, Form form, Scratch& scratch, cudaStream_t s) {
+Status Run(const Params& p, const policy::GemmPlan& plan, Scratch& scratch, cudaStream_t s) {
+  const Form form = plan.form;
+  // the split and rows forms' instance: the plan's load depth (only one token tile of 16-bit x has
+  // a deep instance; the plan gives the others their kLoadAhead)
+  constexpr int kDeepAhead = kDeepInstance<X, NT> ? policy::kGemmDeepLoadAhead : kLoadAhead<X, NT>;
+  const bool deep = kDeepInstance<X, NT> && plan.load_ahead == policy::kGemmDeepLoadAhead;
+  if (!deep && plan.load_ahead != kLoadAhead<X, NT>) return Unsupported("gemm: the plan's load depth ", plan.load_ahead, " has no kernel instance for token tiles of ", 8 * NT);
   const int token_tiles = (p.M + 8 * NT - 1) / (8 * NT);
   const size_t elems = static_cast<size_t>(NT) * 4 * 32;
   const int groups = (p.tiles + kBlockWarps - 1) / kBlockWarps;
   const dim3 block(kBlockWarps * 32);
   if (form == Form::kRows) {
-    return LaunchChunks(p, token_tiles, nullptr, scratch, s, [&](const Params& q, int n) { return LaunchPdl("gemm (rows form)", GemmRowsKernel<W, X, NT>, dim3(n, groups), block, 0, s, q); });
+    const auto kernel = deep ? GemmRowsKernel<W, X, NT, kDeepAhead> : GemmRowsKernel<W, X, NT, kLoadAhead<X, NT>>;
+    return LaunchChunks(p, token_tiles, nullptr, scratch, s, [&](const Params& q, int n) { return LaunchPdl("gemm (rows form)", kernel, dim3(n, groups), block, 0, s, q); });
   }
   const CrossBlock cross{static_cast<size_t>(p.tiles) * p.ranges * elems, p.tiles};
   if constexpr (NT >= 4 && !std::is_same<X, float>::value) {
@@ -501,8 +510,9 @@ Status Run(const Params& p, Form form, Scratch& scratch, cudaStream_t s) {
   const int blocks_per_tile = (p.ranges + kBlockWarps - 1) / kBlockWarps;
   const int warps = std::min(kBlockWarps, p.ranges);
   const size_t smem = blocks_per_tile == 1 ? warps * elems * sizeof(float) : 0;
+  const auto kernel = deep ? GemmSplitKernel<W, X, NT, kDeepAhead> : GemmSplitKernel<W, X, NT, kLoadAhead<X, NT>>;
   return LaunchChunks(p, token_tiles, blocks_per_tile > 1 ? &cross : nullptr, scratch, s, [&](const Params& q, int n) {
-    return LaunchPdl("gemm (split form)", GemmSplitKernel<W, X, NT>, dim3(p.tiles * blocks_per_tile, n), dim3(warps * 32), smem, s, q);
+    return LaunchPdl("gemm (split form)", kernel, dim3(p.tiles * blocks_per_tile, n), dim3(warps * 32), smem, s, q);
   });
 }
 
@@ -510,13 +520,13 @@ Status Run(const Params& p, Form form, Scratch& scratch, cudaStream_t s) {
 // plan's NT.
 template <typename W, typename X>
 Status RunTokens(const Params& p, const policy::GemmPlan& plan, Scratch& scratch, cudaStream_t s) {
-  if (plan.nt == 1) return Run<W, X, 1>(p, plan.form, scratch, s);
-  if (plan.nt == 2) return Run<W, X, 2>(p, plan.form, scratch, s);
+  if (plan.nt == 1) return Run<W, X, 1>(p, plan, scratch, s);
+  if (plan.nt == 2) return Run<W, X, 2>(p, plan, scratch, s);
   if constexpr (std::is_same<X, float>::value) {
-    return Run<W, X, 4>(p, plan.form, scratch, s);
+    return Run<W, X, 4>(p, plan, scratch, s);
   } else {
-    if (plan.nt == 4) return Run<W, X, 4>(p, plan.form, scratch, s);
-    return Run<W, X, 8>(p, plan.form, scratch, s);
+    if (plan.nt == 4) return Run<W, X, 4>(p, plan, scratch, s);
+    return Run<W, X, 8>(p, plan, scratch, s);
   }
 }
 

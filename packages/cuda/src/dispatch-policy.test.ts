@@ -82,6 +82,32 @@ describe('stream-K ranges of a decode step (a function of N, K and the device, n
   });
 });
 
+describe('how far ahead a decode GEMM loads (chunks of 32 k, 4 KB of weights each at one token)', () => {
+  // the decode step's bf16 projections (Kimi K2's shapes): every one 8 chunks ahead at M = 1-8,
+  // whatever its ranges
+  const DECODE: [string, number, number, string, number][] = [
+    ['[q_a; kv_a]', 2112, 7168, 'split', 28],
+    ['q_b (nope then rope rows)', 12288, 1536, 'split', 8],
+    ['o_proj', 7168, 8192, 'split', 32],
+    ['shared gate_up', 4096, 7168, 'split', 28],
+    ['shared down', 7168, 2048, 'split', 8],
+    ['layer 0 gate_up', 36864, 7168, 'rows', 112],
+    ['layer 0 down', 7168, 18432, 'split', 72],
+    ['lm_head', 163840, 7168, 'rows', 224],
+  ];
+  for (const [what, n, k, form, rangeChunks] of DECODE) {
+    it(`${what} (N ${n} x K ${k}): the ${form} form, ranges of ${rangeChunks} chunks, 8 ahead at M = 1-8`, () => {
+      for (const m of [1, 8]) expect(plan('gemm', m, n, k)).toMatchObject({ form, nt: 1, rangeChunks, loadAhead: 8 });
+    });
+  }
+  it('wider token tiles and f32 x keep their fragments within 32 registers', () => {
+    expect(plan('gemm', 9, 163840, 7168)).toMatchObject({ nt: 2, loadAhead: 4 });
+    expect(plan('gemm', 17, 7168, 8192, { gemmForm: 'split' })).toMatchObject({ nt: 4, loadAhead: 2 });
+    expect(plan('gemm', 1, 163840, 7168, { xDtype: 'f32' })).toMatchObject({ nt: 1, loadAhead: 2 });
+    expect(plan('gemm', 9, 7168, 8192, { xDtype: 'f32' })).toMatchObject({ nt: 2, loadAhead: 1 });
+  });
+});
+
 describe('the rules where the device or the call differs', () => {
   it('without sm_90a code the warpgroup kernels are never chosen', () => {
     for (const m of [17, 512, 2048]) {

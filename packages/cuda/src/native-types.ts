@@ -380,12 +380,14 @@ export interface DispatchQuery {
   /** gemm: the warps per SM its K split aims for (a build option of the cuda variant; 32). */
   warpsPerSm?: number;
 }
-/** The plan of a gemm call: its form, token groups of 8 per tile, and its K split. */
+/** The plan of a gemm call: its form, token groups of 8 per tile, its K split, and how far ahead a warp loads. */
 export interface GemmDispatch {
   form: GemmForm;
   nt: number;
   ranges: number;
   rangeChunks: number;
+  /** Chunks of 32 k a warp of the split and rows forms loads before it uses the first (4 KB of weights each at one token). */
+  loadAhead: number;
 }
 /** The plan of a W4A16 call: its form, tile shape, and stream-K ranges. */
 export interface W4A16Dispatch {

@@ -365,6 +365,7 @@ export class Moe {
     const weights = ws.get('routeWeights', T);
     applyLinear(b, this.router, routerX, logits, stream);
     b.native.router({ logits, bias: this.bias, ids, weights, topk: c.numExpertsPerTok, nGroup: c.nGroup, topkGroup: c.topkGroup, normTopkProb: c.normTopkProb, scaling: c.routedScalingFactor, stream });
+    mark?.('router');
     const act = view(ws.moeAct, [T * c.numExpertsPerTok, this.inter]);
     // [gate; up] experts with the SiLU epilogue: each (token, expert) row's silu(gate) * up, then
     // the down projections summed with the routing weights
