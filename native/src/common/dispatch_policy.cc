@@ -307,17 +307,16 @@ GemmForm PreferredForm(const GemmPlan& p, int m, int token_tiles, int sms, int64
   return groups * token_tiles >= 2 * sm_count ? GemmForm::kRows : GemmForm::kSplit;
 }
 
-// How far ahead a warp of the split or rows form loads. At one token tile of 16-bit x a warp
-// holds 4 KB of weights in flight at 4 chunks ahead; at 8 (no spills) the
-// decode projections with long ranges stream faster (on an H200 at one token: lm_head 1.5%, o_proj
-// 5% and layer 0's MLP 8% less time) and those with short ranges ([q_a; kv_a], q_b and the shared
-// expert, 8-28 chunks) take about 1 us more each, fewer warps fitting; over a decode step of Kimi
-// K2's shapes 8 ahead is the faster (1.584 against 1.623 ms a token on one H200). Wider token tiles
-// keep their fragments within 32 registers (f32 x is three planes).
+// How far ahead a warp of the split or rows form loads. At one token tile of 16-bit x a warp holds
+// 4 KB of weights in flight at 4 chunks ahead; at 8 (no spills) the decode projections with long
+// ranges stream faster (on an H200 at one token: lm_head 1.5%, o_proj 5% and layer 0's MLP 8% less
+// time) and those with short ranges ([q_a; kv_a], q_b and the shared expert, 8-28 chunks) take
+// about 1 us more each, fewer warps fitting; over a decode step of Kimi K2's shapes 8 ahead is the
+// faster (1.584 against 1.623 ms a token on one H200). Wider token tiles and f32 x (three planes)
+// take the shallow depth.
 int GemmLoadAhead(int nt, DType x) {
   const int planes = x == DType::kF32 ? 3 : 1;
-  if (nt == 1 && planes == 1) return kGemmDeepLoadAhead;
-  return std::max(1, std::min(kGemmLoadAhead, 8 / (nt * planes)));
+  return nt == 1 && planes == 1 ? kGemmDeepLoadAhead : GemmShallowLoadAhead(nt, planes);
 }
 
 }  // namespace

@@ -116,6 +116,12 @@ constexpr int kMaxGridY = 65535;
 // weights in flight at one token), fewer as x's fragments grow; 8 for one token tile of 16-bit x.
 constexpr int kGemmLoadAhead = 4;
 constexpr int kGemmDeepLoadAhead = 8;
+// The depth of every token tile but the deep one: a warp's x fragments (nt token groups of `planes`
+// bf16 planes) stay within 32 registers. gemm.cu instantiates its kernels with it.
+constexpr int GemmShallowLoadAhead(int nt, int planes) {
+  const int fit = 8 / (nt * planes);
+  return fit < 1 ? 1 : fit < kGemmLoadAhead ? fit : kGemmLoadAhead;
+}
 
 struct GemmCall {
   int m = 0, n = 0, k = 0;

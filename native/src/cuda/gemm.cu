@@ -63,7 +63,7 @@ constexpr int kPlanes = std::is_same<X, float>::value ? 3 : 1;
 // registers of them), so that the 64-token instances keep two blocks per SM; 8 KB for one token
 // tile of 16-bit x (decode).
 template <typename X, int NT>
-constexpr int kLoadAhead = std::max(1, std::min(policy::kGemmLoadAhead, 8 / (NT * kPlanes<X>)));
+constexpr int kLoadAhead = policy::GemmShallowLoadAhead(NT, kPlanes<X>);
 template <typename X, int NT>
 constexpr bool kDeepInstance = NT == 1 && kPlanes<X> == 1;  // the one tile shape with a deep instance too
 

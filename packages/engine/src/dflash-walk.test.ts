@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   dflashDecode,
+  GOLDEN_PROMPT,
   greedyDecode,
   loadDflashModel,
   loadModel,
@@ -26,7 +27,6 @@ import {
 import { createEngine, type Engine } from './index.js';
 import { tempDir, TEST_BACKEND } from './test-support/models.js';
 
-const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
 const MAX_NEW = 40;
 const BLOCK = 6;
 
@@ -46,7 +46,7 @@ describe(`a DFlash drafter built for a walk target, on the engine (${TEST_BACKEN
     await writeDflashDirectory(drafterDir, drafter.json, walkDflashWeights(drafter.config, walk));
     const { model } = await loadModel(target);
     reference = { model, drafter: (await loadDflashModel(drafterDir, model)).model };
-    greedy = greedyDecode(model, PROMPT, { maxNew: MAX_NEW, eos: [] }).tokens;
+    greedy = greedyDecode(model, GOLDEN_PROMPT, { maxNew: MAX_NEW, eos: [] }).tokens;
     engine = await createEngine({ model: target, backend: TEST_BACKEND, cacheTokens: 256, maxBudget: 64 });
   });
   afterAll(async () => {
@@ -56,7 +56,7 @@ describe(`a DFlash drafter built for a walk target, on the engine (${TEST_BACKEN
   it('emits greedy\'s tokens with chain and DDTree at every budget, and accepts several tokens a step', async () => {
     const accepted: Record<string, number> = {};
     for (const [spec, budget] of [['chain', BLOCK - 1], ['ddtree', 1], ['ddtree', BLOCK - 1], ['ddtree', 16], ['ddtree', 64]] as const) {
-      const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec, drafter: `dflash:${drafterDir}`, budget });
+      const r = await engine.complete(GOLDEN_PROMPT, { maxNew: MAX_NEW, eos: [], spec, drafter: `dflash:${drafterDir}`, budget });
       expect(r.tokens, `${spec}, budget ${budget}`).toEqual(greedy);
       accepted[`${spec} ${budget}`] = r.stats.meanAcceptedLength;
     }
@@ -68,8 +68,8 @@ describe(`a DFlash drafter built for a walk target, on the engine (${TEST_BACKEN
   });
 
   it("drafts the reference's tokens at every depth of every step (DDTree, budget 16)", async () => {
-    const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: `dflash:${drafterDir}`, budget: 16, trace: true });
-    const ref = dflashDecode(reference.model, reference.drafter, PROMPT, { maxNew: MAX_NEW, budget: 16, eos: [] });
+    const r = await engine.complete(GOLDEN_PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: `dflash:${drafterDir}`, budget: 16, trace: true });
+    const ref = dflashDecode(reference.model, reference.drafter, GOLDEN_PROMPT, { maxNew: MAX_NEW, budget: 16, eos: [] });
     expect(ref.tokens).toEqual(greedy);
     expect(r.steps.map((s) => s.draftTop1)).toEqual(ref.draftTop1PerStep);
     expect(r.steps.map((s) => s.accepted + 1)).toEqual(ref.acceptedPerStep);
