@@ -310,13 +310,13 @@ GemmForm PreferredForm(const GemmPlan& p, int m, int token_tiles, int sms, int64
 // How far ahead a warp of the split or rows form loads. At one token tile of 16-bit x a warp holds
 // 4 KB of weights in flight at 4 chunks ahead; at 8 (no spills) the decode projections with long
 // ranges stream faster (on an H200 at one token: lm_head 1.5%, o_proj 5% and layer 0's MLP 8% less
-// time) and those with short ranges ([q_a; kv_a], q_b and the shared expert, 8-28 chunks) take
-// about 1 us more each, fewer warps fitting; over a decode step of Kimi K2's shapes 8 ahead is the
-// faster (1.584 against 1.623 ms a token on one H200). Wider token tiles and f32 x (three planes)
-// take the shallow depth.
-int GemmLoadAhead(int nt, DType x) {
+// time), while those with short ranges ([q_a; kv_a], q_b and the shared expert, 8-28 chunks) took
+// about 1 us more each at 8, fewer warps fitting an SM: they keep 4. Wider token tiles and f32 x
+// (three planes) take the shallow depth.
+int GemmLoadAhead(int nt, DType x, int range_chunks) {
   const int planes = x == DType::kF32 ? 3 : 1;
-  return nt == 1 && planes == 1 ? kGemmDeepLoadAhead : GemmShallowLoadAhead(nt, planes);
+  const bool deep = nt == 1 && planes == 1 && range_chunks >= kGemmDeepMinRangeChunks;
+  return deep ? kGemmDeepLoadAhead : GemmShallowLoadAhead(nt, planes);
 }
 
 }  // namespace
@@ -329,7 +329,7 @@ Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* p
   // Token tiles of 8, 16, 32 or 64 tokens (32 at most for f32 x, whose fragments are 3 planes).
   const int eights = (c.m + 7) / 8;
   p.nt = eights <= 1 ? 1 : eights <= 2 ? 2 : eights <= 4 || c.x == DType::kF32 ? 4 : 8;
-  p.load_ahead = GemmLoadAhead(p.nt, c.x);
+  p.load_ahead = GemmLoadAhead(p.nt, c.x, p.range_chunks);
   const int token_tiles = (c.m + 8 * p.nt - 1) / (8 * p.nt);
   const int64_t tiled_groups = (p.tiles + kGemmTiledWarps - 1) / kGemmTiledWarps;
   const bool sixteen_bit = p.nt >= 4 && c.x != DType::kF32;
@@ -371,6 +371,36 @@ Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* p
   p.form = forced;
   *plan = p;
   return Status::Ok();
+}
+
+// ---- router ----
+
+// Up to 8 tokens (decode, small trees) one token tile: rows spread so every SM gets a block (384
+// experts on 132 SMs: 3 rows a block, 128 blocks; 43 KB of weights each, loaded 4 chunks a row
+// ahead, before the wait for x). More tokens re-read x once per block of rows, so those blocks
+// hold 8 rows (x read E / 8 times) with one chunk ahead to stay within the registers.
+RouterPlan PlanRouter(int tokens, int experts, const Device& d) {
+  RouterPlan p;
+  p.token_tiles = (tokens + kRouterTokensPerBlock - 1) / kRouterTokensPerBlock;
+  p.wide = p.token_tiles > 1;
+  if (p.wide) {
+    p.rows_per_block = kRouterWideRows;
+    p.chunks_ahead = 1;
+  } else {
+    p.rows_per_block = std::clamp((experts + std::max(1, d.sms) - 1) / std::max(1, d.sms), 1, kRouterDecodeRows);
+    p.chunks_ahead = 4;
+  }
+  p.blocks = (experts + p.rows_per_block - 1) / p.rows_per_block;
+  return p;
+}
+
+// ---- ddtree_build ----
+
+// The fused build where its layout holds the call: k = budget <= 32 candidates a warp, a warp per
+// depth in its last block, and each slice's values within its lanes' registers. Larger budgets run
+// the four-launch build (radix-select top-k, log-sum-exp slices and merge, a one-block build).
+bool DdtreeFusedBuild(int64_t budget, int64_t depth, int64_t vocab) {
+  return budget >= 1 && budget <= kDdtreeFusedMaxBudget && depth >= 1 && depth <= kDdtreeFusedMaxDepth && vocab >= 1 && vocab <= kDdtreeFusedMaxVocab;
 }
 
 }  // namespace policy

@@ -116,6 +116,7 @@ constexpr int kMaxGridY = 65535;
 // weights in flight at one token), fewer as x's fragments grow; 8 for one token tile of 16-bit x.
 constexpr int kGemmLoadAhead = 4;
 constexpr int kGemmDeepLoadAhead = 8;
+constexpr int kGemmDeepMinRangeChunks = 32;  // the deep depth needs ranges at least this long
 // The depth of every token tile but the deep one: a warp's x fragments (nt token groups of `planes`
 // bf16 planes) stay within 32 registers. gemm.cu instantiates its kernels with it.
 constexpr int GemmShallowLoadAhead(int nt, int planes) {
@@ -137,6 +138,34 @@ struct GemmPlan {
 };
 // The K split and the form of a call, or the error of a forced form that cannot run it.
 Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* plan);
+
+// ---- router (the router's GEMM and its picks in one kernel, moe_router.cu) ----
+
+// A block (8 warps) holds rows_per_block rows of w for tokens_per_block tokens; each of its 256
+// threads sums a fixed set of K's 8-wide chunks, so a logit's bits depend on K only, never on T,
+// E or these sizes. chunks_ahead: chunks of every row a thread loads before it multiplies.
+constexpr int kRouterThreads = 256;
+constexpr int kRouterTokensPerBlock = 8;  // the last block of a token tile routes a token per warp
+constexpr int kRouterDecodeRows = 4;      // rows a block holds at most for up to 8 tokens
+constexpr int kRouterWideRows = 8;        // ... and for more
+struct RouterPlan {
+  bool wide = false;  // more than one token tile: rows_per_block = kRouterWideRows, 1 chunk ahead
+  int rows_per_block = 1, chunks_ahead = 4;
+  int blocks = 0, token_tiles = 0;  // grid: blocks x token_tiles
+};
+RouterPlan PlanRouter(int tokens, int experts, const Device& d);
+
+// ---- ddtree_build ----
+
+// Trees of up to kDdtreeFusedMaxBudget nodes over up to kDdtreeFusedMaxDepth depths are built in
+// one launch (ddtree.cu's fused build): blocks of (depth, slice), kDdtreeFusedSlices slices a row,
+// 32 warps a block, each lane holding up to kDdtreeFusedValuesPerLane of a slice's values.
+constexpr int kDdtreeFusedMaxBudget = 32;
+constexpr int kDdtreeFusedMaxDepth = 32;
+constexpr int kDdtreeFusedSlices = 16;
+constexpr int kDdtreeFusedValuesPerLane = 16;
+constexpr int64_t kDdtreeFusedMaxVocab = int64_t{kDdtreeFusedSlices} * 32 * 32 * kDdtreeFusedValuesPerLane;
+bool DdtreeFusedBuild(int64_t budget, int64_t depth, int64_t vocab);
 
 }  // namespace policy
 }  // namespace kdtree

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "../common/dispatch_policy.h"
 #include "common.cuh"
 
 namespace kdtree {
@@ -235,13 +236,12 @@ __global__ void __launch_bounds__(kTopkThreads) SortCandidatesKernel(const float
 // row each reduce a slice to (max, sum of exp(x - max)) with a fixed-order tree; a second kernel
 // merges the slices in order (a row is 160k logits: one block per row would leave the GPU idle).
 constexpr int kLseSlices = 16;
-__global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int64_t cols, double2* partial) {
-  PdlWait();
-  PdlLaunchDependents();
-  __shared__ double red[1024];
+// Slice `slice` of a row's log-sum-exp: (max, sum of exp(x - max)) over values [slice * per, ..)
+// with per = ceil(cols / kLseSlices), by a 1024-thread block (`red`: its 1024 doubles of shared
+// memory); every thread gets the pair.
+__device__ __forceinline__ double2 LseSlice(const float* row, int64_t cols, int slice, double* red) {
   const int64_t per = (cols + kLseSlices - 1) / kLseSlices;
-  const int64_t lo = blockIdx.y * per, hi = min(cols, lo + per);
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  const int64_t lo = slice * per, hi = min(cols, lo + per);
   float mx = -INFINITY;
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) mx = fmaxf(mx, row[i]);
   red[threadIdx.x] = mx;
@@ -260,21 +260,33 @@ __global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int
     if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
     __syncthreads();
   }
-  if (threadIdx.x == 0) partial[blockIdx.x * kLseSlices + blockIdx.y] = make_double2(m, red[0]);
+  const double2 out = make_double2(m, red[0]);
+  __syncthreads();  // red is free again
+  return out;
+}
+__global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int64_t cols, double2* partial) {
+  PdlWait();
+  PdlLaunchDependents();
+  __shared__ double red[1024];
+  const double2 p = LseSlice(x + static_cast<int64_t>(blockIdx.x) * cols, cols, blockIdx.y, red);
+  if (threadIdx.x == 0) partial[blockIdx.x * kLseSlices + blockIdx.y] = p;
+}
+// A row's log-sum-exp from its kLseSlices partials, merged in slice order.
+__device__ __forceinline__ double MergeLse(const double2* partial) {
+  double m = -INFINITY;
+  for (int i = 0; i < kLseSlices; ++i) m = fmax(m, __ldcg(&partial[i].x));
+  double sum = 0;
+  for (int i = 0; i < kLseSlices; ++i) {
+    const double x = __ldcg(&partial[i].x), y = __ldcg(&partial[i].y);
+    if (x != -INFINITY) sum += y * exp(x - m);
+  }
+  return m + log(sum);
 }
 __global__ void LogSumExpMergeKernel(const double2* partial, int rows, double* out) {
   PdlWait();
   PdlLaunchDependents();
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  double m = -INFINITY;
-  for (int i = 0; i < kLseSlices; ++i) m = fmax(m, partial[r * kLseSlices + i].x);
-  double sum = 0;
-  for (int i = 0; i < kLseSlices; ++i) {
-    const double2 p = partial[r * kLseSlices + i];
-    if (p.x != -INFINITY) sum += p.y * exp(p.x - m);
-  }
-  out[r] = m + log(sum);
+  if (r < rows) out[r] = MergeLse(partial + r * kLseSlices);
 }
 
 struct FrontierEntry {
@@ -295,18 +307,15 @@ constexpr int kMaxNodes = static_cast<int>(kMaxDdtreeBudget) + 1;
 // heap walked by one thread spent a chain of dependent shared-memory reads on every pop and push
 // (global memory on every sift step made the first version take milliseconds).
 // Then one warp per row writes the ancestor mask: coalesced zeroing, lane 0 sets the ancestors.
-__global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, const int32_t* tok, const double* logz, int depth, int k, int root, int budget,
-                                                        int64_t start, const int32_t* root_on_device, const int32_t* start_on_device, bool lp_in_smem,
-                                                        int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask, int32_t* size_out, float* log_probs) {
-  PdlWait();
-  PdlLaunchDependents();
-  root = static_cast<int>(HostOrDevice(root, root_on_device));
-  start = HostOrDevice(start, start_on_device);
-  extern __shared__ __align__(16) unsigned char dyn[];
-  __shared__ int parents_s[kMaxNodes], depths_s[kMaxNodes], at_s[kMaxNodes];  // at: index into the [depth, k] top-k
+// BuildTree: the tree of at most kNodes nodes (budget + 1 <= kNodes) from the [depth, k] top-k
+// `values` / `tok` and the rows' log-sum-exp `logz`, by a block of 1024 threads (`pool`: budget + 2
+// frontier entries; `lp_table`: the [depth, k] log-probs when lp_in_smem).
+template <int kNodes>
+__device__ void BuildTree(const float* values, const int32_t* tok, const double* logz, int depth, int k, int root, int budget, int64_t start, bool lp_in_smem,
+                          FrontierEntry* pool, double* lp_table, int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask, int32_t* size_out,
+                          float* log_probs) {
+  __shared__ int parents_s[kNodes], depths_s[kNodes], at_s[kNodes];  // at: index into the [depth, k] top-k
   __shared__ int size_s;
-  FrontierEntry* pool = reinterpret_cast<FrontierEntry*>(dyn);
-  double* lp_table = reinterpret_cast<double*>(dyn + static_cast<size_t>(budget + 2) * sizeof(FrontierEntry));
   const int n = budget + 1;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     parents_s[i] = -1;
@@ -378,6 +387,145 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
     if (lane == 0 && i < size) for (int j = i; j >= 0; j = parents_s[j]) row[j] = 1;
     __syncwarp();
   }
+}
+
+__global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, const int32_t* tok, const double* logz, int depth, int k, int root, int budget,
+                                                        int64_t start, const int32_t* root_on_device, const int32_t* start_on_device, bool lp_in_smem,
+                                                        int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask, int32_t* size_out, float* log_probs) {
+  PdlWait();
+  PdlLaunchDependents();
+  root = static_cast<int>(HostOrDevice(root, root_on_device));
+  start = HostOrDevice(start, start_on_device);
+  extern __shared__ __align__(16) unsigned char dyn[];
+  FrontierEntry* pool = reinterpret_cast<FrontierEntry*>(dyn);
+  double* lp_table = reinterpret_cast<double*>(dyn + static_cast<size_t>(budget + 2) * sizeof(FrontierEntry));
+  BuildTree<kMaxNodes>(values, tok, logz, depth, k, root, budget, start, lp_in_smem, pool, lp_table, tokens, parents, depths, positions, mask, size_out, log_probs);
+}
+
+// ---- small trees in one launch ----
+// Budgets of up to policy::kDdtreeFusedMaxBudget nodes over up to 32 depths: on a small target (a
+// decode step of ~0.2 ms) the four launches above (row top-k, log-sum-exp slices, their merge, the
+// build) cost DDTree ~8% of its tokens/s against a chain of the same length. Block (row, slice)
+// computes its slice's log-sum-exp partial (LseSlice: the same bits) and the slice's k best; the
+// last block to finish merges each row's slices (a warp per row) and builds the tree. The k best
+// are ordered as RowTopkKernel orders them: OrderKey descending, then the lower index.
+constexpr int kFusedK = policy::kDdtreeFusedMaxBudget;
+constexpr int kFusedPerLane = policy::kDdtreeFusedValuesPerLane;
+static_assert(policy::kDdtreeFusedSlices == kLseSlices && policy::kDdtreeFusedMaxDepth <= 32, "the fused build's limits (dispatch_policy.h) follow its layout");
+
+// The warp's best (key, index) among the lanes that have one: the largest key, then the lowest
+// index; false where no lane has one.
+__device__ __forceinline__ bool WarpBestPair(bool has, uint32_t key, uint32_t index, uint32_t* best_key, uint32_t* best_index) {
+  *best_key = __reduce_max_sync(0xffffffffu, has ? key : 0u);
+  *best_index = __reduce_min_sync(0xffffffffu, has && key == *best_key ? index : 0xffffffffu);
+  return *best_index != 0xffffffffu;
+}
+
+__global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t cols, int k, double2* lse_partial, uint32_t* cand_keys, int32_t* cand_ids, int* counter,
+                                                         int root, int budget, int64_t start, const int32_t* root_on_device, const int32_t* start_on_device,
+                                                         int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask, int32_t* size_out,
+                                                         float* log_probs) {
+  PdlWait();
+  PdlLaunchDependents();
+  __shared__ double red[1024];
+  __shared__ uint32_t warp_keys[32][kFusedK];
+  __shared__ int32_t warp_ids[32][kFusedK];
+  __shared__ int warp_count[32];
+  const int depth = gridDim.x, r = blockIdx.x, slice = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float* row = x + r * cols;
+  const double2 part = LseSlice(row, cols, slice, red);
+  if (threadIdx.x == 0) lse_partial[r * kLseSlices + slice] = part;
+  // the slice's k best: each warp the k best of its contiguous share (lane l holds values l, l + 32,
+  // ... of it), then warp 0 merges the 32 lists
+  const int64_t per = (cols + kLseSlices - 1) / kLseSlices;
+  const int64_t lo = min(cols, slice * per), hi = min(cols, lo + per), len = hi - lo;
+  const int64_t share = (len + 31) / 32;
+  const int64_t w0 = lo + min(len, warp * share), w1 = lo + min(len, (warp + 1) * share);
+  uint32_t keys[kFusedPerLane];
+  uint32_t live = 0;
+#pragma unroll
+  for (int j = 0; j < kFusedPerLane; ++j) {
+    const int64_t i = w0 + lane + 32 * j;
+    keys[j] = i < w1 ? OrderKey(row[i]) : 0u;
+    if (i < w1) live |= 1u << j;
+  }
+  // this lane's best: the largest key, the first (lowest index) of equal ones
+  const auto lane_best = [&](uint32_t* key) {
+    int best = -1;
+#pragma unroll
+    for (int j = 0; j < kFusedPerLane; ++j) {
+      if ((live >> j & 1u) && (best < 0 || keys[j] > *key)) {
+        *key = keys[j];
+        best = j;
+      }
+    }
+    return best;
+  };
+  uint32_t mine_key = 0;
+  int mine = lane_best(&mine_key);
+  int count = 0;
+  for (; count < k; ++count) {
+    const uint32_t index = mine >= 0 ? static_cast<uint32_t>(w0 + lane + 32 * mine) : 0u;
+    uint32_t best_key, best_index;
+    if (!WarpBestPair(mine >= 0, mine_key, index, &best_key, &best_index)) break;
+    if (lane == 0) {
+      warp_keys[warp][count] = best_key;
+      warp_ids[warp][count] = static_cast<int32_t>(best_index);
+    }
+    if (mine >= 0 && index == best_index) {  // taken: this lane's next best
+      live &= ~(1u << mine);
+      mine = lane_best(&mine_key);
+    }
+  }
+  if (lane == 0) warp_count[warp] = count;
+  __syncthreads();
+  if (warp == 0) {
+    const int n = warp_count[lane];
+    int h = 0;
+    for (int j = 0; j < k; ++j) {
+      const bool has = h < n;
+      const uint32_t key = has ? warp_keys[lane][h] : 0u, id = has ? static_cast<uint32_t>(warp_ids[lane][h]) : 0u;
+      uint32_t best_key, best_index;
+      if (!WarpBestPair(has, key, id, &best_key, &best_index)) break;
+      if (lane == 0) {
+        cand_keys[(r * kLseSlices + slice) * k + j] = best_key;
+        cand_ids[(r * kLseSlices + slice) * k + j] = static_cast<int32_t>(best_index);
+      }
+      if (has && id == best_index) ++h;
+    }
+  }
+  __shared__ bool last;
+  if (!LastOfBlocks(counter, gridDim.x * gridDim.y, &last)) return;
+  // the last block: each row's log-sum-exp and k best (lane s walks slice s's list), then the tree
+  __shared__ double logz_s[32];
+  __shared__ float values_s[32 * kFusedK];
+  __shared__ int32_t tok_s[32 * kFusedK];
+  if (threadIdx.x < depth) logz_s[threadIdx.x] = MergeLse(lse_partial + threadIdx.x * kLseSlices);
+  if (warp < depth) {
+    const int64_t slo = min(cols, lane * per), shi = min(cols, slo + per);
+    const int n = lane < kLseSlices ? static_cast<int>(min(static_cast<int64_t>(k), shi - slo)) : 0;
+    const uint32_t* list_keys = cand_keys + (warp * kLseSlices + lane) * k;
+    const int32_t* list_ids = cand_ids + (warp * kLseSlices + lane) * k;
+    int h = 0;
+    for (int j = 0; j < k; ++j) {
+      const bool has = h < n;
+      const uint32_t key = has ? __ldcg(list_keys + h) : 0u, id = has ? static_cast<uint32_t>(__ldcg(list_ids + h)) : 0u;
+      uint32_t best_key, best_index;
+      if (!WarpBestPair(has, key, id, &best_key, &best_index)) break;  // (a row has at least k values)
+      if (lane == 0) {
+        values_s[warp * k + j] = FromOrderKey(best_key);
+        tok_s[warp * k + j] = static_cast<int32_t>(best_index);
+      }
+      if (has && id == best_index) ++h;
+    }
+  }
+  __syncthreads();
+  __shared__ FrontierEntry pool[kFusedK + 2];
+  __shared__ double lp_table[32 * kFusedK];
+  root = static_cast<int>(HostOrDevice(root, root_on_device));
+  start = HostOrDevice(start, start_on_device);
+  BuildTree<kFusedK + 1>(values_s, tok_s, logz_s, depth, k, root, budget, start, true, pool, lp_table, tokens, parents, depths, positions, mask, size_out, log_probs);
 }
 
 // Accept in two parallel passes instead of a serial child scan per step: first[p] = the lowest
@@ -493,6 +641,19 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   const int64_t vocab = a.draft_logits.dim(1);
   const int k = static_cast<int>(std::min<int64_t>(a.budget, vocab));
   const int kk = std::max(k, 1);
+  if (policy::DdtreeFusedBuild(a.budget, depth, vocab)) {
+    // scratch: lse partials [depth, slices], slice candidates (keys, ids) [depth, slices, k]
+    const size_t off_keys = static_cast<size_t>(depth) * kLseSlices * sizeof(double2);
+    const size_t off_ids = off_keys + static_cast<size_t>(depth) * kLseSlices * k * sizeof(uint32_t);
+    KDTREE_RETURN_IF_ERROR(scratch.Reserve(off_ids + static_cast<size_t>(depth) * kLseSlices * k * sizeof(int32_t), s));
+    void* counter = nullptr;
+    KDTREE_RETURN_IF_ERROR(scratch.Zeroed(sizeof(int), s, &counter));
+    char* base = static_cast<char*>(scratch.ptr);
+    return LaunchPdl("ddtree build (fused)", FusedBuildKernel, dim3(depth, kLseSlices), dim3(1024), 0, s, a.draft_logits.as<const float>(), vocab, k,
+                     reinterpret_cast<double2*>(base), reinterpret_cast<uint32_t*>(base + off_keys), reinterpret_cast<int32_t*>(base + off_ids), static_cast<int*>(counter),
+                     a.root, a.budget, a.start, OnDevice(a.root_on_device), OnDevice(a.start_on_device), a.tokens.as<int32_t>(), a.parents.as<int32_t>(),
+                     a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(), a.size.as<int32_t>(), a.log_probs.present() ? a.log_probs.as<float>() : nullptr);
+  }
   // scratch: values f32 [depth, k], tokens i32 [depth, k], logz f64 [depth], lse partials [depth, slices], top-k candidates
   const size_t off_tok = static_cast<size_t>(depth) * kk * 4;
   const size_t off_logz = (off_tok + static_cast<size_t>(depth) * kk * 4 + 15) / 16 * 16;

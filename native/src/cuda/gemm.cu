@@ -161,19 +161,6 @@ __device__ __forceinline__ void RangePartial(const Params& p, int tile, int toke
   if (wait) PdlWait();  // an empty range (none are): still ordered after the previous kernel
 }
 
-// The last of a tile's range blocks (split form) sums the partials that every block stored in
-// work space (threadFenceReduction's pattern); false for the others. The counter is zeroed again for the next launch; `last` is a flag in shared memory.
-__device__ __forceinline__ bool LastOfBlocks(int* counter, int blocks, volatile bool* last) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) *last = atomicAdd(counter, 1) == blocks - 1;
-  __syncthreads();
-  if (!*last) return false;
-  __threadfence();
-  if (threadIdx.x == 0) *counter = 0;
-  return true;
-}
-
 // Output elements e0, e0 + step, ... of a tile: its ranges' partials [range][NT * 4][32] summed in
 // range order from range 0. `cross`: other blocks stored them, so read from L2, not a stale L1 line.
 template <int NT>

@@ -15,7 +15,7 @@ const H200 = { sms: 132, sm90a: true };
 const ROUTING = { experts: 384, topk: 8 };
 
 const MS = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 65, 128, 257, 512, 2048, 8192] as const;
-type Op = DispatchQuery['op'];
+type Op = Exclude<DispatchQuery['op'], 'router' | 'ddtreeBuild'>;
 /** [op, what, N, K, the form at each M of MS] (W4A16 group 32, bf16 scales, bf16 x). */
 const TABLE: [Op, string, number, number, string[]][] = [
   // W4A16 dense (the seed scheme quantizes every MLP projection)
@@ -85,19 +85,21 @@ describe('stream-K ranges of a decode step (a function of N, K and the device, n
 describe('how far ahead a decode GEMM loads (chunks of 32 k, 4 KB of weights each at one token)', () => {
   // the decode step's bf16 projections (Kimi K2's shapes): every one 8 chunks ahead at M = 1-8,
   // whatever its ranges
-  const DECODE: [string, number, number, string, number][] = [
-    ['[q_a; kv_a]', 2112, 7168, 'split', 28],
-    ['q_b (nope then rope rows)', 12288, 1536, 'split', 8],
-    ['o_proj', 7168, 8192, 'split', 32],
-    ['shared gate_up', 4096, 7168, 'split', 28],
-    ['shared down', 7168, 2048, 'split', 8],
-    ['layer 0 gate_up', 36864, 7168, 'rows', 112],
-    ['layer 0 down', 7168, 18432, 'split', 72],
-    ['lm_head', 163840, 7168, 'rows', 224],
+  // the decode step's bf16 projections (Kimi K2's shapes) at M = 1-8: 8 ahead where a warp's range
+  // is 32 chunks or longer, 4 on the short ranges (more warps fit an SM)
+  const DECODE: [string, number, number, string, number, number][] = [
+    ['[q_a; kv_a]', 2112, 7168, 'split', 28, 4],
+    ['q_b (nope then rope rows)', 12288, 1536, 'split', 8, 4],
+    ['o_proj', 7168, 8192, 'split', 32, 8],
+    ['shared gate_up', 4096, 7168, 'split', 28, 4],
+    ['shared down', 7168, 2048, 'split', 8, 4],
+    ['layer 0 gate_up', 36864, 7168, 'rows', 112, 8],
+    ['layer 0 down', 7168, 18432, 'split', 72, 8],
+    ['lm_head', 163840, 7168, 'rows', 224, 8],
   ];
-  for (const [what, n, k, form, rangeChunks] of DECODE) {
-    it(`${what} (N ${n} x K ${k}): the ${form} form, ranges of ${rangeChunks} chunks, 8 ahead at M = 1-8`, () => {
-      for (const m of [1, 8]) expect(plan('gemm', m, n, k)).toMatchObject({ form, nt: 1, rangeChunks, loadAhead: 8 });
+  for (const [what, n, k, form, rangeChunks, loadAhead] of DECODE) {
+    it(`${what} (N ${n} x K ${k}): the ${form} form, ranges of ${rangeChunks} chunks, ${loadAhead} ahead at M = 1-8`, () => {
+      for (const m of [1, 8]) expect(plan('gemm', m, n, k)).toMatchObject({ form, nt: 1, rangeChunks, loadAhead });
     });
   }
   it('wider token tiles and f32 x keep their fragments within 32 registers', () => {
@@ -145,7 +147,7 @@ describe('forced forms', () => {
   it('unknown values and queries are refused, naming what was expected', () => {
     expect(() => plan('gemm', 1, 64, 64, { gemmForm: 'fast' as never })).toThrow(/KDTREE_GEMM_FORM must be split, rows, tiled, tiled-split or wgmma, got 'fast'/);
     expect(() => plan('w4a16Gemm', 1, 64, 64, { w4a16Prefill: 'sometimes' as never })).toThrow(/KDTREE_W4A16_PREFILL must be always or never, got 'sometimes'/);
-    expect(() => module.dispatchPolicy({ op: 'conv' as never, m: 1, n: 1, k: 1, ...H200 })).toThrow(/op must be 'gemm', 'w4a16Gemm' or 'moeGemm', got 'conv'/);
+    expect(() => module.dispatchPolicy({ op: 'conv' as never, m: 1, n: 1, k: 1, ...H200 })).toThrow(/op must be 'gemm', 'w4a16Gemm', 'moeGemm', 'router' or 'ddtreeBuild', got 'conv'/);
     expect(() => module.dispatchPolicy({ op: 'gemm', m: 0, n: 1, k: 1, ...H200 })).toThrow(/dispatchPolicy: m must be an integer in \[1, 2147483647\], got 0/);
   });
 });
@@ -164,5 +166,33 @@ describe('the backend reports the form a call ran', () => {
     b.gemm({ x: { buffer: x, dtype: 'bf16', shape: [4, 64] }, w: { buffer: w, dtype: 'bf16', shape: [16, 64] }, y: { buffer: y, dtype: 'f32', shape: [4, 16] } });
     expect(b.lastForm()).toBe('cpu');
     for (const buffer of [x, w, y]) b.free(buffer);
+  });
+});
+
+describe('the router with its GEMM (x f32 [T, K], w bf16 [E, K])', () => {
+  const router = (m: number, n: number, sms = H200.sms) => module.dispatchPolicy({ op: 'router', m, n, k: 7168, sms, sm90a: true });
+  it('one token tile (decode, trees of up to 7 drafted nodes) spreads Kimi K2\'s 384 rows over the SMs, 4 chunks ahead', () => {
+    for (const m of [1, 5, 8]) expect(router(m, 384)).toEqual({ form: 'decode', rowsPerBlock: 3, chunksAhead: 4, blocks: 128, tokenTiles: 1 });
+    expect(router(1, 64)).toMatchObject({ rowsPerBlock: 1, blocks: 64 });
+    expect(router(1, 1024)).toMatchObject({ rowsPerBlock: 4, blocks: 256 });
+    expect(router(1, 384, 78)).toMatchObject({ rowsPerBlock: 4, blocks: 96 });
+  });
+  it('more tokens take blocks of 8 rows, 1 chunk ahead, a token tile per 8 tokens', () => {
+    expect(router(9, 384)).toEqual({ form: 'wide', rowsPerBlock: 8, chunksAhead: 1, blocks: 48, tokenTiles: 2 });
+    expect(router(2048, 384)).toMatchObject({ form: 'wide', blocks: 48, tokenTiles: 256 });
+  });
+});
+
+describe('ddtree_build: one fused launch for small trees, four passes for the rest', () => {
+  const form = (depth: number, vocab: number, budget: number) => module.dispatchPolicy({ op: 'ddtreeBuild', m: depth, n: vocab, k: budget, sms: H200.sms, sm90a: true }).form;
+  it('budgets 1..32 over up to 32 depths and 262144 tokens are fused (a DFlash block of 8 on Kimi K2\'s vocabulary too)', () => {
+    expect(form(7, 8192, 7)).toBe('fused');
+    expect(form(7, 163840, 32)).toBe('fused');
+    expect(form(32, 262144, 1)).toBe('fused');
+  });
+  it('larger budgets, depths or vocabularies take the passes', () => {
+    expect(form(7, 163840, 33)).toBe('passes');
+    expect(form(33, 8192, 8)).toBe('passes');
+    expect(form(4, 262145, 8)).toBe('passes');
   });
 });

@@ -29,9 +29,16 @@ function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, voca
 }
 
 const build: KernelCheck = {
-  name: "ddtree_build: tokens, parents, depths, positions, mask and the nodes' cumulative log-probs equal the reference tree (B 0..1024, V 5..4000, L 1..20), with root and start given by the host or read on the device",
+  name: "ddtree_build: tokens, parents, depths, positions, mask and the nodes' cumulative log-probs equal the reference tree (B 0..1024, V 5..163840, L 1..32; budgets 1..32 on the fused build, exact ties among the logits), with root and start given by the host or read on the device",
   run(b) {
-    const cases = [
+    const cases: { depth: number; vocab: number; budget: number; ties?: boolean }[] = [
+      // budgets 1..32 over at most 32 depths: the fused build (dispatchPolicy 'ddtreeBuild')
+      { depth: 1, vocab: 5, budget: 1 },
+      { depth: 7, vocab: 8192, budget: 7 },
+      { depth: 32, vocab: 33, budget: 32 },
+      { depth: 3, vocab: 163840, budget: 32 },
+      // logits of a few values: ties within a slice, across slices and across a warp's lanes
+      { depth: 5, vocab: 3000, budget: 24, ties: true },
       { depth: 1, vocab: 5, budget: 0 },
       { depth: 3, vocab: 5, budget: 40 },
       { depth: 4, vocab: 64, budget: 16 },
@@ -43,7 +50,8 @@ const build: KernelCheck = {
       { depth: 20, vocab: 1100, budget: 1024 },
     ];
     for (const [i, c] of cases.entries()) {
-      const logits = randomF32(c.depth * c.vocab, 40 + i, 3);
+      // (+ 0: no negative zeros, which the reference counts equal to +0 and the device orders below it)
+      const logits = c.ties ? randomF32(c.depth * c.vocab, 40 + i, 1.5).map((v) => Math.round(v) + 0) : randomF32(c.depth * c.vocab, 40 + i, 3);
       const root = (7 * i) % c.vocab;
       const onDevice = i % 2 === 1;
       const withLogProbs = i % 3 !== 2;
