@@ -149,19 +149,26 @@ __device__ void RouteToken(const float* logits, const RouteParams& p, int t, int
     }
   }
   // ascending expert ids (the order their outputs are summed in): lane j takes the pick of rank j;
-  // the normalizer sums the scores in that order
+  // the normalizer sums the scores in that order. Each pick's score is read once, by its lane, all
+  // in parallel (a read per pick in the summing loop put topk L2 round trips in a row).
   int rank = 0;
   for (int j = 0; j < p.topk; ++j) rank += __shfl_sync(0xffffffffu, picked, j) < picked;
+  const float score = picked >= 0 ? Score(__ldcg(logits + picked)) : 0.f;
   int sorted = -1;
-  float sum = 0.f;
+  float sorted_score = 0.f, sum = 0.f;
   for (int j = 0; j < p.topk; ++j) {
     const uint32_t holder = __ballot_sync(0xffffffffu, lane < p.topk && rank == j);
-    const int e = __shfl_sync(0xffffffffu, picked, __ffs(holder) - 1);
-    if (lane == j) sorted = e;
-    if (e >= 0) sum += Score(__ldcg(logits + e));
+    const int from = __ffs(holder) - 1;
+    const int e = __shfl_sync(0xffffffffu, picked, from);
+    const float sc = __shfl_sync(0xffffffffu, score, from);
+    if (lane == j) {
+      sorted = e;
+      sorted_score = sc;
+    }
+    if (e >= 0) sum += sc;
   }
   if (lane < p.topk && sorted >= 0) {
-    float w = Score(__ldcg(logits + sorted));
+    float w = sorted_score;
     if (p.norm) w = w / (sum + 1e-20f);
     p.ids[static_cast<int64_t>(t) * p.topk + lane] = sorted;
     p.weights[static_cast<int64_t>(t) * p.topk + lane] = w * p.scaling;
@@ -235,9 +242,11 @@ __global__ void __launch_bounds__(kThreads) RouterGemmKernel(const float* x, con
   for (int r = 0; r < kRows; ++r) {
 #pragma unroll
     for (int t = 0; t < kTileTokens; ++t) {
-      float v = acc[r][t];
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0) part[warp][r * kTileTokens + t] = v;
+      if (r < rows && t < tokens) {  // the same in every lane: no shuffles for sums nobody reads
+        float v = acc[r][t];
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) part[warp][r * kTileTokens + t] = v;
+      }
     }
   }
   __syncthreads();
