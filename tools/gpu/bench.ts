@@ -559,9 +559,6 @@ if (runs('small')) {
     routerBias: gpu.zeros('f32', [384]),
     routerIds: gpu.empty('i32', [1, 8]),
     routerWeights: gpu.empty('f32', [1, 8]),
-    routerX: gpu.fromArray('f32', [1, H], Float32Array.from({ length: H }, () => rng.normal())),
-    routerW: gpu.fromArray('bf16', [384, H], randomBf16(384 * H)),
-    routerOut: gpu.empty('f32', [1, 384]),
     logits: gpu.fromArray('f32', [1, V], Float32Array.from({ length: V }, () => rng.normal())),
     argmax: gpu.empty('i32', [1]),
     topValues: gpu.empty('f32', [1, 8]),
@@ -583,11 +580,6 @@ if (runs('small')) {
     ['rmsNorm', `[1, ${H}]`, () => gpu.native.rmsNorm({ x, weight: t.norm, out: t.normed, eps: 1e-6 })],
     ['rope', '8 heads x 64 rope dims (YaRN)', () => gpu.native.rope({ x: t.q, positions: t.positions, invFreq: t.invFreq, offset: 128, attentionFactor: 1.1 })],
     ['router', '384 experts, top-8', () => gpu.native.router({ logits: t.routerLogits, bias: t.routerBias, ids: t.routerIds, weights: t.routerWeights, topk: 8, scaling: 2.827 })],
-    ['gemm (f32 x), then router', `[1, ${H}] x [384, ${H}] bf16, top-8: two calls`, () => {
-      gpu.native.gemm({ x: t.routerX, w: t.routerW, y: t.routerOut });
-      gpu.native.router({ logits: t.routerOut, bias: t.routerBias, ids: t.routerIds, weights: t.routerWeights, topk: 8, scaling: 2.827 });
-    }],
-    ['router with its GEMM', `[1, ${H}] x [384, ${H}] bf16, top-8: one call`, () => gpu.native.router({ x: t.routerX, w: t.routerW, logits: t.routerOut, bias: t.routerBias, ids: t.routerIds, weights: t.routerWeights, topk: 8, scaling: 2.827 })],
     ['siluMul', '8 experts x I 256, bf16', () => gpu.native.siluMul({ x: t.gateUp, out: t.act })],
     ['add', `[1, ${H}]`, () => gpu.native.add({ a: x, b: t.normed, out: t.sum })],
     ['add, then rmsNorm', `[1, ${H}], two launches`, () => {

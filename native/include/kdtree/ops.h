@@ -144,10 +144,6 @@ struct SiluMulArgs { Tensor x, out; };  // x [T, 2I] = [gate | up] -> out [T, I]
 struct AddArgs { Tensor a, b, out; };
 struct RouterArgs {
   Tensor logits, bias, ids, weights;  // logits f32 [T, E], bias f32 [E] -> ids i32 [T, k], weights f32 [T, k]
-  // Optional, together: the router's GEMM in the same call, logits = x w^T (x f32 [T, K], w bf16
-  // [E, K], K a multiple of 8), logits then being an output. On cuda one kernel computes the
-  // logits and the picks (a decode step's router is one launch, not a GEMM and a top-k).
-  Tensor x, w;
   int topk = 8, n_group = 1, topk_group = 1;
   bool norm_topk_prob = true;
   double scaling = 1.0;

@@ -1159,8 +1159,6 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     a.bias = TensorArg(c, "bias");
     a.ids = TensorArg(c, "ids");
     a.weights = TensorArg(c, "weights");
-    a.x = TensorArg(c, "x", true);
-    a.w = TensorArg(c, "w", true);
     a.topk = Int32(c, "topk", 8, 1);
     a.n_group = Int32(c, "nGroup", 1, 1);
     a.topk_group = Int32(c, "topkGroup", 1, 1);
@@ -1506,20 +1504,11 @@ Napi::Value DispatchPolicyJs(const Napi::CallbackInfo& info) {
     plan.Set("loadAhead", p.load_ahead);
     return plan;
   }
-  if (op == "router") {  // m: tokens, n: experts (k does not enter the plan)
-    const policy::RouterPlan p = policy::PlanRouter(m, n, device);
-    plan.Set("form", p.wide ? "wide" : "decode");
-    plan.Set("rowsPerBlock", p.rows_per_block);
-    plan.Set("chunksAhead", p.chunks_ahead);
-    plan.Set("blocks", p.blocks);
-    plan.Set("tokenTiles", p.token_tiles);
-    return plan;
-  }
   if (op == "ddtreeBuild") {  // m: depth, n: vocabulary, k: budget
     plan.Set("form", policy::DdtreeFusedBuild(k, m, n) ? "fused" : "passes");
     return plan;
   }
-  if (op != "w4a16Gemm" && op != "moeGemm") Throw(env, Code::kInvalidArgument, "dispatchPolicy: op must be 'gemm', 'w4a16Gemm', 'moeGemm', 'router' or 'ddtreeBuild', got '" + op + "'");
+  if (op != "w4a16Gemm" && op != "moeGemm") Throw(env, Code::kInvalidArgument, "dispatchPolicy: op must be 'gemm', 'w4a16Gemm', 'moeGemm' or 'ddtreeBuild', got '" + op + "'");
   policy::PrefillOverride prefill;
   Check(env, policy::ParsePrefillOverride(string_of("w4a16Prefill", "").c_str(), &prefill));
   policy::W4A16Call c;

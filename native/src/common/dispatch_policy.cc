@@ -373,27 +373,6 @@ Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* p
   return Status::Ok();
 }
 
-// ---- router ----
-
-// Up to 8 tokens (decode, small trees) one token tile: rows spread so every SM gets a block (384
-// experts on 132 SMs: 3 rows a block, 128 blocks; 43 KB of weights each, loaded 4 chunks a row
-// ahead, before the wait for x). More tokens re-read x once per block of rows, so those blocks
-// hold 8 rows (x read E / 8 times) with one chunk ahead to stay within the registers.
-RouterPlan PlanRouter(int tokens, int experts, const Device& d) {
-  RouterPlan p;
-  p.token_tiles = (tokens + kRouterTokensPerBlock - 1) / kRouterTokensPerBlock;
-  p.wide = p.token_tiles > 1;
-  if (p.wide) {
-    p.rows_per_block = kRouterWideRows;
-    p.chunks_ahead = 1;
-  } else {
-    p.rows_per_block = std::clamp((experts + std::max(1, d.sms) - 1) / std::max(1, d.sms), 1, kRouterDecodeRows);
-    p.chunks_ahead = 4;
-  }
-  p.blocks = (experts + p.rows_per_block - 1) / p.rows_per_block;
-  return p;
-}
-
 // ---- ddtree_build ----
 
 // The fused build where its layout holds the call: k = budget <= 32 candidates a warp, a warp per

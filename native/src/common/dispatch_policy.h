@@ -139,22 +139,6 @@ struct GemmPlan {
 // The K split and the form of a call, or the error of a forced form that cannot run it.
 Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* plan);
 
-// ---- router (the router's GEMM and its picks in one kernel, moe_router.cu) ----
-
-// A block (8 warps) holds rows_per_block rows of w for tokens_per_block tokens; each of its 256
-// threads sums a fixed set of K's 8-wide chunks, so a logit's bits depend on K only, never on T,
-// E or these sizes. chunks_ahead: chunks of every row a thread loads before it multiplies.
-constexpr int kRouterThreads = 256;
-constexpr int kRouterTokensPerBlock = 8;  // the last block of a token tile routes a token per warp
-constexpr int kRouterDecodeRows = 4;      // rows a block holds at most for up to 8 tokens
-constexpr int kRouterWideRows = 8;        // ... and for more
-struct RouterPlan {
-  bool wide = false;  // more than one token tile: rows_per_block = kRouterWideRows, 1 chunk ahead
-  int rows_per_block = 1, chunks_ahead = 4;
-  int blocks = 0, token_tiles = 0;  // grid: blocks x token_tiles
-};
-RouterPlan PlanRouter(int tokens, int experts, const Device& d);
-
 // ---- ddtree_build ----
 
 // Trees of up to kDdtreeFusedMaxBudget nodes over up to kDdtreeFusedMaxDepth depths are built in

@@ -390,7 +390,7 @@ Status ValidateAdd(const AddArgs& a) {
 }
 
 Status ValidateRouter(const RouterArgs& a) {
-  const OpContext ctx("router", a.logits, a.bias, a.ids, a.weights, a.x, a.w);
+  const OpContext ctx("router", a.logits, a.bias, a.ids, a.weights);
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.logits, {DType::kF32}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.bias, {DType::kF32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.ids, {DType::kI32}, 2));
@@ -404,18 +404,6 @@ Status ValidateRouter(const RouterArgs& a) {
   if (a.topk < 1 || a.topk > a.topk_group * (e / a.n_group)) return Invalid(ctx, "topk ", a.topk, " cannot be chosen from ", a.topk_group, " groups of ", e / a.n_group);
   if (!std::isfinite(a.scaling)) return Invalid(ctx, "scaling must be finite, got ", a.scaling);
   if (e > 1024 || a.topk > 32) return Unsupported(ctx, "up to 1024 experts and 32 per token are supported");
-  if (a.x.present() != a.w.present()) return Invalid(ctx, "x and w come together (the router's GEMM), got ", a.x.present() ? "x without w" : "w without x");
-  if (!a.x.present()) return Status::Ok();
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.x, {DType::kF32}, 2));
-  KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.w, {DType::kBF16}, 2));
-  const int64_t k = a.x.dim(1);
-  if (a.x.dim(0) != t) return Invalid(ctx, "x must be [T, K] with T = ", t, " (logits' rows), got T = ", a.x.dim(0));
-  if (a.w.dim(0) != e || a.w.dim(1) != k) return Invalid(ctx, "w must be [E, K] = [", e, ", ", k, "], got [", a.w.dim(0), ", ", a.w.dim(1), "]");
-  if (k == 0 || k % 8 != 0) return Invalid(ctx, "K = ", k, " must be a positive multiple of 8 (rows of 16-byte units)");
-  if (k > (int64_t{1} << 30) || t > (int64_t{1} << 30)) return Invalid(ctx, "T and K must each be at most 2^30");
-  for (const Tensor* x : {&a.x, &a.w}) {
-    if (reinterpret_cast<uintptr_t>(x->data) % 16 != 0) return Invalid(ctx, x->name, " must start 16-byte aligned (its offset into the buffer a multiple of 16)");
-  }
   return Status::Ok();
 }
 

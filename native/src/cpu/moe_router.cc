@@ -13,16 +13,6 @@ namespace cpu {
 
 Status Router(const RouterArgs& a, ThreadPool& pool) {
   const int64_t t = a.logits.dim(0), e = a.logits.dim(1), per = e / a.n_group;
-  if (a.x.present()) {  // the router's GEMM first: each logit summed as the gemm twin sums a row
-    const int64_t k = a.x.dim(1);
-    pool.ParallelFor(e, [&](int64_t begin, int64_t end) {
-      std::vector<float> w(static_cast<size_t>(k));
-      for (int64_t row = begin; row < end; ++row) {
-        for (int64_t i = 0; i < k; ++i) w[i] = LoadF(a.w, row * k + i);
-        for (int64_t r = 0; r < t; ++r) a.logits.as<float>()[r * e + row] = Dot8(a.x.as<const float>() + r * k, w.data(), k);
-      }
-    }, std::max<int64_t>(1, 4096 / k));
-  }
   std::vector<float> scores(static_cast<size_t>(e)), choice(static_cast<size_t>(e));
   std::vector<int> order(static_cast<size_t>(e));
   for (int64_t r = 0; r < t; ++r) {

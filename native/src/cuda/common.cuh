@@ -46,9 +46,8 @@ inline Status LaunchStatus(const char* kernel) { return FromCuda(cudaGetLastErro
 // a layer. It must call PdlWait() before it reads anything an earlier kernel wrote or writes
 // anything an earlier kernel reads; PdlLaunchDependents() lets the next kernel start early. A
 // wait returns when the previous kernel has completed, and that kernel completed only after its
-// own wait, so results are ordered as in a plain stream. The only reads before waiting are of
-// weights (the W4A16 GEMM's ring, the router's rows): they are written at load time, by kernels
-// that never trigger early.
+// own wait, so results are ordered as in a plain stream. The one read before waiting is the W4A16
+// GEMM's weight ring (weights are packed at load time, by kernels that never trigger early).
 // (Without a PDL launch both are no-ops.)
 __device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void PdlLaunchDependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
@@ -157,7 +156,7 @@ __device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
 // Whether this block is the last of `blocks` to get here (threadFenceReduction's pattern): the
 // others' global writes before this point are then visible to it. The last block zeroes the counter
 // again for the next launch; `last` is a flag in shared memory. The split gemm's range sums and the
-// router's picks run in that block.
+// fused DDTree build's tree run in that block.
 __device__ __forceinline__ bool LastOfBlocks(int* counter, int blocks, volatile bool* last) {
   __threadfence();
   __syncthreads();
@@ -298,7 +297,7 @@ Status LaunchRope(const RopeArgs& a, cudaStream_t s);
 Status LaunchSiluMul(const SiluMulArgs& a, cudaStream_t s);
 Status LaunchGqaAttention(const GqaAttentionArgs& a, cudaStream_t s);
 Status LaunchAdd(const AddArgs& a, cudaStream_t s);
-Status LaunchRouter(const RouterArgs& a, cudaStream_t s, Scratch& scratch, int sms);
+Status LaunchRouter(const RouterArgs& a, cudaStream_t s);
 Status LaunchArgmax(const ArgmaxArgs& a, cudaStream_t s, Scratch& scratch);
 Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch);
 Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s);

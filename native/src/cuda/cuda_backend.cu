@@ -348,7 +348,7 @@ class CudaBackend final : public Backend {
   KDTREE_DISPATCH(SiluMul, LaunchSiluMul)
   KDTREE_DISPATCH(GqaAttention, LaunchGqaAttention)
   KDTREE_DISPATCH(Add, LaunchAdd)
-  KDTREE_DISPATCH(Router, LaunchRouter, , ScratchOf(stream), info_.multiprocessors)
+  KDTREE_DISPATCH(Router, LaunchRouter)
   KDTREE_DISPATCH(Argmax, LaunchArgmax, , ScratchOf(stream))
   KDTREE_DISPATCH(Topk, LaunchTopk, , ScratchOf(stream))
   KDTREE_DISPATCH(KvWrite, LaunchKvWrite)

@@ -15,7 +15,7 @@ const H200 = { sms: 132, sm90a: true };
 const ROUTING = { experts: 384, topk: 8 };
 
 const MS = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 65, 128, 257, 512, 2048, 8192] as const;
-type Op = Exclude<DispatchQuery['op'], 'router' | 'ddtreeBuild'>;
+type Op = Exclude<DispatchQuery['op'], 'ddtreeBuild'>;
 /** [op, what, N, K, the form at each M of MS] (W4A16 group 32, bf16 scales, bf16 x). */
 const TABLE: [Op, string, number, number, string[]][] = [
   // W4A16 dense (the seed scheme quantizes every MLP projection)
@@ -147,7 +147,7 @@ describe('forced forms', () => {
   it('unknown values and queries are refused, naming what was expected', () => {
     expect(() => plan('gemm', 1, 64, 64, { gemmForm: 'fast' as never })).toThrow(/KDTREE_GEMM_FORM must be split, rows, tiled, tiled-split or wgmma, got 'fast'/);
     expect(() => plan('w4a16Gemm', 1, 64, 64, { w4a16Prefill: 'sometimes' as never })).toThrow(/KDTREE_W4A16_PREFILL must be always or never, got 'sometimes'/);
-    expect(() => module.dispatchPolicy({ op: 'conv' as never, m: 1, n: 1, k: 1, ...H200 })).toThrow(/op must be 'gemm', 'w4a16Gemm', 'moeGemm', 'router' or 'ddtreeBuild', got 'conv'/);
+    expect(() => module.dispatchPolicy({ op: 'conv' as never, m: 1, n: 1, k: 1, ...H200 })).toThrow(/op must be 'gemm', 'w4a16Gemm', 'moeGemm' or 'ddtreeBuild', got 'conv'/);
     expect(() => module.dispatchPolicy({ op: 'gemm', m: 0, n: 1, k: 1, ...H200 })).toThrow(/dispatchPolicy: m must be an integer in \[1, 2147483647\], got 0/);
   });
 });
@@ -166,20 +166,6 @@ describe('the backend reports the form a call ran', () => {
     b.gemm({ x: { buffer: x, dtype: 'bf16', shape: [4, 64] }, w: { buffer: w, dtype: 'bf16', shape: [16, 64] }, y: { buffer: y, dtype: 'f32', shape: [4, 16] } });
     expect(b.lastForm()).toBe('cpu');
     for (const buffer of [x, w, y]) b.free(buffer);
-  });
-});
-
-describe('the router with its GEMM (x f32 [T, K], w bf16 [E, K])', () => {
-  const router = (m: number, n: number, sms = H200.sms) => module.dispatchPolicy({ op: 'router', m, n, k: 7168, sms, sm90a: true });
-  it('one token tile (decode, trees of up to 7 drafted nodes) spreads Kimi K2\'s 384 rows over the SMs, 4 chunks ahead', () => {
-    for (const m of [1, 5, 8]) expect(router(m, 384)).toEqual({ form: 'decode', rowsPerBlock: 3, chunksAhead: 4, blocks: 128, tokenTiles: 1 });
-    expect(router(1, 64)).toMatchObject({ rowsPerBlock: 1, blocks: 64 });
-    expect(router(1, 1024)).toMatchObject({ rowsPerBlock: 4, blocks: 256 });
-    expect(router(1, 384, 78)).toMatchObject({ rowsPerBlock: 4, blocks: 96 });
-  });
-  it('more tokens take blocks of 8 rows, 1 chunk ahead, a token tile per 8 tokens', () => {
-    expect(router(9, 384)).toEqual({ form: 'wide', rowsPerBlock: 8, chunksAhead: 1, blocks: 48, tokenTiles: 2 });
-    expect(router(2048, 384)).toMatchObject({ form: 'wide', blocks: 48, tokenTiles: 256 });
   });
 });
 

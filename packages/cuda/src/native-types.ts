@@ -228,13 +228,7 @@ export interface NativeBackend {
    */
   gqaAttention(args: { q: TensorArg; kCache: TensorArg; vCache: TensorArg; k: TensorArg; v: TensorArg; out: TensorArg; contextLength: number; contextLengthOnDevice?: TensorArg; scale: number; stream?: number }): void;
   add(args: { a: TensorArg; b: TensorArg; out: TensorArg; stream?: number }): void;
-  /**
-   * DeepSeek-V3's noaux_tc routing of logits f32 [T, E] into ids / weights [T, topk]. With `x`
-   * (f32 [T, K]) and `w` (bf16 [E, K], the router's weight) it computes logits = x w^T first, into
-   * `logits`, in the same call: on cuda one kernel (a decode step's router is one launch), each
-   * logit a fixed-order f32 sum whatever T is.
-   */
-  router(args: { logits: TensorArg; bias: TensorArg; ids: TensorArg; weights: TensorArg; x?: TensorArg; w?: TensorArg; topk: number; nGroup?: number; topkGroup?: number; normTopkProb?: boolean; scaling?: number; stream?: number }): void;
+  router(args: { logits: TensorArg; bias: TensorArg; ids: TensorArg; weights: TensorArg; topk: number; nGroup?: number; topkGroup?: number; normTopkProb?: boolean; scaling?: number; stream?: number }): void;
   argmax(args: { x: TensorArg; out: TensorArg; stream?: number }): void;
   topk(args: { x: TensorArg; values: TensorArg; ids: TensorArg; k: number; stream?: number }): void;
   /** f32 rows into an f32 or bf16 cache (rounded to nearest even). */
@@ -361,12 +355,12 @@ export type W4A16Form =
 /** What lastForm() reports: a gemm form, a W4A16 form, moeGemm on bf16 experts, or the cpu twin. */
 export type KernelForm = GemmForm | W4A16Form | 'bf16-experts' | 'cpu';
 
-/** A GEMM call (or a router call with its GEMM) as the cuda dispatch rules see it (dispatchPolicy). */
+/** A GEMM call (or a DDTree build) as the cuda dispatch rules see it (dispatchPolicy). */
 export interface DispatchQuery {
-  op: 'gemm' | 'w4a16Gemm' | 'moeGemm' | 'router' | 'ddtreeBuild';
-  /** Tokens: M of gemm and w4a16Gemm, the tokens (ids rows) of moeGemm and router; the depth of ddtreeBuild. */
+  op: 'gemm' | 'w4a16Gemm' | 'moeGemm' | 'ddtreeBuild';
+  /** Tokens: M of gemm and w4a16Gemm, the tokens (ids rows) of moeGemm; the depth of ddtreeBuild. */
   m: number;
-  /** Output rows of the weight (for a siluMul epilogue the gate_up rows, 2x y's columns; the experts of router; the vocabulary of ddtreeBuild). */
+  /** Output rows of the weight (for a siluMul epilogue the gate_up rows, 2x y's columns; the vocabulary of ddtreeBuild). */
   n: number;
   /** The reduced dimension; the budget of ddtreeBuild. */
   k: number;
@@ -396,18 +390,6 @@ export interface GemmDispatch {
   /** Chunks of 32 k a warp of the split and rows forms loads before it uses the first (4 KB of weights each at one token). */
   loadAhead: number;
 }
-/**
- * The plan of a router call with x and w: blocks of rowsPerBlock rows of w for 8 tokens each
- * (`decode`: one token tile, rows spread over the SMs; `wide`: 8 rows a block), loading
- * chunksAhead 8-wide chunks of every row before multiplying. The logits' bits do not depend on it.
- */
-export interface RouterDispatch {
-  form: 'decode' | 'wide';
-  rowsPerBlock: number;
-  chunksAhead: number;
-  blocks: number;
-  tokenTiles: number;
-}
 /** The plan of a W4A16 call: its form, tile shape, and stream-K ranges. */
 export interface W4A16Dispatch {
   form: W4A16Form;
@@ -431,7 +413,6 @@ export interface NativeModule {
    */
   dispatchPolicy(query: DispatchQuery & { op: 'gemm' }): GemmDispatch;
   dispatchPolicy(query: DispatchQuery & { op: 'w4a16Gemm' | 'moeGemm' }): W4A16Dispatch;
-  dispatchPolicy(query: DispatchQuery & { op: 'router' }): RouterDispatch;
   /** Which build a ddtreeBuild call of that depth (m), vocabulary (n) and budget (k) runs on cuda. */
   dispatchPolicy(query: DispatchQuery & { op: 'ddtreeBuild' }): { form: 'fused' | 'passes' };
   build: { version: string; variant: 'cpu' | 'cuda'; cudaArchitectures: string; napiVersion: number };

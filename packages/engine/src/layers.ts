@@ -363,14 +363,8 @@ export class Moe {
     const logits = ws.get('routerLogits', T);
     const ids = ws.get('routeIds', T);
     const weights = ws.get('routeWeights', T);
-    const route = { logits, bias: this.bias, ids, weights, topk: c.numExpertsPerTok, nGroup: c.nGroup, topkGroup: c.topkGroup, normTopkProb: c.normTopkProb, scaling: c.routedScalingFactor, stream };
-    // the router's GEMM inside the router call (one kernel on cuda); the logits' order of summation
-    // is the same for every T, as the GEMM's is
-    if (this.router.kind === 'bf16' && routerX.dtype === 'f32') b.native.router({ ...route, x: routerX, w: this.router.w });
-    else {
-      applyLinear(b, this.router, routerX, logits, stream);
-      b.native.router(route);
-    }
+    applyLinear(b, this.router, routerX, logits, stream);
+    b.native.router({ logits, bias: this.bias, ids, weights, topk: c.numExpertsPerTok, nGroup: c.nGroup, topkGroup: c.topkGroup, normTopkProb: c.normTopkProb, scaling: c.routedScalingFactor, stream });
     mark?.('router');
     const act = view(ws.moeAct, [T * c.numExpertsPerTok, this.inter]);
     // [gate; up] experts with the SiLU epilogue: each (token, expert) row's silu(gate) * up, then

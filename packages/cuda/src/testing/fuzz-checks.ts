@@ -178,14 +178,7 @@ const CALLS_BY_OP: Record<string, CallMaker> = {
   },
   router: (c) => {
     const t = c.size(), groups = c.pick([1, 2, 4]), experts = groups * c.pick([2, 4, 8]), topk = Math.min(4, experts);
-    const args: Record<string, unknown> = { logits: c.tensor('f32', [t, experts], 'float'), bias: c.tensor('f32', [experts], 'float'), ids: c.tensor('i32', [t, topk]), weights: c.tensor('f32', [t, topk]), topk: c.num(topk), nGroup: c.num(groups), topkGroup: c.num(Math.max(1, groups >> 1)), normTopkProb: c.flag(0.5), scaling: c.real(2.5) };
-    // half the calls with the router's GEMM (x f32 [T, K], w bf16 [E, K])
-    if (c.chance(0.5)) {
-      const k = c.pick([8, 16, 24]);
-      args.x = c.tensor('f32', [t, k], 'float');
-      args.w = c.tensor('bf16', [experts, k], 'float');
-    }
-    return args;
+    return { logits: c.tensor('f32', [t, experts], 'float'), bias: c.tensor('f32', [experts], 'float'), ids: c.tensor('i32', [t, topk]), weights: c.tensor('f32', [t, topk]), topk: c.num(topk), nGroup: c.num(groups), topkGroup: c.num(Math.max(1, groups >> 1)), normTopkProb: c.flag(0.5), scaling: c.real(2.5) };
   },
   argmax: (c) => {
     const t = c.size();

@@ -17,15 +17,16 @@ const TOPK = 2;
 
 interface LayerBuffers {
   x: DeviceTensor; // f32 [T, H], the residual stream
-  outputs: Record<'logits' | 'ids' | 'weights' | 'act' | 'moe' | 'out' | 'copied', DeviceTensor>;
+  logits: DeviceTensor; // f32 [T, E], the router's input
+  outputs: Record<'ids' | 'weights' | 'act' | 'moe' | 'out' | 'copied', DeviceTensor>;
 }
 
-/** rms_norm -> router with its GEMM -> gate_up GEMM with SiLU -> down GEMM summed over the experts -> residual add -> copy. */
+/** rms_norm -> router -> gate_up GEMM with SiLU -> down GEMM summed over the experts -> residual add -> copy. */
 function queueLayer(b: KdtreeBackend, w: LayerWeights, l: LayerBuffers, T: number, stream: number): void {
-  const { logits, ids, weights, act, moe, out, copied } = l.outputs;
+  const { ids, weights, act, moe, out, copied } = l.outputs;
   const h = w.scratch(T);
   b.native.rmsNorm({ x: l.x, weight: w.norm, out: h, eps: 1e-6, stream });
-  b.native.router({ x: h, w: w.router, logits, bias: w.bias, ids, weights, topk: TOPK, stream });
+  b.native.router({ logits: l.logits, bias: w.bias, ids, weights, topk: TOPK, stream });
   b.native.moeGemm({ x: h, qw: w.gateUp.qw, sc: w.gateUp.sc, ids, y: act, mode: 'gather', epilogue: 'siluMul', stream });
   b.native.moeGemm({ x: act, qw: w.down.qw, sc: w.down.sc, ids, weights, y: moe, mode: 'sum', stream });
   b.native.add({ a: l.x, b: moe, out, stream });
@@ -34,7 +35,6 @@ function queueLayer(b: KdtreeBackend, w: LayerWeights, l: LayerBuffers, T: numbe
 
 interface LayerWeights {
   norm: DeviceTensor;
-  router: DeviceTensor; // bf16 [E, H]
   bias: DeviceTensor;
   gateUp: { qw: DeviceTensor; sc: DeviceTensor };
   down: { qw: DeviceTensor; sc: DeviceTensor };
@@ -45,7 +45,6 @@ function layerWeights(b: KdtreeBackend, track: Track): LayerWeights {
   const hs = new Map<number, DeviceTensor>();
   return {
     norm: track(b.fromArray('f32', [H], randomF32(H, 70, 0.5).map((v) => 1 + v))),
-    router: track(b.fromArray('bf16', [E, H], f32ArrayToBf16(randomF32(E * H, 75, 0.1)))),
     bias: track(b.fromArray('f32', [E], randomF32(E, 72, 0.1))),
     gateUp: packGateUp(b, track, int4(E * 2 * I, H, 32, 'BF16', 73), E),
     down: trackedInt4(b, track, int4(E * H, I, 32, 'BF16', 71), E),
@@ -59,8 +58,8 @@ function layerWeights(b: KdtreeBackend, track: Track): LayerWeights {
 function layerBuffers(b: KdtreeBackend, track: Track, T: number): LayerBuffers {
   return {
     x: track(b.empty('f32', [T, H])),
+    logits: track(b.empty('f32', [T, E])),
     outputs: {
-      logits: track(b.empty('f32', [T, E])),
       ids: track(b.empty('i32', [T, TOPK])),
       weights: track(b.empty('f32', [T, TOPK])),
       act: track(b.empty('bf16', [T * TOPK, I])),
@@ -73,6 +72,7 @@ function layerBuffers(b: KdtreeBackend, track: Track, T: number): LayerBuffers {
 
 function uploadInputs(b: KdtreeBackend, l: LayerBuffers, T: number, seed: number): void {
   b.native.upload(l.x.buffer, randomF32(T * H, seed));
+  b.native.upload(l.logits.buffer, randomF32(T * E, seed + 1));
 }
 
 /** Every tensor of `outs` (graph side) has the bits of its twin in `direct`. */
@@ -83,7 +83,7 @@ function expectSameTensors(b: KdtreeBackend, what: string, outs: Record<string, 
 }
 
 const replay: KernelCheck = {
-  name: 'graphs: a captured MoE layer tail (rms_norm, router with its GEMM, gate_up GEMM with SiLU, down GEMM summed, add, copy) at T 1 and 5 replays to the bits of direct calls, with new inputs at each launch and the stream\'s own work space outgrown between launches (and another stream\'s during the capture); replays run in order',
+  name: 'graphs: a captured MoE layer tail (rms_norm, router, gate_up GEMM with SiLU, down GEMM summed, add, copy) at T 1 and 5 replays to the bits of direct calls, with new inputs at each launch and the stream\'s own work space outgrown between launches (and another stream\'s during the capture); replays run in order',
   run(b) {
     return withTensors(b, (track) => {
       const w = layerWeights(b, track);
