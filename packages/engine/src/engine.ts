@@ -693,10 +693,13 @@ export class Engine {
     // the verify and its reads under the collective's watchdog; the draft above is not a collective's wait
     const { pathLen, path, emitted } = r.guarded(() => {
       r.run(spec === 'chain' ? { kind: 'chain', length: n - 1 } : { kind: 'tree', budget, depth });
-      const pathLen = (b.toArray(this.tree.pathLen) as Int32Array)[0];
-      const path = (b.toArray(this.tree.path) as Int32Array).subarray(0, pathLen);
-      const nodes = b.toArray(this.tree.tokens) as Int32Array;
-      return { pathLen, path, emitted: [...Array.from(path.subarray(1), (i) => nodes[i]), r.readToken()] };
+      // one read: [pathLen, bonus, path (nodes), tokens (nodes)]
+      const back = b.toArray(this.tree.readBack) as Int32Array;
+      const nodes = this.tree.tokens.shape[0];
+      const pathLen = back[0];
+      const path = back.subarray(2, 2 + pathLen);
+      const tokens = back.subarray(2 + nodes);
+      return { pathLen, path, emitted: [...Array.from(path.subarray(1), (i) => tokens[i]), back[1]] };
     });
     r.advance(pathLen);
     this.commitRows(Array.from(path));

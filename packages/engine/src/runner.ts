@@ -32,8 +32,15 @@ export interface TreeBuffers {
   positions: DeviceTensor;
   mask: DeviceTensor;
   size: DeviceTensor;
+  /** Views of readBack: the accepted path (node indices) and its length. */
   path: DeviceTensor;
   pathLen: DeviceTensor;
+  /**
+   * i32 [2 + 2 nodes] = [pathLen, bonus, path (nodes), tokens (nodes)]: all a step's host needs
+   * back, in one buffer, so a speculative step reads once (each read waits for the stream and
+   * costs the host a native call); `tokens`, `path` and `pathLen` are views of it.
+   */
+  readBack: DeviceTensor;
   /** f32 [nodes, vocab] and i32 [nodes]: the verify's logits and argmax. */
   logits: DeviceTensor;
   argmax: DeviceTensor;
@@ -343,15 +350,17 @@ export class Runner {
   treeBuffers(nodes: number): TreeBuffers {
     const b = this.b;
     const i32 = () => this.own(b.zeros('i32', [nodes]));
+    const readBack = this.own(b.zeros('i32', [2 + 2 * nodes]));
     return {
-      tokens: i32(),
+      tokens: view(readBack, [nodes], 2 + nodes),
       parents: i32(),
       depths: i32(),
       positions: i32(),
       mask: this.own(b.zeros('u8', [nodes, nodes])),
       size: this.own(b.zeros('i32', [1])),
-      path: i32(),
-      pathLen: this.own(b.zeros('i32', [1])),
+      path: view(readBack, [nodes], 2),
+      pathLen: view(readBack, [1]),
+      readBack,
       logits: this.own(b.empty('f32', [nodes, this.model.config.vocabSize])),
       argmax: i32(),
       logProbs: this.own(b.zeros('f32', [nodes])),
@@ -375,6 +384,8 @@ export class Runner {
     b.native.argmax({ x: view(tree.logits, [n, V]), out: view(tree.argmax, [n]), stream });
     b.native.ddtreeAccept({ tokens: view(tree.tokens, [n]), parents: view(tree.parents, [n]), size: tree.size, targetArgmax: view(tree.argmax, [n]), path: view(tree.path, [n]), pathLen: tree.pathLen, bonus: this.token, stream });
     b.native.kvCommit({ caches: this.cache.all(), path: view(tree.path, [n]), pathLen: tree.pathLen, startOnDevice: L, nextStart: L, stream });
+    // the bonus beside the path, for the step's one read back
+    b.native.copy({ dst: tree.readBack.buffer, dstOffset: (tree.readBack.offset ?? 0) + 4, src: this.token.buffer, srcOffset: this.token.offset ?? 0, bytes: 4, stream });
   }
 
   /**
@@ -431,7 +442,7 @@ export class Runner {
     // rank 0 (or the only rank) drafts the chain; the others receive its tokens
     const collective = this.model.collective;
     if (collective === undefined || collective.rank === 0) {
-      b.native.copy({ dst: chain.tokens.buffer, src: this.token.buffer, bytes: 4, stream });
+      b.native.copy({ dst: chain.tokens.buffer, dstOffset: chain.tokens.offset ?? 0, src: this.token.buffer, srcOffset: this.token.offset ?? 0, bytes: 4, stream });
       b.native.argmax({ x: view(draftLogits, [length, this.model.config.vocabSize]), out: view(chain.tokens, [length], 1), stream });
     }
     collective?.broadcast([view(chain.tokens, [n])], 0, stream);
