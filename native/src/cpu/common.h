@@ -56,16 +56,6 @@ inline float RoundTo(DType dtype, float v) {
   }
 }
 
-// The dot product of x and w over k (a multiple of 8) as every f32 row of the gemm twin sums it: 8
-// interleaved partial sums, then added pairwise. The same order whatever the caller's M.
-inline float Dot8(const float* x, const float* w, int64_t k) {
-  float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int64_t i = 0; i < k; i += 8) {
-    for (int j = 0; j < 8; ++j) s[j] = std::fma(x[i + j], w[i + j], s[j]);
-  }
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
 // silu(g) * u as silu_mul computes it (the W4A16 SiLU epilogue too, on gate and up rounded to its
 // output's dtype, so that fused and unfused give the same bits).
 inline float SiluMulValue(float g, float u) { return g / (1.f + std::exp(-g)) * u; }

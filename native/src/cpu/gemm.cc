@@ -19,7 +19,14 @@ Status Gemm(const GemmArgs& a, ThreadPool& pool) {
     std::vector<float> w(static_cast<size_t>(k));
     for (int64_t row = begin; row < end; ++row) {
       for (int64_t i = 0; i < k; ++i) w[i] = LoadF(a.w, row * k + i);
-      for (int64_t r = 0; r < m; ++r) StoreF(a.y, r * n + row, Dot8(&x[r * k], w.data(), k));
+      for (int64_t r = 0; r < m; ++r) {
+        const float* xr = &x[r * k];
+        float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int64_t i = 0; i < k; i += 8) {
+          for (int j = 0; j < 8; ++j) s[j] = std::fma(xr[i + j], w[i + j], s[j]);
+        }
+        StoreF(a.y, r * n + row, ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+      }
     }
   }, std::max<int64_t>(1, 4096 / k));  // rows per chunk: ~4K weights at least (K > 0 is validated)
   return Status::Ok();
