@@ -191,6 +191,26 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     }
   });
 
+  it('profileDecode times every part of a decode step (each layer, the router apart, lm_head), needs prompt + 3 slots, and leaves no sequence behind', async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    const parts = await engine.profileDecode(PROMPT);
+    const names = parts.map((p) => p.part);
+    expect(names[0]).toBe('embedding');
+    expect(names.at(-1)).toBe('lm_head');
+    for (const l of [0, 1]) for (const part of ['kv', 'q', 'mla', 'attention']) expect(names).toContain(`${part} ${l}`);
+    expect(names).toContain('router 1');
+    expect(names).toContain('routed 1');
+    for (const p of parts) expect(p.ms).toBeGreaterThanOrEqual(0);
+    const tight = await createEngine({ model: setups['kimi-k2'].pair.target, backend: TEST_BACKEND, cacheTokens: PROMPT.length + 2 });
+    try {
+      await expect(tight.profileDecode(PROMPT)).rejects.toThrow(new RegExp(`needs ${PROMPT.length + 3} cache slots, the cache has ${PROMPT.length + 2}`));
+    } finally {
+      await tight.dispose();
+    }
+    // the next generation starts from an empty cache
+    expect((await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [] })).tokens).toEqual(greedy);
+  });
+
   it('scratchSlots is the room a generation leaves: prompt + maxNew + scratchSlots = cacheTokens fits, one more does not', async () => {
     const { engine } = setups['kimi-k2'];
     const cap = engine.options.cacheTokens;

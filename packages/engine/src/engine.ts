@@ -440,15 +440,18 @@ export class Engine {
   /**
    * Where a decode step's device time goes, by part of the forward (embedding, each layer's
    * attention and MLP or MoE, lm_head), after a prefill of `prompt`; the ops run directly with an
-   * event between parts. Leaves no sequence behind.
+   * event between parts. The step runs twice and the second is reported: a kernel's first direct
+   * launch may include loading its module (tens of milliseconds on a GPU), which is not its speed.
+   * Leaves no sequence behind.
    */
   async profileDecode(prompt: readonly number[]): Promise<{ part: string; ms: number }[]> {
     const tokens = this.checkPrompt(prompt);
     if (this.tp > 1) throw argumentError('profileDecode', 'profiles one device; it does not run under tensor parallelism (tp > 1)');
-    if (tokens.length + 2 > this.options.cacheTokens) throw argumentError('prompt', `needs ${tokens.length + 2} cache slots, the cache has ${this.options.cacheTokens}`);
+    if (tokens.length + 3 > this.options.cacheTokens) throw argumentError('prompt', `needs ${tokens.length + 3} cache slots, the cache has ${this.options.cacheTokens}`);
     const release = await this.lock();
     try {
       this.runner.prefill(tokens, 0);
+      this.runner.profileDecode();
       return this.runner.profileDecode();
     } finally {
       this.runner.committed = 0;
