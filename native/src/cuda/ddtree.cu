@@ -403,9 +403,10 @@ __global__ void __launch_bounds__(1024) BuildTreeKernel(const float* values, con
 }
 
 // ---- small trees in one launch ----
-// Budgets of up to policy::kDdtreeFusedMaxBudget nodes over up to 32 depths: on a small target (a
-// decode step of ~0.2 ms) the four launches above (row top-k, log-sum-exp slices, their merge, the
-// build) cost DDTree ~8% of its tokens/s against a chain of the same length. Block (row, slice)
+// Budgets of up to policy::kDdtreeFusedMaxBudget nodes over up to 32 depths: the four launches above
+// (row top-k, log-sum-exp slices, their merge, the build) each do little work for a small tree, and
+// on a small target (a decode step of ~0.2 ms) their launch gaps are a visible part of a DDTree
+// step that a chain of the same nodes does not pay. Block (row, slice)
 // computes its slice's log-sum-exp partial (LseSlice: the same bits) and the slice's k best; the
 // last block to finish merges each row's slices (a warp per row) and builds the tree. The k best
 // are ordered as RowTopkKernel orders them: OrderKey descending, then the lower index.
@@ -419,6 +420,22 @@ __device__ __forceinline__ bool WarpBestPair(bool has, uint32_t key, uint32_t in
   *best_key = __reduce_max_sync(0xffffffffu, has ? key : 0u);
   *best_index = __reduce_min_sync(0xffffffffu, has && key == *best_key ? index : 0xffffffffu);
   return *best_index != 0xffffffffu;
+}
+
+// The k best of up to 32 lists sorted by (key desc, index asc), in that order: lane l walks list l
+// (n entries, key_at(h) and id_at(h) its h-th); emit(j, key, index) runs on lane 0 for the j-th.
+template <typename KeyAt, typename IdAt, typename Emit>
+__device__ __forceinline__ void MergeLists(int n, int k, KeyAt key_at, IdAt id_at, Emit emit) {
+  const int lane = threadIdx.x & 31;
+  int h = 0;
+  for (int j = 0; j < k; ++j) {
+    const bool has = h < n;
+    const uint32_t key = has ? key_at(h) : 0u, id = has ? id_at(h) : 0u;
+    uint32_t best_key, best_index;
+    if (!WarpBestPair(has, key, id, &best_key, &best_index)) break;
+    if (lane == 0) emit(j, best_key, best_index);
+    if (has && id == best_index) ++h;
+  }
 }
 
 __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t cols, int k, double2* lse_partial, uint32_t* cand_keys, int32_t* cand_ids, int* counter,
@@ -481,19 +498,14 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
   if (lane == 0) warp_count[warp] = count;
   __syncthreads();
   if (warp == 0) {
-    const int n = warp_count[lane];
-    int h = 0;
-    for (int j = 0; j < k; ++j) {
-      const bool has = h < n;
-      const uint32_t key = has ? warp_keys[lane][h] : 0u, id = has ? static_cast<uint32_t>(warp_ids[lane][h]) : 0u;
-      uint32_t best_key, best_index;
-      if (!WarpBestPair(has, key, id, &best_key, &best_index)) break;
-      if (lane == 0) {
-        cand_keys[(r * kLseSlices + slice) * k + j] = best_key;
-        cand_ids[(r * kLseSlices + slice) * k + j] = static_cast<int32_t>(best_index);
-      }
-      if (has && id == best_index) ++h;
-    }
+    uint32_t* out_keys = cand_keys + (r * kLseSlices + slice) * k;
+    int32_t* out_ids = cand_ids + (r * kLseSlices + slice) * k;
+    MergeLists(
+        warp_count[lane], k, [&](int h) { return warp_keys[lane][h]; }, [&](int h) { return static_cast<uint32_t>(warp_ids[lane][h]); },
+        [&](int j, uint32_t key, uint32_t index) {
+          out_keys[j] = key;
+          out_ids[j] = static_cast<int32_t>(index);
+        });
   }
   __shared__ bool last;
   if (!LastOfBlocks(counter, gridDim.x * gridDim.y, &last)) return;
@@ -507,18 +519,13 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
     const int n = lane < kLseSlices ? static_cast<int>(min(static_cast<int64_t>(k), shi - slo)) : 0;
     const uint32_t* list_keys = cand_keys + (warp * kLseSlices + lane) * k;
     const int32_t* list_ids = cand_ids + (warp * kLseSlices + lane) * k;
-    int h = 0;
-    for (int j = 0; j < k; ++j) {
-      const bool has = h < n;
-      const uint32_t key = has ? __ldcg(list_keys + h) : 0u, id = has ? static_cast<uint32_t>(__ldcg(list_ids + h)) : 0u;
-      uint32_t best_key, best_index;
-      if (!WarpBestPair(has, key, id, &best_key, &best_index)) break;  // (a row has at least k values)
-      if (lane == 0) {
-        values_s[warp * k + j] = FromOrderKey(best_key);
-        tok_s[warp * k + j] = static_cast<int32_t>(best_index);
-      }
-      if (has && id == best_index) ++h;
-    }
+    // (other blocks wrote the lists: read from L2)
+    MergeLists(
+        n, k, [&](int h) { return __ldcg(list_keys + h); }, [&](int h) { return static_cast<uint32_t>(__ldcg(list_ids + h)); },
+        [&](int j, uint32_t key, uint32_t index) {
+          values_s[warp * k + j] = FromOrderKey(key);
+          tok_s[warp * k + j] = static_cast<int32_t>(index);
+        });
   }
   __syncthreads();
   __shared__ FrontierEntry pool[kFusedK + 2];
