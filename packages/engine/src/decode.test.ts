@@ -150,7 +150,9 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     const { engine, greedy } = setups['kimi-k2'];
     const b = engine.backend;
     const V = engine.config.vocabSize;
-    // certain of draft tokens that are never the target's (each greedy token + 1 + depth)
+    // certain of draft tokens that are never the target's (each greedy token + 1 + depth); the
+    // target's own token at each depth is the least likely of all, so no tree of any budget auto
+    // picks holds it (the other tokens tie, and a wide tree would otherwise take some of them)
     const wrong: Drafter = {
       name: 'always-wrong',
       vocabSize: V,
@@ -158,8 +160,13 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       begin() {},
       draft({ tokens, depth, out }) {
         const logits = new Float32Array(depth * V).fill(-30);
-        const next = greedy[tokens.length - PROMPT.length] ?? 0;
-        for (let d = 0; d < depth; d++) logits[d * V + ((next + 1 + d) % V)] = 30;
+        const emitted = tokens.length - PROMPT.length;
+        const next = greedy[emitted] ?? 0;
+        for (let d = 0; d < depth; d++) {
+          logits[d * V + ((next + 1 + d) % V)] = 30;
+          const target = greedy[emitted + d];
+          if (target !== undefined) logits[d * V + target] = -60;
+        }
         b.native.upload(out.buffer, logits, out.offset ?? 0);
       },
       dispose() {},
