@@ -53,7 +53,11 @@ export const TRY_SHARE = 0.01;
  * The most plain decode steps after the k-th try in a row that found nothing: for a drafter whose
  * draft tokens have been accepted, 2^(k-1) since the last one (a rejection is little proof that a
  * good stretch is over: the next try comes after one plain step, and the waits grow to what the
- * cost asks within a few misses); for one never accepted, FIRST_WAIT after its first and MAX_WAIT after later ones.
+ * cost asks within a few misses). For one never accepted, 2^(k-1) too for its first
+ * CALIBRATION_PROBES - 1 misses (one rejected probe is little proof either: a drafter's first
+ * draft after a prompt is often its worst, and a drafter that predicts a walk from the tokens
+ * before it cannot predict where the prompt ends), FIRST_WAIT after its CALIBRATION_PROBES-th and
+ * MAX_WAIT after later ones.
  */
 export const FIRST_WAIT = 32;
 export const MAX_WAIT = 1024;
@@ -204,7 +208,7 @@ export class BudgetPolicy {
    * What a try ran (`budget`, 0: a plain decode step; `probe` as planned) and the draft tokens it
    * accepted (bonus excluded). The trees that ran teach the calibration. A try that ran no tree, or
    * only a probe that was rejected, found nothing: a wait follows, sized by its cost (TRY_SHARE) and
-   * capped by the misses in a row (FIRST_WAIT, MAX_WAIT); an accepted token ends the wait.
+   * capped by the misses in a row (2^(k-1), FIRST_WAIT, MAX_WAIT); an accepted token ends the wait.
    */
   record(logProbs: ArrayLike<number>, budget: number, accepted: number, probe = false): void {
     if (budget > 0) {
@@ -222,7 +226,7 @@ export class BudgetPolicy {
       this.misses++;
       const decode = this.curve.decodeMs;
       const cost = (this.lastDraftMs ?? this.draftMs) + (budget > 0 ? Math.max(0, this.verifyMs(budget) - decode) : 0);
-      const steps = this.proven ? Math.min(MAX_WAIT, 2 ** (this.misses - 1)) : this.misses === 1 ? FIRST_WAIT : MAX_WAIT;
+      const steps = this.proven || this.misses < CALIBRATION_PROBES ? Math.min(MAX_WAIT, 2 ** (this.misses - 1)) : this.misses === CALIBRATION_PROBES ? FIRST_WAIT : MAX_WAIT;
       this.debt = Math.min(steps * this.stepPayment, this.debt + cost);
     }
   }
