@@ -218,6 +218,47 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     expect((await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [] })).tokens).toEqual(greedy);
   });
 
+  it('greedy decodes a step ahead: the step queued after an eos or an abort is taken back (L is what the steps read leave), none is queued past maxNew, and the next generation is exact', async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    const runner = (engine as unknown as { runner: { committed: number; launchDecode(): void } }).runner;
+    const launch = runner.launchDecode.bind(runner);
+    let launched = 0;
+    runner.launchDecode = () => {
+      launched++;
+      launch();
+    };
+    try {
+      // maxNew: the prefill's token and MAX_NEW - 1 steps, each launched ahead, none past the last
+      expect((await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [] })).tokens).toEqual(greedy);
+      expect(launched).toBe(MAX_NEW - 1);
+      expect(runner.committed).toBe(PROMPT.length + MAX_NEW - 1);
+      // eos at the 14th token: 13 steps read, the 14th queued ahead and taken back
+      launched = 0;
+      const stop = greedy[13];
+      const upTo = greedy.indexOf(stop) + 1;
+      const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [stop] });
+      expect(r.tokens).toEqual(greedy.slice(0, upTo));
+      expect(r.stats.targetForwards).toBe(upTo);
+      expect(launched).toBe(upTo);
+      expect(runner.committed).toBe(PROMPT.length + upTo - 1);
+      // an abort after 5 tokens
+      const controller = new AbortController();
+      const seen: number[] = [];
+      const run = async () => {
+        for await (const chunk of engine.generate(PROMPT, { maxNew: MAX_NEW, eos: [], signal: controller.signal })) {
+          seen.push(...chunk.tokens);
+          if (seen.length >= 5) controller.abort(new Error('enough'));
+        }
+      };
+      await expect(run()).rejects.toMatchObject({ code: 'KDTREE_ENGINE_ABORTED' });
+      expect(seen).toEqual(greedy.slice(0, 5));
+      expect(runner.committed).toBe(PROMPT.length + 4);
+      expect((await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [] })).tokens).toEqual(greedy);
+    } finally {
+      delete (runner as { launchDecode?: unknown }).launchDecode;
+    }
+  });
+
   it('scratchSlots is the room a generation leaves: prompt + maxNew + scratchSlots = cacheTokens fits, one more does not', async () => {
     const { engine } = setups['kimi-k2'];
     const cap = engine.options.cacheTokens;

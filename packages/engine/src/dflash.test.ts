@@ -60,8 +60,8 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
   });
 
   /** Each recorded draft's argmax per depth equals the reference drafter's over the whole committed context, recomputed from scratch. */
-  function expectReferenceDrafts(drafts: { tokens: number[]; top1: number[] }[]): void {
-    const { model, drafter: ref } = reference;
+  function expectReferenceDrafts(drafts: { tokens: number[]; top1: number[] }[], ref = reference.drafter): void {
+    const { model } = reference;
     const V = model.config.vocabSize;
     for (const { tokens, top1 } of drafts) {
       const committed = tokens.length - 1;
@@ -190,6 +190,22 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     expect(Math.max(...commits.slice(1))).toBeGreaterThan(BLOCK);
     expect(drafts.length).toBeGreaterThanOrEqual(2);
     expectReferenceDrafts(drafts);
+  });
+
+  it('holds back the rows of a drafter of one tap (an odd count: the held step writes its row paired with itself), and its drafts equal the reference drafter\'s', async () => {
+    const tiny = parseModelConfig(presetConfigJson('tiny'), 'tiny');
+    const json = dflashConfigJson(tiny, { blockSize: BLOCK, heads: 6, kvHeads: 2, headDim: 24, intermediate: 96, targetLayerIds: [0] });
+    const oneTap = join(dir, 'tiny-dflash-one-tap');
+    await writeDflashDirectory(oneTap, json, randomDflashWeights(parseDflashConfig(json), 23));
+    const ref = (await loadDflashModel(oneTap, reference.model)).model;
+    expect(ref.config.targetLayerIds).toEqual([0]);
+    const { drafter: wrapper, commits, drafts } = recordingDrafter((await engine.drafter(`dflash:${oneTap}`)) as DflashDrafter, engine.backend);
+    const maxNew = 48;
+    const r = await engine.complete(PROMPT, { maxNew, eos: [], spec: 'ddtree', drafter: wrapper, budget: 'auto', trace: true });
+    expect(r.tokens).toEqual(greedyDecode(reference.model, PROMPT, { maxNew, eos: [] }).tokens);
+    expect(r.steps.filter((s) => s.budget === 0 && s.draftTop1.length === 0).length).toBeGreaterThan(8);
+    expect(Math.max(...commits.slice(1))).toBeGreaterThan(BLOCK);
+    expectReferenceDrafts(drafts, ref);
   });
 
   it("holds back no more rows than one commit may bring (an engine of 9-row passes), and stays exact with budget 'auto'", async () => {

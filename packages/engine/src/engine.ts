@@ -174,6 +174,8 @@ export class Engine {
   private readonly draftTop1: DeviceTensor;
   private readonly drafters = new Map<string, Promise<Drafter>>();
   private readonly costs = new Map<number, CostCurve>();
+  /** Two events an auto try is timed between, created on first use (a pair per try would be four more native calls a step). */
+  private tryEvents: [number, number] | undefined;
   /**
    * Auto's policy per drafter and depth, kept between generations as a server's requests share a
    * drafter: the calibration the trees of one generation taught holds for the next, so later
@@ -183,8 +185,6 @@ export class Engine {
   private readonly autoPolicies = new WeakMap<Drafter, Map<number, BudgetPolicy>>();
   /** Layer -> f32 [workspace rows, hidden]: the target's taps for a drafter of hidden states (Runner.taps). */
   private readonly tapBuffers = new Map<number, DeviceTensor>();
-  /** Layer -> f32 [tree nodes, hidden]: a tree step's accepted rows, gathered from its taps. */
-  private readonly pathBuffers = new Map<number, DeviceTensor>();
   /** The generation's drafter when it reads the target's hidden states (it gets each committed row). */
   private tapping: Drafter | undefined;
   /**
@@ -192,16 +192,17 @@ export class Engine {
    * skipped steps): a commit costs the drafter's fc and K/V projections (0.45 ms a step for a drafter
    * of Kimi K2.5-DFlash's size), a held row one copy; they reach commit() in one batch before the
    * next draft (heldCapacity rows at most: what one commit may bring). f32 [heldCapacity, hidden]
-   * per tapped layer.
+   * per tapped layer; the held decode step writes its row there on the device (Runner.held), at
+   * the row `heldNext` (i32 [1]) holds.
    */
   private readonly heldTaps = new Map<number, DeviceTensor>();
+  private heldNext: DeviceTensor | undefined;
+  /** Rows held now (the host's count of what heldNext holds on the device). */
   private heldRows = 0;
   /** Rows the held buffers take: HELD_TAP_ROWS, or fewer where the drafter's commits are smaller (the workspace's rows). */
   private get heldCapacity(): number {
     return Math.min(HELD_TAP_ROWS, this.model.workspace.rows);
   }
-  /** Whether the step being run is one of auto's plain decode steps, whose rows are held back. */
-  private holdTaps = false;
   private tail: Promise<void> = Promise.resolve();
   private disposed = false;
 
@@ -525,10 +526,10 @@ export class Engine {
     r.taps = this.tapping === undefined ? undefined : this.tapsFor(this.tapping.targetLayers!);
     if (state?.budget === 'auto') (state.policy = await this.budgetPolicy(state)).begin();
     state?.drafter.begin(prompt);
-    this.heldRows = 0;
+    this.resetHeldRows();
     // the prefill and its read under the collective's watchdog, its deadline one step's per chunk
     const firstToken = r.guarded(() => {
-      r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(Array.from({ length: rows }, (_, i) => i))));
+      r.prefill(prompt, 0, undefined, this.tapping && ((rows) => this.commitRows(rows)));
       return r.readToken();
     }, r.prefillPasses(prompt.length));
     forwards += Math.ceil(prompt.length / this.options.prefillChunk);
@@ -539,37 +540,60 @@ export class Engine {
       yield { tokens: first.taken, stats: result.stats };
       return result;
     }
-    yield { tokens: first.taken };
-    // the sequence so far, for the drafter: grown by each step's tokens, not rebuilt every step
-    const context = [...prompt, ...out];
-    for (;;) {
-      // a macrotask turn between steps: timers, socket closes and signals reach the signal's owner
-      // even when the consumer awaits the next chunk at once
-      await new Promise<void>((resolve) => setImmediate(resolve));
-      this.checkAbort(o.signal);
-      const step = state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, context, o.trace ?? false);
-      forwards++;
-      const { taken, done } = take(step.emitted);
-      context.push(...taken);
-      if (step.trace) steps.push(step.trace);
-      if (done) {
-        const result = finish();
-        yield { tokens: taken, step: step.trace, stats: result.stats };
-        return result;
+    // greedy on one device (no collective) decodes a step ahead (Runner.launchDecode): the step
+    // after the one read is queued before its read, and the step after an eos is taken back
+    const ahead = state === undefined && this.model.collective === undefined;
+    if (ahead) r.launchDecode();
+    try {
+      yield { tokens: first.taken };
+      // the sequence so far, for the drafter: grown by each step's tokens, not rebuilt every step
+      const context = [...prompt, ...out];
+      for (;;) {
+        // a macrotask turn between steps: timers, socket closes and signals reach the signal's owner
+        // even when the consumer awaits the next chunk at once
+        await new Promise<void>((resolve) => setImmediate(resolve));
+        this.checkAbort(o.signal);
+        let step: { emitted: number[]; trace?: StepTrace };
+        if (ahead) {
+          // the step after this one, unless this one's token is the last maxNew allows
+          if (out.length + 1 < maxNew) r.launchDecode();
+          step = { emitted: [r.readDecoded()] };
+        } else step = state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, context, o.trace ?? false);
+        forwards++;
+        const { taken, done } = take(step.emitted);
+        context.push(...taken);
+        if (step.trace) steps.push(step.trace);
+        if (done) {
+          const result = finish();
+          yield { tokens: taken, step: step.trace, stats: result.stats };
+          return result;
+        }
+        yield { tokens: taken, step: step.trace };
       }
-      yield { tokens: taken, step: step.trace };
+    } catch (error) {
+      if (ahead) r.dropDecodesAhead(true);
+      throw error;
+    } finally {
+      if (ahead) r.dropDecodesAhead();
     }
   }
 
-  /** A decode step; its launch and read under the collective's watchdog (a step's deadline, not a prefill's). */
-  private greedyStep(): { emitted: number[]; trace?: StepTrace } {
+  /**
+   * A decode step; its launch and read under the collective's watchdog (a step's deadline, not a
+   * prefill's). `hold`: one of auto's plain decode steps, whose row of the taps is held back (on
+   * the device) for the tapping drafter's next commit instead of committed now.
+   */
+  private greedyStep(hold = false): { emitted: number[]; trace?: StepTrace } {
     const r = this.runner;
+    const held = hold && this.tapping !== undefined;
+    if (held) this.prepareHeldRow();
     const token = r.guarded(() => {
-      r.run({ kind: 'decode' });
+      r.run(held ? { kind: 'decode', held: true } : { kind: 'decode' });
       r.advance(1);
       return r.readToken();
     });
-    this.commitRows([0]);
+    if (held) this.heldRows++;
+    else this.commitRows(1);
     return { emitted: [token] };
   }
 
@@ -588,57 +612,58 @@ export class Engine {
   }
 
   /**
-   * Hands the tapping drafter the rows `rows` of the last pass's taps (the committed tokens, in
-   * order): as they are when they are the first rows (prefill, decode, a chain's path), else
-   * gathered row by row on the device into the path buffers (a tree's accepted nodes).
+   * Hands the tapping drafter the first `n` rows of the last pass's taps (the committed tokens, in
+   * order: a prefill chunk, a decode step, a chain's accepted nodes, or a tree's once
+   * leadTreePath moved them there), after the rows held back before them.
    */
-  private commitRows(rows: readonly number[]): void {
+  private commitRows(n: number): void {
     const drafter = this.tapping;
     if (drafter === undefined) return;
-    const H = this.config.hiddenSize;
-    const n = rows.length;
-    if (this.holdTaps && this.heldRows + n <= this.heldCapacity) {
-      for (const l of new Set(drafter.targetLayers!)) {
-        const tap = this.tapBuffers.get(l)!;
-        let held = this.heldTaps.get(l);
-        if (held === undefined) {
-          held = this.runner.own(this.backend.empty('f32', [this.heldCapacity, H]));
-          this.heldTaps.set(l, held);
-        }
-        rows.forEach((r, k) => this.copyRow(held, this.heldRows + k, tap, r));
-      }
-      this.heldRows += n;
-      return;
-    }
     this.commitHeldTaps();
-    const leading = rows.every((r, i) => r === i);
-    const hidden = drafter.targetLayers!.map((l) => {
-      const tap = this.tapBuffers.get(l)!;
-      if (leading) return view(tap, [n, H]);
-      let out = this.pathBuffers.get(l);
-      if (out === undefined) {
-        out = this.runner.own(this.backend.empty('f32', [this.tree.tokens.shape[0], H]));
-        this.pathBuffers.set(l, out);
-      }
-      rows.forEach((r, k) => this.copyRow(out, k, tap, r));
-      return view(out, [n, H]);
-    });
-    drafter.commit!(hidden, n);
+    const H = this.config.hiddenSize;
+    drafter.commit!(drafter.targetLayers!.map((l) => view(this.tapBuffers.get(l)!, [n, H])), n);
   }
 
-  /** Row `from` of `src` into row `to` of `dst` (f32 [*, hidden] each). */
-  private copyRow(dst: DeviceTensor, to: number, src: DeviceTensor, from: number): void {
-    const bytes = this.config.hiddenSize * 4;
-    this.backend.native.copy({ dst: dst.buffer, dstOffset: (dst.offset ?? 0) + to * bytes, src: src.buffer, srcOffset: (src.offset ?? 0) + from * bytes, bytes, stream: 0 });
+  /**
+   * A tree step's accepted nodes `path` (rising node indices, from the root's 0) to the leading
+   * rows of each tap, in place on the device: kv_commit's move of a path's rows, one launch for
+   * every tapped layer where a copy per row and layer would each be a native call. A path that is
+   * already 0, 1, 2, ... (the drafter's top chain accepted) moves nothing and launches nothing.
+   */
+  private leadTreePath(path: Int32Array): void {
+    const drafter = this.tapping;
+    if (drafter === undefined || path.every((node, k) => node === k)) return;
+    const t = this.tree;
+    const caches = [...new Set(drafter.targetLayers!)].map((l) => this.tapBuffers.get(l)!);
+    this.backend.native.kvCommit({ caches, path: view(t.path, [t.path.shape[0]]), pathLen: t.pathLen, start: 0 });
+  }
+
+  /** Makes room for one more held row (committing the held ones when full), allocating the held rows on first use. */
+  private prepareHeldRow(): void {
+    const drafter = this.tapping!;
+    const r = this.runner;
+    const H = this.config.hiddenSize;
+    if (this.heldNext === undefined) this.heldNext = r.own(this.backend.zeros('i32', [1]));
+    for (const l of drafter.targetLayers!) {
+      if (!this.heldTaps.has(l)) this.heldTaps.set(l, r.own(this.backend.empty('f32', [this.heldCapacity, H])));
+    }
+    r.held = { rows: this.heldTaps, next: this.heldNext };
+    if (this.heldRows === this.heldCapacity) this.commitHeldTaps();
   }
 
   /** Hands the tapping drafter the rows held back during plain decode steps, in order. */
   private commitHeldTaps(): void {
     const n = this.heldRows;
     if (n === 0) return;
-    this.heldRows = 0;
+    this.resetHeldRows();
     const H = this.config.hiddenSize;
     this.tapping!.commit!(this.tapping!.targetLayers!.map((l) => view(this.heldTaps.get(l)!, [n, H])), n);
+  }
+
+  /** No rows held: the host's count and the device's next row back to 0. */
+  private resetHeldRows(): void {
+    this.heldRows = 0;
+    if (this.heldNext !== undefined) this.backend.native.upload(this.heldNext.buffer, Int32Array.of(0), this.heldNext.offset ?? 0);
   }
 
   private speculativeStep(spec: Spec, state: SpecState, context: number[], trace: boolean): { emitted: number[]; trace?: StepTrace } {
@@ -648,13 +673,7 @@ export class Engine {
     const { drafter, depth, policy } = state;
     if (policy !== undefined && !policy.tryNow()) {
       // the last tries found nothing: plain decode steps pay for them before the next try
-      this.holdTaps = true;
-      let step: { emitted: number[] };
-      try {
-        step = this.greedyStep();
-      } finally {
-        this.holdTaps = false;
-      }
+      const step = this.greedyStep(true);
       return { emitted: step.emitted, trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
     }
     const draftLogits = view(this.draftLogits, [depth, V]);
@@ -664,7 +683,7 @@ export class Engine {
     // auto: the best tree of the largest budget, only for its nodes' probabilities (its prefixes are
     // the best smaller trees); the build and its read-back are timed with the draft, as a try pays both
     const largest = policy?.largestUseful ?? 0;
-    const draftMs = b.time(() => {
+    const draftMs = this.timeTry(() => {
       drafter.draft({ tokens: context, depth, out: draftLogits });
       if (policy === undefined) return;
       const t = this.tree;
@@ -688,7 +707,7 @@ export class Engine {
       if (budget === 0) {
         // no tree worth running: the policy waits a while before the next try
         policy.record(logProbs, 0, 0);
-        const step = this.greedyStep();
+        const step = this.greedyStep(true);
         return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
       }
     } else budget = state.budget as number;
@@ -705,9 +724,21 @@ export class Engine {
       return { pathLen, path, emitted: [...Array.from(path.subarray(1), (i) => tokens[i]), back[1]] };
     });
     r.advance(pathLen);
-    this.commitRows(Array.from(path));
+    this.leadTreePath(path);
+    this.commitRows(pathLen);
     if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1, probe);
     return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
+  }
+
+  /** Device milliseconds from before `fn`'s work to after it, on stream 0 (the engine's two try events). */
+  private timeTry(fn: () => void): number {
+    const n = this.backend.native;
+    this.tryEvents ??= [n.createEvent(), n.createEvent()];
+    const [start, end] = this.tryEvents;
+    n.recordEvent(start, 0);
+    fn();
+    n.recordEvent(end, 0);
+    return n.elapsedMs(start, end);
   }
 
   /**
@@ -799,6 +830,8 @@ export class Engine {
       // a peer may be gone, and NCCL's destroy could wait on it: the communicator is aborted then
       const peerFailed = this.group?.failure() !== undefined;
       await this.group?.close();
+      if (this.tryEvents !== undefined) for (const e of this.tryEvents) this.backend.native.destroyEvent(e);
+      this.tryEvents = undefined;
       this.runner.dispose();
       this.model.dispose();
       if (this.model.collective instanceof NcclCollective) this.model.collective.close(peerFailed || this.group?.failure() !== undefined);

@@ -49,7 +49,7 @@ export interface TreeBuffers {
 }
 
 /** The captured steps a generation launches. */
-export type StepKey = { kind: 'decode' } | { kind: 'tree'; budget: number; depth: number } | { kind: 'chain'; length: number };
+export type StepKey = { kind: 'decode'; held?: boolean } | { kind: 'tree'; budget: number; depth: number } | { kind: 'chain'; length: number };
 
 /** What rank 0's Runner asks the other ranks' Runners to do (see execute). */
 export type RankCommand =
@@ -75,6 +75,11 @@ export class Runner {
   private readonly graphs = new Map<string, StepGraph>();
   private readonly owned: DeviceTensor[] = [];
   private captureStream = -1;
+  /** Decoding a step ahead (launchDecode, readDecoded): the ring, events and read stream, made on first use. */
+  private ahead: { ring: DeviceTensor; events: [number, number]; stream: number; host: Int32Array } | undefined;
+  /** Steps launchDecode queued, and those readDecoded read. */
+  private launched = 0;
+  private read = 0;
   /** Rank 0's peers under tensor parallelism: they mirror every state-changing call. */
   peers: RankPeers | undefined;
   /**
@@ -84,6 +89,15 @@ export class Runner {
    * without (tapKey), so setting and clearing it between generations is safe.
    */
   taps: ReadonlyMap<number, DeviceTensor> | undefined;
+
+  /**
+   * Where a held decode step (`{ kind: 'decode', held: true }`: one of auto's plain decode steps
+   * while a tapping drafter waits) also puts its row of each tap: layer -> f32 [rows, hidden], at
+   * the row `next` (i32 [1]) holds, which the step then moves on. On the device, inside the step:
+   * a copy by the host after the step would be a native call per tapped layer (six for Kimi
+   * K2.5-DFlash) while the device waits for the next step.
+   */
+  held: { rows: ReadonlyMap<number, DeviceTensor>; next: DeviceTensor } | undefined;
 
   private get tapKey(): string {
     return this.taps === undefined ? '' : ` taps ${[...this.taps.keys()].join(',')}`;
@@ -290,7 +304,7 @@ export class Runner {
 
   /** The captured step `key` (decode, a tree verify of a budget and depth, a chain of a length). */
   step(key: StepKey): StepGraph {
-    if (key.kind === 'decode') return this.decodeGraph();
+    if (key.kind === 'decode') return this.decodeGraph(key.held ?? false);
     if (this.stepBuffers === undefined) throw new Error('step: useStepBuffers first');
     const { tree, draftLogits } = this.stepBuffers;
     const V = this.model.config.vocabSize;
@@ -341,9 +355,70 @@ export class Runner {
     }
   }
 
-  /** One greedy decode step as a graph: the token at L -> its successor in `token`, L += 1. */
-  decodeGraph(): StepGraph {
-    return this.graph(`decode${this.tapKey}`, (s) => this.queueAppend(1, this.token, this.prefillLogits, s));
+  /**
+   * Queues a greedy decode step (its graph on stream 0, L += 1) and a copy of its token into slot
+   * (step % 2) of a ring, with an event after it. With one step queued ahead of the one being read,
+   * the device runs the next step while the host reads, checks and hands out this one: the
+   * host's share of a step (its reads, the generator's turn, the next launch: ~60 us on the H200)
+   * no longer leaves the device idle. One device only (the ranks of tensor parallelism mirror
+   * every step as it is read).
+   */
+  launchDecode(): void {
+    if (this.peers !== undefined || this.model.collective !== undefined) throw new Error('launchDecode: one device only');
+    const b = this.b;
+    this.ahead ??= { ring: this.own(b.zeros('i32', [2])), events: [b.native.createEvent(), b.native.createEvent()], stream: b.native.createStream(), host: new Int32Array(1) };
+    const slot = this.launched % 2;
+    this.launch(this.decodeGraph());
+    b.native.copy({ dst: this.ahead.ring.buffer, dstOffset: (this.ahead.ring.offset ?? 0) + slot * 4, src: this.token.buffer, srcOffset: this.token.offset ?? 0, bytes: 4, stream: 0 });
+    b.native.recordEvent(this.ahead.events[slot], 0);
+    this.advance(1);
+    this.launched++;
+  }
+
+  /**
+   * The token of the oldest step launchDecode queued that was not read yet: waits for that step's
+   * event only (a read on stream 0 would wait for the step queued after it too). Its ring slot is
+   * written again two launches later, which the caller queues only after this read.
+   */
+  readDecoded(): number {
+    const a = this.ahead;
+    if (a === undefined || this.read >= this.launched) throw new Error('readDecoded: no decode step queued');
+    const slot = this.read % 2;
+    this.b.native.waitEvent(a.events[slot], a.stream);
+    this.b.native.download(a.ring.buffer, a.host, (a.ring.offset ?? 0) + slot * 4, a.stream);
+    this.read++;
+    return a.host[0];
+  }
+
+  /**
+   * Ends decoding ahead: the steps queued but not read (the one after an eos, or after an abort)
+   * are taken back, L moving back past them once they ran (their cache rows past L are never
+   * read). `quiet`: a failure here is not thrown (the error that ended the generation is the one
+   * to report).
+   */
+  dropDecodesAhead(quiet = false): void {
+    const unread = this.launched - this.read;
+    this.launched = this.read = 0;
+    if (unread === 0) return;
+    try {
+      this.committed = this.committed - unread;
+    } catch (error) {
+      if (!quiet) throw error;
+    }
+  }
+
+  /**
+   * One greedy decode step as a graph: the token at L -> its successor in `token`, L += 1; `held`:
+   * its taps' row also into the held rows (see `held`).
+   */
+  decodeGraph(held = false): StepGraph {
+    if (!held) return this.graph(`decode${this.tapKey}`, (s) => this.queueAppend(1, this.token, this.prefillLogits, s));
+    const { taps, held: rows } = this;
+    if (taps === undefined || rows === undefined) throw new Error('a held decode step needs taps and held rows');
+    return this.graph(`decode${this.tapKey} held`, (s) => {
+      this.queueAppend(1, this.token, this.prefillLogits, s);
+      queueHoldRows(this.b, taps, rows, s);
+    });
   }
 
   /** Allocates the arrays of trees of up to `nodes` nodes. */
@@ -455,8 +530,34 @@ export class Runner {
     this.graphs.clear();
     if (this.captureStream >= 0) this.b.native.destroyStream(this.captureStream);
     this.captureStream = -1;
+    if (this.ahead !== undefined) {
+      this.b.native.destroyStream(this.ahead.stream);
+      for (const e of this.ahead.events) this.b.native.destroyEvent(e);
+      this.ahead = undefined;
+    }
     this.b.free(...this.owned);
     this.owned.length = 0;
     this.cache.dispose();
   }
+}
+
+/**
+ * Row 0 of each tap into its held rows at the row `held.next` holds, then next += 1. kv_write puts
+ * f32 rows into f32 buffers at a slot read on the device, two rows a launch (its c and kpe): the
+ * taps go in pairs, an odd last one paired with itself (the same row written twice).
+ */
+function queueHoldRows(b: KdtreeBackend, taps: ReadonlyMap<number, DeviceTensor>, held: { rows: ReadonlyMap<number, DeviceTensor>; next: DeviceTensor }, stream: number): void {
+  const layers = [...taps.keys()];
+  const row = (l: number) => view(taps.get(l)!, [1, taps.get(l)!.shape[1]]);
+  const into = (l: number) => {
+    const rows = held.rows.get(l);
+    if (rows === undefined) throw new Error(`no held rows for the tap of layer ${l}`);
+    return rows;
+  };
+  for (let i = 0; i < layers.length; i += 2) {
+    const first = layers[i];
+    const second = layers[Math.min(i + 1, layers.length - 1)];
+    b.native.kvWrite({ c: row(first), kpe: row(second), cacheC: into(first), cacheKpe: into(second), slots: held.next, stream });
+  }
+  b.native.arange({ out: held.next, start: 1, startOnDevice: held.next, stream });
 }
