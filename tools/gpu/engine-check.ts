@@ -7,7 +7,10 @@
  * the reference's top-1/top-2 margin there (a bf16 forward may flip a token whose margin is tiny).
  * The DFlash drafter (dflash:PATH, a random drafter paired with each synthetic target): chain and
  * DDTree == greedy, and with f32 activations and cache each step's draftTop1 == the reference
- * dflashDecode's (the drafter on cuda is the reference's, not just verified exactly).
+ * dflashDecode's (the drafter on cuda is the reference's, not just verified exactly), and so is
+ * every draft of `auto` (whose plain steps hold their rows on the device) over the whole context.
+ * Greedy's step ahead: an eos and an abort take the queued step back, and the next generation is
+ * exact.
  *   /tmp/node .gpu/engine-check.mjs          (OUT=dir writes engine-check.json)
  * Exits 1 if any exactness check fails.
  */
@@ -28,6 +31,7 @@ import {
   presetConfigJson,
   randomDflashWeights,
   randomWeights,
+  targetTaps,
   teacherForcedLogits,
   top2Margin,
   writeDflashDirectory,
@@ -35,7 +39,7 @@ import {
   type ModelPreset,
 } from '@kdtree/reference';
 import { createBackend } from '@kdtree/cuda';
-import { createEngine, DeviceModel, ModelSource, Runner, view, type GenerateOptions } from '@kdtree/engine';
+import { createEngine, DeviceModel, ModelSource, Runner, view, type Drafter, type GenerateOptions } from '@kdtree/engine';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const results: { check: string; ok: boolean; detail: string }[] = [];
@@ -95,6 +99,30 @@ for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
       }
     }
     record(`${preset}: chain and DDTree (ngram and draft model, budgets 1-128 and auto, depths 1-16) == engine greedy on cuda`, failures.length === 0, failures.length ? failures.join('; ') : `${runs} generations identical; mean accepted ${JSON.stringify(accepted)}`);
+    // greedy runs a step ahead: the step queued after an eos (or an abort) is taken back
+    const committed = () => (engine as unknown as { runner: { committed: number } }).runner.committed;
+    const stop = greedy[13];
+    const upTo = greedy.indexOf(stop) + 1;
+    const byEos = await engine.complete(PROMPT, { maxNew, eos: [stop] });
+    const eosOk = byEos.tokens.join() === greedy.slice(0, upTo).join() && committed() === PROMPT.length + upTo - 1;
+    const controller = new AbortController();
+    const seen: number[] = [];
+    let code = '';
+    try {
+      for await (const chunk of engine.generate(PROMPT, { maxNew, eos: [], signal: controller.signal })) {
+        seen.push(...chunk.tokens);
+        if (seen.length >= 5) controller.abort(new Error('enough'));
+      }
+    } catch (error) {
+      code = (error as { code?: string }).code ?? String(error);
+    }
+    const abortOk = code === 'KDTREE_ENGINE_ABORTED' && seen.join() === greedy.slice(0, 5).join() && committed() === PROMPT.length + 4;
+    const after = (await engine.complete(PROMPT, { maxNew, eos: [] })).tokens;
+    record(
+      `${preset}: greedy a step ahead: eos and abort take the queued step back, the next generation is exact`,
+      eosOk && abortOk && after.join() === greedy.join(),
+      `eos at token ${upTo}: ${eosOk ? 'ok' : `tokens ${byEos.tokens.length}, L ${committed()}`}; abort after 5: ${abortOk ? 'ok' : `${code}, ${seen.length} tokens`}; next ${after.join() === greedy.join() ? 'exact' : 'DIFFERENT'}`,
+    );
   } finally {
     await engine.dispose();
   }
@@ -149,6 +177,41 @@ for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
       });
     }
     record(`${preset}: DFlash draftTop1 per step on cuda (f32 activations and cache) == the reference dflashDecode's`, mismatches.length === 0, mismatches.length ? mismatches.slice(0, 6).join('; ') : `${steps} steps identical`);
+    // auto backs off the random drafter into plain steps that hold their rows on the device: every
+    // draft after them must be the reference drafter's over the whole committed context
+    const inner = await exact.drafter(drafter);
+    const V = model.config.vocabSize;
+    const drafts: { tokens: number[]; top1: number[] }[] = [];
+    const recording: Drafter = {
+      name: 'dflash-recorded',
+      vocabSize: inner.vocabSize,
+      maxDepth: inner.maxDepth,
+      targetLayers: inner.targetLayers,
+      begin: (prompt) => inner.begin(prompt),
+      commit: (hidden, rows) => inner.commit!(hidden, rows),
+      draft(request) {
+        inner.draft(request);
+        const logits = exact.backend.toArray(request.out) as Float32Array;
+        drafts.push({ tokens: [...request.tokens], top1: Array.from({ length: request.depth }, (_, d) => argmax(logits, d * V, V)) });
+      },
+      dispose() {},
+    };
+    const auto = await exact.complete(PROMPT, { maxNew: 96, eos: [], spec: 'ddtree', drafter: recording, budget: 'auto', trace: true });
+    const plain = auto.steps.filter((s) => s.budget === 0 && s.draftTop1.length === 0).length;
+    const wrong: string[] = [];
+    for (const { tokens, top1 } of drafts) {
+      const n = tokens.length - 1;
+      const taps = targetTaps(model, ref.config.targetLayerIds, n);
+      model.forward(tokens.slice(0, -1), model.newCache(n + 1), { logitRows: [], onLayer: taps.onLayer });
+      const { logits } = ref.draft(ref.newCache(), taps.hidden, n, tokens[n]);
+      const want = top1.map((_, d) => argmax(logits, d * V, V));
+      if (want.join() !== top1.join()) wrong.push(`after ${n} tokens: [${top1}] vs [${want}]`);
+    }
+    record(
+      `${preset}: DFlash auto's drafts after plain steps (rows held on the device) == the reference drafter's over the whole context`,
+      wrong.length === 0 && plain > 0 && drafts.length >= 2,
+      wrong.length ? wrong.slice(0, 4).join('; ') : `${drafts.length} drafts identical, ${plain} plain steps between them`,
+    );
   } finally {
     await exact.dispose();
   }

@@ -177,16 +177,34 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     expectReferenceDrafts(drafts);
   });
 
-  it("holds back the taps of auto's plain decode steps and commits them in one batch before the next draft, which equals the reference drafter over the whole context", async () => {
+  it("holds back the taps of auto's plain decode steps (run a step ahead) and commits them in one batch before the next draft, which equals the reference drafter over the whole context", async () => {
     const { drafter: wrapper, commits, drafts } = recordingDrafter((await engine.drafter(`dflash:${drafter}`)) as DflashDrafter, engine.backend);
     const maxNew = 48;
     const expected = greedyDecode(reference.model, PROMPT, { maxNew, eos: [] }).tokens;
-    const r = await engine.complete(PROMPT, { maxNew, eos: [], spec: 'ddtree', drafter: wrapper, budget: 'auto', trace: true });
+    // the plain steps' launches: held ones, and those queued while another was not read yet
+    const runner = (engine as unknown as { runner: { decodesAhead: number; launchDecode(held?: boolean): void } }).runner;
+    const launch = runner.launchDecode.bind(runner);
+    let held = 0;
+    let ahead = 0;
+    runner.launchDecode = (h = false) => {
+      if (h) held++;
+      if (runner.decodesAhead > 0) ahead++;
+      launch(h);
+    };
+    let r;
+    try {
+      r = await engine.complete(PROMPT, { maxNew, eos: [], spec: 'ddtree', drafter: wrapper, budget: 'auto', trace: true });
+    } finally {
+      delete (runner as { launchDecode?: unknown }).launchDecode;
+    }
     expect(r.tokens).toEqual(expected);
     // the random drafter's trees are not accepted: auto backs off into plain decode steps, and
     // their rows arrive together (a commit of more rows than a step accepts)
+    const plain = r.steps.filter((s) => s.budget === 0).length;
     const skipped = r.steps.filter((s) => s.budget === 0 && s.draftTop1.length === 0).length;
     expect(skipped).toBeGreaterThan(8);
+    expect(held).toBe(plain);
+    expect(ahead).toBeGreaterThan(skipped / 2);
     expect(Math.max(...commits.slice(1))).toBeGreaterThan(BLOCK);
     expect(drafts.length).toBeGreaterThanOrEqual(2);
     expectReferenceDrafts(drafts);

@@ -540,10 +540,9 @@ export class Engine {
       yield { tokens: first.taken, stats: result.stats };
       return result;
     }
-    // greedy on one device (no collective) decodes a step ahead (Runner.launchDecode): the step
-    // after the one read is queued before its read, and the step after an eos is taken back
-    const ahead = state === undefined && this.model.collective === undefined;
-    if (ahead) r.launchDecode();
+    // greedy on one device decodes a step ahead (plainStep): the first step is queued before the
+    // prefill's token is handed out
+    if (state === undefined && this.runsAhead) this.launchPlain(false);
     try {
       yield { tokens: first.taken };
       // the sequence so far, for the drafter: grown by each step's tokens, not rebuilt every step
@@ -553,12 +552,9 @@ export class Engine {
         // even when the consumer awaits the next chunk at once
         await new Promise<void>((resolve) => setImmediate(resolve));
         this.checkAbort(o.signal);
-        let step: { emitted: number[]; trace?: StepTrace };
-        if (ahead) {
-          // the step after this one, unless this one's token is the last maxNew allows
-          if (out.length + 1 < maxNew) r.launchDecode();
-          step = { emitted: [r.readDecoded()] };
-        } else step = state === undefined ? this.greedyStep() : this.speculativeStep(spec, state, context, o.trace ?? false);
+        // whether a step may follow this one (its token is not the last maxNew allows)
+        const more = out.length + 1 < maxNew;
+        const step = state === undefined ? { emitted: [this.plainStep(false, more)] } : this.speculativeStep(spec, state, context, o.trace ?? false, more);
         forwards++;
         const { taken, done } = take(step.emitted);
         context.push(...taken);
@@ -571,30 +567,51 @@ export class Engine {
         yield { tokens: taken, step: step.trace };
       }
     } catch (error) {
-      if (ahead) r.dropDecodesAhead(true);
+      r.dropDecodesAhead(true);
       throw error;
     } finally {
-      if (ahead) r.dropDecodesAhead();
+      r.dropDecodesAhead();
     }
   }
 
   /**
-   * A decode step; its launch and read under the collective's watchdog (a step's deadline, not a
-   * prefill's). `hold`: one of auto's plain decode steps, whose row of the taps is held back (on
-   * the device) for the tapping drafter's next commit instead of committed now.
+   * A plain decode step (greedy's, or one of auto's between tries) and its token. On one device it
+   * runs ahead: read from the step queued before (launched now if none was), and with `next` (the
+   * next step is known to be a plain one too) that step queued before this one's token is read
+   * (Runner.launchDecode), so the device does not wait for the host between them. Under tensor
+   * parallelism, launched and read in turn under the collective's watchdog (a step's deadline, not
+   * a prefill's). `hold`: one of auto's plain steps, whose row of the taps is held back (on the
+   * device) for the tapping drafter's next commit instead of committed now.
    */
-  private greedyStep(hold = false): { emitted: number[]; trace?: StepTrace } {
+  private plainStep(hold: boolean, next: boolean): number {
     const r = this.runner;
+    if (!this.runsAhead) {
+      const token = r.guarded(() => {
+        r.run({ kind: 'decode' });
+        r.advance(1);
+        return r.readToken();
+      });
+      this.commitRows(1);
+      return token;
+    }
+    // a tapped row not held is committed after its step, before the next step overwrites the taps
+    if (this.tapping !== undefined && !hold) throw new Error('a plain step of a tapping drafter holds its row');
+    if (r.decodesAhead === 0) this.launchPlain(hold);
+    if (next) this.launchPlain(hold);
+    return r.readDecoded();
+  }
+
+  /** Whether plain decode steps run ahead (plainStep): on one device, without a collective. */
+  private get runsAhead(): boolean {
+    return this.model.collective === undefined;
+  }
+
+  /** Queues a plain decode step ahead of its read (Runner.launchDecode): held (see plainStep) where a drafter taps the target. */
+  private launchPlain(hold: boolean): void {
     const held = hold && this.tapping !== undefined;
     if (held) this.prepareHeldRow();
-    const token = r.guarded(() => {
-      r.run(held ? { kind: 'decode', held: true } : { kind: 'decode' });
-      r.advance(1);
-      return r.readToken();
-    });
+    this.runner.launchDecode(held);
     if (held) this.heldRows++;
-    else this.commitRows(1);
-    return { emitted: [token] };
   }
 
   /** The tap buffers of `layers` (allocated on first use, for the workspace's rows). */
@@ -666,16 +683,20 @@ export class Engine {
     if (this.heldNext !== undefined) this.backend.native.upload(this.heldNext.buffer, Int32Array.of(0), this.heldNext.offset ?? 0);
   }
 
-  private speculativeStep(spec: Spec, state: SpecState, context: number[], trace: boolean): { emitted: number[]; trace?: StepTrace } {
+  /** A step of chain or DDTree decoding, or one of auto's plain decode steps; `more`: a step may follow it. */
+  private speculativeStep(spec: Spec, state: SpecState, context: number[], trace: boolean, more: boolean): { emitted: number[]; trace?: StepTrace } {
     const r = this.runner;
     const b = this.backend;
     const V = this.config.vocabSize;
     const { drafter, depth, policy } = state;
     if (policy !== undefined && !policy.tryNow()) {
-      // the last tries found nothing: plain decode steps pay for them before the next try
-      const step = this.greedyStep(true);
-      return { emitted: step.emitted, trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
+      // the last tries found nothing: plain decode steps pay for them before the next try (the
+      // next one queued ahead while the wait goes on)
+      const token = this.plainStep(true, more && policy.wait > 0);
+      return { emitted: [token], trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
     }
+    // a try drafts from the tokens read so far: no plain step is queued ahead of it
+    if (r.decodesAhead !== 0) throw new Error('a try with a decode step queued ahead');
     const draftLogits = view(this.draftLogits, [depth, V]);
     this.commitHeldTaps();
     // (assigned in the timed closure below: typed without narrowing to its initial value)
@@ -707,8 +728,8 @@ export class Engine {
       if (budget === 0) {
         // no tree worth running: the policy waits a while before the next try
         policy.record(logProbs, 0, 0);
-        const step = this.greedyStep(true);
-        return { emitted: step.emitted, trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
+        const token = this.plainStep(true, more && policy.wait > 0);
+        return { emitted: [token], trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
       }
     } else budget = state.budget as number;
     const n = spec === 'chain' ? Math.min(budget, depth) + 1 : budget + 1;

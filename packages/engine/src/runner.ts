@@ -356,23 +356,28 @@ export class Runner {
   }
 
   /**
-   * Queues a greedy decode step (its graph on stream 0, L += 1) and a copy of its token into slot
+   * Queues a greedy decode step (its graph on stream 0, L += 1; `held`: decodeGraph's held form) and a copy of its token into slot
    * (step % 2) of a ring, with an event after it. With one step queued ahead of the one being read,
    * the device runs the next step while the host reads, checks and hands out this one: the
    * host's share of a step (its reads, the generator's turn, the next launch: ~60 us on the H200)
    * no longer leaves the device idle. One device only (the ranks of tensor parallelism mirror
    * every step as it is read).
    */
-  launchDecode(): void {
+  launchDecode(held = false): void {
     if (this.peers !== undefined || this.model.collective !== undefined) throw new Error('launchDecode: one device only');
     const b = this.b;
     this.ahead ??= { ring: this.own(b.zeros('i32', [2])), events: [b.native.createEvent(), b.native.createEvent()], stream: b.native.createStream(), host: new Int32Array(1) };
     const slot = this.launched % 2;
-    this.launch(this.decodeGraph());
+    this.launch(this.decodeGraph(held));
     b.native.copy({ dst: this.ahead.ring.buffer, dstOffset: (this.ahead.ring.offset ?? 0) + slot * 4, src: this.token.buffer, srcOffset: this.token.offset ?? 0, bytes: 4, stream: 0 });
     b.native.recordEvent(this.ahead.events[slot], 0);
     this.advance(1);
     this.launched++;
+  }
+
+  /** Steps launchDecode queued that readDecoded has not read. */
+  get decodesAhead(): number {
+    return this.launched - this.read;
   }
 
   /**
