@@ -175,7 +175,8 @@ export class DflashDrafter implements Drafter {
         x: f32(H, B), h: act(H, B), o: f32(H, B), q: f32(qw, B), qn: f32(qw, B), kb: f32(kw, B), vb: f32(kw, B), attn: act(qw, B),
         gateUp: f32(2 * c.intermediateSize, B), act: act(c.intermediateSize, B), mlp: f32(H, B),
       };
-      this.ids = this.own(b.zeros('i32', [c.blockSize]));
+      // the block's ids: the root, then the mask token (set here once: draft() writes only the root)
+      this.ids = this.own(b.fromArray('i32', [B], Int32Array.from({ length: B }, () => c.maskTokenId)));
       this.positions = this.own(b.zeros('i32', [rows]));
       this.lengthOnDevice = this.own(b.zeros('i32', [1]));
     } catch (error) {
@@ -357,7 +358,7 @@ export class DflashDrafter implements Drafter {
     b.native.rope({ x: view(out, [rows, nkv, D]), positions, invFreq: this.invFreq, attentionFactor: this.attentionFactor, interleave: false, stream });
   }
 
-  draft({ tokens, depth, out }: DraftRequest): void {
+  draft({ tokens, depth, out, rootOnDevice }: DraftRequest): void {
     const b = this.b;
     const c = this.config;
     const B = c.blockSize;
@@ -367,7 +368,16 @@ export class DflashDrafter implements Drafter {
       throw new EngineError('KDTREE_ENGINE_ARGUMENT', `the DFlash drafter holds the hidden states of ${this.length} tokens, but the sequence has ${tokens.length - 1} committed before its root: commit() each step's accepted rows`, 'hidden');
     }
     if (this.length + B > c.maxPositionEmbeddings) throw new EngineError('KDTREE_ENGINE_CAPACITY', `the block at positions ${this.length}.. passes the drafter's max_position_embeddings ${c.maxPositionEmbeddings}`, 'tokens');
-    b.native.upload(this.ids.buffer, Int32Array.from({ length: B }, (_, i) => (i === 0 ? tokens[tokens.length - 1] : c.maskTokenId)));
+    if (rootOnDevice !== undefined) {
+      if (rootOnDevice.dtype !== 'i32' || rootOnDevice.shape.reduce((x, y) => x * y, 1) !== 1) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `rootOnDevice must be i32 [1], got ${rootOnDevice.dtype} [${rootOnDevice.shape.join(', ')}]`, 'rootOnDevice');
+      // the root copied on the device, inside the draft's graph: nothing here waits for the stream
+      this.replay(`draft ${depth} ${tensorKey(out)} root ${tensorKey(rootOnDevice)}`, (stream) => {
+        b.native.copy({ dst: this.ids.buffer, dstOffset: this.ids.offset ?? 0, src: rootOnDevice.buffer, srcOffset: rootOnDevice.offset ?? 0, bytes: 4, stream });
+        this.queueDraft(depth, out, stream);
+      });
+      return;
+    }
+    b.native.upload(this.ids.buffer, Int32Array.of(tokens[tokens.length - 1]), this.ids.offset ?? 0);
     this.replay(`draft ${depth} ${tensorKey(out)}`, (stream) => this.queueDraft(depth, out, stream));
   }
 

@@ -177,6 +177,28 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     expectReferenceDrafts(drafts);
   });
 
+  it('drafts the same logits with the root read on the device (inside its graph, at every replay) as uploaded, and refuses a rootOnDevice that is not i32 [1]', async () => {
+    const d = (await engine.drafter(`dflash:${drafter}`)) as DflashDrafter;
+    const b = engine.backend;
+    const V = d.vocabSize;
+    const uploaded = b.zeros('f32', [2, V]);
+    const onDevice = b.zeros('f32', [2, V]);
+    const root = b.zeros('i32', [1]);
+    try {
+      for (const token of [PROMPT[0], PROMPT[1]]) {
+        d.begin();
+        d.draft({ tokens: [token], depth: 2, out: uploaded });
+        b.native.upload(root.buffer, Int32Array.of(token));
+        d.draft({ tokens: [token], depth: 2, out: onDevice, rootOnDevice: root });
+        expect(b.toArray(onDevice), `root ${token}`).toEqual(b.toArray(uploaded));
+      }
+      expect(b.toArray(onDevice)).not.toEqual(new Float32Array(2 * V));
+      expect(() => d.draft({ tokens: [PROMPT[0]], depth: 2, out: onDevice, rootOnDevice: uploaded })).toThrow(/rootOnDevice must be i32 \[1\], got f32 \[2, /);
+    } finally {
+      b.free(uploaded, onDevice, root);
+    }
+  });
+
   it("holds back the taps of auto's plain decode steps (run a step ahead) and commits them in one batch before the next draft, which equals the reference drafter over the whole context", async () => {
     const { drafter: wrapper, commits, drafts } = recordingDrafter((await engine.drafter(`dflash:${drafter}`)) as DflashDrafter, engine.backend);
     const maxNew = 48;

@@ -21,6 +21,12 @@ export interface DraftRequest {
   depth: number;
   /** f32 [depth, vocab]: where the per-depth logits go (queued on the default stream). */
   out: DeviceTensor;
+  /**
+   * i32 [1]: the root (the last of `tokens`) where the device already holds it. A drafter may read
+   * it there instead of uploading it: an upload from the host's memory waits for the stream, so the
+   * device would idle until the host queues the draft.
+   */
+  rootOnDevice?: DeviceTensor;
 }
 
 export interface Drafter {

@@ -705,7 +705,7 @@ export class Engine {
     // the best smaller trees); the build and its read-back are timed with the draft, as a try pays both
     const largest = policy?.largestUseful ?? 0;
     const draftMs = this.timeTry(() => {
-      drafter.draft({ tokens: context, depth, out: draftLogits });
+      drafter.draft({ tokens: context, depth, out: draftLogits, rootOnDevice: r.token });
       if (policy === undefined) return;
       const t = this.tree;
       const nodes = (x: DeviceTensor) => view(x, [largest + 1]);
