@@ -26,6 +26,70 @@ describe('BudgetPolicy', () => {
     expect(expected).toBeCloseTo(1 + chain.slice(0, 8).reduce((s, l) => s + Math.exp(l), 0), 6);
   });
 
+  it("decides from the largest tree's first nodes when the nodes past them cannot change the plan, and then plans as the whole tree does", () => {
+    // a sharp chain: past 32 nodes each adds at most 0.5^32 tokens, which no larger bucket's verify pays for
+    const sharp = logs(Array.from({ length: 64 }, (_, i) => 0.5 ** (i + 1)));
+    const p = new BudgetPolicy(curve, 0);
+    expect(p.largestUseful).toBe(64);
+    expect(p.decides(sharp.slice(0, 32))).toBe(true);
+    expect(p.plan(sharp.slice(0, 32))).toMatchObject({ budget: p.plan(sharp).budget, probe: p.plan(sharp).probe });
+    // a flat one: 32 more nodes of 0.4 each could pay for 64 (and do)
+    const flat = logs(Array(64).fill(0.4));
+    expect(p.decides(flat.slice(0, 32))).toBe(false);
+    expect(p.choose(flat).budget).toBe(64);
+    // the whole tree (or one as large as any useful bucket) always decides
+    expect(p.decides(flat)).toBe(true);
+    expect(p.decides([])).toBe(false);
+    // random falling probabilities, calibrations and draft costs: wherever 8, 16 or 32 nodes decide,
+    // the plan of those nodes is the whole tree's
+    let seed = 7;
+    const rand = () => {
+      seed ^= seed << 13;
+      seed ^= seed >>> 17;
+      seed ^= seed << 5;
+      return (seed >>> 0) / 2 ** 32;
+    };
+    const outcomes = { decided: 0, not: 0 };
+    for (let trial = 0; trial < 400; trial++) {
+      const q = new BudgetPolicy(curve, 0);
+      measured(q, rand() * 2);
+      for (let i = 0; i < trial % 5; i++) q.record(sharp, 4, Math.floor(rand() * 5));
+      let c = 0;
+      const decay = 0.5 + 0.5 * rand();
+      const scale = rand();
+      const tree = Array.from({ length: 64 }, () => (c += Math.log(decay * (1 - scale * rand() * 0.1))));
+      for (const m of [8, 16, 32]) {
+        const prefix = tree.slice(0, m);
+        if (!q.decides(prefix)) {
+          outcomes.not++;
+          continue;
+        }
+        outcomes.decided++;
+        const whole = q.plan(tree);
+        expect(q.plan(prefix), `trial ${trial}, ${m} nodes`).toMatchObject({ budget: whole.budget, probe: whole.probe });
+      }
+    }
+    expect(outcomes.decided).toBeGreaterThan(100);
+    expect(outcomes.not).toBeGreaterThan(100);
+  });
+
+  it('adds a second build to the try it belongs to (amendDraftMs): its own measurement and the median', () => {
+    // depth 4: a tree pays only while its verify and draft cost at most 5 decode steps
+    const p = new BudgetPolicy(curve, 0, 4);
+    measured(p, 0.2);
+    p.updateDraftMs(0.3);
+    expect(p.largestUseful).toBe(32); // samples 0.2, 0.3: 4.5 + 0.3 <= 5
+    p.amendDraftMs(0.5);
+    expect(p.largestUseful).toBe(16); // samples 0.2, 0.8 (the median: the larger of two): 4.5 + 0.8 > 5
+    // a wait after a try that found nothing is sized by that try's amended cost: 0.3 + 0.5 ms at 1% of 1 ms
+    const r = new BudgetPolicy(curve, 0);
+    measured(r, 0.1);
+    r.updateDraftMs(0.3);
+    r.amendDraftMs(0.5);
+    for (let i = 0; i < CALIBRATION_PROBES; i++) r.record(logs([1e-5]), 0, 0);
+    expect(r.wait).toBe(Math.min(FIRST_WAIT, Math.round(0.8 / (TRY_SHARE * curve.decodeMs))));
+  });
+
   it('chooses a plain decode step (0) when no tree pays for its verify', () => {
     const p = new BudgetPolicy(curve, 0);
     expect(p.choose(logs(Array(64).fill(0.01))).budget).toBe(0);

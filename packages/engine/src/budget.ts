@@ -179,6 +179,40 @@ export class BudgetPolicy {
     return { budget: best.budget, expected: best.expected, treeVsDecode: bestTree / decodeRate, bestGain: cal * sum, calibration: cal };
   }
 
+  /**
+   * Whether the first m = logProbs.length nodes of the largest tree already decide plan(): in pop
+   * order the nodes' probabilities fall, so each node past them adds at most the m-th's, and no
+   * larger bucket's rate can then pass the best rate within them (or plain decoding's), under the
+   * calibration or under 1 (the probe's check). Then plan() of these nodes is plan() of the whole
+   * tree, and the engine need not build the largest tree (on cuda a tree of up to 32 nodes is one
+   * launch, a larger one four).
+   */
+  decides(logProbs: ArrayLike<number>): boolean {
+    const m = logProbs.length;
+    const largest = this.largestUseful;
+    if (m >= largest) return true;
+    if (m === 0) return false;
+    let prefix = 0;
+    for (let i = 0; i < m; i++) prefix += Math.exp(logProbs[i]);
+    const last = Math.exp(logProbs[m - 1]);
+    const buckets = [...this.curve.verifyMs].sort((x, y) => x[0] - y[0]);
+    for (const cal of [this.calibration, 1]) {
+      let best = 1 / this.curve.decodeMs;
+      let sum = 0;
+      let i = 0;
+      for (const [b, ms] of buckets) {
+        if (b > m) break;
+        for (; i < b; i++) sum += Math.exp(logProbs[i]);
+        best = Math.max(best, (1 + cal * sum) / (ms + this.draftMs));
+      }
+      for (const [b, ms] of buckets) {
+        if (b <= m || b > largest) continue;
+        if ((1 + cal * (prefix + (b - m) * last)) / (ms + this.draftMs) > best) return false;
+      }
+    }
+    return true;
+  }
+
   /** A generation starts: the wait left by the last one is dropped (a new context: prompt lookup may match where the last did not). */
   begin(): void {
     this.debt = 0;
@@ -258,6 +292,19 @@ export class BudgetPolicy {
     }
     this.draftSamples.push(ms);
     if (this.draftSamples.length > DRAFT_SAMPLES) this.draftSamples.shift();
+    const sorted = [...this.draftSamples].sort((x, y) => x - y);
+    this.draftMs = sorted[Math.floor(sorted.length / 2)];
+  }
+
+  /**
+   * More of the last measured try (a second tree build it had to run): added to its measurement,
+   * the one the median and a wait after it use.
+   */
+  amendDraftMs(ms: number): void {
+    if (this.lastDraftMs === undefined) return;
+    this.lastDraftMs += ms;
+    if (this.draftSamples.length === 0) return;
+    this.draftSamples[this.draftSamples.length - 1] += ms;
     const sorted = [...this.draftSamples].sort((x, y) => x - y);
     this.draftMs = sorted[Math.floor(sorted.length / 2)];
   }

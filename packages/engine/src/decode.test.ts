@@ -7,7 +7,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { greedyDecode, loadModel, modelDrafter, argmax } from '@kdtree/reference';
 import { BUDGET_BUCKETS, createEngine, EngineError, ModelSource, type Drafter, type Engine, type GenerateOptions } from './index.js';
-import { PROBE_BUDGET } from './budget.js';
+import type { DeviceTensor } from '@kdtree/cuda';
+import { PROBE_BUDGET, type CostCurve } from './budget.js';
 import { syntheticPair, tempDir, TEST_BACKEND, type ModelPair } from './test-support/models.js';
 
 const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
@@ -185,6 +186,54 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     expect(first.tokens).toEqual(greedy);
     expect(second.tokens).toEqual(greedy);
     expect([...first.steps, ...second.steps].every((s) => s.accepted === 0)).toBe(true);
+  });
+
+  it("auto builds the largest tree's first 32 nodes (one launch on cuda) and the whole tree only where those do not decide its plan; exact either way", async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    const b = engine.backend;
+    const V = engine.config.vocabSize;
+    const depth = 5;
+    const e = engine as unknown as { costs: Map<number, CostCurve>; buildForLogProbs(logits: DeviceTensor, budget: number): Float32Array };
+    // trees cheap to verify (every bucket up to 128 useful), each node a little dearer than the last
+    const curve: CostCurve = { decodeMs: 1, verifyMs: new Map(BUDGET_BUCKETS.filter((k) => k <= 128).map((k) => [k, 1 + k / 1000])) };
+    const saved = e.costs.get(depth);
+    e.costs.set(depth, curve);
+    const build = e.buildForLogProbs.bind(e);
+    let budgets: number[] = [];
+    e.buildForLogProbs = (logits, budget) => {
+      budgets.push(budget);
+      return build(logits, budget);
+    };
+    // sure of one token a depth (the nodes past 32 add nothing) or unsure of all (each node past 32
+    // as likely as the 32nd: a tree of 128 might pay)
+    const drafter = (name: string, sure: boolean): Drafter => ({
+      name,
+      vocabSize: V,
+      maxDepth: 16,
+      begin() {},
+      draft({ tokens, depth: d, out }) {
+        const logits = new Float32Array(d * V);
+        if (sure) for (let i = 0; i < d; i++) logits[i * V + ((tokens.at(-1)! + i) % V)] = 30;
+        b.native.upload(out.buffer, logits, out.offset ?? 0);
+      },
+      dispose() {},
+    });
+    try {
+      for (const sure of [true, false]) {
+        budgets = [];
+        const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: drafter(sure ? 'sure' : 'unsure', sure), budget: 'auto', depth });
+        expect(r.tokens).toEqual(greedy);
+        expect(budgets[0]).toBe(32);
+        // each whole tree right after the 32 nodes that did not decide
+        budgets.forEach((k, i) => expect(k === 32 || (k === 128 && budgets[i - 1] === 32)).toBe(true));
+        if (sure) expect(budgets.every((k) => k === 32)).toBe(true);
+        else expect(budgets.filter((k) => k === 128).length).toBeGreaterThan(0);
+      }
+    } finally {
+      delete (e as { buildForLogProbs?: unknown }).buildForLogProbs;
+      if (saved === undefined) e.costs.delete(depth);
+      else e.costs.set(depth, saved);
+    }
   });
 
   it('eos stops the generation at the token, in every mode', async () => {

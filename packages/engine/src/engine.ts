@@ -13,7 +13,7 @@
  */
 import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor } from '@kdtree/cuda';
 import type { DflashConfig } from '@kdtree/reference';
-import { bucketsUpTo, BudgetPolicy, type CostCurve } from './budget.js';
+import { BUDGET_BUCKETS, bucketsUpTo, BudgetPolicy, type CostCurve } from './budget.js';
 import { HostCollective, type Collective } from './collective.js';
 import { DflashDrafter, type DrafterWeights } from './dflash-drafter.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
@@ -677,10 +677,13 @@ export class Engine {
     this.tapping!.commit!(this.tapping!.targetLayers!.map((l) => view(this.heldTaps.get(l)!, [n, H])), n);
   }
 
-  /** No rows held: the host's count and the device's next row back to 0. */
+  /**
+   * No rows held: the host's count and the device's next row back to 0 (queued on stream 0 after
+   * the held steps and the commit that read their rows: an upload from the host would wait for them).
+   */
   private resetHeldRows(): void {
     this.heldRows = 0;
-    if (this.heldNext !== undefined) this.backend.native.upload(this.heldNext.buffer, Int32Array.of(0), this.heldNext.offset ?? 0);
+    if (this.heldNext !== undefined) this.backend.native.arange({ out: this.heldNext, start: 0, stream: 0 });
   }
 
   /** A step of chain or DDTree decoding, or one of auto's plain decode steps; `more`: a step may follow it. */
@@ -699,22 +702,27 @@ export class Engine {
     if (r.decodesAhead !== 0) throw new Error('a try with a decode step queued ahead');
     const draftLogits = view(this.draftLogits, [depth, V]);
     this.commitHeldTaps();
+    // auto: the best tree of the largest budget, only for its nodes' probabilities (its prefixes are
+    // the best smaller trees), built first only as far as one launch builds (firstBuild) where the
+    // policy can tell that nodes past those cannot change its plan (decides); the builds and their
+    // read-backs are timed with the draft, as a try pays them
+    const largest = policy?.largestUseful ?? 0;
+    const first = policy === undefined ? 0 : this.firstBuild(depth, largest);
     // (assigned in the timed closure below: typed without narrowing to its initial value)
     let logProbs = undefined as Float32Array | undefined;
-    // auto: the best tree of the largest budget, only for its nodes' probabilities (its prefixes are
-    // the best smaller trees); the build and its read-back are timed with the draft, as a try pays both
-    const largest = policy?.largestUseful ?? 0;
     const draftMs = this.timeTry(() => {
       drafter.draft({ tokens: context, depth, out: draftLogits, rootOnDevice: r.token });
-      if (policy === undefined) return;
-      const t = this.tree;
-      const nodes = (x: DeviceTensor) => view(x, [largest + 1]);
-      b.native.ddtreeBuild({
-        draftLogits, rootOnDevice: r.token, budget: largest, startOnDevice: r.cache.length[0],
-        tokens: nodes(t.tokens), parents: nodes(t.parents), depths: nodes(t.depths), positions: nodes(t.positions), mask: view(t.mask, [largest + 1, largest + 1]), size: t.size, logProbs: nodes(t.logProbs),
-      });
-      logProbs = (b.toArray(t.logProbs) as Float32Array).subarray(1, largest + 1);
+      if (policy !== undefined) logProbs = this.buildForLogProbs(draftLogits, first);
     });
+    if (policy !== undefined && logProbs !== undefined) {
+      policy.updateDraftMs(draftMs);
+      if (first < largest && !policy.decides(logProbs)) {
+        const more = this.timeTry(() => {
+          logProbs = this.buildForLogProbs(draftLogits, largest);
+        });
+        policy.amendDraftMs(more);
+      }
+    }
     let draftTop1: number[] = [];
     if (trace) {
       b.native.argmax({ x: draftLogits, out: view(this.draftTop1, [depth]) });
@@ -723,7 +731,6 @@ export class Engine {
     let budget: number;
     let probe = false;
     if (policy !== undefined && logProbs !== undefined) {
-      policy.updateDraftMs(draftMs);
       ({ budget, probe } = policy.plan(logProbs));
       if (budget === 0) {
         // no tree worth running: the policy waits a while before the next try
@@ -749,6 +756,34 @@ export class Engine {
     this.commitRows(pathLen);
     if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1, probe);
     return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
+  }
+
+  /** The best tree of `budget` nodes under the draft, built for its nodes' cumulative log-probabilities (root excluded), read back. */
+  private buildForLogProbs(draftLogits: DeviceTensor, budget: number): Float32Array {
+    const b = this.backend;
+    const r = this.runner;
+    const t = this.tree;
+    const nodes = (x: DeviceTensor) => view(x, [budget + 1]);
+    b.native.ddtreeBuild({
+      draftLogits, rootOnDevice: r.token, budget, startOnDevice: r.cache.length[0],
+      tokens: nodes(t.tokens), parents: nodes(t.parents), depths: nodes(t.depths), positions: nodes(t.positions), mask: view(t.mask, [budget + 1, budget + 1]), size: t.size, logProbs: nodes(t.logProbs),
+    });
+    return (b.toArray(t.logProbs) as Float32Array).subarray(1, budget + 1);
+  }
+
+  /**
+   * The budget of auto's first build at `depth`: the largest bucket up to `largest` that the cuda
+   * backend builds in one launch (dispatchPolicy's fused build; the same rule on the cpu twin, so
+   * both run the same steps), or `largest` itself.
+   */
+  private firstBuild(depth: number, largest: number): number {
+    const V = this.config.vocabSize;
+    // the build's rule reads no device property (sms and sm90a are the query's fields for GEMMs)
+    const one = (k: number) => this.backend.loaded.module.dispatchPolicy({ op: 'ddtreeBuild', m: depth, n: V, k, sms: 1, sm90a: false }).form === 'fused';
+    if (one(largest)) return largest;
+    let first = largest;
+    for (const k of BUDGET_BUCKETS) if (k < largest && one(k)) first = k;
+    return first;
   }
 
   /** Device milliseconds from before `fn`'s work to after it, on stream 0 (the engine's two try events). */
