@@ -189,11 +189,11 @@ export class Engine {
   private tapping: Drafter | undefined;
   /**
    * Rows of taps held back from the tapping drafter while `auto` decodes without drafting (its
-   * skipped steps): a commit costs the drafter's fc and K/V projections (0.45 ms a step for a drafter
-   * of Kimi K2.5-DFlash's size), a held row one copy; they reach commit() in one batch before the
-   * next draft (heldCapacity rows at most: what one commit may bring). f32 [heldCapacity, hidden]
-   * per tapped layer; the held decode step writes its row there on the device (Runner.held), at
-   * the row `heldNext` (i32 [1]) holds.
+   * plain steps): a commit costs the drafter's fc and K/V projections (0.45 ms a step for a drafter
+   * of Kimi K2.5-DFlash's size), a held row a kvWrite inside its step; they reach commit() in one
+   * batch before the next draft (heldCapacity rows at most: what one commit may bring). f32
+   * [heldCapacity, hidden] per tapped layer; the held decode step writes its row there on the
+   * device (Runner.held), at the row `heldNext` (i32 [1]) holds.
    */
   private readonly heldTaps = new Map<number, DeviceTensor>();
   private heldNext: DeviceTensor | undefined;
