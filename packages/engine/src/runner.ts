@@ -366,7 +366,9 @@ export class Runner {
   launchDecode(held = false): void {
     if (this.peers !== undefined || this.model.collective !== undefined) throw new Error('launchDecode: one device only');
     const b = this.b;
-    this.ahead ??= { ring: this.own(b.zeros('i32', [2])), events: [b.native.createEvent(), b.native.createEvent()], stream: b.native.createStream(), host: new Int32Array(1) };
+    // the read's destination is pinned: a copy into pageable memory goes through the driver's
+    // staging, which CUDA does not promise to keep off the legacy stream the steps run on
+    this.ahead ??= { ring: this.own(b.zeros('i32', [2])), events: [b.native.createEvent(), b.native.createEvent()], stream: b.native.createStream(), host: new Int32Array(b.native.allocHost(4)) };
     const slot = this.launched % 2;
     this.launch(this.decodeGraph(held));
     b.native.copy({ dst: this.ahead.ring.buffer, dstOffset: (this.ahead.ring.offset ?? 0) + slot * 4, src: this.token.buffer, srcOffset: this.token.offset ?? 0, bytes: 4, stream: 0 });
@@ -538,6 +540,7 @@ export class Runner {
     if (this.ahead !== undefined) {
       this.b.native.destroyStream(this.ahead.stream);
       for (const e of this.ahead.events) this.b.native.destroyEvent(e);
+      this.b.native.freeHost(this.ahead.host);
       this.ahead = undefined;
     }
     this.b.free(...this.owned);
