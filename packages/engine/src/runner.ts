@@ -356,12 +356,12 @@ export class Runner {
   }
 
   /**
-   * Queues a greedy decode step (its graph on stream 0, L += 1; `held`: decodeGraph's held form) and a copy of its token into slot
-   * (step % 2) of a ring, with an event after it. With one step queued ahead of the one being read,
-   * the device runs the next step while the host reads, checks and hands out this one: the
-   * host's share of a step (its reads, the generator's turn, the next launch: ~60 us on the H200)
-   * no longer leaves the device idle. One device only (the ranks of tensor parallelism mirror
-   * every step as it is read).
+   * Queues a greedy decode step (its graph on stream 0, L += 1; `held`: decodeGraph's held form)
+   * and a copy of its token into slot (step % 2) of a ring, with an event after it. With one step
+   * queued ahead of the one being read, the device runs the next step while the host reads,
+   * checks and hands out this one: the host's share of a step (its reads, the generator's turn,
+   * the next launch: ~60 us on the H200) no longer leaves the device idle. One device only (the
+   * ranks of tensor parallelism mirror every step as it is read).
    */
   launchDecode(held = false): void {
     if (this.peers !== undefined || this.model.collective !== undefined) throw new Error('launchDecode: one device only');
