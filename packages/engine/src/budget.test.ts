@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { BudgetPolicy, bucketsUpTo, CALIBRATION_DECAY, CALIBRATION_PROBES, DRAFT_SAMPLES, FIRST_WAIT, MAX_WAIT, MIN_CALIBRATION, PROBE_BUDGET, TRY_SHARE, type CostCurve } from './budget.js';
+import { BudgetPolicy, bucketsUpTo, CALIBRATION_DECAY, CALIBRATION_PROBES, DRAFT_SAMPLES, FIRST_WAIT, MAX_WAIT, MIN_CALIBRATION, PROBE_BUDGET, STICKY_AFTER, STICKY_STEPS, TRY_SHARE, type CostCurve } from './budget.js';
 
 // a MoE-like curve: a decode step 1 ms, a verify growing with the tree (distinct experts touched)
 const curve = { decodeMs: 1, verifyMs: new Map([[1, 1.1], [2, 1.2], [4, 1.4], [8, 1.9], [16, 2.8], [32, 4.5], [64, 8]]) };
@@ -212,6 +212,43 @@ describe('BudgetPolicy', () => {
     expect(trusted.wait).toBe(0);
   });
 
+  it('runs a budget planned and accepted STICKY_AFTER times in a row for STICKY_STEPS steps without plans; a rejected sticky tree, a probe, another budget or a new generation ends that', () => {
+    const sure = logs([1, 1, 1, 1, ...Array(60).fill(1e-5)]);
+    const p = new BudgetPolicy(curve, 0, 4);
+    expect(p.sticky()).toBeUndefined();
+    for (let i = 0; i < STICKY_AFTER - 1; i++) p.record(sure, 4, 2);
+    expect(p.sticky()).toBeUndefined();
+    p.record(sure, 4, 2);
+    const runs: (number | undefined)[] = [];
+    for (let i = 0; i < STICKY_STEPS + 1; i++) {
+      runs.push(p.sticky());
+      if (p.sticky() !== undefined) p.recordSticky(1);
+    }
+    expect(runs).toEqual([...Array(STICKY_STEPS).fill(4), undefined]);
+    // the next plan of the same budget, accepted: sticky again at once
+    p.record(sure, 4, 3);
+    expect(p.sticky()).toBe(4);
+    // a sticky tree that accepts nothing ends it, and the run starts over
+    p.recordSticky(0);
+    expect(p.sticky()).toBeUndefined();
+    p.record(sure, 4, 3);
+    expect(p.sticky()).toBeUndefined();
+    expect(() => p.recordSticky(1)).toThrow(/no sticky step was due/);
+    // another budget, a probe or a rejected tree restart the count
+    for (const [budget, accepted, probe] of [[8, 2, false], [4, 1, true], [4, 0, false]] as const) {
+      const q = new BudgetPolicy(curve, 0, 4);
+      for (let i = 0; i < STICKY_AFTER - 1; i++) q.record(sure, 4, 2);
+      q.record(sure, budget, accepted, probe);
+      expect(q.sticky(), `${budget} ${accepted} ${probe}`).toBeUndefined();
+    }
+    // a new generation (a new context) plans first
+    const g = new BudgetPolicy(curve, 0, 4);
+    for (let i = 0; i < STICKY_AFTER; i++) g.record(sure, 4, 2);
+    expect(g.sticky()).toBe(4);
+    g.begin();
+    expect(g.sticky()).toBeUndefined();
+  });
+
   it('rates a drafter by its last few trees (ngram leaving a repetitive stretch)', () => {
     const sure = logs([1, 1, 1, 1, ...Array(60).fill(1e-5)]);
     const p = new BudgetPolicy(curve, 0, 4);
@@ -309,8 +346,17 @@ describe('BudgetPolicy on the H200 benchmark', () => {
         continue;
       }
       ms += draftMs;
-      policy.updateDraftMs(draftMs);
       const { logProbs, run } = world[t];
+      // a sticky budget runs without a plan (here it costs the same draft: no saving is assumed)
+      const stuck = policy.sticky();
+      if (stuck !== undefined) {
+        const accepted = Math.min(stuck, run);
+        ms += h200.verifyMs.get(stuck)!;
+        policy.recordSticky(accepted);
+        t += accepted + 1;
+        continue;
+      }
+      policy.updateDraftMs(draftMs);
       const { budget, probe } = policy.plan(logProbs);
       if (budget === 0) {
         policy.record(logProbs, 0, 0);

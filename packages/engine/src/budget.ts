@@ -14,7 +14,8 @@
  * decides. Drafters are not perfectly calibrated: the draft probabilities are scaled by the ratio
  * of tokens actually accepted to tokens expected over the last few trees. A try that finds nothing
  * (no tree worth running, or a rejected probe) is followed by plain decode steps that pay for its
- * cost at TRY_SHARE of a decode step each (BudgetPolicy.tryNow, record).
+ * cost at TRY_SHARE of a decode step each (BudgetPolicy.tryNow, record). A budget planned and
+ * accepted a few times in a row runs a few steps without plans (sticky, STICKY_AFTER).
  */
 import { EngineError } from './errors.js';
 
@@ -69,6 +70,15 @@ export const MAX_WAIT = 1024;
  */
 export const CALIBRATION_DECAY = 0.7;
 
+/**
+ * Plans in a row that chose the same budget and had a draft token accepted, after which that
+ * budget runs STICKY_STEPS steps without a plan: a plan builds a tree for its probabilities and
+ * reads them back, and the step's verify waits for that round trip (tens of microseconds, a tenth
+ * of a step of a small model). A sticky tree that accepts nothing ends the run: the next try plans.
+ */
+export const STICKY_AFTER = 3;
+export const STICKY_STEPS = 4;
+
 /** The drafter's last step times the policy takes the median of. */
 export const DRAFT_SAMPLES = 5;
 
@@ -111,6 +121,10 @@ export class BudgetPolicy {
   private misses = 0;
   private proven = false;
   private readonly draftSamples: number[] = [];
+  /** The budget of the last plans that ran a tree and had a token accepted, how many in a row, and the sticky steps left. */
+  private stickyBudget = 0;
+  private stickyRun = 0;
+  private stickyLeft = 0;
   /** Whether the first measurement (left out of the median) came, and the last one. */
   private measured = false;
   private lastDraftMs: number | undefined;
@@ -216,6 +230,30 @@ export class BudgetPolicy {
   /** A generation starts: the wait left by the last one is dropped (a new context: prompt lookup may match where the last did not). */
   begin(): void {
     this.debt = 0;
+    this.stickyRun = 0;
+    this.stickyLeft = 0;
+  }
+
+  /**
+   * The budget this try runs without a plan (no tree built for its probabilities, nothing read
+   * back; recordSticky then says how it went), or undefined: plan. See STICKY_AFTER.
+   */
+  sticky(): number | undefined {
+    return this.stickyLeft > 0 ? this.stickyBudget : undefined;
+  }
+
+  /** What a sticky step (sticky()) accepted: nothing ends the sticky run; a token is a token (the wait and misses as in record). */
+  recordSticky(accepted: number): void {
+    if (this.stickyLeft <= 0) throw new Error('recordSticky: no sticky step was due');
+    this.stickyLeft--;
+    if (accepted > 0) {
+      this.debt = 0;
+      this.misses = 0;
+      this.proven = true;
+    } else {
+      this.stickyRun = 0;
+      this.stickyLeft = 0;
+    }
   }
 
   /** Whether this step tries the drafter; false: a plain decode step of the wait, which pays TRY_SHARE of a decode step of the debt. */
@@ -252,6 +290,12 @@ export class BudgetPolicy {
       this.accepted = CALIBRATION_DECAY * this.accepted + accepted;
       this.expected = CALIBRATION_DECAY * this.expected + sum;
     }
+    // the same budget planned and accepted STICKY_AFTER times in a row: it runs on without plans
+    if (budget > 0 && !probe && accepted > 0) {
+      this.stickyRun = budget === this.stickyBudget ? this.stickyRun + 1 : 1;
+      this.stickyBudget = budget;
+      if (this.stickyRun >= STICKY_AFTER) this.stickyLeft = STICKY_STEPS;
+    } else this.stickyRun = 0;
     if (accepted > 0) {
       this.debt = 0;
       this.misses = 0;

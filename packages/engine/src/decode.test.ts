@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { greedyDecode, loadModel, modelDrafter, argmax } from '@kdtree/reference';
 import { BUDGET_BUCKETS, createEngine, EngineError, ModelSource, type Drafter, type Engine, type GenerateOptions } from './index.js';
 import type { DeviceTensor } from '@kdtree/cuda';
-import { PROBE_BUDGET, type CostCurve } from './budget.js';
+import { PROBE_BUDGET, STICKY_AFTER, type CostCurve } from './budget.js';
 import { syntheticPair, tempDir, TEST_BACKEND, type ModelPair } from './test-support/models.js';
 
 const PROMPT = [1, 7, 42, 3, 99, 5, 64, 11];
@@ -229,6 +229,50 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
         if (sure) expect(budgets.every((k) => k === 32)).toBe(true);
         else expect(budgets.filter((k) => k === 128).length).toBeGreaterThan(0);
       }
+    } finally {
+      delete (e as { buildForLogProbs?: unknown }).buildForLogProbs;
+      if (saved === undefined) e.costs.delete(depth);
+      else e.costs.set(depth, saved);
+    }
+  });
+
+  it('auto runs a budget it planned and had accepted a few times in a row without plans (no tree built for its probabilities) for a few steps; exact', async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    const b = engine.backend;
+    const V = engine.config.vocabSize;
+    const depth = 4;
+    const e = engine as unknown as { costs: Map<number, CostCurve>; buildForLogProbs(logits: DeviceTensor, budget: number): Float32Array };
+    const curve: CostCurve = { decodeMs: 1, verifyMs: new Map(BUDGET_BUCKETS.filter((k) => k <= 128).map((k) => [k, 1 + k / 1000])) };
+    const saved = e.costs.get(depth);
+    e.costs.set(depth, curve);
+    const build = e.buildForLogProbs.bind(e);
+    let builds = 0;
+    e.buildForLogProbs = (logits, budget) => {
+      builds++;
+      return build(logits, budget);
+    };
+    // certain of greedy's next tokens, and right
+    const right: Drafter = {
+      name: 'always-right',
+      vocabSize: V,
+      maxDepth: 16,
+      begin() {},
+      draft({ tokens, depth: d, out }) {
+        const logits = new Float32Array(d * V).fill(-30);
+        const emitted = tokens.length - PROMPT.length;
+        for (let i = 0; i < d; i++) logits[i * V + (greedy[emitted + i] ?? 0)] = 30;
+        b.native.upload(out.buffer, logits, out.offset ?? 0);
+      },
+      dispose() {},
+    };
+    try {
+      const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: right, budget: 'auto', depth, trace: true });
+      expect(r.tokens).toEqual(greedy);
+      const trees = r.steps.filter((s) => s.budget > 0).length;
+      // the first plans (probes, then STICKY_AFTER trees) build; sticky steps do not
+      expect(trees).toBeGreaterThan(STICKY_AFTER + 2);
+      expect(builds).toBeLessThan(trees);
+      expect(r.steps.every((s) => s.budget === 0 || s.accepted > 0)).toBe(true);
     } finally {
       delete (e as { buildForLogProbs?: unknown }).buildForLogProbs;
       if (saved === undefined) e.costs.delete(depth);

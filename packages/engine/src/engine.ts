@@ -706,21 +706,27 @@ export class Engine {
     // the best smaller trees), built first only as far as one launch builds (firstBuild) where the
     // policy can tell that nodes past those cannot change its plan (decides); the builds and their
     // read-backs are timed with the draft, as a try pays them
-    const largest = policy?.largestUseful ?? 0;
-    const first = policy === undefined ? 0 : this.firstBuild(depth, largest);
+    // a sticky budget (BudgetPolicy.sticky) runs without a plan: the draft only, untimed
+    const sticky = policy?.sticky();
+    const planner = sticky === undefined ? policy : undefined;
+    const draft = () => drafter.draft({ tokens: context, depth, out: draftLogits, rootOnDevice: r.token });
     // (assigned in the timed closure below: typed without narrowing to its initial value)
     let logProbs = undefined as Float32Array | undefined;
-    const draftMs = this.timeTry(() => {
-      drafter.draft({ tokens: context, depth, out: draftLogits, rootOnDevice: r.token });
-      if (policy !== undefined) logProbs = this.buildForLogProbs(draftLogits, first);
-    });
-    if (policy !== undefined && logProbs !== undefined) {
-      policy.updateDraftMs(draftMs);
-      if (first < largest && !policy.decides(logProbs)) {
+    if (planner === undefined) draft();
+    else {
+      const largest = planner.largestUseful;
+      const first = this.firstBuild(depth, largest);
+      planner.updateDraftMs(
+        this.timeTry(() => {
+          draft();
+          logProbs = this.buildForLogProbs(draftLogits, first);
+        }),
+      );
+      if (first < largest && !planner.decides(logProbs!)) {
         const more = this.timeTry(() => {
           logProbs = this.buildForLogProbs(draftLogits, largest);
         });
-        policy.amendDraftMs(more);
+        planner.amendDraftMs(more);
       }
     }
     let draftTop1: number[] = [];
@@ -730,15 +736,15 @@ export class Engine {
     }
     let budget: number;
     let probe = false;
-    if (policy !== undefined && logProbs !== undefined) {
-      ({ budget, probe } = policy.plan(logProbs));
+    if (planner !== undefined && logProbs !== undefined) {
+      ({ budget, probe } = planner.plan(logProbs));
       if (budget === 0) {
         // no tree worth running: the policy waits a while before the next try
-        policy.record(logProbs, 0, 0);
-        const token = this.plainStep(true, more && policy.wait > 0);
+        planner.record(logProbs, 0, 0);
+        const token = this.plainStep(true, more && planner.wait > 0);
         return { emitted: [token], trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
       }
-    } else budget = state.budget as number;
+    } else budget = sticky ?? (state.budget as number);
     const n = spec === 'chain' ? Math.min(budget, depth) + 1 : budget + 1;
     // the verify and its reads under the collective's watchdog; the draft above is not a collective's wait
     const { pathLen, path, emitted } = r.guarded(() => {
@@ -754,7 +760,8 @@ export class Engine {
     r.advance(pathLen);
     this.leadTreePath(path);
     this.commitRows(pathLen);
-    if (policy !== undefined && logProbs !== undefined) policy.record(logProbs, budget, pathLen - 1, probe);
+    if (planner !== undefined && logProbs !== undefined) planner.record(logProbs, budget, pathLen - 1, probe);
+    else if (sticky !== undefined) policy!.recordSticky(pathLen - 1);
     return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
   }
 
