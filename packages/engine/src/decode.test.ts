@@ -28,6 +28,30 @@ async function setup(dir: string, quant: 'kimi-k2' | 'seed' | undefined, seed: n
   return { pair, engine, greedy };
 }
 
+/**
+ * Runs `fn` with auto's cost curve at `depth` set to trees cheap to verify (every bucket up to 128
+ * useful, each node a little dearer than the last) and every tree auto builds for its
+ * probabilities recorded (its budget), then puts the engine back.
+ */
+async function withCheapTrees(engine: Engine, depth: number, fn: (builds: number[]) => Promise<void>): Promise<void> {
+  const e = engine as unknown as { costs: Map<number, CostCurve>; buildForLogProbs(logits: DeviceTensor, budget: number): Float32Array };
+  const saved = e.costs.get(depth);
+  e.costs.set(depth, { decodeMs: 1, verifyMs: new Map(BUDGET_BUCKETS.filter((k) => k <= 128).map((k) => [k, 1 + k / 1000])) });
+  const build = e.buildForLogProbs.bind(e);
+  const builds: number[] = [];
+  e.buildForLogProbs = (logits, budget) => {
+    builds.push(budget);
+    return build(logits, budget);
+  };
+  try {
+    await fn(builds);
+  } finally {
+    delete (e as { buildForLogProbs?: unknown }).buildForLogProbs;
+    if (saved === undefined) e.costs.delete(depth);
+    else e.costs.set(depth, saved);
+  }
+}
+
 describe(`decoding on the engine (${TEST_BACKEND})`, () => {
   const dir = tempDir();
   const setups: Record<string, Setup> = {};
@@ -192,18 +216,6 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     const { engine, greedy } = setups['kimi-k2'];
     const b = engine.backend;
     const V = engine.config.vocabSize;
-    const depth = 5;
-    const e = engine as unknown as { costs: Map<number, CostCurve>; buildForLogProbs(logits: DeviceTensor, budget: number): Float32Array };
-    // trees cheap to verify (every bucket up to 128 useful), each node a little dearer than the last
-    const curve: CostCurve = { decodeMs: 1, verifyMs: new Map(BUDGET_BUCKETS.filter((k) => k <= 128).map((k) => [k, 1 + k / 1000])) };
-    const saved = e.costs.get(depth);
-    e.costs.set(depth, curve);
-    const build = e.buildForLogProbs.bind(e);
-    let budgets: number[] = [];
-    e.buildForLogProbs = (logits, budget) => {
-      budgets.push(budget);
-      return build(logits, budget);
-    };
     // sure of one token a depth (the nodes past 32 add nothing) or unsure of all (each node past 32
     // as likely as the 32nd: a tree of 128 might pay)
     const drafter = (name: string, sure: boolean): Drafter => ({
@@ -218,21 +230,16 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       },
       dispose() {},
     });
-    try {
-      for (const sure of [true, false]) {
-        budgets = [];
-        const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: drafter(sure ? 'sure' : 'unsure', sure), budget: 'auto', depth });
+    for (const sure of [true, false]) {
+      await withCheapTrees(engine, 5, async (budgets) => {
+        const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: drafter(sure ? 'sure' : 'unsure', sure), budget: 'auto', depth: 5 });
         expect(r.tokens).toEqual(greedy);
         expect(budgets[0]).toBe(32);
         // each whole tree right after the 32 nodes that did not decide
         budgets.forEach((k, i) => expect(k === 32 || (k === 128 && budgets[i - 1] === 32)).toBe(true));
         if (sure) expect(budgets.every((k) => k === 32)).toBe(true);
         else expect(budgets.filter((k) => k === 128).length).toBeGreaterThan(0);
-      }
-    } finally {
-      delete (e as { buildForLogProbs?: unknown }).buildForLogProbs;
-      if (saved === undefined) e.costs.delete(depth);
-      else e.costs.set(depth, saved);
+      });
     }
   });
 
@@ -240,17 +247,6 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     const { engine, greedy } = setups['kimi-k2'];
     const b = engine.backend;
     const V = engine.config.vocabSize;
-    const depth = 4;
-    const e = engine as unknown as { costs: Map<number, CostCurve>; buildForLogProbs(logits: DeviceTensor, budget: number): Float32Array };
-    const curve: CostCurve = { decodeMs: 1, verifyMs: new Map(BUDGET_BUCKETS.filter((k) => k <= 128).map((k) => [k, 1 + k / 1000])) };
-    const saved = e.costs.get(depth);
-    e.costs.set(depth, curve);
-    const build = e.buildForLogProbs.bind(e);
-    let builds = 0;
-    e.buildForLogProbs = (logits, budget) => {
-      builds++;
-      return build(logits, budget);
-    };
     // certain of greedy's next tokens, and right
     const right: Drafter = {
       name: 'always-right',
@@ -265,19 +261,15 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       },
       dispose() {},
     };
-    try {
-      const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: right, budget: 'auto', depth, trace: true });
+    await withCheapTrees(engine, 4, async (builds) => {
+      const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: right, budget: 'auto', depth: 4, trace: true });
       expect(r.tokens).toEqual(greedy);
       const trees = r.steps.filter((s) => s.budget > 0).length;
       // the first plans (probes, then STICKY_AFTER trees) build; sticky steps do not
       expect(trees).toBeGreaterThan(STICKY_AFTER + 2);
-      expect(builds).toBeLessThan(trees);
+      expect(builds.length).toBeLessThan(trees);
       expect(r.steps.every((s) => s.budget === 0 || s.accepted > 0)).toBe(true);
-    } finally {
-      delete (e as { buildForLogProbs?: unknown }).buildForLogProbs;
-      if (saved === undefined) e.costs.delete(depth);
-      else e.costs.set(depth, saved);
-    }
+    });
   });
 
   it('eos stops the generation at the token, in every mode', async () => {
