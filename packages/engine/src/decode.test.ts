@@ -28,6 +28,21 @@ async function setup(dir: string, quant: 'kimi-k2' | 'seed' | undefined, seed: n
   return { pair, engine, greedy };
 }
 
+/** A drafter of `engine`'s vocabulary that writes `logits(tokens, depth, V)` ([depth, V]) as its draft. */
+function logitsDrafter(engine: Engine, name: string, logits: (tokens: readonly number[], depth: number, V: number) => Float32Array): Drafter {
+  const V = engine.config.vocabSize;
+  return {
+    name,
+    vocabSize: V,
+    maxDepth: 16,
+    begin() {},
+    draft({ tokens, depth, out }) {
+      engine.backend.native.upload(out.buffer, logits(tokens, depth, V), out.offset ?? 0);
+    },
+    dispose() {},
+  };
+}
+
 /**
  * Runs `fn` with auto's cost curve at `depth` set to trees cheap to verify (every bucket up to 128
  * useful, each node a little dearer than the last) and every tree auto builds for its
@@ -173,29 +188,20 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
 
   it("keeps auto's policy (its calibration) for the next generation with the same drafter and depth: the first probes a confident drafter that is always wrong, the second goes on from what those trees taught", async () => {
     const { engine, greedy } = setups['kimi-k2'];
-    const b = engine.backend;
-    const V = engine.config.vocabSize;
     // certain of draft tokens that are never the target's (each greedy token + 1 + depth); the
     // target's own token at each depth is the least likely of all, so no tree of any budget auto
     // picks holds it (the other tokens tie, and a wide tree would otherwise take some of them)
-    const wrong: Drafter = {
-      name: 'always-wrong',
-      vocabSize: V,
-      maxDepth: 16,
-      begin() {},
-      draft({ tokens, depth, out }) {
-        const logits = new Float32Array(depth * V).fill(-30);
-        const emitted = tokens.length - PROMPT.length;
-        const next = greedy[emitted] ?? 0;
-        for (let d = 0; d < depth; d++) {
-          logits[d * V + ((next + 1 + d) % V)] = 30;
-          const target = greedy[emitted + d];
-          if (target !== undefined) logits[d * V + target] = -60;
-        }
-        b.native.upload(out.buffer, logits, out.offset ?? 0);
-      },
-      dispose() {},
-    };
+    const wrong = logitsDrafter(engine, 'always-wrong', (tokens, depth, V) => {
+      const logits = new Float32Array(depth * V).fill(-30);
+      const emitted = tokens.length - PROMPT.length;
+      const next = greedy[emitted] ?? 0;
+      for (let d = 0; d < depth; d++) {
+        logits[d * V + ((next + 1 + d) % V)] = 30;
+        const target = greedy[emitted + d];
+        if (target !== undefined) logits[d * V + target] = -60;
+      }
+      return logits;
+    });
     const options = { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: wrong, budget: 'auto', depth: 3, trace: true } as const;
     expect(engine.autoPolicy(wrong, 3)).toBeUndefined();
     const first = await engine.complete(PROMPT, options);
@@ -214,22 +220,14 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
 
   it("auto builds the largest tree's first 32 nodes (one launch on cuda) and the whole tree only where those do not decide its plan; exact either way", async () => {
     const { engine, greedy } = setups['kimi-k2'];
-    const b = engine.backend;
-    const V = engine.config.vocabSize;
     // sure of one token a depth (the nodes past 32 add nothing) or unsure of all (each node past 32
     // as likely as the 32nd: a tree of 128 might pay)
-    const drafter = (name: string, sure: boolean): Drafter => ({
-      name,
-      vocabSize: V,
-      maxDepth: 16,
-      begin() {},
-      draft({ tokens, depth: d, out }) {
+    const drafter = (name: string, sure: boolean) =>
+      logitsDrafter(engine, name, (tokens, d, V) => {
         const logits = new Float32Array(d * V);
         if (sure) for (let i = 0; i < d; i++) logits[i * V + ((tokens.at(-1)! + i) % V)] = 30;
-        b.native.upload(out.buffer, logits, out.offset ?? 0);
-      },
-      dispose() {},
-    });
+        return logits;
+      });
     for (const sure of [true, false]) {
       await withCheapTrees(engine, 5, async (budgets) => {
         const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: drafter(sure ? 'sure' : 'unsure', sure), budget: 'auto', depth: 5 });
@@ -245,22 +243,13 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
 
   it('auto runs a budget it planned and had accepted a few times in a row without plans (no tree built for its probabilities) for a few steps; exact', async () => {
     const { engine, greedy } = setups['kimi-k2'];
-    const b = engine.backend;
-    const V = engine.config.vocabSize;
     // certain of greedy's next tokens, and right
-    const right: Drafter = {
-      name: 'always-right',
-      vocabSize: V,
-      maxDepth: 16,
-      begin() {},
-      draft({ tokens, depth: d, out }) {
-        const logits = new Float32Array(d * V).fill(-30);
-        const emitted = tokens.length - PROMPT.length;
-        for (let i = 0; i < d; i++) logits[i * V + (greedy[emitted + i] ?? 0)] = 30;
-        b.native.upload(out.buffer, logits, out.offset ?? 0);
-      },
-      dispose() {},
-    };
+    const right = logitsDrafter(engine, 'always-right', (tokens, d, V) => {
+      const logits = new Float32Array(d * V).fill(-30);
+      const emitted = tokens.length - PROMPT.length;
+      for (let i = 0; i < d; i++) logits[i * V + (greedy[emitted + i] ?? 0)] = 30;
+      return logits;
+    });
     await withCheapTrees(engine, 4, async (builds) => {
       const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: right, budget: 'auto', depth: 4, trace: true });
       expect(r.tokens).toEqual(greedy);
