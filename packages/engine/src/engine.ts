@@ -176,6 +176,8 @@ export class Engine {
   private readonly costs = new Map<number, CostCurve>();
   /** Two events an auto try is timed between, created on first use (a pair per try would be four more native calls a step). */
   private tryEvents: [number, number] | undefined;
+  /** firstBuild's answers by depth and largest budget (a try would otherwise ask the dispatch rule up to 21 times). */
+  private readonly firstBuilds = new Map<string, number>();
   /**
    * Auto's policy per drafter and depth, kept between generations as a server's requests share a
    * drafter: the calibration the trees of one generation taught holds for the next, so later
@@ -784,12 +786,15 @@ export class Engine {
    * both run the same steps), or `largest` itself.
    */
   private firstBuild(depth: number, largest: number): number {
+    const key = `${depth} ${largest}`;
+    let first = this.firstBuilds.get(key);
+    if (first !== undefined) return first;
     const V = this.config.vocabSize;
     // the build's rule reads no device property (sms and sm90a are the query's fields for GEMMs)
     const one = (k: number) => this.backend.loaded.module.dispatchPolicy({ op: 'ddtreeBuild', m: depth, n: V, k, sms: 1, sm90a: false }).form === 'fused';
-    if (one(largest)) return largest;
-    let first = largest;
-    for (const k of BUDGET_BUCKETS) if (k < largest && one(k)) first = k;
+    first = largest;
+    if (!one(largest)) for (const k of BUDGET_BUCKETS) if (k < largest && one(k)) first = k;
+    this.firstBuilds.set(key, first);
     return first;
   }
 
