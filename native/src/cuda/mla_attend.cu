@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(TileLayout<ROWS>::kThreads) AttendTileKernel(c
   const int rows = SHARED ? min(ROWS, T * H - th0) : min(ROWS, H - static_cast<int>(blockIdx.z) * ROWS);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const auto row_count = [&](int i) -> int64_t { return i < rows ? key_counts(th0 + i) : 0; };  // direct here (KeyCounts)
-  if (ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, row_count, chunk, allowed, slots, row_keys) == 0) return;
+  if (ChunkKeys<ROWS, SHARED, kWarps>(mask, T, blockIdx.y, base, row_count, chunk, allowed, slots, row_keys) == 0) return;
 
   // Stages go through registers: a thread loads its elements of the next stage (all in flight at
   // once) while the block computes on the current one. Loading element by element into shared
@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(ChunkLayout::kThreads) AttendChunkKernel(const
   const int rows = SHARED ? min(tile_rows, T * H - th0) : min(tile_rows, H - static_cast<int>(blockIdx.z) * tile_rows);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const auto row_count = [&](int i) -> int64_t { return i < rows ? key_counts(th0 + i) : 0; };  // direct here (KeyCounts)
-  if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, base, row_count, chunk, allowed, slots, row_keys) == 0) return;
+  if (ChunkKeys<ROWS, SHARED, ChunkLayout::kWarps>(mask, T, blockIdx.y, base, row_count, chunk, allowed, slots, row_keys) == 0) return;
 
   // Pieces of 4 values (D, R and dr are multiples of 4) of the key rows (16 bytes of f32, 8 of
   // bf16), then of the tile's q rows, a warp per row (no index division per piece); key rows past

@@ -142,10 +142,16 @@ __device__ __forceinline__ void CopyKeys(__nv_bfloat16* dst, const int64_t* slot
 // prefix's chunks all in the first few blocks (a 17-node verify at 4096 keys would be 4x slower
 // with a bound of 32768). Host calls keep the contiguous walk: strided with the same ranges, and
 // the resolve in the kernel, cost the 65-node verify's kernel ~2 us.
+// Where a block works: its range of chunks (`range` of `ranges`) and its tile (SHARED: tile `y`;
+// otherwise token `y`, its heads' tile `z`). A launch of one part gives its block and grid indices.
+struct BlockPlace {
+  int range, ranges, y, z;
+};
+
 template <int NT, bool SHARED, bool kBaseOnDevice>
-__global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, const float* q_pe, const __nv_bfloat16* cache_c, const __nv_bfloat16* cache_kpe, const uint8_t* mask, int T, int H, int Hp,
-                                                            int R, int dr, bool wide, int64_t base, float scale, int max_chunks, int chunk0, int chunk_end,
-                                                            int chunks_per_block, KeyCounts key_counts, float* partial) {
+__device__ __forceinline__ void AttendMmaBlock(const float* q_lat, const float* q_pe, const __nv_bfloat16* cache_c, const __nv_bfloat16* cache_kpe, const uint8_t* mask, int T, int H, int Hp,
+                                               int R, int dr, bool wide, int64_t base, float scale, int max_chunks, int chunk0, int chunk_end, int chunks_per_block,
+                                               KeyCounts key_counts, float* partial, BlockPlace at) {
   using L = MmaLayout<NT>;
   constexpr int ROWS = L::kRows;
   PdlWait();
@@ -162,22 +168,22 @@ __global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, 
   __shared__ int64_t row_out[2][ROWS];  // where row i's partial of the chunk goes (partial + row_out), or -1
   __shared__ int chunk_keys[2];         // the most keys a row of the tile sees in the chunk
   __shared__ int64_t tile_counts[ROWS];  // the keys each row sees in all
-  int c_begin = chunk0 + blockIdx.x * chunks_per_block, c_end = min(c_begin + chunks_per_block, chunk_end), c_step = 1;
+  int c_begin = chunk0 + at.range * chunks_per_block, c_end = min(c_begin + chunks_per_block, chunk_end), c_step = 1;
   if constexpr (kBaseOnDevice) {
     key_counts.Resolve();
     base = key_counts.base;
     const int2 chunks = CallChunks<SHARED>(chunk0, chunk_end, base, mask);
-    c_begin = chunks.x + blockIdx.x;
+    c_begin = chunks.x + at.range;
     c_end = chunks.y;
-    c_step = gridDim.x;
+    c_step = at.ranges;
     if (c_begin >= c_end) return;
   }
-  const int slot0 = SHARED ? blockIdx.y * ROWS : blockIdx.y * Hp + blockIdx.z * ROWS;
+  const int slot0 = SHARED ? at.y * ROWS : at.y * Hp + at.z * ROWS;
   const SlotRows row_th{slot0, T, H, Hp};
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // the keys of chunk c into buffer b: slots, row counts, partial offsets, and the copy (committed)
   const auto fetch = [&](int c, int b) {
-    const int n = ChunkKeys<ROWS, SHARED, kWarps>(mask, T, base, [&](int i) { return tile_counts[i]; }, c, allowed, slots[b], row_keys[b]);
+    const int n = ChunkKeys<ROWS, SHARED, kWarps>(mask, T, at.y, base, [&](int i) { return tile_counts[i]; }, c, allowed, slots[b], row_keys[b]);
     if (tid < ROWS) row_out[b][tid] = row_keys[b][tid] > 0 ? (static_cast<int64_t>(row_th(tid)) * max_chunks + c) * (R + 2) : -1;
     if (tid == 0) chunk_keys[b] = n;
     if (n > 0) CopyKeys(key_buf + b * kAttnChunk * key_stride, slots[b], cache_c, cache_kpe, R, dr, key_stride, wide);
@@ -299,9 +305,39 @@ __global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, 
   }
 }
 
+template <int NT, bool SHARED, bool kBaseOnDevice>
+__global__ void __launch_bounds__(kThreads) AttendMmaKernel(const float* q_lat, const float* q_pe, const __nv_bfloat16* cache_c, const __nv_bfloat16* cache_kpe, const uint8_t* mask, int T, int H, int Hp,
+                                                            int R, int dr, bool wide, int64_t base, float scale, int max_chunks, int chunk0, int chunk_end,
+                                                            int chunks_per_block, KeyCounts key_counts, float* partial) {
+  AttendMmaBlock<NT, SHARED, kBaseOnDevice>(q_lat, q_pe, cache_c, cache_kpe, mask, T, H, Hp, R, dr, wide, base, scale, max_chunks, chunk0, chunk_end, chunks_per_block, key_counts, partial,
+                                            BlockPlace{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)});
+}
+
+// Both parts of a masked call with the committed slots on the device, in one launch: blocks
+// [0, shared_ranges x shared_tiles) walk the committed prefix's chunks (SHARED tiles of NT_S
+// groups), the rest each token's chunks from the committed slots' one (tiles of NT_T groups:
+// token_ranges x T x head_tiles). Two launches put a second kernel, and its launch gap, into every
+// layer of a tree verify that a causal verify of the same nodes runs in one.
+template <int NT_S, int NT_T>
+__global__ void __launch_bounds__(kThreads) AttendMmaMaskedKernel(const float* q_lat, const float* q_pe, const __nv_bfloat16* cache_c, const __nv_bfloat16* cache_kpe, const uint8_t* mask, int T,
+                                                                  int H, int Hp, int R, int dr, bool wide, int64_t base, float scale, int max_chunks, int shared_chunks,
+                                                                  int token_chunks, int shared_ranges, int shared_tiles, int token_ranges, int head_tiles, KeyCounts key_counts,
+                                                                  float* partial) {
+  const int b = static_cast<int>(blockIdx.x);
+  if (b < shared_ranges * shared_tiles) {
+    AttendMmaBlock<NT_S, true, true>(q_lat, q_pe, cache_c, cache_kpe, mask, T, H, Hp, R, dr, wide, base, scale, max_chunks, 0, shared_chunks, 1, key_counts, partial,
+                                     BlockPlace{b % shared_ranges, shared_ranges, b / shared_ranges, 0});
+  } else {
+    const int i = b - shared_ranges * shared_tiles, tile = i / token_ranges;
+    AttendMmaBlock<NT_T, false, true>(q_lat, q_pe, cache_c, cache_kpe, mask, T, H, Hp, R, dr, wide, base, scale, max_chunks, shared_chunks, shared_chunks + token_chunks, 1, key_counts,
+                                      partial, BlockPlace{i % token_ranges, token_ranges, tile / head_tiles, tile % head_tiles});
+  }
+}
+
 // Column groups per tile: a tree token's tile holds only its heads (NT divides Hp / 8); otherwise
 // the largest tile whose shared memory fits (2 groups: 220 KB at Kimi K2's D = 576).
 constexpr size_t kMaxSmem = 225 * 1024;  // of 227 KB per block: the static part (~1.5 KB) besides
+constexpr size_t kMaskedStaticExtra = 2 * 1024;  // the masked kernel's second tile form's static arrays
 int TileGroups(const AttendMmaArgs& a, bool shared) {
   const int Dp = PaddedDims(a.R + a.dr), hp8 = PaddedHeads(a.H) / 8, groups = shared ? a.T * hp8 : hp8;
   for (int nt : {2, 1}) {
@@ -310,6 +346,15 @@ int TileGroups(const AttendMmaArgs& a, bool shared) {
   }
   return 0;
 }
+
+// Key rows copied 8 values (16 bytes) at a time: R and dr multiples of 8, both caches on 16 bytes.
+inline bool WideRows(const AttendMmaArgs& a) {
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.R % 8 == 0 && a.dr % 8 == 0 && aligned16(a.cache_c) && aligned16(a.cache_kpe);
+}
+
+// The ranges of a part with the committed slots on the device: as many as fit in one wave.
+inline int DeviceRanges(int chunks, int64_t tiles, int sms) { return static_cast<int>(std::min<int64_t>(chunks, std::max<int64_t>(1, sms / tiles))); }
 
 // Chunks per block: about one block per SM (a block fills its SM's shared memory), each walking its
 // chunks with the next one's copy in flight; a decode keeps a chunk per block. With the committed
@@ -323,16 +368,30 @@ Status Launch(const AttendMmaArgs& a, int chunks, int chunk0, int sms, cudaStrea
   const int64_t tiles = SHARED ? (static_cast<int64_t>(a.T) * Hp + 8 * NT - 1) / (8 * NT) : static_cast<int64_t>(a.T) * (Hp / (8 * NT));
   const bool on_device = a.key_counts.base_on_device != nullptr;
   const int per_block = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(chunks, (chunks * tiles + sms - 1) / sms)));
-  const int ranges = on_device ? static_cast<int>(std::min<int64_t>(chunks, std::max<int64_t>(1, sms / tiles))) : (chunks + per_block - 1) / per_block;
+  const int ranges = on_device ? DeviceRanges(chunks, tiles, sms) : (chunks + per_block - 1) / per_block;
   const dim3 grid = SHARED ? dim3(ranges, static_cast<unsigned>(tiles)) : dim3(ranges, a.T, Hp / (8 * NT));
-  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool wide = a.R % 8 == 0 && a.dr % 8 == 0 && aligned16(a.cache_c) && aligned16(a.cache_kpe);
+  const bool wide = WideRows(a);
   const auto launch = [&](auto kernel) -> Status {
     KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend (mma): shared memory"));
     return LaunchPdl("mla attend (mma)", kernel, grid, dim3(kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, Hp, a.R, a.dr, wide, a.base, a.scale, a.max_chunks,
                      chunk0, chunk0 + chunks, per_block, a.key_counts, a.partial);
   };
   return on_device ? launch(AttendMmaKernel<NT, SHARED, true>) : launch(AttendMmaKernel<NT, SHARED, false>);
+}
+
+// A masked call with the committed slots on the device: both parts in one launch, each part's
+// tiles and ranges as its own launch would take them.
+template <int NT_S, int NT_T>
+Status LaunchMasked(const AttendMmaArgs& a, int shared_chunks, int token_chunks, int sms, cudaStream_t s) {
+  const int Hp = PaddedHeads(a.H), Dp = PaddedDims(a.R + a.dr);
+  const size_t smem = std::max(MmaLayout<NT_S>::Bytes(Dp, a.T, true), MmaLayout<NT_T>::Bytes(Dp, a.T, false));
+  const int shared_tiles = (a.T * Hp + 8 * NT_S - 1) / (8 * NT_S), head_tiles = Hp / (8 * NT_T);
+  const int shared_ranges = DeviceRanges(shared_chunks, shared_tiles, sms), token_ranges = DeviceRanges(token_chunks, static_cast<int64_t>(a.T) * head_tiles, sms);
+  const int64_t blocks = static_cast<int64_t>(shared_ranges) * shared_tiles + static_cast<int64_t>(token_ranges) * a.T * head_tiles;
+  const auto kernel = AttendMmaMaskedKernel<NT_S, NT_T>;
+  KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend (mma, masked): shared memory"));
+  return LaunchPdl("mla attend (mma, masked)", kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, Hp, a.R, a.dr,
+                   WideRows(a), a.base, a.scale, a.max_chunks, shared_chunks, token_chunks, shared_ranges, shared_tiles, token_ranges, head_tiles, a.key_counts, a.partial);
 }
 
 template <bool SHARED>
@@ -352,6 +411,16 @@ bool AttendMmaFits(const AttendMmaArgs& a) {
 }
 
 Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, int token_chunks, int sms, cudaStream_t s) {
+  if (shared_chunks > 0 && token_chunks > 0 && a.key_counts.base_on_device != nullptr) {
+    // one launch where both parts' shared memory fits with the static arrays of two tile forms
+    const int nt_s = TileGroups(a, true), nt_t = TileGroups(a, false), Dp = PaddedDims(a.R + a.dr);
+    const auto bytes = [&](int nt, bool shared) { return nt == 2 ? MmaLayout<2>::Bytes(Dp, a.T, shared) : MmaLayout<1>::Bytes(Dp, a.T, shared); };
+    if (std::max(bytes(nt_s, true), bytes(nt_t, false)) + kMaskedStaticExtra <= kMaxSmem) {
+      if (nt_s == 2 && nt_t == 2) return LaunchMasked<2, 2>(a, shared_chunks, token_chunks, sms, s);
+      if (nt_s == 2 && nt_t == 1) return LaunchMasked<2, 1>(a, shared_chunks, token_chunks, sms, s);
+      if (nt_s == 1 && nt_t == 1) return LaunchMasked<1, 1>(a, shared_chunks, token_chunks, sms, s);
+    }
+  }
   if (shared_chunks > 0) KDTREE_RETURN_IF_ERROR(LaunchTiles<true>(a, shared_chunks, 0, sms, s));
   if (token_chunks > 0) KDTREE_RETURN_IF_ERROR(LaunchTiles<false>(a, token_chunks, shared_chunks, sms, s));
   return Status::Ok();

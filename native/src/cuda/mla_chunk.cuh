@@ -70,10 +70,10 @@ __device__ void TileKeyCounts(KeyCounts key_counts, RowTh row_th, int64_t* tile_
 // the longest row's last), row_keys[i] = how many of them row i sees (row_count(i): its key count,
 // 0 for no row); returns the most any row sees (0: the tile has nothing to do here, e.g.
 // causal prefill's upper triangle). Without SHARED
-// the tile is one token's heads and `allowed` (shared memory, [T]) receives the new tokens its
+// the tile is the heads of token `t` and `allowed` (shared memory, [T]) receives the new tokens its
 // mask row allows, in order. Every thread of the block must call it.
 template <int ROWS, bool SHARED, int kWarps, typename RowCount>
-__device__ int ChunkKeys(const uint8_t* mask, int T, int64_t base, RowCount row_count, int chunk, int* allowed, int64_t* slots, int* row_keys) {
+__device__ int ChunkKeys(const uint8_t* mask, int T, int t, int64_t base, RowCount row_count, int chunk, int* allowed, int64_t* slots, int* row_keys) {
   __shared__ int warp_counts[kWarps];
   __shared__ int max_keys;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -81,7 +81,6 @@ __device__ int ChunkKeys(const uint8_t* mask, int T, int64_t base, RowCount row_
   if (tid == 0) max_keys = 0;
   if constexpr (!SHARED) {
     // ordered compaction of the new tokens this token sees (ballot + prefix over warps)
-    const int t = blockIdx.y;
     int count = 0;
     for (int j0 = 0; j0 < T; j0 += kWarps * 32) {
       const int j = j0 + tid;

@@ -400,10 +400,13 @@ const kvWrite: KernelCheck = {
  * the same call with that value as `base`, on every path: f32 cache (CUDA-core tiles) and bf16 cache
  * (tensor cores), decode, causal prefill and tree verifies whose committed prefix ends inside a
  * chunk, on a chunk edge or before the first; 8 heads (small per-token tiles) and 32 (64-row ones).
+ * On tensor cores a tree with the slots on the device runs its committed prefix's tiles and its
+ * tokens' tiles in one launch, the host-given call in two: the bits must not tell them apart (the
+ * 3-node tree takes one-group tiles for both parts, the others two-group shared tiles).
  * Out-of-bound values are clamped by the GPU kernels and rejected by the cpu backend.
  */
 const deviceBase: KernelCheck = {
-  name: 'mla_attention: the committed slots read on the device (baseOnDevice, bounded by base) == the same call with that base, bit for bit (f32 and bf16 cache; decode, prefill, 17- and 37-node trees; bases 0, 63, 130, 201; 8 and 32 heads); out-of-bound values clamped (cuda) or rejected (cpu)',
+  name: 'mla_attention: the committed slots read on the device (baseOnDevice, bounded by base) == the same call with that base, bit for bit (f32 and bf16 cache; decode, prefill, 3-, 17- and 37-node trees; bases 0, 63, 130, 201; 8 and 32 heads); out-of-bound values clamped (cuda) or rejected (cpu)',
   run(b) {
     return withTensors(b, (track) => {
       const dims = [
@@ -415,7 +418,7 @@ const deviceBase: KernelCheck = {
       for (const [di, dm] of dims.entries()) {
         const { h, nope, rope, v, rank, slots } = dm;
         const kvB = track(b.fromArray('bf16', [h * (nope + v), rank], f32ArrayToBf16(randomF32(h * (nope + v) * rank, 110 + di, 0.05))));
-        const cases = di === 0 ? [{ T: 1 }, { T: 5 }, { T: 17, tree: true }, { T: 37, tree: true }] : [{ T: 1 }, { T: 9, tree: true }];
+        const cases = di === 0 ? [{ T: 1 }, { T: 5 }, { T: 3, tree: true }, { T: 17, tree: true }, { T: 37, tree: true }] : [{ T: 1 }, { T: 9, tree: true }];
         for (const cache of CACHES) {
           const cacheC = track(cacheTensor(b, cache, [slots, rank], randomF32(slots * rank, 112 + di)));
           const cacheKpe = track(cacheTensor(b, cache, [slots, rope], randomF32(slots * rope, 113 + di)));
