@@ -167,11 +167,27 @@ describe('BudgetPolicy', () => {
     measured(dearest, 50);
     for (let i = 0; i < CALIBRATION_PROBES + 1; i++) dearest.record(nothing, 0, 0);
     expect(dearest.wait).toBe(MAX_WAIT);
-    // a new generation drops the wait (a new context), not the misses before it
+    // a new generation keeps the wait of a drafter never accepted in CALIBRATION_PROBES tries or more
     dearest.begin();
-    expect(dearest.tryNow()).toBe(true);
-    dearest.record(nothing, 0, 0);
     expect(dearest.wait).toBe(MAX_WAIT);
+    expect(dearest.tryNow()).toBe(false);
+    // and drops the wait of one accepted before (a new context), not the misses before it
+    const fallen = new BudgetPolicy(curve, 0);
+    measured(fallen, 50);
+    fallen.record(nothing, PROBE_BUDGET, 1, true);
+    for (let i = 0; i < CALIBRATION_PROBES + 1; i++) fallen.record(nothing, 0, 0);
+    expect(fallen.wait).toBeGreaterThan(0);
+    fallen.begin();
+    expect(fallen.tryNow()).toBe(true);
+    fallen.record(nothing, 0, 0);
+    expect(fallen.wait).toBe(2 ** (CALIBRATION_PROBES + 1)); // 2^(k-1) at its 5th miss in a row
+    // and that of one with fewer misses (its early probes go on in the new context)
+    const young = new BudgetPolicy(curve, 0);
+    measured(young, 50);
+    young.record(nothing, 0, 0);
+    expect(young.wait).toBe(1);
+    young.begin();
+    expect(young.tryNow()).toBe(true);
   });
 
   it('probes when the calibration alone rules trees out: a rejected probe waits for its verify too, an accepted one ends the wait, and after one the waits start at a step', () => {

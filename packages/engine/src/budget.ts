@@ -227,9 +227,14 @@ export class BudgetPolicy {
     return true;
   }
 
-  /** A generation starts: the wait left by the last one is dropped (a new context: prompt lookup may match where the last did not). */
+  /**
+   * A generation starts: the wait left by the last one is dropped (a new context: prompt lookup may
+   * match where the last did not), except for a drafter not accepted once in CALIBRATION_PROBES or
+   * more tries. Its wait, sized by what its tries cost, goes on: over many short generations a
+   * drafter that predicts nothing then costs TRY_SHARE of the decode time, not a try at each start.
+   */
   begin(): void {
-    this.debt = 0;
+    if (this.proven || this.misses < CALIBRATION_PROBES) this.debt = 0;
     this.stickyRun = 0;
     this.stickyLeft = 0;
   }
