@@ -236,6 +236,29 @@ __global__ void __launch_bounds__(kTopkThreads) SortCandidatesKernel(const float
 // row each reduce a slice to (max, sum of exp(x - max)) with a fixed-order tree; a second kernel
 // merges the slices in order (a row is 160k logits: one block per row would leave the GPU idle).
 constexpr int kLseSlices = 16;
+// The block's values combined in the fixed tree red[i] = op(red[i], red[i + s]) for s = 512, 256,
+// ..., 1 (1024 threads): the steps down to s = 32 in shared memory, the last five by shuffles in
+// warp 0 (lane i takes lane i + s: the same pairs in the same order, so the same bits); every
+// thread gets the result, and `red` is free again on return.
+template <typename Op>
+__device__ __forceinline__ double BlockTree(double v, double* red, Op op) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s >= 32; s >>= 1) {
+    if (threadIdx.x < s) red[threadIdx.x] = op(red[threadIdx.x], red[threadIdx.x + s]);
+    __syncthreads();
+  }
+  if (threadIdx.x < 32) {
+    double x = red[threadIdx.x];
+    for (int s = 16; s > 0; s >>= 1) x = op(x, __shfl_down_sync(0xffffffffu, x, s));
+    if (threadIdx.x == 0) red[0] = x;
+  }
+  __syncthreads();
+  const double out = red[0];
+  __syncthreads();
+  return out;
+}
+
 // Slice `slice` of a row's log-sum-exp: (max, sum of exp(x - max)) over values [slice * per, ..)
 // with per = ceil(cols / kLseSlices), by a 1024-thread block (`red`: its 1024 doubles of shared
 // memory); every thread gets the pair.
@@ -244,25 +267,10 @@ __device__ __forceinline__ double2 LseSlice(const float* row, int64_t cols, int 
   const int64_t lo = slice * per, hi = min(cols, lo + per);
   float mx = -INFINITY;
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) mx = fmaxf(mx, row[i]);
-  red[threadIdx.x] = mx;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) red[threadIdx.x] = fmax(red[threadIdx.x], red[threadIdx.x + s]);
-    __syncthreads();
-  }
-  const double m = red[0];
-  __syncthreads();
+  const double m = BlockTree(static_cast<double>(mx), red, [](double a, double b) { return fmax(a, b); });
   double sum = 0;
   if (m != -INFINITY) for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) sum += exp(static_cast<double>(row[i]) - m);
-  red[threadIdx.x] = sum;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-    __syncthreads();
-  }
-  const double2 out = make_double2(m, red[0]);
-  __syncthreads();  // red is free again
-  return out;
+  return make_double2(m, BlockTree(sum, red, [](double a, double b) { return a + b; }));
 }
 __global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int64_t cols, double2* partial) {
   PdlWait();
@@ -272,14 +280,28 @@ __global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int
   if (threadIdx.x == 0) partial[blockIdx.x * kLseSlices + blockIdx.y] = p;
 }
 // A row's log-sum-exp from its kLseSlices partials, merged in slice order.
+// (The product and the sum rounded apart, never contracted into one FMA: MergeLseWarp computes the
+// products in parallel and must give the same bits.)
 __device__ __forceinline__ double MergeLse(const double2* partial) {
   double m = -INFINITY;
   for (int i = 0; i < kLseSlices; ++i) m = fmax(m, __ldcg(&partial[i].x));
   double sum = 0;
   for (int i = 0; i < kLseSlices; ++i) {
     const double x = __ldcg(&partial[i].x), y = __ldcg(&partial[i].y);
-    if (x != -INFINITY) sum += y * exp(x - m);
+    if (x != -INFINITY) sum = __dadd_rn(sum, __dmul_rn(y, exp(x - m)));
   }
+  return m + log(sum);
+}
+// MergeLse by a warp, on partials in shared memory: lane i takes slice i's term, lane 0 adds them
+// in slice order (MergeLse's bits: a skipped slice's +0 leaves the sum as it is).
+__device__ __forceinline__ double MergeLseWarp(const double2* partial) {
+  const int lane = threadIdx.x & 31;
+  const double x = lane < kLseSlices ? partial[lane].x : -INFINITY, y = lane < kLseSlices ? partial[lane].y : 0.0;
+  double m = x;
+  for (int off = 16; off > 0; off >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const double term = x != -INFINITY ? __dmul_rn(y, exp(x - m)) : 0.0;
+  double sum = 0;
+  for (int i = 0; i < kLseSlices; ++i) sum = __dadd_rn(sum, __shfl_sync(0xffffffffu, term, i));
   return m + log(sum);
 }
 __global__ void LogSumExpMergeKernel(const double2* partial, int rows, double* out) {
@@ -345,10 +367,17 @@ __device__ void BuildTree(const float* values, const int32_t* tok, const double*
         const int q = pool[i].seq;
         if (best < 0 || PopsBefore(w, q, best_w, best_seq)) best = i, best_w = w, best_seq = q;
       }
-      for (int off = 16; off > 0; off >>= 1) {
-        const double w = __shfl_xor_sync(0xffffffffu, best_w, off);
-        const int q = __shfl_xor_sync(0xffffffffu, best_seq, off), i = __shfl_xor_sync(0xffffffffu, best, off);
-        if (i >= 0 && (best < 0 || PopsBefore(w, q, best_w, best_seq))) best = i, best_w = w, best_seq = q;
+      {
+        // the warp's best: the largest w (as an ordered 64-bit key; +0 for -0, which PopsBefore
+        // ranks equal), then the earliest push, by reductions instead of a shuffle butterfly
+        const uint64_t u = static_cast<uint64_t>(__double_as_longlong(best_w + 0.0));
+        const uint64_t key = best < 0 ? 0 : (u >> 63 ? ~u : u | (uint64_t{1} << 63));
+        const uint32_t hi = __reduce_max_sync(0xffffffffu, static_cast<uint32_t>(key >> 32));
+        const uint32_t lo = __reduce_max_sync(0xffffffffu, static_cast<uint32_t>(key >> 32) == hi ? static_cast<uint32_t>(key) : 0u);
+        const bool top = best >= 0 && key == (static_cast<uint64_t>(hi) << 32 | lo);
+        const uint32_t first = __reduce_min_sync(0xffffffffu, top ? static_cast<uint32_t>(best_seq) : 0xffffffffu);
+        const int from = __ffs(__ballot_sync(0xffffffffu, top && static_cast<uint32_t>(best_seq) == first)) - 1;
+        best = __shfl_sync(0xffffffffu, best, from);
       }
       const FrontierEntry e = pool[best];
       __syncwarp();  // every lane has read the entry before it is overwritten
@@ -438,6 +467,7 @@ __device__ __forceinline__ void MergeLists(int n, int k, KeyAt key_at, IdAt id_a
   }
 }
 
+template <int kPerLane>
 __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t cols, int k, double2* lse_partial, uint32_t* cand_keys, int32_t* cand_ids, int* counter,
                                                          int root, int budget, int64_t start, const int32_t* root_on_device, const int32_t* start_on_device,
                                                          int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask, int32_t* size_out,
@@ -459,10 +489,10 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
   const int64_t lo = min(cols, slice * per), hi = min(cols, lo + per), len = hi - lo;
   const int64_t share = (len + 31) / 32;
   const int64_t w0 = lo + min(len, warp * share), w1 = lo + min(len, (warp + 1) * share);
-  uint32_t keys[kFusedPerLane];
+  uint32_t keys[kPerLane];
   uint32_t live = 0;
 #pragma unroll
-  for (int j = 0; j < kFusedPerLane; ++j) {
+  for (int j = 0; j < kPerLane; ++j) {
     const int64_t i = w0 + lane + 32 * j;
     keys[j] = i < w1 ? OrderKey(row[i]) : 0u;
     if (i < w1) live |= 1u << j;
@@ -471,7 +501,7 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
   const auto lane_best = [&](uint32_t* key) {
     int best = -1;
 #pragma unroll
-    for (int j = 0; j < kFusedPerLane; ++j) {
+    for (int j = 0; j < kPerLane; ++j) {
       if ((live >> j & 1u) && (best < 0 || keys[j] > *key)) {
         *key = keys[j];
         best = j;
@@ -513,19 +543,32 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
   __shared__ double logz_s[32];
   __shared__ float values_s[32 * kFusedK];
   __shared__ int32_t tok_s[32 * kFusedK];
-  if (threadIdx.x < depth) logz_s[threadIdx.x] = MergeLse(lse_partial + threadIdx.x * kLseSlices);
-  if (warp < depth) {
-    const int64_t slo = min(cols, lane * per), shi = min(cols, slo + per);
-    const int n = lane < kLseSlices ? static_cast<int>(min(static_cast<int64_t>(k), shi - slo)) : 0;
-    const uint32_t* list_keys = cand_keys + (warp * kLseSlices + lane) * k;
-    const int32_t* list_ids = cand_ids + (warp * kLseSlices + lane) * k;
-    // (other blocks wrote the lists: read from L2)
-    MergeLists(
-        n, k, [&](int h) { return __ldcg(list_keys + h); }, [&](int h) { return static_cast<uint32_t>(__ldcg(list_ids + h)); },
-        [&](int j, uint32_t key, uint32_t index) {
-          values_s[warp * k + j] = FromOrderKey(key);
-          tok_s[warp * k + j] = static_cast<int32_t>(index);
-        });
+  {
+    // every slice's list and log-sum-exp partial into shared memory at once (the merges' reads
+    // would each wait for L2 in turn: k of them a row); the partials where `red` was
+    extern __shared__ uint32_t lists_s[];  // keys [depth][slices][k], then ids
+    const int entries = depth * kLseSlices * k;
+    double2* lse_s = reinterpret_cast<double2*>(red);
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+      lists_s[i] = __ldcg(cand_keys + i);
+      lists_s[entries + i] = static_cast<uint32_t>(__ldcg(cand_ids + i));
+    }
+    for (int i = threadIdx.x; i < depth * kLseSlices; i += blockDim.x) lse_s[i] = __ldcg(lse_partial + i);
+    __syncthreads();
+    if (warp < depth) {
+      const double logz = MergeLseWarp(lse_s + warp * kLseSlices);
+      if (lane == 0) logz_s[warp] = logz;
+      const int64_t slo = min(cols, lane * per), shi = min(cols, slo + per);
+      const int n = lane < kLseSlices ? static_cast<int>(min(static_cast<int64_t>(k), shi - slo)) : 0;
+      const uint32_t* list_keys = lists_s + (warp * kLseSlices + lane) * k;
+      const uint32_t* list_ids = list_keys + entries;
+      MergeLists(
+          n, k, [&](int h) { return list_keys[h]; }, [&](int h) { return list_ids[h]; },
+          [&](int j, uint32_t key, uint32_t index) {
+            values_s[warp * k + j] = FromOrderKey(key);
+            tok_s[warp * k + j] = static_cast<int32_t>(index);
+          });
+    }
   }
   __syncthreads();
   __shared__ FrontierEntry pool[kFusedK + 2];
@@ -656,10 +699,24 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
     void* counter = nullptr;
     KDTREE_RETURN_IF_ERROR(scratch.Zeroed(sizeof(int), s, &counter));
     char* base = static_cast<char*>(scratch.ptr);
-    return LaunchPdl("ddtree build (fused)", FusedBuildKernel, dim3(depth, kLseSlices), dim3(1024), 0, s, a.draft_logits.as<const float>(), vocab, k,
-                     reinterpret_cast<double2*>(base), reinterpret_cast<uint32_t*>(base + off_keys), reinterpret_cast<int32_t*>(base + off_ids), static_cast<int*>(counter),
-                     a.root, a.budget, a.start, OnDevice(a.root_on_device), OnDevice(a.start_on_device), a.tokens.as<int32_t>(), a.parents.as<int32_t>(),
-                     a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(), a.size.as<int32_t>(), a.log_probs.present() ? a.log_probs.as<float>() : nullptr);
+    // the last block's copy of every slice's list (keys and ids)
+    const size_t lists_bytes = static_cast<size_t>(depth) * kLseSlices * k * 8;
+    // values a lane holds: a slice's share of the row over 32 warps of 32 lanes, in the smallest
+    // instance that holds them (every round of a warp's picks scans them all)
+    const int64_t per_lane = ((vocab + kLseSlices - 1) / kLseSlices + 1023) / 1024;
+    const auto launch = [&](auto kernel) -> Status {
+      KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(lists_bytes)), "ddtree build (fused): shared memory"));
+      return LaunchPdl("ddtree build (fused)", kernel, dim3(depth, kLseSlices), dim3(1024), lists_bytes, s, a.draft_logits.as<const float>(), vocab, k, reinterpret_cast<double2*>(base),
+                       reinterpret_cast<uint32_t*>(base + off_keys), reinterpret_cast<int32_t*>(base + off_ids), static_cast<int*>(counter), a.root, a.budget, a.start,
+                       OnDevice(a.root_on_device), OnDevice(a.start_on_device), a.tokens.as<int32_t>(), a.parents.as<int32_t>(), a.depths.as<int32_t>(),
+                       a.positions.as<int32_t>(), a.mask.as<uint8_t>(), a.size.as<int32_t>(), a.log_probs.present() ? a.log_probs.as<float>() : nullptr);
+    };
+    static_assert(kFusedPerLane == 16, "the instances below");
+    if (per_lane <= 1) return launch(FusedBuildKernel<1>);
+    if (per_lane <= 2) return launch(FusedBuildKernel<2>);
+    if (per_lane <= 4) return launch(FusedBuildKernel<4>);
+    if (per_lane <= 8) return launch(FusedBuildKernel<8>);
+    return launch(FusedBuildKernel<16>);
   }
   // scratch: values f32 [depth, k], tokens i32 [depth, k], logz f64 [depth], lse partials [depth, slices], top-k candidates
   const size_t off_tok = static_cast<size_t>(depth) * kk * 4;
