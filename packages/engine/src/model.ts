@@ -171,20 +171,26 @@ export class DeviceModel {
     const mlpOut = ws.get('mlpOut', T);
     b.native.embedding({ table: this.embed, ids, out: x, stream });
     mark?.('embedding');
-    let pending = false; // mlpOut of the previous layer not yet added into x
+    // the residual stream: x, or after a tapped layer that tap's rows (the layer's sum is written
+    // there, and the next layer's norms read it from there: a tap costs no copy, which in a
+    // captured step would be a memcpy node between kernels)
+    let residual = x;
+    let pending = false; // mlpOut of the previous layer not yet added into the residual stream
     for (let l = 0; l < this.layers.length; l++) {
       const layer = this.layers[l];
-      b.native.rmsNorm({ x, weight: layer.inputNorm, out: h, eps: c.rmsNormEps, ...(pending ? { residual: mlpOut, sum: x } : {}), stream });
+      const xIn = residual;
+      residual = x;
+      b.native.rmsNorm({ x: xIn, weight: layer.inputNorm, out: h, eps: c.rmsNormEps, ...(pending ? { residual: mlpOut, sum: x } : {}), stream });
       layer.attn.forward(b, ws, pass, l, this.constants, attnOut);
       collective?.allReduceSum(attnOut, stream);
       mark?.(`attention ${l}`);
       if (layer.mlp instanceof Moe) {
         // bf16 h for the experts and an f32 copy of the same norm for the router, from one pass
         const hRouter = ws.activations === 'bf16' ? ws.get('hRouter', T) : h;
-        b.native.rmsNorm({ x, weight: layer.postNorm, eps: c.rmsNormEps, residual: attnOut, sum: x, stream, ...(hRouter === h ? { out: h } : { out: hRouter, outBf16: h }) });
+        b.native.rmsNorm({ x: pending ? x : xIn, weight: layer.postNorm, eps: c.rmsNormEps, residual: attnOut, sum: x, stream, ...(hRouter === h ? { out: h } : { out: hRouter, outBf16: h }) });
         layer.mlp.forward(b, ws, h, hRouter, mlpOut, stream, mark && ((part) => mark(`${part} ${l}`)));
       } else {
-        b.native.rmsNorm({ x, weight: layer.postNorm, out: h, eps: c.rmsNormEps, residual: attnOut, sum: x, stream });
+        b.native.rmsNorm({ x: pending ? x : xIn, weight: layer.postNorm, out: h, eps: c.rmsNormEps, residual: attnOut, sum: x, stream });
         layer.mlp.forward(b, ws, h, mlpOut, stream);
       }
       collective?.allReduceSum(mlpOut, stream);
@@ -192,8 +198,8 @@ export class DeviceModel {
       pending = true;
       const tap = taps?.get(l);
       if (tap !== undefined) {
-        b.native.add({ a: x, b: mlpOut, out: x, stream });
-        b.native.copy({ dst: tap.buffer, dstOffset: tap.offset ?? 0, src: x.buffer, srcOffset: x.offset ?? 0, bytes: T * c.hiddenSize * 4, stream });
+        residual = view(tap, [T, c.hiddenSize]);
+        b.native.add({ a: x, b: mlpOut, out: residual, stream });
         pending = false;
       }
     }
@@ -202,7 +208,7 @@ export class DeviceModel {
       return;
     }
     const { first, count, out } = logits;
-    const xs = ws.rowsOf('x', first, count);
+    const xs = view(residual, [count, c.hiddenSize], first * c.hiddenSize);
     const hs = ws.rowsOf('h', first, count);
     b.native.rmsNorm({ x: xs, weight: this.norm, out: hs, eps: c.rmsNormEps, ...(pending ? { residual: ws.rowsOf('mlpOut', first, count), sum: xs } : {}), stream });
     // one rank holds the whole vocabulary: its all-gather would be the identity
