@@ -171,46 +171,41 @@ export class DeviceModel {
     const mlpOut = ws.get('mlpOut', T);
     b.native.embedding({ table: this.embed, ids, out: x, stream });
     mark?.('embedding');
-    // the residual stream: x, or after a tapped layer that tap's rows (the layer's sum is written
-    // there, and the next layer's norms read it from there: a tap costs no copy, which in a
-    // captured step would be a memcpy node between kernels)
-    let residual = x;
-    let pending = false; // mlpOut of the previous layer not yet added into the residual stream
+    // A layer's output, x + mlpOut, is summed by the next layer's input norm (rmsNorm's residual
+    // form) into x, or into the layer's tap where it has one: the tap then holds the residual
+    // stream, which that layer's post-attention norm reads and sums on into x. A tap costs no op of
+    // its own (no add, and no copy, which in a captured step would be a memcpy node between kernels).
+    const tapOf = (l: number) => {
+      const tap = taps?.get(l);
+      return tap && view(tap, [T, c.hiddenSize]);
+    };
     for (let l = 0; l < this.layers.length; l++) {
       const layer = this.layers[l];
-      const xIn = residual;
-      residual = x;
-      b.native.rmsNorm({ x: xIn, weight: layer.inputNorm, out: h, eps: c.rmsNormEps, ...(pending ? { residual: mlpOut, sum: x } : {}), stream });
+      const layerIn = l === 0 ? x : (tapOf(l - 1) ?? x); // where the residual stream into this layer is
+      b.native.rmsNorm({ x, weight: layer.inputNorm, out: h, eps: c.rmsNormEps, ...(l > 0 ? { residual: mlpOut, sum: layerIn } : {}), stream });
       layer.attn.forward(b, ws, pass, l, this.constants, attnOut);
       collective?.allReduceSum(attnOut, stream);
       mark?.(`attention ${l}`);
       if (layer.mlp instanceof Moe) {
         // bf16 h for the experts and an f32 copy of the same norm for the router, from one pass
         const hRouter = ws.activations === 'bf16' ? ws.get('hRouter', T) : h;
-        b.native.rmsNorm({ x: pending ? x : xIn, weight: layer.postNorm, eps: c.rmsNormEps, residual: attnOut, sum: x, stream, ...(hRouter === h ? { out: h } : { out: hRouter, outBf16: h }) });
+        b.native.rmsNorm({ x: layerIn, weight: layer.postNorm, eps: c.rmsNormEps, residual: attnOut, sum: x, stream, ...(hRouter === h ? { out: h } : { out: hRouter, outBf16: h }) });
         layer.mlp.forward(b, ws, h, hRouter, mlpOut, stream, mark && ((part) => mark(`${part} ${l}`)));
       } else {
-        b.native.rmsNorm({ x: pending ? x : xIn, weight: layer.postNorm, out: h, eps: c.rmsNormEps, residual: attnOut, sum: x, stream });
+        b.native.rmsNorm({ x: layerIn, weight: layer.postNorm, out: h, eps: c.rmsNormEps, residual: attnOut, sum: x, stream });
         layer.mlp.forward(b, ws, h, mlpOut, stream);
       }
       collective?.allReduceSum(mlpOut, stream);
       mark?.(`${layer.mlp instanceof Moe ? 'moe' : 'mlp'} ${l}`);
-      pending = true;
-      const tap = taps?.get(l);
-      if (tap !== undefined) {
-        residual = view(tap, [T, c.hiddenSize]);
-        b.native.add({ a: x, b: mlpOut, out: residual, stream });
-        pending = false;
-      }
     }
-    if (logits === undefined) {
-      if (pending) b.native.add({ a: x, b: mlpOut, out: x, stream });
-      return;
-    }
+    // the last layer's output: into its tap (every row) where it has one, else summed by the final norm
+    const lastTap = tapOf(this.layers.length - 1);
+    if (logits === undefined || lastTap !== undefined) b.native.add({ a: x, b: mlpOut, out: lastTap ?? x, stream });
+    if (logits === undefined) return;
     const { first, count, out } = logits;
-    const xs = view(residual, [count, c.hiddenSize], first * c.hiddenSize);
+    const xs = lastTap === undefined ? ws.rowsOf('x', first, count) : view(lastTap, [count, c.hiddenSize], first * c.hiddenSize);
     const hs = ws.rowsOf('h', first, count);
-    b.native.rmsNorm({ x: xs, weight: this.norm, out: hs, eps: c.rmsNormEps, ...(pending ? { residual: ws.rowsOf('mlpOut', first, count), sum: xs } : {}), stream });
+    b.native.rmsNorm({ x: xs, weight: this.norm, out: hs, eps: c.rmsNormEps, ...(lastTap === undefined ? { residual: ws.rowsOf('mlpOut', first, count), sum: xs } : {}), stream });
     // one rank holds the whole vocabulary: its all-gather would be the identity
     if (collective === undefined || collective.world === 1) applyLinear(b, this.lmHead, hs, view(out, [count, c.vocabSize]), stream);
     else {
