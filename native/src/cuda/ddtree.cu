@@ -279,29 +279,28 @@ __global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int
   const double2 p = LseSlice(x + static_cast<int64_t>(blockIdx.x) * cols, cols, blockIdx.y, red);
   if (threadIdx.x == 0) partial[blockIdx.x * kLseSlices + blockIdx.y] = p;
 }
-// A row's log-sum-exp from its kLseSlices partials, merged in slice order.
-// (The product and the sum rounded apart, never contracted into one FMA: MergeLseWarp computes the
-// products in parallel and must give the same bits.)
+// A row's log-sum-exp from its kLseSlices partials, merged in slice order, each term one FMA
+// (explicit: MergeLseWarp must give the same bits).
 __device__ __forceinline__ double MergeLse(const double2* partial) {
   double m = -INFINITY;
   for (int i = 0; i < kLseSlices; ++i) m = fmax(m, __ldcg(&partial[i].x));
   double sum = 0;
   for (int i = 0; i < kLseSlices; ++i) {
     const double x = __ldcg(&partial[i].x), y = __ldcg(&partial[i].y);
-    if (x != -INFINITY) sum = __dadd_rn(sum, __dmul_rn(y, exp(x - m)));
+    if (x != -INFINITY) sum = __fma_rn(y, exp(x - m), sum);
   }
   return m + log(sum);
 }
-// MergeLse by a warp, on partials in shared memory: lane i takes slice i's term, lane 0 adds them
-// in slice order (MergeLse's bits: a skipped slice's +0 leaves the sum as it is).
+// MergeLse by a warp, on partials in shared memory: lane i computes slice i's exponential, lane 0's
+// FMAs take them in slice order (a skipped slice's y x 0 + sum leaves the sum as it is).
 __device__ __forceinline__ double MergeLseWarp(const double2* partial) {
   const int lane = threadIdx.x & 31;
   const double x = lane < kLseSlices ? partial[lane].x : -INFINITY, y = lane < kLseSlices ? partial[lane].y : 0.0;
   double m = x;
   for (int off = 16; off > 0; off >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, off));
-  const double term = x != -INFINITY ? __dmul_rn(y, exp(x - m)) : 0.0;
+  const double e = x != -INFINITY ? exp(x - m) : 0.0;
   double sum = 0;
-  for (int i = 0; i < kLseSlices; ++i) sum = __dadd_rn(sum, __shfl_sync(0xffffffffu, term, i));
+  for (int i = 0; i < kLseSlices; ++i) sum = __fma_rn(__shfl_sync(0xffffffffu, y, i), __shfl_sync(0xffffffffu, e, i), sum);
   return m + log(sum);
 }
 __global__ void LogSumExpMergeKernel(const double2* partial, int rows, double* out) {
@@ -474,7 +473,7 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
                                                          float* log_probs) {
   PdlWait();
   PdlLaunchDependents();
-  __shared__ double red[1024];
+  __shared__ __align__(16) double red[1024];  // the last block reads it as double2
   __shared__ uint32_t warp_keys[32][kFusedK];
   __shared__ int32_t warp_ids[32][kFusedK];
   __shared__ int warp_count[32];
@@ -699,13 +698,15 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
     void* counter = nullptr;
     KDTREE_RETURN_IF_ERROR(scratch.Zeroed(sizeof(int), s, &counter));
     char* base = static_cast<char*>(scratch.ptr);
-    // the last block's copy of every slice's list (keys and ids)
+    // the last block's copy of every slice's list (keys and ids); the attribute is always set to
+    // the largest copy, so host threads launching other sizes at once never lower it under a launch
     const size_t lists_bytes = static_cast<size_t>(depth) * kLseSlices * k * 8;
+    constexpr int kMaxListsBytes = policy::kDdtreeFusedMaxDepth * kLseSlices * kFusedK * 8;
     // values a lane holds: a slice's share of the row over 32 warps of 32 lanes, in the smallest
     // instance that holds them (every round of a warp's picks scans them all)
     const int64_t per_lane = ((vocab + kLseSlices - 1) / kLseSlices + 1023) / 1024;
     const auto launch = [&](auto kernel) -> Status {
-      KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(lists_bytes)), "ddtree build (fused): shared memory"));
+      KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxListsBytes), "ddtree build (fused): shared memory"));
       return LaunchPdl("ddtree build (fused)", kernel, dim3(depth, kLseSlices), dim3(1024), lists_bytes, s, a.draft_logits.as<const float>(), vocab, k, reinterpret_cast<double2*>(base),
                        reinterpret_cast<uint32_t*>(base + off_keys), reinterpret_cast<int32_t*>(base + off_ids), static_cast<int*>(counter), a.root, a.budget, a.start,
                        OnDevice(a.root_on_device), OnDevice(a.start_on_device), a.tokens.as<int32_t>(), a.parents.as<int32_t>(), a.depths.as<int32_t>(),

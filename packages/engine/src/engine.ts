@@ -182,7 +182,8 @@ export class Engine {
    * Auto's policy per drafter and depth, kept between generations as a server's requests share a
    * drafter: the calibration the trees of one generation taught holds for the next, so later
    * requests start calibrated instead of probing the drafter as an unknown. The waits between tries start
-   * afresh with each generation (a new context: prompt lookup may match where the last did not).
+   * afresh with each generation (a new context: prompt lookup may match where the last did not),
+   * except a drafter's never accepted in CALIBRATION_PROBES tries or more (BudgetPolicy.begin).
    */
   private readonly autoPolicies = new WeakMap<Drafter, Map<number, BudgetPolicy>>();
   /** Layer -> f32 [workspace rows, hidden]: the target's taps for a drafter of hidden states (Runner.taps). */
