@@ -338,10 +338,21 @@ __global__ void __launch_bounds__(kThreads) AttendMmaMaskedKernel(const float* q
 // the largest tile whose shared memory fits (2 groups: 220 KB at Kimi K2's D = 576).
 constexpr size_t kMaxSmem = 225 * 1024;  // of 227 KB per block: the static part (~1.5 KB) besides
 constexpr size_t kMaskedStaticExtra = 2 * 1024;  // the masked kernel's second tile form's static arrays
+// A block's dynamic shared memory with tiles of nt column groups.
+size_t TileBytes(const AttendMmaArgs& a, int nt, bool shared) {
+  const int Dp = PaddedDims(a.R + a.dr);
+  return nt == 2 ? MmaLayout<2>::Bytes(Dp, a.T, shared) : MmaLayout<1>::Bytes(Dp, a.T, shared);
+}
+// The tiles of nt column groups a part cuts its rows into: the slots of all tokens (shared), or
+// each token's heads.
+int64_t PartTiles(const AttendMmaArgs& a, int nt, bool shared) {
+  const int Hp = PaddedHeads(a.H);
+  return shared ? (static_cast<int64_t>(a.T) * Hp + 8 * nt - 1) / (8 * nt) : static_cast<int64_t>(a.T) * (Hp / (8 * nt));
+}
 int TileGroups(const AttendMmaArgs& a, bool shared) {
-  const int Dp = PaddedDims(a.R + a.dr), hp8 = PaddedHeads(a.H) / 8, groups = shared ? a.T * hp8 : hp8;
+  const int hp8 = PaddedHeads(a.H) / 8, groups = shared ? a.T * hp8 : hp8;
   for (int nt : {2, 1}) {
-    const size_t bytes = nt == 2 ? MmaLayout<2>::Bytes(Dp, a.T, shared) : MmaLayout<1>::Bytes(Dp, a.T, shared);
+    const size_t bytes = TileBytes(a, nt, shared);
     if (bytes <= kMaxSmem && (nt == 1 || nt <= groups / 2) && (shared || hp8 % nt == 0)) return nt;
   }
   return 0;
@@ -363,9 +374,9 @@ inline int DeviceRanges(int chunks, int64_t tiles, int sms) { return static_cast
 // 33-node verify, 17 tiles in 136 blocks, ~1.3x slower).
 template <int NT, bool SHARED>
 Status Launch(const AttendMmaArgs& a, int chunks, int chunk0, int sms, cudaStream_t s) {
-  const int Hp = PaddedHeads(a.H), Dp = PaddedDims(a.R + a.dr);
-  const size_t smem = MmaLayout<NT>::Bytes(Dp, a.T, SHARED);
-  const int64_t tiles = SHARED ? (static_cast<int64_t>(a.T) * Hp + 8 * NT - 1) / (8 * NT) : static_cast<int64_t>(a.T) * (Hp / (8 * NT));
+  const int Hp = PaddedHeads(a.H);
+  const size_t smem = TileBytes(a, NT, SHARED);
+  const int64_t tiles = PartTiles(a, NT, SHARED);
   const bool on_device = a.key_counts.base_on_device != nullptr;
   const int per_block = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(chunks, (chunks * tiles + sms - 1) / sms)));
   const int ranges = on_device ? DeviceRanges(chunks, tiles, sms) : (chunks + per_block - 1) / per_block;
@@ -383,11 +394,12 @@ Status Launch(const AttendMmaArgs& a, int chunks, int chunk0, int sms, cudaStrea
 // tiles and ranges as its own launch would take them.
 template <int NT_S, int NT_T>
 Status LaunchMasked(const AttendMmaArgs& a, int shared_chunks, int token_chunks, int sms, cudaStream_t s) {
-  const int Hp = PaddedHeads(a.H), Dp = PaddedDims(a.R + a.dr);
-  const size_t smem = std::max(MmaLayout<NT_S>::Bytes(Dp, a.T, true), MmaLayout<NT_T>::Bytes(Dp, a.T, false));
-  const int shared_tiles = (a.T * Hp + 8 * NT_S - 1) / (8 * NT_S), head_tiles = Hp / (8 * NT_T);
-  const int shared_ranges = DeviceRanges(shared_chunks, shared_tiles, sms), token_ranges = DeviceRanges(token_chunks, static_cast<int64_t>(a.T) * head_tiles, sms);
-  const int64_t blocks = static_cast<int64_t>(shared_ranges) * shared_tiles + static_cast<int64_t>(token_ranges) * a.T * head_tiles;
+  const int Hp = PaddedHeads(a.H);
+  const size_t smem = std::max(TileBytes(a, NT_S, true), TileBytes(a, NT_T, false));
+  const int shared_tiles = static_cast<int>(PartTiles(a, NT_S, true)), head_tiles = Hp / (8 * NT_T);
+  const int64_t token_tiles = PartTiles(a, NT_T, false);
+  const int shared_ranges = DeviceRanges(shared_chunks, shared_tiles, sms), token_ranges = DeviceRanges(token_chunks, token_tiles, sms);
+  const int64_t blocks = static_cast<int64_t>(shared_ranges) * shared_tiles + token_ranges * token_tiles;
   const auto kernel = AttendMmaMaskedKernel<NT_S, NT_T>;
   KDTREE_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "mla attend (mma, masked): shared memory"));
   return LaunchPdl("mla attend (mma, masked)", kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, s, a.q_lat, a.q_pe, a.cache_c, a.cache_kpe, a.mask, a.T, a.H, Hp, a.R, a.dr,
@@ -413,9 +425,8 @@ bool AttendMmaFits(const AttendMmaArgs& a) {
 Status LaunchAttendMma(const AttendMmaArgs& a, int shared_chunks, int token_chunks, int sms, cudaStream_t s) {
   if (shared_chunks > 0 && token_chunks > 0 && a.key_counts.base_on_device != nullptr) {
     // one launch where both parts' shared memory fits with the static arrays of two tile forms
-    const int nt_s = TileGroups(a, true), nt_t = TileGroups(a, false), Dp = PaddedDims(a.R + a.dr);
-    const auto bytes = [&](int nt, bool shared) { return nt == 2 ? MmaLayout<2>::Bytes(Dp, a.T, shared) : MmaLayout<1>::Bytes(Dp, a.T, shared); };
-    if (std::max(bytes(nt_s, true), bytes(nt_t, false)) + kMaskedStaticExtra <= kMaxSmem) {
+    const int nt_s = TileGroups(a, true), nt_t = TileGroups(a, false);
+    if (nt_s > 0 && nt_t > 0 && std::max(TileBytes(a, nt_s, true), TileBytes(a, nt_t, false)) + kMaskedStaticExtra <= kMaxSmem) {
       if (nt_s == 2 && nt_t == 2) return LaunchMasked<2, 2>(a, shared_chunks, token_chunks, sms, s);
       if (nt_s == 2 && nt_t == 1) return LaunchMasked<2, 1>(a, shared_chunks, token_chunks, sms, s);
       if (nt_s == 1 && nt_t == 1) return LaunchMasked<1, 1>(a, shared_chunks, token_chunks, sms, s);
