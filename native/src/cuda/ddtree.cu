@@ -279,20 +279,9 @@ __global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int
   const double2 p = LseSlice(x + static_cast<int64_t>(blockIdx.x) * cols, cols, blockIdx.y, red);
   if (threadIdx.x == 0) partial[blockIdx.x * kLseSlices + blockIdx.y] = p;
 }
-// A row's log-sum-exp from its kLseSlices partials, merged in slice order, each term one FMA
-// (explicit: MergeLseWarp must give the same bits).
-__device__ __forceinline__ double MergeLse(const double2* partial) {
-  double m = -INFINITY;
-  for (int i = 0; i < kLseSlices; ++i) m = fmax(m, __ldcg(&partial[i].x));
-  double sum = 0;
-  for (int i = 0; i < kLseSlices; ++i) {
-    const double x = __ldcg(&partial[i].x), y = __ldcg(&partial[i].y);
-    if (x != -INFINITY) sum = __fma_rn(y, exp(x - m), sum);
-  }
-  return m + log(sum);
-}
-// MergeLse by a warp, on partials in shared memory: lane i computes slice i's exponential, lane 0's
-// FMAs take them in slice order (a skipped slice's y x 0 + sum leaves the sum as it is).
+// A row's log-sum-exp from its kLseSlices partials, by a warp: lane i computes slice i's
+// exponential, lane 0 takes the terms in slice order, one FMA each (a skipped slice's y x 0 + sum
+// leaves the sum as it is), so the four-launch and one-launch builds give the same bits.
 __device__ __forceinline__ double MergeLseWarp(const double2* partial) {
   const int lane = threadIdx.x & 31;
   const double x = lane < kLseSlices ? partial[lane].x : -INFINITY, y = lane < kLseSlices ? partial[lane].y : 0.0;
@@ -303,11 +292,12 @@ __device__ __forceinline__ double MergeLseWarp(const double2* partial) {
   for (int i = 0; i < kLseSlices; ++i) sum = __fma_rn(__shfl_sync(0xffffffffu, y, i), __shfl_sync(0xffffffffu, e, i), sum);
   return m + log(sum);
 }
-__global__ void LogSumExpMergeKernel(const double2* partial, int rows, double* out) {
+// A warp per row.
+__global__ void LogSumExpMergeKernel(const double2* partial, double* out) {
   PdlWait();
   PdlLaunchDependents();
-  const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r < rows) out[r] = MergeLse(partial + r * kLseSlices);
+  const double logz = MergeLseWarp(partial + blockIdx.x * kLseSlices);
+  if (threadIdx.x == 0) out[blockIdx.x] = logz;
 }
 
 struct FrontierEntry {
@@ -733,7 +723,7 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   if (k > 0) {
     KDTREE_RETURN_IF_ERROR(LaunchRowTopk(a.draft_logits.as<const float>(), depth, vocab, k, values, tok, base + off_topk, s));
     KDTREE_RETURN_IF_ERROR(LaunchPdl("ddtree log-sum-exp", LogSumExpSliceKernel, dim3(depth, kLseSlices), dim3(1024), 0, s, a.draft_logits.as<const float>(), vocab, lse_partial));
-    KDTREE_RETURN_IF_ERROR(LaunchPdl("ddtree log-sum-exp merge", LogSumExpMergeKernel, dim3((depth + 127) / 128), dim3(128), 0, s, static_cast<const double2*>(lse_partial), depth, logz));
+    KDTREE_RETURN_IF_ERROR(LaunchPdl("ddtree log-sum-exp merge", LogSumExpMergeKernel, dim3(depth), dim3(32), 0, s, static_cast<const double2*>(lse_partial), logz));
   }
   // shared memory: the frontier pool always, the [depth, k] log-prob table when it fits beside it
   constexpr size_t kMaxDynamicSmem = 160 * 1024;
