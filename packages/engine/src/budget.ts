@@ -14,7 +14,8 @@
  * decides. Drafters are not perfectly calibrated: the draft probabilities are scaled by the ratio
  * of tokens actually accepted to tokens expected over the last few trees. A try that finds nothing
  * (no tree worth running, or a rejected probe) is followed by plain decode steps that pay for its
- * cost at TRY_SHARE of a decode step each (BudgetPolicy.tryNow, record). A budget planned and
+ * cost at TRY_SHARE of a decode step each (UNPROVEN_TRY_SHARE for a dear drafter that missed its
+ * calibration probes without a token accepted; BudgetPolicy.tryNow, record). A budget planned and
  * accepted a few times in a row runs a few steps without plans (sticky, STICKY_AFTER).
  */
 import { EngineError } from './errors.js';
@@ -49,6 +50,16 @@ export const CALIBRATION_PROBES = 3;
  * tries again a few steps later, a drafter whose draft costs two decode steps about 200 later.
  */
 export const TRY_SHARE = 0.01;
+
+/**
+ * TRY_SHARE for a drafter not accepted once in CALIBRATION_PROBES or more tries whose try costs more
+ * than a decode step: its next try is unlikely to find more, and each costs more than the step it
+ * replaces, so its tries may cost a quarter of that. A random DFlash drafter of Kimi K2.5's size (a
+ * try about two decode steps) then tries every ~800 steps, about 0.25% of greedy's time. Cheap tries
+ * (prompt lookup without a match: a few percent of a step) keep TRY_SHARE: text can turn
+ * repetitive at any step, and their waits stay a few steps long.
+ */
+export const UNPROVEN_TRY_SHARE = 0.0025;
 
 /**
  * The most plain decode steps after the k-th try in a row that found nothing: for a drafter whose
@@ -319,9 +330,15 @@ export class BudgetPolicy {
     return Math.max(0, Math.ceil(this.debt / this.stepPayment - 1e-9));
   }
 
-  /** What a plain decode step of a wait pays off: TRY_SHARE of a decode step (a decode measured at 0 ms, a clock too coarse, must not make every wait infinite). */
+  /**
+   * What a plain decode step of a wait pays off: TRY_SHARE of a decode step, UNPROVEN_TRY_SHARE for
+   * a drafter never accepted in CALIBRATION_PROBES or more tries whose last try cost more than a
+   * decode step (a decode measured at 0 ms, a clock too coarse, must not make every wait infinite).
+   */
   private get stepPayment(): number {
-    return TRY_SHARE * Math.max(this.curve.decodeMs, 1e-6);
+    const decode = Math.max(this.curve.decodeMs, 1e-6);
+    const dearAndUnproven = !this.proven && this.misses >= CALIBRATION_PROBES && (this.lastDraftMs ?? this.draftMs) >= decode;
+    return (dearAndUnproven ? UNPROVEN_TRY_SHARE : TRY_SHARE) * decode;
   }
 
   /**

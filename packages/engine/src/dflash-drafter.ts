@@ -64,6 +64,8 @@ export interface DflashLoadOptions {
   capacity: number;
   /** Rows one commit may bring (the target's largest pass). */
   maxRows: number;
+  /** Rows of taps the engine holds back for it while `auto` decodes without drafting (f32, a buffer per distinct tapped layer): counted in its memory. */
+  heldRows?: number;
   name?: string;
   /**
    * The dtype of the activations its GEMMs read (the normed inputs, the attention output, the MLP's

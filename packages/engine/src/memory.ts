@@ -40,9 +40,9 @@ export function estimateMemory(source: WeightReader, options: { capacity: number
  * Device memory of a DFlash drafter (DflashDrafter): its bf16 weights (fc over the tapped layers,
  * per layer q/k/v/o and the MLP; embed_tokens and lm_head are the target's), the f32 context cache
  * (keys and values of `capacity` positions per layer) and its f32 scratch (commits of up to
- * `maxRows` rows, the block's rows). The largest weight's bf16 copy is staged while it loads.
+ * `maxRows` rows, the block's rows, and the `heldRows` rows of taps the engine holds back for it). The largest weight's bf16 copy is staged while it loads.
  */
-export function estimateDflashMemory(c: DflashConfig, options: { capacity: number; maxRows: number }): MemoryEstimate {
+export function estimateDflashMemory(c: DflashConfig, options: { capacity: number; maxRows: number; heldRows?: number }): MemoryEstimate {
   const H = c.hiddenSize;
   const q = c.numHeads * c.headDim;
   const kv = c.numKvHeads * c.headDim;
@@ -52,7 +52,8 @@ export function estimateDflashMemory(c: DflashConfig, options: { capacity: numbe
   const weights = 2 * (fc + c.numLayers * layer) + 4 * (H * (2 * c.numLayers + 2) + 2 * c.headDim * c.numLayers);
   const cache = 4 * 2 * c.numLayers * options.capacity * kv;
   const rows = Math.max(options.maxRows, c.blockSize);
-  const workspace = 4 * (rows * (4 * H + 3 * kv) + c.blockSize * (4 * H + 3 * q + 2 * kv + 3 * I));
+  const held = (options.heldRows ?? 0) * new Set(c.targetLayerIds).size * H;
+  const workspace = 4 * (rows * (4 * H + 3 * kv) + c.blockSize * (4 * H + 3 * q + 2 * kv + 3 * I) + held);
   const staging = 2 * Math.max(fc / c.targetLayerIds.length, 2 * H * I);
   return { weights, cache, workspace, staging, total: weights + cache + workspace + staging };
 }
