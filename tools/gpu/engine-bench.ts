@@ -210,7 +210,7 @@ async function benchDflash(engine: Engine, source: SeededSource, prompt: number[
     drafter.begin();
     drafter.commit(context, prompt.length);
     const step: Record<string, unknown>[] = [];
-    // 64: the held rows of auto's plain decode steps arrive in commits of up to 64
+    // 64: a batch of the rows auto's plain decode steps hold back (one commit each, up to 512)
     for (const rows of [1, 2, 4, 8, 64]) {
       const hidden = tapsOf(rows);
       const commitMs: number[] = [];

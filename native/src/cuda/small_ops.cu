@@ -341,10 +341,10 @@ __global__ void ArgmaxCombineKernel(const float* part_v, const int* part_i, int 
   if (lane == 0) out[row] = idx;
 }
 
-// f32 rows into an f32 or bf16 cache (rounded to nearest even, as @kdtree/format does). Block
-// (t, part) writes part `part` of row t's R + dr values, a value a thread: a row as wide as a hidden
-// state (7168 values, the DFlash drafter's held taps) spread over one block's threads was a chain of
-// ~28 dependent load-store rounds a thread, ~20 us of latency for 57 KB.
+// f32 rows into an f32 or bf16 cache (rounded to nearest even, as @kdtree/format does). Row t's
+// R + dr values are spread over the gridDim.y blocks (t, *), a value a thread per 256-value chunk:
+// a row as wide as a hidden state (7168 values, the DFlash drafter's held taps) on one block would
+// be 28 load-store rounds a thread, each waiting for its load, where this is one.
 __global__ void KvWriteKernel(const float* __restrict__ c, const float* __restrict__ kpe, void* cache_c, void* cache_kpe, DType cache_dtype, const int32_t* slots, int T, int R, int dr,
                               int64_t S) {
   PdlWait();

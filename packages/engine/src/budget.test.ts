@@ -135,7 +135,7 @@ describe('BudgetPolicy', () => {
     expect(unsure.calibrated).toBe(true);
   });
 
-  it('waits after a try that found nothing until plain decode steps have paid its cost at TRY_SHARE of a decode step each: a step, then two, after the first misses, FIRST_WAIT steps at most after the CALIBRATION_PROBES-th, MAX_WAIT after later ones', () => {
+  it('waits after a try that found nothing until plain decode steps have paid its cost at TRY_SHARE of a decode step each (UNPROVEN_TRY_SHARE for a dear drafter never accepted): a step, then two, after the first misses, FIRST_WAIT steps at most after the CALIBRATION_PROBES-th, MAX_WAIT after later ones', () => {
     const nothing = logs(Array(64).fill(1e-5)); // a drafter that predicts nothing
     const p = new BudgetPolicy(curve, 0);
     measured(p, 0.05); // a try costs 5% of a decode step: 5 plain steps pay for it at 1% each

@@ -14,8 +14,8 @@
  * decides. Drafters are not perfectly calibrated: the draft probabilities are scaled by the ratio
  * of tokens actually accepted to tokens expected over the last few trees. A try that finds nothing
  * (no tree worth running, or a rejected probe) is followed by plain decode steps that pay for its
- * cost at TRY_SHARE of a decode step each (UNPROVEN_TRY_SHARE for a dear drafter that missed its
- * calibration probes without a token accepted; BudgetPolicy.tryNow, record). A budget planned and
+ * cost at TRY_SHARE of a decode step each (UNPROVEN_TRY_SHARE for a dear drafter never accepted;
+ * BudgetPolicy.tryNow, record). A budget planned and
  * accepted a few times in a row runs a few steps without plans (sticky, STICKY_AFTER).
  */
 import { EngineError } from './errors.js';
@@ -52,12 +52,13 @@ export const CALIBRATION_PROBES = 3;
 export const TRY_SHARE = 0.01;
 
 /**
- * TRY_SHARE for a drafter not accepted once in CALIBRATION_PROBES or more tries whose try costs more
- * than a decode step: its next try is unlikely to find more, and each costs more than the step it
+ * TRY_SHARE for a drafter never accepted whose draft costs more than a decode step (the median of
+ * its measured tries): its next try is unlikely to find more, and each costs more than the step it
  * replaces, so its tries may cost a quarter of that. A random DFlash drafter of Kimi K2.5's size (a
- * try about two decode steps) then tries every ~800 steps, about 0.25% of greedy's time. Cheap tries
- * (prompt lookup without a match: a few percent of a step) keep TRY_SHARE: text can turn
- * repetitive at any step, and their waits stay a few steps long.
+ * try about two decode steps) then tries every ~800 steps once past its first misses (whose waits
+ * are capped at a step, two and FIRST_WAIT whatever the share), about 0.25% of greedy's time.
+ * Cheap tries (prompt lookup without a match: a few percent of a step) keep TRY_SHARE: text can
+ * turn repetitive at any step, and their waits stay a few steps long.
  */
 export const UNPROVEN_TRY_SHARE = 0.0025;
 
@@ -242,7 +243,8 @@ export class BudgetPolicy {
    * A generation starts: the wait left by the last one is dropped (a new context: prompt lookup may
    * match where the last did not), except for a drafter not accepted once in CALIBRATION_PROBES or
    * more tries. Its wait, sized by what its tries cost, goes on: over many short generations a
-   * drafter that predicts nothing then costs TRY_SHARE of the decode time, not a try at each start.
+   * drafter that predicts nothing then costs TRY_SHARE (or UNPROVEN_TRY_SHARE) of the decode time,
+   * not a try at each start.
    */
   begin(): void {
     if (this.proven || this.misses < CALIBRATION_PROBES) this.debt = 0;
@@ -272,7 +274,7 @@ export class BudgetPolicy {
     }
   }
 
-  /** Whether this step tries the drafter; false: a plain decode step of the wait, which pays TRY_SHARE of a decode step of the debt. */
+  /** Whether this step tries the drafter; false: a plain decode step of the wait, which pays stepPayment of the debt. */
   tryNow(): boolean {
     if (this.wait === 0) return true;
     this.debt = Math.max(0, this.debt - this.stepPayment);
@@ -295,7 +297,7 @@ export class BudgetPolicy {
   /**
    * What a try ran (`budget`, 0: a plain decode step; `probe` as planned) and the draft tokens it
    * accepted (bonus excluded). The trees that ran teach the calibration. A try that ran no tree, or
-   * only a probe that was rejected, found nothing: a wait follows, sized by its cost (TRY_SHARE) and
+   * only a probe that was rejected, found nothing: a wait follows, sized by its cost (stepPayment) and
    * capped by the misses in a row (2^(k-1), FIRST_WAIT, MAX_WAIT); an accepted token ends the wait.
    */
   record(logProbs: ArrayLike<number>, budget: number, accepted: number, probe = false): void {
@@ -332,12 +334,14 @@ export class BudgetPolicy {
 
   /**
    * What a plain decode step of a wait pays off: TRY_SHARE of a decode step, UNPROVEN_TRY_SHARE for
-   * a drafter never accepted in CALIBRATION_PROBES or more tries whose last try cost more than a
-   * decode step (a decode measured at 0 ms, a clock too coarse, must not make every wait infinite).
+   * a drafter never accepted whose draft (the median of its tries) costs more than a decode step (a
+   * decode measured at 0 ms, a clock too coarse, must not make every wait infinite). Neither input
+   * changes while a debt is left: `proven` comes with a debt of 0, and a try's measurement only
+   * once the wait is over.
    */
   private get stepPayment(): number {
     const decode = Math.max(this.curve.decodeMs, 1e-6);
-    const dearAndUnproven = !this.proven && this.misses >= CALIBRATION_PROBES && (this.lastDraftMs ?? this.draftMs) >= decode;
+    const dearAndUnproven = !this.proven && this.draftMs > decode;
     return (dearAndUnproven ? UNPROVEN_TRY_SHARE : TRY_SHARE) * decode;
   }
 

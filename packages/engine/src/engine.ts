@@ -33,9 +33,9 @@ import { ncclIdBytes, ncclIdHex, parseTpFault, rankDevice, TP_TIMEOUT_MS, TpGrou
 export type Spec = 'greedy' | 'chain' | 'ddtree';
 /**
  * Rows of taps auto's plain decode steps hold back before they commit them anyway (see heldTaps):
- * rows still held when a generation ends are never committed, so a wait shorter than this within a
- * generation costs its drafter no commit at all. 512 rows of a 7168-wide model's 6 tapped layers
- * take 88 MB.
+ * rows still held when a generation ends are never committed, so a wait that lasts to the end of
+ * a generation (and holds fewer rows than this) costs its drafter no commit at all. 512 rows of a
+ * 7168-wide model's 6 tapped layers take 88 MB.
  */
 const HELD_TAP_ROWS = 512;
 
@@ -709,23 +709,26 @@ export class Engine {
     // a try drafts from the tokens read so far: no plain step is queued ahead of it
     if (r.decodesAhead !== 0) throw new Error('a try with a decode step queued ahead');
     const draftLogits = view(this.draftLogits, [depth, V]);
-    this.commitHeldTaps();
     // auto: the best tree of the largest budget, only for its nodes' probabilities (its prefixes are
     // the best smaller trees), built first only as far as one launch builds (firstBuild) where the
     // policy can tell that nodes past those cannot change its plan (decides); the builds and their
-    // read-backs are timed with the draft, as a try pays them
+    // read-backs are timed with the draft, as a try pays them, and so is the commit of the rows
+    // held back during a wait (up to HELD_TAP_ROWS: after a long wait it may cost more than the draft)
     // a sticky budget (BudgetPolicy.sticky) runs without a plan: the draft only, untimed
     const sticky = policy?.sticky();
     const planner = sticky === undefined ? policy : undefined;
     const draft = () => drafter.draft({ tokens: context, depth, out: draftLogits, rootOnDevice: r.token });
     // (assigned in the timed closure below: typed without narrowing to its initial value)
     let logProbs = undefined as Float32Array | undefined;
-    if (planner === undefined) draft();
-    else {
+    if (planner === undefined) {
+      this.commitHeldTaps();
+      draft();
+    } else {
       const largest = planner.largestUseful;
       const first = this.firstBuild(depth, largest);
       planner.updateDraftMs(
         this.timeTry(() => {
+          this.commitHeldTaps();
           draft();
           logProbs = this.buildForLogProbs(draftLogits, first);
         }),

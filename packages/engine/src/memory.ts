@@ -40,7 +40,8 @@ export function estimateMemory(source: WeightReader, options: { capacity: number
  * Device memory of a DFlash drafter (DflashDrafter): its bf16 weights (fc over the tapped layers,
  * per layer q/k/v/o and the MLP; embed_tokens and lm_head are the target's), the f32 context cache
  * (keys and values of `capacity` positions per layer) and its f32 scratch (commits of up to
- * `maxRows` rows, the block's rows, and the `heldRows` rows of taps the engine holds back for it). The largest weight's bf16 copy is staged while it loads.
+ * `maxRows` rows, the block's rows, and the `heldRows` rows of taps the engine holds back for it:
+ * f32 [heldRows, hidden] per distinct tapped layer). The largest weight's bf16 copy is staged while it loads.
  */
 export function estimateDflashMemory(c: DflashConfig, options: { capacity: number; maxRows: number; heldRows?: number }): MemoryEstimate {
   const H = c.hiddenSize;

@@ -391,21 +391,28 @@ const kvWrite: KernelCheck = {
         expectEqual(`bf16 slot ${slot} rope key`, Array.from(got16.kpe.subarray(slot * ROPE, (slot + 1) * ROPE)), Array.from(want16.kpe.subarray(i * ROPE, (i + 1) * ROPE)));
       });
       expectThrows('mixed cache dtypes', () => b.native.kvWrite({ c: track(b.zeros('f32', [3, R])), kpe: track(b.zeros('f32', [3, ROPE])), cacheC: c16, cacheKpe, slots: track(b.zeros('i32', [3])) }), /cacheKpe must be bf16, got f32/);
-      // rows as wide as a hidden state (the held taps): a row split over many blocks, and rows wider
-      // than the most blocks a row gets (each thread then writes several values), odd widths
-      for (const [wide, second] of [[7168, 7168], [20001, 37]]) {
+      // rows as wide as a hidden state (the held taps): a row split over many blocks (its two parts
+      // meeting inside a block), and rows wider than the most blocks a row gets (each thread then
+      // writes several values), odd widths; f32 and bf16 (rounded to nearest even) buffers
+      for (const [wide, second] of [[7168, 7168], [20001, 37], [300, 5]]) {
         const x = randomF32(2 * wide, 10);
         const y = randomF32(2 * second, 11);
-        const intoX = track(b.zeros('f32', [5, wide]));
-        const intoY = track(b.zeros('f32', [5, second]));
-        b.native.kvWrite({ c: track(b.fromArray('f32', [2, wide], x)), kpe: track(b.fromArray('f32', [2, second], y)), cacheC: intoX, cacheKpe: intoY, slots: track(b.fromArray('i32', [2], Int32Array.of(4, 1))) });
-        const gotX = b.toArray(intoX) as Float32Array;
-        const gotY = b.toArray(intoY) as Float32Array;
-        [4, 1].forEach((slot, i) => {
-          if (!sameBits(gotX.subarray(slot * wide, (slot + 1) * wide), x.subarray(i * wide, (i + 1) * wide))) fail(`width ${wide}: slot ${slot} first row`);
-          if (!sameBits(gotY.subarray(slot * second, (slot + 1) * second), y.subarray(i * second, (i + 1) * second))) fail(`width ${wide}: slot ${slot} second row`);
-        });
-        if (gotX.subarray(0, wide).some((v) => v !== 0) || gotY.subarray(0, second).some((v) => v !== 0)) fail(`width ${wide}: a slot not named was written`);
+        const slots = Int32Array.of(4, 1);
+        for (const dtype of ['f32', 'bf16'] as const) {
+          const intoX = track(b.zeros(dtype, [5, wide]));
+          const intoY = track(b.zeros(dtype, [5, second]));
+          b.native.kvWrite({ c: track(b.fromArray('f32', [2, wide], x)), kpe: track(b.fromArray('f32', [2, second], y)), cacheC: intoX, cacheKpe: intoY, slots: track(b.fromArray('i32', [2], slots)) });
+          const bits = (t: DeviceTensor) => (dtype === 'f32' ? new Uint32Array((b.toArray(t) as Float32Array).buffer) : (b.toArray(t) as Uint16Array));
+          const want = (v: Float32Array) => (dtype === 'f32' ? new Uint32Array(Float32Array.from(v).buffer) : f32ArrayToBf16(v));
+          for (const [name, got, src, width] of [['first', bits(intoX), x, wide], ['second', bits(intoY), y, second]] as const) {
+            for (let slot = 0; slot < 5; slot++) {
+              const i = slots.indexOf(slot);
+              const row = Array.from(got.subarray(slot * width, (slot + 1) * width));
+              if (i < 0) expectEqual(`${dtype} width ${wide}: ${name} row of slot ${slot} (not named) stays zero`, row, Array(width).fill(0));
+              else expectEqual(`${dtype} width ${wide}: ${name} row of slot ${slot}`, row, Array.from(want(src.subarray(i * width, (i + 1) * width))));
+            }
+          }
+        }
       }
     });
   },
