@@ -113,6 +113,9 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     // Kimi K2.5-DFlash (6 layers, hidden 7168, 64 / 8 heads of 128, intermediate 18432, 6 taps): ~6.5 GiB of bf16
     const k25 = parseDflashConfig(dflashConfigJson(parseModelConfig({ ...presetConfigJson('tiny'), hidden_size: 7168, num_hidden_layers: 61 }, 'k2'), { layers: 6, heads: 64, kvHeads: 8, headDim: 128, intermediate: 18432, blockSize: 8, targetLayerIds: [1, 12, 24, 35, 47, 58] }));
     expect(estimateDflashMemory(k25, { capacity: 4096, maxRows: 2048 }).weights / 2 ** 30).toBeCloseTo(6.48, 2);
+    // the engine's taps of the target for it: f32 [maxRows, hidden] per distinct tapped layer, beside its own scratch
+    const wider = estimateDflashMemory(k25, { capacity: 4096, maxRows: 2048 }).workspace - estimateDflashMemory(k25, { capacity: 4096, maxRows: 1024 }).workspace;
+    expect(wider).toBe(4 * 1024 * (4 * 7168 + 3 * 8 * 128) + 4 * 1024 * 6 * 7168);
     // the rows of taps the engine holds for it: f32 [heldRows, hidden] per distinct tapped layer
     const held = estimateDflashMemory(k25, { capacity: 4096, maxRows: 2048, heldRows: 512 }).workspace - estimateDflashMemory(k25, { capacity: 4096, maxRows: 2048 }).workspace;
     expect(held).toBe(4 * 512 * 6 * 7168);

@@ -40,8 +40,9 @@ export function estimateMemory(source: WeightReader, options: { capacity: number
  * Device memory of a DFlash drafter (DflashDrafter): its bf16 weights (fc over the tapped layers,
  * per layer q/k/v/o and the MLP; embed_tokens and lm_head are the target's), the f32 context cache
  * (keys and values of `capacity` positions per layer) and its f32 scratch (commits of up to
- * `maxRows` rows, the block's rows, and the `heldRows` rows of taps the engine holds back for it:
- * f32 [heldRows, hidden] per distinct tapped layer). The largest weight's bf16 copy is staged while it loads.
+ * `maxRows` rows, the block's rows) and the engine's buffers for it: the target's taps (f32
+ * [maxRows, hidden]) and the `heldRows` rows it holds back (f32 [heldRows, hidden]), per distinct
+ * tapped layer. The largest weight's bf16 copy is staged while it loads.
  */
 export function estimateDflashMemory(c: DflashConfig, options: { capacity: number; maxRows: number; heldRows?: number }): MemoryEstimate {
   const H = c.hiddenSize;
@@ -53,8 +54,9 @@ export function estimateDflashMemory(c: DflashConfig, options: { capacity: numbe
   const weights = 2 * (fc + c.numLayers * layer) + 4 * (H * (2 * c.numLayers + 2) + 2 * c.headDim * c.numLayers);
   const cache = 4 * 2 * c.numLayers * options.capacity * kv;
   const rows = Math.max(options.maxRows, c.blockSize);
-  const held = (options.heldRows ?? 0) * new Set(c.targetLayerIds).size * H;
-  const workspace = 4 * (rows * (4 * H + 3 * kv) + c.blockSize * (4 * H + 3 * q + 2 * kv + 3 * I) + held);
+  // the engine's buffers for it: the target's taps (a pass's rows) and the rows held back, per distinct tapped layer
+  const tapped = (options.maxRows + (options.heldRows ?? 0)) * new Set(c.targetLayerIds).size * H;
+  const workspace = 4 * (rows * (4 * H + 3 * kv) + c.blockSize * (4 * H + 3 * q + 2 * kv + 3 * I) + tapped);
   const staging = 2 * Math.max(fc / c.targetLayerIds.length, 2 * H * I);
   return { weights, cache, workspace, staging, total: weights + cache + workspace + staging };
 }
