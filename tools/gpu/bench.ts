@@ -13,6 +13,8 @@
  *   - what a verify forward of a DDTree budget of 8-128 nodes costs one rank's layer (routed MoE
  *     experts + attention) against a decode step
  *   - DDTree build + accept at budgets 64..512 over a 163840-token vocabulary
+ *   - the one-launch DDTree builds (budgets 1-32, a DFlash block of 8) against the argmax that
+ *     drafts a chain of the same depths, on the demo's 8192-token and Kimi K2's 163840-token vocabularies
  * Each W4A16 shape is validated against the C++ twin on the same random weights before it is
  * timed; the other kernels' correctness comes from the self-test (selftest.mjs), whose MLA checks
  * include Kimi K2's per-rank dims.
@@ -143,10 +145,12 @@ if (!MS.every((m, i) => Number.isInteger(m) && m > 0 && (i === 0 || m > MS[i - 1
 const gemmRows: string[][] = [];
 const gemmReport: unknown[] = [];
 // KDTREE_BENCH_ONLY=gemm runs only the W4A16 and MoE figures, =float only the bf16-weight gemm,
-// =attention only the attention and DDTree ones, =small only the small ops (A/B runs)
+// =attention only the attention and DDTree ones, =ddtree only the one-launch DDTree builds, =small
+// only the small ops (A/B runs)
 const only = process.env.KDTREE_BENCH_ONLY;
-if (only !== undefined && only !== 'gemm' && only !== 'float' && only !== 'attention' && only !== 'small') throw new Error(`KDTREE_BENCH_ONLY: expected gemm, float, attention or small, got ${only}`);
-const runs = (section: 'gemm' | 'float' | 'attention' | 'small') => only === undefined || only === section;
+const SECTIONS = ['gemm', 'float', 'attention', 'ddtree', 'small'] as const;
+if (only !== undefined && !(SECTIONS as readonly string[]).includes(only)) throw new Error(`KDTREE_BENCH_ONLY: expected ${SECTIONS.join(', ')}, got ${only}`);
+const runs = (section: (typeof SECTIONS)[number]) => only === undefined || only === section;
 for (const [n, k, what] of runs('gemm') ? SHAPES : []) {
   const words = (n * k) / 8;
   const groups = (n * k) / 32;
@@ -204,10 +208,12 @@ for (const [n, k, what] of runs('gemm') ? SHAPES : []) {
 report.gemm = gemmReport;
 if (int4Peer) report.int4Peer = { kernel: int4Peer.kernel, torch: int4Peer.torch, error: int4Peer.error ?? null };
 
-log('');
-if (int4Peer) log(`int4 peer: ${int4Peer.kernel}, torch ${int4Peer.torch}${int4Peer.error ? `: not measured (${int4Peer.error})` : ', group 32'}`);
-log(table(['N x K', 'M', 'W4A16 us', 'GB/s', 'of copy', 'dense bf16 us', 'speedup', 'int4 peer us', 'vs peer'], gemmRows));
-log('');
+if (runs('gemm')) {
+  log('');
+  if (int4Peer) log(`int4 peer: ${int4Peer.kernel}, torch ${int4Peer.torch}${int4Peer.error ? `: not measured (${int4Peer.error})` : ', group 32'}`);
+  log(table(['N x K', 'M', 'W4A16 us', 'GB/s', 'of copy', 'dense bf16 us', 'speedup', 'int4 peer us', 'vs peer'], gemmRows));
+  log('');
+}
 
 // 2b. gemm (bf16 weights as stored) on the layers a Kimi K2 checkpoint keeps in bf16, one
 // tensor-parallel rank of 8 where the layer is split, against torch's bf16 linear (cuBLAS) on the
@@ -536,6 +542,34 @@ if (runs('attention')) {
   log('');
   log(table(['budget', 'depth', 'build us', 'accept us', 'total us'], ddRows));
 
+}
+
+// 7. The one-launch DDTree builds of a DFlash block of 8 (7 draft depths) against the argmax that
+// drafts a chain of the same depths from the same logits: what a DDTree step pays over a chain
+// step of equal nodes before its verify. The demo's walk target has 8192 tokens (the cluster
+// build), Kimi K2 163840 (the fused build).
+if (runs('ddtree')) {
+  const DEPTH = 7;
+  const rows: string[][] = [];
+  const smallReport: unknown[] = [];
+  for (const V of [8192, 163840]) {
+    const draft = gpu.fromArray('f32', [DEPTH, V], Float32Array.from({ length: DEPTH * V }, () => 3 * rng.normal()));
+    const top1 = gpu.empty('i32', [DEPTH]);
+    const argmaxUs = timeLaunches(gpu, () => gpu.native.argmax({ x: draft, out: top1 })) * 1e3;
+    for (const budget of [1, 3, 7, 16, 32]) {
+      const nodes = budget + 1;
+      const t = { tokens: gpu.empty('i32', [nodes]), parents: gpu.empty('i32', [nodes]), depths: gpu.empty('i32', [nodes]), positions: gpu.empty('i32', [nodes]), mask: gpu.empty('u8', [nodes, nodes]), size: gpu.empty('i32', [1]) };
+      const buildUs = timeLaunches(gpu, () => gpu.native.ddtreeBuild({ draftLogits: draft, root: 1, budget, start: 1000, ...t })) * 1e3;
+      const form = gpu.native.lastForm() ?? '?';
+      rows.push([String(V), String(budget), form, buildUs.toFixed(2), argmaxUs.toFixed(2), (buildUs - argmaxUs).toFixed(2)]);
+      smallReport.push({ vocab: V, depth: DEPTH, budget, form, buildUs, argmaxUs });
+      gpu.free(...Object.values(t));
+    }
+    gpu.free(draft, top1);
+  }
+  report.ddtreeOneLaunch = smallReport;
+  log('');
+  log(table(['vocabulary', 'budget', 'build', 'build us', 'argmax us (chain)', 'difference us'], rows));
 }
 
 // The small ops of a Kimi K2 decode step at their sizes (one token; attention heads and the cache of

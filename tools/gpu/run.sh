@@ -13,7 +13,7 @@
 #                               (profile.mjs, cold caches) in $OUT/ncu-<build>.txt
 #                               KDTREE_BENCH_ONLY=gemm limits every benchmark to the W4A16 and MoE figures,
 #                               =float to the bf16-weight gemm,
-#                               KDTREE_BENCH_ONLY=attention to the MLA and DDTree ones, =small to the small ops,
+#                               KDTREE_BENCH_ONLY=attention to the MLA and DDTree ones, =ddtree to the one-launch DDTree builds, =small to the small ops,
 #                               KDTREE_BENCH_MS=512,2048 the W4A16 rows to those token counts;
 #                               $OUT/ab-table.txt has them side by side (ab_table.py)
 # Results go to $OUT (default /tmp). An A/B variant is another build of the addon, e.g. with a macro,

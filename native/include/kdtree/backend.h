@@ -86,8 +86,8 @@ class Backend {
   // environment once, when it creates the backend, so no op reads the environment. A backend whose
   // GEMMs have one form (cpu) checks the values and runs that form.
   virtual Status SetForcedForms(const char* gemm, const char* w4a16_prefill) = 0;
-  // The kernel form the last Gemm, W4A16Gemm or MoeGemm call ran, a static name (cuda: "split",
-  // "wgmma", "one-token", ... from dispatch_policy.h; cpu: "cpu"); nullptr before the first call,
+  // The kernel form the last Gemm, W4A16Gemm, MoeGemm or DdtreeBuild call ran, a static name (cuda:
+  // "split", "wgmma", "one-token", "cluster", ... from dispatch_policy.h; cpu: "cpu"); nullptr before the first call,
   // and after a call that ran nothing (an empty shape) or failed before its launch.
   virtual const char* LastForm() const = 0;
 

@@ -1505,7 +1505,7 @@ Napi::Value DispatchPolicyJs(const Napi::CallbackInfo& info) {
     return plan;
   }
   if (op == "ddtreeBuild") {  // m: depth, n: vocabulary, k: budget
-    plan.Set("form", policy::DdtreeFusedBuild(k, m, n) ? "fused" : "passes");
+    plan.Set("form", policy::DdtreeBuildFormName(policy::PlanDdtreeBuild(k, m, n)));
     return plan;
   }
   if (op != "w4a16Gemm" && op != "moeGemm") Throw(env, Code::kInvalidArgument, "dispatchPolicy: op must be 'gemm', 'w4a16Gemm', 'moeGemm' or 'ddtreeBuild', got '" + op + "'");

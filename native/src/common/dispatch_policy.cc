@@ -375,11 +375,29 @@ Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* p
 
 // ---- ddtree_build ----
 
-// The fused build where its layout holds the call: k = budget <= 32 candidates a warp, a warp per
-// depth in its last block, and each slice's values within its lanes' registers. Larger budgets run
-// the four-launch build (radix-select top-k, log-sum-exp slices and merge, a one-block build).
-bool DdtreeFusedBuild(int64_t budget, int64_t depth, int64_t vocab) {
-  return budget >= 1 && budget <= kDdtreeFusedMaxBudget && depth >= 1 && depth <= kDdtreeFusedMaxDepth && vocab >= 1 && vocab <= kDdtreeFusedMaxVocab;
+// One launch where its layouts hold the call: k = budget <= 32 candidates a warp and at most 32
+// depths; a row a block of a cluster where the rows fit one cluster and a row fits a block's
+// registers at 8 values a thread (the cluster build), else each slice's values within its lanes'
+// registers (the fused build). Larger budgets, depths or vocabularies run the four-launch build
+// (radix-select top-k, log-sum-exp slices and merge, a one-block build). The cluster build's cost
+// grows with the values a thread and the rows a block: at 16 values a thread and two rows on a
+// block (9 x 16384) it took 24.7 us for 8 nodes where the fused build took ~16; at one row a block
+// of 8192 values it takes 10.3 us, where the fused build took 15.0 before both expanded the tree in
+// a warp's registers (docs/gpu/notes.md, session 42). Rows of one value nearly throughout (an
+// ngram drafter's unseen tokens) take its k rounds: 17 us at budget 8, 46 at 32 (4 x 8192).
+DdtreeBuildForm PlanDdtreeBuild(int64_t budget, int64_t depth, int64_t vocab) {
+  const bool one_launch = budget >= 1 && budget <= kDdtreeFusedMaxBudget && depth >= 1 && depth <= kDdtreeFusedMaxDepth && vocab >= 1 && vocab <= kDdtreeFusedMaxVocab;
+  if (!one_launch) return DdtreeBuildForm::kPasses;
+  return depth <= kDdtreeClusterMaxBlocks && vocab <= kDdtreeClusterMaxVocab ? DdtreeBuildForm::kCluster : DdtreeBuildForm::kFused;
+}
+
+const char* DdtreeBuildFormName(DdtreeBuildForm form) {
+  switch (form) {
+    case DdtreeBuildForm::kCluster: return "cluster";
+    case DdtreeBuildForm::kFused: return "fused";
+    case DdtreeBuildForm::kPasses: return "passes";
+  }
+  return "passes";
 }
 
 }  // namespace policy

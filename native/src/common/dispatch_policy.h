@@ -142,14 +142,24 @@ Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* p
 // ---- ddtree_build ----
 
 // Trees of up to kDdtreeFusedMaxBudget nodes over up to kDdtreeFusedMaxDepth depths are built in
-// one launch (ddtree.cu's fused build): blocks of (depth, slice), kDdtreeFusedSlices slices a row,
-// 32 warps a block, each lane holding up to kDdtreeFusedValuesPerLane of a slice's values.
+// one launch, the rest in four passes. The fused build (ddtree.cu): blocks of (depth, slice),
+// kDdtreeFusedSlices slices a row, 32 warps a block, each lane holding up to
+// kDdtreeFusedValuesPerLane of a slice's values.
 constexpr int kDdtreeFusedMaxBudget = 32;
 constexpr int kDdtreeFusedMaxDepth = 32;
 constexpr int kDdtreeFusedSlices = 16;
 constexpr int kDdtreeFusedValuesPerLane = 16;
 constexpr int64_t kDdtreeFusedMaxVocab = int64_t{kDdtreeFusedSlices} * 32 * 32 * kDdtreeFusedValuesPerLane;
-bool DdtreeFusedBuild(int64_t budget, int64_t depth, int64_t vocab);
+// Of those, up to kDdtreeClusterMaxBlocks depths over up to kDdtreeClusterMaxVocab tokens take the
+// cluster build (ddtree.cu): each row in the registers of its own block of 1024 threads
+// (kDdtreeClusterValuesPerThread values a thread), the rows' blocks one thread-block cluster whose
+// block 0 reads the rows' results from the others' shared memory and builds the tree.
+constexpr int kDdtreeClusterValuesPerThread = 8;
+constexpr int kDdtreeClusterMaxBlocks = 8;  // the portable cluster size
+constexpr int64_t kDdtreeClusterMaxVocab = int64_t{1024} * kDdtreeClusterValuesPerThread;
+enum class DdtreeBuildForm { kCluster, kFused, kPasses };
+DdtreeBuildForm PlanDdtreeBuild(int64_t budget, int64_t depth, int64_t vocab);
+const char* DdtreeBuildFormName(DdtreeBuildForm form);
 
 }  // namespace policy
 }  // namespace kdtree

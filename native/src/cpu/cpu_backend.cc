@@ -199,7 +199,10 @@ class CpuBackend final : public Backend {
   Status KvWrite(const KvWriteArgs& a, int) override { return cpu::KvWrite(a, pool_); }
   Status MlaInputs(const MlaInputsArgs& a, int) override { return cpu::MlaInputs(a, pool_); }
   Status MlaQuery(const MlaQueryArgs& a, int) override { return cpu::MlaQuery(a, pool_); }
-  Status DdtreeBuild(const DdtreeBuildArgs& a, int) override { return cpu::DdtreeBuild(a, pool_); }
+  Status DdtreeBuild(const DdtreeBuildArgs& a, int) override {
+    last_form_ = "cpu";
+    return cpu::DdtreeBuild(a, pool_);
+  }
   Status DdtreeAccept(const DdtreeAcceptArgs& a, int) override { return cpu::DdtreeAccept(a, pool_); }
   Status KvCommit(const KvCommitArgs& a, int) override { return cpu::KvCommit(a, pool_); }
   Status Arange(const ArangeArgs& a, int) override { return cpu::Arange(a, pool_); }

@@ -56,19 +56,30 @@ __device__ __forceinline__ void PdlLaunchDependents() { asm volatile("griddepcon
 __device__ __forceinline__ int64_t HostOrDevice(int64_t host, const int32_t* on_device) { return on_device ? static_cast<int64_t>(*on_device) : host; }
 // The pointer HostOrDevice reads: the optional i32 [1] tensor's, or null when it is not given.
 inline const int32_t* OnDevice(const Tensor& t) { return t.present() ? t.as<const int32_t>() : nullptr; }
+// LaunchPdl whose blocks form thread-block clusters of `cluster` blocks along x (grid.x a multiple
+// of it; 0: no clusters), for kernels whose blocks share their shared memory (cooperative_groups::
+// this_cluster()).
 template <typename... Params, typename... Args>
-Status LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
+Status LaunchPdlCluster(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, unsigned cluster, Args... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = s;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = cluster;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
+  config.attrs = attributes;
+  config.numAttrs = cluster > 0 ? 2 : 1;
   return FromCuda(cudaLaunchKernelEx(&config, kernel, args...), what);
+}
+template <typename... Params, typename... Args>
+Status LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
+  return LaunchPdlCluster(what, kernel, grid, block, smem, s, 0, args...);
 }
 
 // Two f32 values as one bf16x2 register (rounded to nearest even), and back.
@@ -303,7 +314,8 @@ Status LaunchTopk(const TopkArgs& a, cudaStream_t s, Scratch& scratch);
 Status LaunchKvWrite(const KvWriteArgs& a, cudaStream_t s);
 Status LaunchMlaInputs(const MlaInputsArgs& a, cudaStream_t s);
 Status LaunchMlaQuery(const MlaQueryArgs& a, cudaStream_t s);
-Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch);
+// form: the build that ran (policy::DdtreeBuildFormName), set before the launch.
+Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch, const char** form);
 Status LaunchDdtreeAccept(const DdtreeAcceptArgs& a, cudaStream_t s);
 Status LaunchKvCommit(const KvCommitArgs& a, cudaStream_t s);
 Status LaunchArange(const ArangeArgs& a, cudaStream_t s);

@@ -354,7 +354,15 @@ class CudaBackend final : public Backend {
   KDTREE_DISPATCH(KvWrite, LaunchKvWrite)
   KDTREE_DISPATCH(MlaInputs, LaunchMlaInputs)
   KDTREE_DISPATCH(MlaQuery, LaunchMlaQuery)
-  KDTREE_DISPATCH(DdtreeBuild, LaunchDdtreeBuild, , ScratchOf(stream))
+  Status DdtreeBuild(const DdtreeBuildArgs& a, int stream) override {
+    last_form_ = nullptr;
+    cudaStream_t s;
+    KDTREE_RETURN_IF_ERROR(Stream(stream, &s));
+    const char* form = nullptr;
+    KDTREE_RETURN_IF_ERROR(LaunchDdtreeBuild(a, s, ScratchOf(stream), &form));
+    last_form_ = form;
+    return Status::Ok();
+  }
   KDTREE_DISPATCH(DdtreeAccept, LaunchDdtreeAccept)
   KDTREE_DISPATCH(KvCommit, LaunchKvCommit)
   KDTREE_DISPATCH(Arange, LaunchArange)

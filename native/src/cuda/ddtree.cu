@@ -1,13 +1,18 @@
 // DDTree on the device (the reference is @kdtree/reference ddtree.ts):
-//   build   per depth the top-K draft tokens (radix select + bitonic sort, segments of a row then
-//           their candidates) and their log-softmax (log-sum-exp in f64), then the best-first
-//           expansion into at most B nodes (one warp, frontier in shared memory), then positions
-//           and the ancestor mask
+//   build   per depth the top-K draft tokens and their log-softmax (log-sum-exp in f64), then the
+//           best-first expansion into at most B nodes (one warp: frontier in its registers up to
+//           32 pops, in shared memory beyond), then positions and the ancestor mask. Three forms
+//           (policy::PlanDdtreeBuild): budgets up to 32 in one launch, a row a block of a cluster
+//           (up to 8 rows of 8192) or slices of the rows over the grid (up to 262144); the
+//           rest in four passes (radix select + bitonic sort, segments of a row then their
+//           candidates; log-sum-exp slices and their merge; the expansion)
 //   accept  the greedy walk from the root along children whose token is the target's argmax
 //   commit  KV[start + k] = KV[start + path[k]] for k ascending, in every cache tensor
 // Ties follow the reference: tokens by (logit desc, id asc); frontier entries by (log-prob desc, push order).
 #include <algorithm>
 #include <climits>
+
+#include <cooperative_groups.h>
 
 #include "../common/dispatch_policy.h"
 #include "common.cuh"
@@ -281,7 +286,8 @@ __global__ void __launch_bounds__(1024) LogSumExpSliceKernel(const float* x, int
 }
 // A row's log-sum-exp from its kLseSlices partials, by a warp: lane i computes slice i's
 // exponential, lane 0 takes the terms in slice order, one FMA each (a skipped slice's y x 0 + sum
-// leaves the sum as it is), so the four-launch and one-launch builds give the same bits.
+// leaves the sum as it is), so the four-launch and fused builds give the same bits (the cluster
+// build sums in its own order).
 __device__ __forceinline__ double MergeLseWarp(const double2* partial) {
   const int lane = threadIdx.x & 31;
   const double x = lane < kLseSlices ? partial[lane].x : -INFINITY, y = lane < kLseSlices ? partial[lane].y : 0.0;
@@ -310,6 +316,60 @@ __device__ __forceinline__ bool PopsBefore(double w, int seq, double w2, int seq
 
 constexpr int kMaxNodes = static_cast<int>(kMaxDdtreeBudget) + 1;
 
+// The expansion of a small tree (at most kListPops pops) by warp 0 with the frontier in registers:
+// lane i holds the entry that pops i-th, so a pop is lane 0's entry and a shift down, and a push
+// an insertion at the count of entries that pop before it (a ballot) and a shift up; a pop's
+// dependent chain is a few shuffles instead of the pool's scan, reductions and shared-memory
+// round trips. Entries past lane 31 are dropped: at most kListPops - 1 pops follow
+// the first, and an entry behind that many others never pops (pushes only go ahead of it or
+// behind). A new entry has the largest push order yet, so it goes behind entries of equal w.
+constexpr int kListPops = 32;
+__device__ void ExpandWarpList(const double* lp_table, const float* values, const double* logz, int depth, int k, int n, int* at_s, int* parents_s, int* depths_s,
+                               int* size_s, int32_t* size_out, float* log_probs) {
+  const int lane = threadIdx.x & 31;
+  auto lp = [&](int d, int r) { return lp_table != nullptr ? lp_table[d * k + r] : static_cast<double>(values[d * k + r]) - logz[d]; };
+  // this lane's entry: w, and (parent, rank, depth) packed 8, 8 and 16 bits (parent and rank <= 32)
+  double w = -INFINITY;
+  int meta = 0;
+  int len = 0, size = 1;
+  if (k > 0) {
+    if (lane == 0) w = lp(0, 0), meta = 1 << 16;  // the root's first child: parent 0, rank 0, depth 1
+    len = 1;
+  }
+  // inserts (nw, nmeta) behind every entry with w >= nw
+  auto insert = [&](double nw, int nmeta) {
+    const int at = __popc(__ballot_sync(0xffffffffu, lane < len && w >= nw));
+    const double up_w = __shfl_up_sync(0xffffffffu, w, 1);
+    const int up_meta = __shfl_up_sync(0xffffffffu, meta, 1);
+    if (lane == at) w = nw, meta = nmeta;
+    else if (lane > at) w = up_w, meta = up_meta;
+    len = min(len + 1, 32);
+  };
+  while (len > 0 && size < n) {
+    const double ew = __shfl_sync(0xffffffffu, w, 0);
+    const int em = __shfl_sync(0xffffffffu, meta, 0);
+    const double down_w = __shfl_down_sync(0xffffffffu, w, 1);
+    const int down_meta = __shfl_down_sync(0xffffffffu, meta, 1);
+    w = lane < 31 ? down_w : -INFINITY;
+    meta = lane < 31 ? down_meta : 0;
+    --len;
+    const int parent = em & 0xFF, rank = em >> 8 & 0xFF, d = em >> 16;
+    const int node = size++;
+    if (lane == 0) {
+      at_s[node] = (d - 1) * k + rank;
+      parents_s[node] = parent;
+      depths_s[node] = d;
+      if (log_probs != nullptr) log_probs[node] = static_cast<float>(ew);
+    }
+    if (rank + 1 < k) insert(ew - lp(d - 1, rank) + lp(d - 1, rank + 1), parent | (rank + 1) << 8 | d << 16);
+    if (d < depth) insert(ew + lp(d, 0), node | (d + 1) << 16);
+  }
+  if (lane == 0) {
+    *size_s = size;
+    *size_out = size;
+  }
+}
+
 // The expansion is inherently serial (each pop decides the next pushes), so warp 0 runs it out of
 // shared memory: the frontier (at most budget + 1 live entries, since a pop pushes at most two) as
 // an unordered pool whose best entry the warp finds together, each lane scanning every 32nd entry,
@@ -337,7 +397,9 @@ __device__ void BuildTree(const float* values, const int32_t* tok, const double*
     for (int i = threadIdx.x; i < depth * k; i += blockDim.x) lp_table[i] = static_cast<double>(values[i]) - logz[i / k];
   }
   __syncthreads();
-  if (threadIdx.x < 32) {
+  if (threadIdx.x < 32 && budget <= kListPops) {
+    ExpandWarpList(lp_in_smem ? lp_table : nullptr, values, logz, depth, k, n, at_s, parents_s, depths_s, &size_s, size_out, log_probs);
+  } else if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     int size = 1, len = 0, seq = 0;  // the same in every lane
     auto lp = [&](int d, int r) { return lp_in_smem ? lp_table[d * k + r] : static_cast<double>(values[d * k + r]) - logz[d]; };
@@ -567,6 +629,166 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
   BuildTree<kFusedK + 1>(values_s, tok_s, logz_s, depth, k, root, budget, start, true, pool, lp_table, tokens, parents, depths, positions, mask, size_out, log_probs);
 }
 
+// ---- small drafts: a row a block, the rows' blocks one cluster ----
+// Up to 8 rows of up to policy::kDdtreeClusterMaxVocab values: a row fits in the registers of one
+// block (kPerThread values a thread), so block r of a cluster of `depth` blocks takes row r whole,
+// keeping its log-sum-exp and k best in its shared memory, and block 0 reads them through the
+// cluster's distributed shared memory and builds the tree. The fused build
+// (above) needs a global round trip, a device-wide fence and a last-block count after its slices,
+// and merges each row's top-k three times (warps, slices, rows); on a small target (a decode step
+// of ~0.2 ms) that serial chain is what made a DDTree step dearer than a chain step of the same
+// nodes. Here a row's k best come from one threshold pass: T = the k-th largest of the 32 warps'
+// maxima leaves at least k values >= T (typically a few more), which are ranked against each
+// other; rows of heavy ties (more than kClusterCandidates such values) take k rounds of a
+// block-wide pick.
+constexpr int kClusterCandidates = 256;
+constexpr int kClusterRows = policy::kDdtreeClusterMaxBlocks;
+static_assert(policy::kDdtreeClusterValuesPerThread == 8 && policy::kDdtreeClusterMaxVocab == 1024 * 8, "the cluster build's instances (LaunchDdtreeBuild) follow its limits");
+
+// A (key, index) pair as one ordered word: larger keys first, then the lower index.
+__device__ __forceinline__ unsigned long long RankWord(uint32_t key, uint32_t index) { return static_cast<unsigned long long>(key) << 32 | (0xFFFFFFFFu - index); }
+
+// The row's log-sum-exp (f64) and its k best (key desc, index asc) as values and tokens, by a
+// block of 1024 threads; thread t holds values t, t + 1024, ... Returns synchronized.
+template <int kPerThread>
+__device__ void ClusterRow(const float* row, int64_t cols, int k, uint32_t* warp_max, double* warp_sum, unsigned long long* cand, int* cand_count, uint2 (*pick)[32],
+                           float* out_values, int32_t* out_tokens, double* out_logz) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const unsigned lanes_before = (1u << lane) - 1;
+  const auto valid = [&](int j) { return static_cast<int64_t>(threadIdx.x) + 1024 * j < cols; };
+  uint32_t key[kPerThread];
+  uint32_t mine = 0;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    key[j] = valid(j) ? OrderKey(row[threadIdx.x + 1024 * j]) : 0u;
+    mine = max(mine, key[j]);
+  }
+  const uint32_t wmax = __reduce_max_sync(0xffffffffu, mine);
+  if (lane == 0) warp_max[warp] = wmax;
+  if (threadIdx.x == 0) *cand_count = 0;
+  __syncthreads();
+  // every warp: the row's maximum, and T = the k-th largest warp maximum (k <= 32 warps), from the
+  // 32 maxima sorted descending across the lanes (bitonic)
+  uint32_t w = warp_max[lane];
+  const uint32_t max_key = __reduce_max_sync(0xffffffffu, w);
+  for (int size = 2; size <= 32; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const uint32_t o = __shfl_xor_sync(0xffffffffu, w, stride);
+      w = (((lane & stride) == 0) == ((lane & size) == 0)) ? max(w, o) : min(w, o);
+    }
+  }
+  const uint32_t threshold = __shfl_sync(0xffffffffu, w, k - 1);
+  // candidates: the values >= T, in any order (they are ranked below)
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const bool in = valid(j) && key[j] >= threshold;
+    const unsigned ballot = __ballot_sync(0xffffffffu, in);
+    if (ballot == 0) continue;
+    const int leader = __ffs(ballot) - 1;
+    int base = 0;
+    if (lane == leader) base = atomicAdd(cand_count, __popc(ballot));
+    base = __shfl_sync(0xffffffffu, base, leader);
+    const int at = base + __popc(ballot & lanes_before);
+    if (in && at < kClusterCandidates) cand[at] = RankWord(key[j], static_cast<uint32_t>(threadIdx.x + 1024 * j));
+  }
+  // sum of exp(x - max) in f64: each thread in index order, then a fixed tree. Terms below e^-60
+  // are left out: the sum holds the max's term, 1, and 8192 of them add less than 1e-22, below
+  // half an f64 ulp of 1 (a warp whose values are all that far below skips its exponentials).
+  const float m = FromOrderKey(max_key);
+  double sum = 0.0;
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const double d = static_cast<double>(FromOrderKey(key[j])) - static_cast<double>(m);
+      if (valid(j) && !(d < -60.0)) sum += exp(d);  // a NaN stays in the sum, as in the other builds
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
+  if (lane == 0) warp_sum[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    double total = warp_sum[lane];
+    for (int off = 16; off > 0; off >>= 1) total += __shfl_down_sync(0xffffffffu, total, off);
+    if (lane == 0) *out_logz = m == -INFINITY ? -INFINITY : static_cast<double>(m) + log(total);
+  }
+  const int count = *cand_count;
+  if (count <= kClusterCandidates) {
+    // rank each candidate among the others (distinct words: the index breaks ties)
+    if (threadIdx.x < count) {
+      const unsigned long long me = cand[threadIdx.x];
+      int above = 0;
+      for (int j = 0; j < count; ++j) above += cand[j] > me;
+      if (above < k) {
+        out_values[above] = FromOrderKey(static_cast<uint32_t>(me >> 32));
+        out_tokens[above] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(me));
+      }
+    }
+  } else {
+    // k rounds: each picks the best value after the previous pick in (key desc, index asc) order
+    unsigned long long prev = 0;
+    for (int r = 0; r < k; ++r) {
+      unsigned long long best = 0;
+      bool has = false;
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const unsigned long long v = RankWord(key[j], static_cast<uint32_t>(threadIdx.x + 1024 * j));
+        if (valid(j) && (r == 0 || v < prev) && (!has || v > best)) best = v, has = true;
+      }
+      uint32_t bk, bi;
+      const bool warp_has = WarpBestPair(has, static_cast<uint32_t>(best >> 32), has ? 0xFFFFFFFFu - static_cast<uint32_t>(best) : 0u, &bk, &bi);
+      if (lane == 0) pick[r & 1][warp] = warp_has ? make_uint2(bk, bi) : make_uint2(0u, 0xFFFFFFFFu);
+      __syncthreads();  // pick[r & 1] was last read before the previous round's barrier
+      const uint2 p = pick[r & 1][lane];
+      WarpBestPair(p.y != 0xFFFFFFFFu, p.x, p.y, &bk, &bi);
+      prev = RankWord(bk, bi);
+      if (threadIdx.x == 0) {
+        out_values[r] = FromOrderKey(bk);
+        out_tokens[r] = static_cast<int32_t>(bi);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <int kPerThread>
+__global__ void __launch_bounds__(1024) ClusterBuildKernel(const float* x, int depth, int64_t cols, int k, int root, int budget, int64_t start, const int32_t* root_on_device,
+                                                           const int32_t* start_on_device, int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask,
+                                                           int32_t* size_out, float* log_probs) {
+  PdlWait();
+  PdlLaunchDependents();
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int me = static_cast<int>(cluster.block_rank());  // the row of this block
+  __shared__ float row_values[kFusedK];
+  __shared__ int32_t row_tokens[kFusedK];
+  __shared__ double row_logz;
+  __shared__ uint32_t warp_max[32];
+  __shared__ double warp_sum[32];
+  __shared__ unsigned long long cand[kClusterCandidates];
+  __shared__ int cand_count;
+  __shared__ uint2 pick[2][32];
+  ClusterRow<kPerThread>(x + me * cols, cols, k, warp_max, warp_sum, cand, &cand_count, pick, row_values, row_tokens, &row_logz);
+  cluster.sync();  // every row's results are in its block's shared memory
+  __shared__ float values_s[kClusterRows * kFusedK];
+  __shared__ int32_t tok_s[kClusterRows * kFusedK];
+  __shared__ double logz_s[kClusterRows];
+  if (me == 0) {
+    for (int i = threadIdx.x; i < depth * k; i += blockDim.x) {
+      const int d = i / k, r = i % k;
+      values_s[i] = cluster.map_shared_rank(row_values, d)[r];
+      tok_s[i] = cluster.map_shared_rank(row_tokens, d)[r];
+    }
+    for (int d = threadIdx.x; d < depth; d += blockDim.x) logz_s[d] = *cluster.map_shared_rank(&row_logz, d);
+  }
+  cluster.sync();  // block 0 has read the others' shared memory: they may exit
+  if (me != 0) return;
+  __shared__ FrontierEntry pool[kFusedK + 2];
+  __shared__ double lp_table[kClusterRows * kFusedK];
+  root = static_cast<int>(HostOrDevice(root, root_on_device));
+  start = HostOrDevice(start, start_on_device);
+  BuildTree<kFusedK + 1>(values_s, tok_s, logz_s, depth, k, root, budget, start, true, pool, lp_table, tokens, parents, depths, positions, mask, size_out, log_probs);
+}
+
 // Accept in two parallel passes instead of a serial child scan per step: first[p] = the lowest
 // child c of p whose token is the target's argmax at p, then thread 0 follows first[] from the root.
 __global__ void __launch_bounds__(1024) AcceptKernel(const int32_t* tokens, const int32_t* parents, const int32_t* size_p, const int32_t* argmax, int32_t* path,
@@ -675,12 +897,26 @@ Status LaunchRowTopk(const float* x, int64_t rows, int64_t cols, int k, float* v
                    candidates, k, static_cast<const int32_t*>(cand_ids), values, ids);
 }
 
-Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch) {
+Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch, const char** form_out) {
   const int depth = static_cast<int>(a.draft_logits.dim(0));
   const int64_t vocab = a.draft_logits.dim(1);
   const int k = static_cast<int>(std::min<int64_t>(a.budget, vocab));
   const int kk = std::max(k, 1);
-  if (policy::DdtreeFusedBuild(a.budget, depth, vocab)) {
+  const policy::DdtreeBuildForm form = policy::PlanDdtreeBuild(a.budget, depth, vocab);
+  *form_out = policy::DdtreeBuildFormName(form);
+  if (form == policy::DdtreeBuildForm::kCluster) {
+    const int64_t per_thread = (vocab + 1023) / 1024;
+    const auto launch = [&](auto kernel) -> Status {
+      return LaunchPdlCluster("ddtree build (cluster)", kernel, dim3(depth), dim3(1024), 0, s, depth, a.draft_logits.as<const float>(), depth, vocab, k, a.root, a.budget,
+                              a.start, OnDevice(a.root_on_device), OnDevice(a.start_on_device), a.tokens.as<int32_t>(), a.parents.as<int32_t>(), a.depths.as<int32_t>(),
+                              a.positions.as<int32_t>(), a.mask.as<uint8_t>(), a.size.as<int32_t>(), a.log_probs.present() ? a.log_probs.as<float>() : nullptr);
+    };
+    if (per_thread <= 1) return launch(ClusterBuildKernel<1>);
+    if (per_thread <= 2) return launch(ClusterBuildKernel<2>);
+    if (per_thread <= 4) return launch(ClusterBuildKernel<4>);
+    return launch(ClusterBuildKernel<8>);
+  }
+  if (form == policy::DdtreeBuildForm::kFused) {
     // scratch: lse partials [depth, slices], slice candidates (keys, ids) [depth, slices, k]
     const size_t off_keys = static_cast<size_t>(depth) * kLseSlices * sizeof(double2);
     const size_t off_ids = off_keys + static_cast<size_t>(depth) * kLseSlices * k * sizeof(uint32_t);

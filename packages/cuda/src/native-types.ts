@@ -64,7 +64,7 @@ export interface NativeBackend {
    */
   setForcedForms(forms: ForcedForms): ForcedFormsSetting;
   /**
-   * The kernel form the last gemm, w4a16Gemm or moeGemm call of this backend ran (KernelForm):
+   * The kernel form the last gemm, w4a16Gemm, moeGemm or ddtreeBuild call of this backend ran (KernelForm):
    * null before the first, after a call that ran nothing (an empty shape) and after a call that
    * failed in the backend (a forced form that cannot run it); a call refused for its arguments
    * leaves it as it was. The cpu backend reports 'cpu'.
@@ -353,7 +353,10 @@ export type W4A16Form =
   | 'x-in-place-pieces'
   | 'standard-pieces';
 /** What lastForm() reports: a gemm form, a W4A16 form, moeGemm on bf16 experts, or the cpu twin. */
-export type KernelForm = GemmForm | W4A16Form | 'bf16-experts' | 'cpu';
+/** The builds of ddtreeBuild on cuda (dispatchPolicy 'ddtreeBuild'). */
+export type DdtreeBuildForm = 'cluster' | 'fused' | 'passes';
+
+export type KernelForm = GemmForm | W4A16Form | 'bf16-experts' | DdtreeBuildForm | 'cpu';
 
 /** A GEMM call (or a DDTree build) as the cuda dispatch rules see it (dispatchPolicy). */
 export interface DispatchQuery {
@@ -413,8 +416,12 @@ export interface NativeModule {
    */
   dispatchPolicy(query: DispatchQuery & { op: 'gemm' }): GemmDispatch;
   dispatchPolicy(query: DispatchQuery & { op: 'w4a16Gemm' | 'moeGemm' }): W4A16Dispatch;
-  /** Which build a ddtreeBuild call of that depth (m), vocabulary (n) and budget (k) runs on cuda. */
-  dispatchPolicy(query: DispatchQuery & { op: 'ddtreeBuild' }): { form: 'fused' | 'passes' };
+  /**
+   * Which build a ddtreeBuild call of that depth (m), vocabulary (n) and budget (k) runs on cuda:
+   * one launch ('cluster': a row a block, the rows' blocks one cluster; 'fused': slices of the rows
+   * over the grid) or four ('passes').
+   */
+  dispatchPolicy(query: DispatchQuery & { op: 'ddtreeBuild' }): { form: DdtreeBuildForm };
   build: { version: string; variant: 'cpu' | 'cuda'; cudaArchitectures: string; napiVersion: number };
   cudaProbe?: () => CudaProbe;
   /** NCCL's version (22703 is 2.27.3); throws naming libnccl.so.2 where it cannot be loaded, and on the cpu variant. */

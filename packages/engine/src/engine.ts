@@ -791,7 +791,7 @@ export class Engine {
 
   /**
    * The budget of auto's first build at `depth`: the largest bucket up to `largest` that the cuda
-   * backend builds in one launch (dispatchPolicy's fused build; the same rule on the cpu twin, so
+   * backend builds in one launch (dispatchPolicy's cluster or fused build; the same rule on the cpu twin, so
    * both run the same steps), or `largest` itself.
    */
   private firstBuild(depth: number, largest: number): number {
@@ -800,7 +800,7 @@ export class Engine {
     if (first !== undefined) return first;
     const V = this.config.vocabSize;
     // the build's rule reads no device property (sms and sm90a are the query's fields for GEMMs)
-    const one = (k: number) => this.backend.loaded.module.dispatchPolicy({ op: 'ddtreeBuild', m: depth, n: V, k, sms: 1, sm90a: false }).form === 'fused';
+    const one = (k: number) => this.backend.loaded.module.dispatchPolicy({ op: 'ddtreeBuild', m: depth, n: V, k, sms: 1, sm90a: false }).form !== 'passes';
     first = largest;
     if (!one(largest)) for (const k of BUDGET_BUCKETS) if (k < largest && one(k)) first = k;
     this.firstBuilds.set(key, first);

@@ -15,8 +15,10 @@ function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, voca
     } else {
       b.native.ddtreeBuild({ draftLogits, root, budget, start, ...t });
     }
+    const form = b.native.lastForm();
     const size = (b.toArray(t.size) as Int32Array)[0];
     return {
+      form,
       size,
       tokens: (b.toArray(t.tokens) as Int32Array).slice(0, size),
       parents: (b.toArray(t.parents) as Int32Array).slice(0, size),
@@ -29,16 +31,38 @@ function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, voca
 }
 
 const build: KernelCheck = {
-  name: "ddtree_build: tokens, parents, depths, positions, mask and the nodes' cumulative log-probs equal the reference tree (B 0..1024, V 5..163840, L 1..32; budgets 1..32 on the fused build, exact ties among the logits), with root and start given by the host or read on the device",
+  name: "ddtree_build: tokens, parents, depths, positions, mask and the nodes' cumulative log-probs equal the reference tree (B 0..1024, V 3..163840, L 1..700; budgets 1..32 on the cluster and fused builds, exact ties among the logits, rows of one value, of one value but a few (an ngram draft), with a far outlier and with -Infinity), with root and start given by the host or read on the device; lastForm() names the build that ran",
   run(b) {
-    const cases: { depth: number; vocab: number; budget: number; ties?: boolean }[] = [
-      // budgets 1..32 over at most 32 depths: the fused build (dispatchPolicy 'ddtreeBuild')
+    const cases: { depth: number; vocab: number; budget: number; ties?: boolean; flat?: boolean; ngram?: boolean; spike?: boolean; negInf?: boolean }[] = [
+      // budgets 1..32 over at most 8 depths of 8192 tokens: the cluster build (dispatchPolicy
+      // 'ddtreeBuild'), a row a block
       { depth: 1, vocab: 5, budget: 1 },
       { depth: 7, vocab: 8192, budget: 7 },
-      { depth: 32, vocab: 33, budget: 32 },
-      { depth: 3, vocab: 163840, budget: 32 },
-      // logits of a few values: ties within a slice, across slices and across a warp's lanes
+      { depth: 8, vocab: 7000, budget: 32 },
+      { depth: 2, vocab: 1500, budget: 3 },
+      // logits of a few values: ties within a warp and across warps; rows of one value (more
+      // values at the threshold than the candidates the cluster build ranks: its rounds)
       { depth: 5, vocab: 3000, budget: 24, ties: true },
+      { depth: 3, vocab: 4096, budget: 16, flat: true },
+      // more values at the threshold than ranked: warps without values (T = 0), an ngram draft (the
+      // unseen tokens' one logit); fewer tokens than the budget; a far outlier (exponentials below
+      // e^-60 of the maximum left out of the sum); -Infinity among the logits
+      { depth: 3, vocab: 300, budget: 16 },
+      { depth: 4, vocab: 8192, budget: 32, ngram: true },
+      { depth: 2, vocab: 3, budget: 32 },
+      { depth: 5, vocab: 2048, budget: 8, spike: true },
+      { depth: 3, vocab: 1000, budget: 12, negInf: true },
+      // more depths or larger vocabularies: the fused build, slices of a row over the grid
+      { depth: 32, vocab: 33, budget: 32 },
+      { depth: 9, vocab: 16384, budget: 32 },
+      { depth: 3, vocab: 163840, budget: 32 },
+      { depth: 6, vocab: 20000, budget: 5 },
+      { depth: 4, vocab: 40000, budget: 12, ties: true },
+      // more than 32 depths: the passes, small budgets expanded as the one-launch builds expand them
+      { depth: 40, vocab: 100, budget: 20 },
+      { depth: 33, vocab: 700, budget: 32, ties: true },
+      // the [depth, k] log-probs past shared memory: the register frontier reads them from the top-k
+      { depth: 700, vocab: 50, budget: 32 },
       { depth: 1, vocab: 5, budget: 0 },
       { depth: 3, vocab: 5, budget: 40 },
       { depth: 4, vocab: 64, budget: 16 },
@@ -51,11 +75,20 @@ const build: KernelCheck = {
     ];
     for (const [i, c] of cases.entries()) {
       // (+ 0: no negative zeros, which the reference counts equal to +0 and the device orders below it)
-      const logits = c.ties ? randomF32(c.depth * c.vocab, 40 + i, 1.5).map((v) => Math.round(v) + 0) : randomF32(c.depth * c.vocab, 40 + i, 3);
+      const logits = c.flat ? new Float32Array(c.depth * c.vocab).fill(0.5) : c.ties ? randomF32(c.depth * c.vocab, 40 + i, 1.5).map((v) => Math.round(v) + 0) : randomF32(c.depth * c.vocab, 40 + i, 3);
+      for (let d = 0; d < c.depth; d++) {
+        const row = logits.subarray(d * c.vocab, (d + 1) * c.vocab);
+        if (c.ngram) row.forEach((v, j) => (row[j] = j % 997 === d ? 2 + v : -1e4));
+        if (c.spike) row[(d * 131) % c.vocab] += 100;
+        if (c.negInf) row.forEach((v, j) => (row[j] = j % 3 === 0 ? -Infinity : v));
+      }
       const root = (7 * i) % c.vocab;
       const onDevice = i % 2 === 1;
       const withLogProbs = i % 3 !== 2;
       const got = deviceBuild(b, logits, c.depth, c.vocab, c.budget, root, 100, onDevice, withLogProbs);
+      // (a budget of 0 is no query of the policy: the passes build the root alone)
+      const form = b.kind !== 'cuda' ? 'cpu' : c.budget === 0 ? 'passes' : b.loaded.module.dispatchPolicy({ op: 'ddtreeBuild', m: c.depth, n: c.vocab, k: c.budget, sms: 1, sm90a: false }).form;
+      if (got.form !== form) fail(`case ${i} (depth ${c.depth}, vocab ${c.vocab}, budget ${c.budget}): lastForm() is ${got.form}, expected ${form}`);
       const want = buildDraftTree(root, logits, c.depth, c.vocab, c.budget);
       if (withLogProbs) {
         // f32 of the reference's f64 sums: a few f32 ulps of the log-prob's magnitude
