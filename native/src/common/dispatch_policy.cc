@@ -383,8 +383,8 @@ Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* p
 // grows with the values a thread and the rows a block: at 16 values a thread and two rows on a
 // block (9 x 16384) it took 24.7 us for 8 nodes where the fused build took ~16; at one row a block
 // of 8192 values it takes 10.3 us, where the fused build took 15.0 before both expanded the tree in
-// a warp's registers (docs/gpu/notes.md, session 42). Rows of one value nearly throughout (an
-// ngram drafter's unseen tokens) take its k rounds: 17 us at budget 8, 46 at 32 (4 x 8192).
+// a warp's registers (docs/gpu/notes.md). Rows of one value nearly throughout (an ngram drafter's
+// unseen tokens) take its k rounds: 17 us at budget 8, 46 at 32 (4 x 8192).
 DdtreeBuildForm PlanDdtreeBuild(int64_t budget, int64_t depth, int64_t vocab) {
   const bool one_launch = budget >= 1 && budget <= kDdtreeFusedMaxBudget && depth >= 1 && depth <= kDdtreeFusedMaxDepth && vocab >= 1 && vocab <= kDdtreeFusedMaxVocab;
   if (!one_launch) return DdtreeBuildForm::kPasses;
