@@ -65,6 +65,11 @@ function timeLaunches(b: KdtreeBackend, launch: (r: number) => void, reps = 20):
   return median(Array.from({ length: 5 }, () => b.time(() => { for (let r = 0; r < reps; r++) launch(r); }, 0, holdUs) / reps));
 }
 
+/** The outputs of a ddtreeBuild of `nodes` nodes (budget + 1): tokens, parents, depths, positions, the ancestor mask and the size. */
+function treeOutputs(b: KdtreeBackend, nodes: number) {
+  return { tokens: b.empty('i32', [nodes]), parents: b.empty('i32', [nodes]), depths: b.empty('i32', [nodes]), positions: b.empty('i32', [nodes]), mask: b.empty('u8', [nodes, nodes]), size: b.empty('i32', [1]) };
+}
+
 /** Whether `call` runs without throwing (a native error: the build does not support it). */
 function attempt(call: () => void): boolean {
   try {
@@ -513,7 +518,7 @@ if (runs('attention')) {
   const ddReport: unknown[] = [];
   for (const budget of [64, 128, 256, 512]) {
     const nodes = budget + 1;
-    const t = { tokens: gpu.empty('i32', [nodes]), parents: gpu.empty('i32', [nodes]), depths: gpu.empty('i32', [nodes]), positions: gpu.empty('i32', [nodes]), mask: gpu.empty('u8', [nodes, nodes]), size: gpu.empty('i32', [1]) };
+    const t = treeOutputs(gpu, nodes);
     const argmax = gpu.fromArray('i32', [nodes], Int32Array.from({ length: nodes }, () => Math.floor(rng.uniform() * V)));
     const path = gpu.empty('i32', [nodes]);
     const pathLen = gpu.empty('i32', [1]);
@@ -558,7 +563,7 @@ if (runs('ddtree')) {
     const argmaxUs = timeLaunches(gpu, () => gpu.native.argmax({ x: draft, out: top1 })) * 1e3;
     for (const budget of [1, 3, 7, 16, 32]) {
       const nodes = budget + 1;
-      const t = { tokens: gpu.empty('i32', [nodes]), parents: gpu.empty('i32', [nodes]), depths: gpu.empty('i32', [nodes]), positions: gpu.empty('i32', [nodes]), mask: gpu.empty('u8', [nodes, nodes]), size: gpu.empty('i32', [1]) };
+      const t = treeOutputs(gpu, nodes);
       const buildUs = timeLaunches(gpu, () => gpu.native.ddtreeBuild({ draftLogits: draft, root: 1, budget, start: 1000, ...t })) * 1e3;
       const form = gpu.native.lastForm() ?? '?';
       rows.push([String(V), String(budget), form, buildUs.toFixed(2), argmaxUs.toFixed(2), (buildUs - argmaxUs).toFixed(2)]);
