@@ -557,8 +557,15 @@ if (runs('ddtree')) {
   const DEPTH = 7;
   const rows: string[][] = [];
   const smallReport: unknown[] = [];
-  for (const V of [8192, 163840]) {
-    const draft = gpu.fromArray('f32', [DEPTH, V], Float32Array.from({ length: DEPTH * V }, () => 3 * rng.normal()));
+  // a DFlash drafter's rows (N(0, 3) logits), and an ngram drafter's: every unseen token at -1e4,
+  // two continuations a depth (almost every value ties at the cluster build's threshold)
+  const ngramRows = (V: number) => {
+    const rows = new Float32Array(DEPTH * V).fill(-1e4);
+    for (let d = 0; d < DEPTH; d++) for (const [token, logit] of [[17 + 31 * d, Math.log(0.75)], [4000 + d, Math.log(0.25)]]) rows[d * V + token] = logit;
+    return rows;
+  };
+  for (const [V, drafter] of [[8192, 'dflash'], [163840, 'dflash'], [8192, 'ngram']] as const) {
+    const draft = gpu.fromArray('f32', [DEPTH, V], drafter === 'ngram' ? ngramRows(V) : Float32Array.from({ length: DEPTH * V }, () => 3 * rng.normal()));
     const top1 = gpu.empty('i32', [DEPTH]);
     const argmaxUs = timeLaunches(gpu, () => gpu.native.argmax({ x: draft, out: top1 })) * 1e3;
     for (const budget of [1, 3, 7, 16, 32]) {
@@ -566,15 +573,15 @@ if (runs('ddtree')) {
       const t = treeOutputs(gpu, nodes);
       const buildUs = timeLaunches(gpu, () => gpu.native.ddtreeBuild({ draftLogits: draft, root: 1, budget, start: 1000, ...t })) * 1e3;
       const form = gpu.native.lastForm() ?? '?';
-      rows.push([String(V), String(budget), form, buildUs.toFixed(2), argmaxUs.toFixed(2), (buildUs - argmaxUs).toFixed(2)]);
-      smallReport.push({ vocab: V, depth: DEPTH, budget, form, buildUs, argmaxUs });
+      rows.push([drafter, String(V), String(budget), form, buildUs.toFixed(2), argmaxUs.toFixed(2), (buildUs - argmaxUs).toFixed(2)]);
+      smallReport.push({ drafter, vocab: V, depth: DEPTH, budget, form, buildUs, argmaxUs });
       gpu.free(...Object.values(t));
     }
     gpu.free(draft, top1);
   }
   report.ddtreeOneLaunch = smallReport;
   log('');
-  log(table(['vocabulary', 'budget', 'build', 'build us', 'argmax us (chain)', 'difference us'], rows));
+  log(table(['rows', 'vocabulary', 'budget', 'build', 'build us', 'argmax us (chain)', 'difference us'], rows));
 }
 
 // The small ops of a Kimi K2 decode step at their sizes (one token; attention heads and the cache of

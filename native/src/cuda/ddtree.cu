@@ -317,12 +317,13 @@ __device__ __forceinline__ bool PopsBefore(double w, int seq, double w2, int seq
 constexpr int kMaxNodes = static_cast<int>(kMaxDdtreeBudget) + 1;
 
 // The expansion of a small tree (at most kListPops pops) by warp 0 with the frontier in registers:
-// lane i holds the entry that pops i-th, so a pop is lane 0's entry and a shift down, and a push
-// an insertion at the count of entries that pop before it (a ballot) and a shift up; a pop's
-// dependent chain is a few shuffles instead of the pool's scan, reductions and shared-memory
-// round trips. Entries past lane 31 are dropped: at most kListPops - 1 pops follow
-// the first, and an entry behind that many others never pops (pushes only go ahead of it or
-// behind). A new entry has the largest push order yet, so it goes behind entries of equal w.
+// lane i holds the entry that pops i-th, so a pop is lane 0's entry, and the list after it (the
+// rest shifted down, the pop's sibling and child inserted) is one select per lane between its own
+// entry and its neighbours', which are shuffled before the new entries are known: a pop's
+// dependent chain is a shuffle, the log-prob reads, an add and a ballot. An entry goes behind
+// every entry with w >= its own (a new entry has the largest push order yet; the sibling is pushed
+// before the child). Entries past lane 31 are dropped: at most kListPops - 1 pops follow the
+// first, and an entry behind that many others never pops (pushes only go ahead of it or behind).
 constexpr int kListPops = 32;
 __device__ void ExpandWarpList(const double* lp_table, const float* values, const double* logz, int depth, int k, int n, int* at_s, int* parents_s, int* depths_s,
                                int* size_s, int32_t* size_out, float* log_probs) {
@@ -336,23 +337,12 @@ __device__ void ExpandWarpList(const double* lp_table, const float* values, cons
     if (lane == 0) w = lp(0, 0), meta = 1 << 16;  // the root's first child: parent 0, rank 0, depth 1
     len = 1;
   }
-  // inserts (nw, nmeta) behind every entry with w >= nw
-  auto insert = [&](double nw, int nmeta) {
-    const int at = __popc(__ballot_sync(0xffffffffu, lane < len && w >= nw));
-    const double up_w = __shfl_up_sync(0xffffffffu, w, 1);
-    const int up_meta = __shfl_up_sync(0xffffffffu, meta, 1);
-    if (lane == at) w = nw, meta = nmeta;
-    else if (lane > at) w = up_w, meta = up_meta;
-    len = min(len + 1, 32);
-  };
   while (len > 0 && size < n) {
     const double ew = __shfl_sync(0xffffffffu, w, 0);
     const int em = __shfl_sync(0xffffffffu, meta, 0);
-    const double down_w = __shfl_down_sync(0xffffffffu, w, 1);
-    const int down_meta = __shfl_down_sync(0xffffffffu, meta, 1);
-    w = lane < 31 ? down_w : -INFINITY;
-    meta = lane < 31 ? down_meta : 0;
-    --len;
+    // the neighbours' entries: lane i's new entry is old entry i + 1, i or i - 1
+    const double next_w = __shfl_down_sync(0xffffffffu, w, 1), prev_w = __shfl_up_sync(0xffffffffu, w, 1);
+    const int next_meta = __shfl_down_sync(0xffffffffu, meta, 1), prev_meta = __shfl_up_sync(0xffffffffu, meta, 1);
     const int parent = em & 0xFF, rank = em >> 8 & 0xFF, d = em >> 16;
     const int node = size++;
     if (lane == 0) {
@@ -361,8 +351,33 @@ __device__ void ExpandWarpList(const double* lp_table, const float* values, cons
       depths_s[node] = d;
       if (log_probs != nullptr) log_probs[node] = static_cast<float>(ew);
     }
-    if (rank + 1 < k) insert(ew - lp(d - 1, rank) + lp(d - 1, rank + 1), parent | (rank + 1) << 8 | d << 16);
-    if (d < depth) insert(ew + lp(d, 0), node | (d + 1) << 16);
+    const bool sibling = rank + 1 < k, child = d < depth;
+    const double sw = sibling ? ew - lp(d - 1, rank) + lp(d - 1, rank + 1) : 0.0;
+    const double cw = child ? ew + lp(d, 0) : 0.0;
+    const int smeta = parent | (rank + 1) << 8 | d << 16, cmeta = node | (d + 1) << 16;
+    // entries of the rest (old lanes 1 .. len - 1) ahead of each new one
+    const bool rest = lane >= 1 && lane < len;
+    const int s_ahead = __popc(__ballot_sync(0xffffffffu, rest && w >= sw));
+    const int c_ahead = __popc(__ballot_sync(0xffffffffu, rest && w >= cw));
+    // the first new entry at its count, the second behind it too (the max only matters for NaN w)
+    const bool sibling_first = !child || (sibling && sw >= cw);
+    const int first_at = sibling_first ? s_ahead : c_ahead, second_ahead = sibling_first ? c_ahead : s_ahead;
+    const bool two = sibling && child;
+    const int lo = sibling || child ? first_at : 32, hi = two ? max(second_ahead + 1, first_at + 1) : 32;
+    const double lo_w = sibling_first ? sw : cw, hi_w = sibling_first ? cw : sw;
+    const int lo_meta = sibling_first ? smeta : cmeta, hi_meta = sibling_first ? cmeta : smeta;
+    const int shift = (lane > lo) + (lane > hi);  // new entries ahead of this lane
+    const double own_w = w;
+    const int own_meta = meta;
+    if (lane == lo) {
+      w = lo_w, meta = lo_meta;
+    } else if (lane == hi) {
+      w = hi_w, meta = hi_meta;
+    } else {
+      w = shift == 0 ? next_w : shift == 1 ? own_w : prev_w;
+      meta = shift == 0 ? next_meta : shift == 1 ? own_meta : prev_meta;
+    }
+    len = min(len - 1 + static_cast<int>(sibling) + static_cast<int>(child), 32);
   }
   if (lane == 0) {
     *size_s = size;
@@ -631,28 +646,47 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
 
 // ---- small drafts: a row a block, the rows' blocks one cluster ----
 // Up to 8 rows of up to policy::kDdtreeClusterMaxVocab values: a row fits in the registers of one
-// block (kPerThread values a thread), so block r of a cluster of `depth` blocks takes row r whole,
-// keeping its log-sum-exp and k best in its shared memory, and block 0 reads them through the
-// cluster's distributed shared memory and builds the tree. The fused build
-// (above) needs a global round trip, a device-wide fence and a last-block count after its slices,
-// and merges each row's top-k three times (warps, slices, rows); on a small target (a decode step
-// of ~0.2 ms) that serial chain is what made a DDTree step dearer than a chain step of the same
-// nodes. Here a row's k best come from one threshold pass: T = the k-th largest of the 32 warps'
-// maxima leaves at least k values >= T (typically a few more), which are ranked against each
-// other; rows of heavy ties (more than kClusterCandidates such values) take k rounds of a
-// block-wide pick.
+// block (kPerThread values a thread), so block r of a cluster of `depth` blocks takes row r whole
+// and writes its log-sum-exp and k best into block 0's shared memory (distributed shared memory),
+// and block 0 builds the tree. The fused build (above) needs a global round trip, a device-wide
+// fence and a last-block count after its slices, and merges each row's top-k three times (warps,
+// slices, rows); on a small target (a decode step of ~0.2 ms) that serial chain is what made a
+// DDTree step dearer than a chain step of the same nodes. Here a row's k best come from one
+// threshold pass: T = the k-th largest of the 32 warps' maxima leaves at least k values >= T,
+// those above T (typically a few more than k - 1) ranked against each other and those equal to T
+// after them by index. Where the values equal to T are too many to keep (a drafter that gives
+// every unseen token one low logit) the lowest indices among them are found in index order; rows
+// with too many values above T take k rounds of a block-wide pick.
 constexpr int kClusterCandidates = 256;
 constexpr int kClusterRows = policy::kDdtreeClusterMaxBlocks;
 static_assert(policy::kDdtreeClusterValuesPerThread == 8 && policy::kDdtreeClusterMaxVocab == 1024 * 8, "the cluster build's instances (LaunchDdtreeBuild) follow its limits");
 
+// The cluster's barrier in two halves (sm_90): arrive (release: this thread's writes, distributed
+// shared memory included, are visible to whoever waits after it; relaxed: nothing to publish)
+// and wait (acquire). Arrives and waits alternate in each thread; a wait counts only threads that
+// have not exited.
+__device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void ClusterArriveRelaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
 // A (key, index) pair as one ordered word: larger keys first, then the lower index.
 __device__ __forceinline__ unsigned long long RankWord(uint32_t key, uint32_t index) { return static_cast<unsigned long long>(key) << 32 | (0xFFFFFFFFu - index); }
+
+// Shared memory of ClusterRow.
+struct ClusterRowScratch {
+  uint32_t warp_max[32];
+  double warp_sum[32];
+  unsigned long long above[kClusterCandidates];  // values above T, as rank words
+  int equal[kClusterCandidates];                 // indices of values equal to T
+  int above_count, equal_count;
+  uint32_t threshold;
+  uint2 pick[2][32];  // per warp: a round's pick, or an index-order step's count (.x)
+};
 
 // The row's log-sum-exp (f64) and its k best (key desc, index asc) as values and tokens, by a
 // block of 1024 threads; thread t holds values t, t + 1024, ... Returns synchronized.
 template <int kPerThread>
-__device__ void ClusterRow(const float* row, int64_t cols, int k, uint32_t* warp_max, double* warp_sum, unsigned long long* cand, int* cand_count, uint2 (*pick)[32],
-                           float* out_values, int32_t* out_tokens, double* out_logz) {
+__device__ void ClusterRow(const float* row, int64_t cols, int k, ClusterRowScratch& sh, float* out_values, int32_t* out_tokens, double* out_logz) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const unsigned lanes_before = (1u << lane) - 1;
   const auto valid = [&](int j) { return static_cast<int64_t>(threadIdx.x) + 1024 * j < cols; };
@@ -664,32 +698,21 @@ __device__ void ClusterRow(const float* row, int64_t cols, int k, uint32_t* warp
     mine = max(mine, key[j]);
   }
   const uint32_t wmax = __reduce_max_sync(0xffffffffu, mine);
-  if (lane == 0) warp_max[warp] = wmax;
-  if (threadIdx.x == 0) *cand_count = 0;
+  if (lane == 0) sh.warp_max[warp] = wmax;
+  if (threadIdx.x == 0) sh.above_count = sh.equal_count = 0;
   __syncthreads();
-  // every warp: the row's maximum, and T = the k-th largest warp maximum (k <= 32 warps), from the
-  // 32 maxima sorted descending across the lanes (bitonic)
-  uint32_t w = warp_max[lane];
+  uint32_t w = sh.warp_max[lane];
   const uint32_t max_key = __reduce_max_sync(0xffffffffu, w);
-  for (int size = 2; size <= 32; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const uint32_t o = __shfl_xor_sync(0xffffffffu, w, stride);
-      w = (((lane & stride) == 0) == ((lane & size) == 0)) ? max(w, o) : min(w, o);
+  // warp 0: T = the k-th largest warp maximum (k <= 32 warps), from the 32 maxima sorted
+  // descending across its lanes (bitonic); one warp sorts while the others start on the sum
+  if (warp == 0) {
+    for (int size = 2; size <= 32; size <<= 1) {
+      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+        const uint32_t o = __shfl_xor_sync(0xffffffffu, w, stride);
+        w = (((lane & stride) == 0) == ((lane & size) == 0)) ? max(w, o) : min(w, o);
+      }
     }
-  }
-  const uint32_t threshold = __shfl_sync(0xffffffffu, w, k - 1);
-  // candidates: the values >= T, in any order (they are ranked below)
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const bool in = valid(j) && key[j] >= threshold;
-    const unsigned ballot = __ballot_sync(0xffffffffu, in);
-    if (ballot == 0) continue;
-    const int leader = __ffs(ballot) - 1;
-    int base = 0;
-    if (lane == leader) base = atomicAdd(cand_count, __popc(ballot));
-    base = __shfl_sync(0xffffffffu, base, leader);
-    const int at = base + __popc(ballot & lanes_before);
-    if (in && at < kClusterCandidates) cand[at] = RankWord(key[j], static_cast<uint32_t>(threadIdx.x + 1024 * j));
+    if (lane == k - 1) sh.threshold = w;
   }
   // sum of exp(x - max) in f64: each thread in index order, then a fixed tree. Terms below e^-60
   // are left out: the sum holds the max's term, 1, and 8192 of them add less than 1e-22, below
@@ -704,23 +727,90 @@ __device__ void ClusterRow(const float* row, int64_t cols, int k, uint32_t* warp
     }
   }
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
-  if (lane == 0) warp_sum[warp] = sum;
+  if (lane == 0) sh.warp_sum[warp] = sum;
   __syncthreads();
+  const uint32_t threshold = sh.threshold;
+  // candidates: the values above T and those equal to it, each in any order (ranked below); most
+  // warps hold none
+  bool any = false;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) any |= valid(j) && key[j] >= threshold;
+  if (__any_sync(0xffffffffu, any)) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const bool gt = valid(j) && key[j] > threshold, eq = valid(j) && key[j] == threshold;
+      const unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
+      if ((bgt | beq) == 0) continue;
+      const int leader = __ffs(bgt | beq) - 1;
+      int base_gt = 0, base_eq = 0;
+      if (lane == leader) {
+        if (bgt) base_gt = atomicAdd(&sh.above_count, __popc(bgt));
+        if (beq) base_eq = atomicAdd(&sh.equal_count, __popc(beq));
+      }
+      base_gt = __shfl_sync(0xffffffffu, base_gt, leader);
+      base_eq = __shfl_sync(0xffffffffu, base_eq, leader);
+      const uint32_t index = threadIdx.x + 1024 * j;
+      if (gt) {
+        const int at = base_gt + __popc(bgt & lanes_before);
+        if (at < kClusterCandidates) sh.above[at] = RankWord(key[j], index);
+      } else if (eq) {
+        const int at = base_eq + __popc(beq & lanes_before);
+        if (at < kClusterCandidates) sh.equal[at] = static_cast<int>(index);
+      }
+    }
+  }
   if (warp == 0) {
-    double total = warp_sum[lane];
+    double total = sh.warp_sum[lane];
     for (int off = 16; off > 0; off >>= 1) total += __shfl_down_sync(0xffffffffu, total, off);
     if (lane == 0) *out_logz = m == -INFINITY ? -INFINITY : static_cast<double>(m) + log(total);
   }
-  const int count = *cand_count;
-  if (count <= kClusterCandidates) {
-    // rank each candidate among the others (distinct words: the index breaks ties)
-    if (threadIdx.x < count) {
-      const unsigned long long me = cand[threadIdx.x];
-      int above = 0;
-      for (int j = 0; j < count; ++j) above += cand[j] > me;
-      if (above < k) {
-        out_values[above] = FromOrderKey(static_cast<uint32_t>(me >> 32));
-        out_tokens[above] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(me));
+  __syncthreads();
+  const int above = sh.above_count, equal = sh.equal_count;
+  const float t_value = FromOrderKey(threshold);
+  if (above <= kClusterCandidates) {
+    // the values above T, each ranked among the others (distinct words: the index breaks ties)
+    if (threadIdx.x < above) {
+      const unsigned long long me = sh.above[threadIdx.x];
+      int ahead = 0;
+      for (int j = 0; j < above; ++j) ahead += sh.above[j] > me;
+      if (ahead < k) {
+        out_values[ahead] = FromOrderKey(static_cast<uint32_t>(me >> 32));
+        out_tokens[ahead] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(me));
+      }
+    }
+    const int need = k - above;  // from the values equal to T, lowest index first
+    if (need > 0 && equal <= kClusterCandidates) {
+      if (threadIdx.x < equal) {
+        const int me = sh.equal[threadIdx.x];
+        int ahead = 0;
+        for (int j = 0; j < equal; ++j) ahead += sh.equal[j] < me;
+        if (ahead < need) {
+          out_values[above + ahead] = t_value;
+          out_tokens[above + ahead] = me;
+        }
+      }
+    } else if (need > 0) {
+      // more than were kept: in index order (step j holds indices 1024 j .. 1024 j + 1023 by
+      // thread), each step's count per warp scanned, until `need` are placed
+      int taken = 0;
+      for (int j = 0; j < kPerThread && taken < need; ++j) {
+        const bool eq = valid(j) && key[j] == threshold;
+        const unsigned beq = __ballot_sync(0xffffffffu, eq);
+        if (lane == 0) sh.pick[j & 1][warp].x = __popc(beq);
+        __syncthreads();  // pick[j & 1] was last read before the previous step's barrier
+        const int count = static_cast<int>(sh.pick[j & 1][lane].x);
+        int incl = count;
+        for (int d = 1; d < 32; d <<= 1) {
+          const int u = __shfl_up_sync(0xffffffffu, incl, d);
+          if (lane >= d) incl += u;
+        }
+        const int warp_before = __shfl_sync(0xffffffffu, incl - count, warp), total = __shfl_sync(0xffffffffu, incl, 31);
+        const int at = taken + warp_before + __popc(beq & lanes_before);
+        if (eq && at < need) {
+          out_values[above + at] = t_value;
+          out_tokens[above + at] = static_cast<int32_t>(threadIdx.x + 1024 * j);
+        }
+        taken += total;
       }
     }
   } else {
@@ -736,9 +826,9 @@ __device__ void ClusterRow(const float* row, int64_t cols, int k, uint32_t* warp
       }
       uint32_t bk, bi;
       const bool warp_has = WarpBestPair(has, static_cast<uint32_t>(best >> 32), has ? 0xFFFFFFFFu - static_cast<uint32_t>(best) : 0u, &bk, &bi);
-      if (lane == 0) pick[r & 1][warp] = warp_has ? make_uint2(bk, bi) : make_uint2(0u, 0xFFFFFFFFu);
+      if (lane == 0) sh.pick[r & 1][warp] = warp_has ? make_uint2(bk, bi) : make_uint2(0u, 0xFFFFFFFFu);
       __syncthreads();  // pick[r & 1] was last read before the previous round's barrier
-      const uint2 p = pick[r & 1][lane];
+      const uint2 p = sh.pick[r & 1][lane];
       WarpBestPair(p.y != 0xFFFFFFFFu, p.x, p.y, &bk, &bi);
       prev = RankWord(bk, bi);
       if (threadIdx.x == 0) {
@@ -756,32 +846,31 @@ __global__ void __launch_bounds__(1024) ClusterBuildKernel(const float* x, int d
                                                            int32_t* size_out, float* log_probs) {
   PdlWait();
   PdlLaunchDependents();
+  // arrive now and wait before the first write into block 0: by then every block of the cluster
+  // has started, so its shared memory exists
+  ClusterArriveRelaxed();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const int me = static_cast<int>(cluster.block_rank());  // the row of this block
   __shared__ float row_values[kFusedK];
   __shared__ int32_t row_tokens[kFusedK];
   __shared__ double row_logz;
-  __shared__ uint32_t warp_max[32];
-  __shared__ double warp_sum[32];
-  __shared__ unsigned long long cand[kClusterCandidates];
-  __shared__ int cand_count;
-  __shared__ uint2 pick[2][32];
-  ClusterRow<kPerThread>(x + me * cols, cols, k, warp_max, warp_sum, cand, &cand_count, pick, row_values, row_tokens, &row_logz);
-  cluster.sync();  // every row's results are in its block's shared memory
+  __shared__ ClusterRowScratch scratch;
+  ClusterRow<kPerThread>(x + me * cols, cols, k, scratch, row_values, row_tokens, &row_logz);
+  // every row's results into block 0's shared memory; the other blocks then leave (nothing reads
+  // theirs)
   __shared__ float values_s[kClusterRows * kFusedK];
   __shared__ int32_t tok_s[kClusterRows * kFusedK];
   __shared__ double logz_s[kClusterRows];
-  if (me == 0) {
-    for (int i = threadIdx.x; i < depth * k; i += blockDim.x) {
-      const int d = i / k, r = i % k;
-      values_s[i] = cluster.map_shared_rank(row_values, d)[r];
-      tok_s[i] = cluster.map_shared_rank(row_tokens, d)[r];
-    }
-    for (int d = threadIdx.x; d < depth; d += blockDim.x) logz_s[d] = *cluster.map_shared_rank(&row_logz, d);
+  ClusterWait();
+  if (threadIdx.x < k) {
+    cluster.map_shared_rank(values_s, 0)[me * k + threadIdx.x] = row_values[threadIdx.x];
+    cluster.map_shared_rank(tok_s, 0)[me * k + threadIdx.x] = row_tokens[threadIdx.x];
   }
-  cluster.sync();  // block 0 has read the others' shared memory: they may exit
+  if (threadIdx.x == 0) *cluster.map_shared_rank(logz_s + me, 0) = row_logz;
+  ClusterArrive();
   if (me != 0) return;
+  ClusterWait();
   __shared__ FrontierEntry pool[kFusedK + 2];
   __shared__ double lp_table[kClusterRows * kFusedK];
   root = static_cast<int>(HostOrDevice(root, root_on_device));

@@ -352,10 +352,10 @@ export type W4A16Form =
   | 'even-columns-pieces'
   | 'x-in-place-pieces'
   | 'standard-pieces';
-/** What lastForm() reports: a gemm form, a W4A16 form, moeGemm on bf16 experts, or the cpu twin. */
 /** The builds of ddtreeBuild on cuda (dispatchPolicy 'ddtreeBuild'). */
 export type DdtreeBuildForm = 'cluster' | 'fused' | 'passes';
 
+/** What lastForm() reports: a gemm form, a W4A16 form, moeGemm on bf16 experts, a DDTree build, or the cpu twin. */
 export type KernelForm = GemmForm | W4A16Form | 'bf16-experts' | DdtreeBuildForm | 'cpu';
 
 /** A GEMM call (or a DDTree build) as the cuda dispatch rules see it (dispatchPolicy). */

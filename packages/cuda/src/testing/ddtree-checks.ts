@@ -31,9 +31,9 @@ function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, voca
 }
 
 const build: KernelCheck = {
-  name: "ddtree_build: tokens, parents, depths, positions, mask and the nodes' cumulative log-probs equal the reference tree (B 0..1024, V 3..163840, L 1..700; budgets 1..32 on the cluster and fused builds, exact ties among the logits, rows of one value, of one value but a few (an ngram draft), with a far outlier and with -Infinity), with root and start given by the host or read on the device; lastForm() names the build that ran",
+  name: "ddtree_build: tokens, parents, depths, positions, mask and the nodes' cumulative log-probs equal the reference tree (B 0..1024, V 3..163840, L 1..700; budgets 1..32 on the cluster and fused builds, exact ties among the logits, rows of one value, of one value but a few (an ngram draft), an ngram draft's floor past the first 1024 tokens, with a far outlier and with -Infinity), with root and start given by the host or read on the device; lastForm() names the build that ran",
   run(b) {
-    const cases: { depth: number; vocab: number; budget: number; ties?: boolean; flat?: boolean; ngram?: boolean; spike?: boolean; negInf?: boolean }[] = [
+    const cases: { depth: number; vocab: number; budget: number; ties?: boolean; flat?: boolean; ngram?: boolean; low?: boolean; spike?: boolean; negInf?: boolean }[] = [
       // budgets 1..32 over at most 8 depths of 8192 tokens: the cluster build (dispatchPolicy
       // 'ddtreeBuild'), a row a block
       { depth: 1, vocab: 5, budget: 1 },
@@ -49,6 +49,9 @@ const build: KernelCheck = {
       // e^-60 of the maximum left out of the sum); -Infinity among the logits
       { depth: 3, vocab: 300, budget: 16 },
       { depth: 4, vocab: 8192, budget: 32, ngram: true },
+      // an ngram draft whose first 1500 tokens lie below its floor: the lowest indices at the
+      // threshold are past the first 1024
+      { depth: 3, vocab: 8192, budget: 20, ngram: true, low: true },
       { depth: 2, vocab: 3, budget: 32 },
       { depth: 5, vocab: 2048, budget: 8, spike: true },
       { depth: 3, vocab: 1000, budget: 12, negInf: true },
@@ -78,7 +81,7 @@ const build: KernelCheck = {
       const logits = c.flat ? new Float32Array(c.depth * c.vocab).fill(0.5) : c.ties ? randomF32(c.depth * c.vocab, 40 + i, 1.5).map((v) => Math.round(v) + 0) : randomF32(c.depth * c.vocab, 40 + i, 3);
       for (let d = 0; d < c.depth; d++) {
         const row = logits.subarray(d * c.vocab, (d + 1) * c.vocab);
-        if (c.ngram) row.forEach((v, j) => (row[j] = j % 997 === d ? 2 + v : -1e4));
+        if (c.ngram) row.forEach((v, j) => (row[j] = j % 997 === d ? 2 + v : c.low && j < 1500 ? -2e4 : -1e4));
         if (c.spike) row[(d * 131) % c.vocab] += 100;
         if (c.negInf) row.forEach((v, j) => (row[j] = j % 3 === 0 ? -Infinity : v));
       }
