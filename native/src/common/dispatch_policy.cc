@@ -380,11 +380,9 @@ Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* p
 // registers at 8 values a thread (the cluster build), else each slice's values within its lanes'
 // registers (the fused build). Larger budgets, depths or vocabularies run the four-launch build
 // (radix-select top-k, log-sum-exp slices and merge, a one-block build). The cluster build's cost
-// grows with the values a thread and the rows a block: at 16 values a thread and two rows on a
-// block (9 x 16384) it took 24.7 us for 8 nodes where the fused build took ~16; at one row a block
-// of 8192 values it takes 10.3 us, where the fused build took 15.0 before both expanded the tree in
-// a warp's registers (docs/gpu/notes.md). Rows of one value nearly throughout (an ngram drafter's
-// unseen tokens) take its k rounds: 17 us at budget 8, 46 at 32 (4 x 8192).
+// grows with the values a thread and the rows a block (a row's pass is bound by its SM's issue
+// rate): at 16 values a thread and two rows a block it lost to the fused build, at one row of up
+// to 8192 values a block it wins (docs/benchmarks/cuda.md).
 DdtreeBuildForm PlanDdtreeBuild(int64_t budget, int64_t depth, int64_t vocab) {
   const bool one_launch = budget >= 1 && budget <= kDdtreeFusedMaxBudget && depth >= 1 && depth <= kDdtreeFusedMaxDepth && vocab >= 1 && vocab <= kDdtreeFusedMaxVocab;
   if (!one_launch) return DdtreeBuildForm::kPasses;

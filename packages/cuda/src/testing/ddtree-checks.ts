@@ -41,12 +41,13 @@ const build: KernelCheck = {
       { depth: 8, vocab: 7000, budget: 32 },
       { depth: 2, vocab: 1500, budget: 3 },
       // logits of a few values: ties within a warp and across warps; rows of one value (more
-      // values at the threshold than the candidates the cluster build ranks: its rounds)
+      // values at the threshold than the cluster build keeps: placed in index order)
       { depth: 5, vocab: 3000, budget: 24, ties: true },
       { depth: 3, vocab: 4096, budget: 16, flat: true },
-      // more values at the threshold than ranked: warps without values (T = 0), an ngram draft (the
-      // unseen tokens' one logit); fewer tokens than the budget; a far outlier (exponentials below
-      // e^-60 of the maximum left out of the sum); -Infinity among the logits
+      // warps without values (T = 0: more values above it than ranked, the cluster build's k
+      // rounds), an ngram draft (the unseen tokens' one logit, placed in index order); fewer tokens
+      // than the budget; a far outlier (exponentials below e^-60 of the maximum left out of the
+      // sum); -Infinity among the logits
       { depth: 3, vocab: 300, budget: 16 },
       { depth: 4, vocab: 8192, budget: 32, ngram: true },
       // an ngram draft whose first 1500 tokens lie below its floor: the lowest indices at the
