@@ -388,12 +388,14 @@ Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* p
 DdtreeBuildForm PlanDdtreeBuild(int64_t budget, int64_t depth, int64_t vocab) {
   const bool one_launch = budget >= 1 && budget <= kDdtreeFusedMaxBudget && depth >= 1 && depth <= kDdtreeFusedMaxDepth && vocab >= 1 && vocab <= kDdtreeFusedMaxVocab;
   if (!one_launch) return DdtreeBuildForm::kPasses;
-  return depth <= kDdtreeClusterMaxBlocks && vocab <= kDdtreeClusterMaxVocab ? DdtreeBuildForm::kCluster : DdtreeBuildForm::kFused;
+  if (depth > kDdtreeClusterMaxBlocks || vocab > kDdtreeClusterMaxVocab) return DdtreeBuildForm::kFused;
+  return vocab > kDdtreeClusterHalfVocab ? DdtreeBuildForm::kClusterHalves : DdtreeBuildForm::kCluster;
 }
 
 const char* DdtreeBuildFormName(DdtreeBuildForm form) {
   switch (form) {
     case DdtreeBuildForm::kCluster: return "cluster";
+    case DdtreeBuildForm::kClusterHalves: return "cluster-halves";
     case DdtreeBuildForm::kFused: return "fused";
     case DdtreeBuildForm::kPasses: return "passes";
   }
