@@ -380,18 +380,21 @@ Status PlanGemm(const GemmCall& c, const Device& d, GemmForm forced, GemmPlan* p
 // registers at 8 values a thread (the cluster build), else each slice's values within its lanes'
 // registers (the fused build). Larger budgets, depths or vocabularies run the four-launch build
 // (radix-select top-k, log-sum-exp slices and merge, a one-block build). The cluster build's cost
-// grows with the values a thread and the rows a block (a row's pass is bound by its SM's issue
-// rate): at 16 values a thread and two rows a block it lost to the fused build, at one row of up
-// to 8192 values a block it wins (docs/benchmarks/cuda.md).
+// grows with the values a block (a part's pass is bound by its SM's issue rate): at 16 values a
+// thread and two rows a block it lost to the fused build; at one row of up to 8192 values a block
+// it wins, and rows past 4096 values over two blocks take ~1.2 us less again at budgets up to 16
+// (docs/benchmarks/cuda.md).
 DdtreeBuildForm PlanDdtreeBuild(int64_t budget, int64_t depth, int64_t vocab) {
   const bool one_launch = budget >= 1 && budget <= kDdtreeFusedMaxBudget && depth >= 1 && depth <= kDdtreeFusedMaxDepth && vocab >= 1 && vocab <= kDdtreeFusedMaxVocab;
   if (!one_launch) return DdtreeBuildForm::kPasses;
-  return depth <= kDdtreeClusterMaxBlocks && vocab <= kDdtreeClusterMaxVocab ? DdtreeBuildForm::kCluster : DdtreeBuildForm::kFused;
+  if (depth > kDdtreeClusterMaxBlocks || vocab > kDdtreeClusterMaxVocab) return DdtreeBuildForm::kFused;
+  return vocab > kDdtreeClusterHalfVocab ? DdtreeBuildForm::kClusterHalves : DdtreeBuildForm::kCluster;
 }
 
 const char* DdtreeBuildFormName(DdtreeBuildForm form) {
   switch (form) {
     case DdtreeBuildForm::kCluster: return "cluster";
+    case DdtreeBuildForm::kClusterHalves: return "cluster-halves";
     case DdtreeBuildForm::kFused: return "fused";
     case DdtreeBuildForm::kPasses: return "passes";
   }

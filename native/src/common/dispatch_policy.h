@@ -151,13 +151,16 @@ constexpr int kDdtreeFusedSlices = 16;
 constexpr int kDdtreeFusedValuesPerLane = 16;
 constexpr int64_t kDdtreeFusedMaxVocab = int64_t{kDdtreeFusedSlices} * 32 * 32 * kDdtreeFusedValuesPerLane;
 // Of those, up to kDdtreeClusterMaxBlocks depths over up to kDdtreeClusterMaxVocab tokens take the
-// cluster build (ddtree.cu): each row in the registers of its own block of 1024 threads
-// (kDdtreeClusterValuesPerThread values a thread), the rows' blocks one thread-block cluster whose
-// block 0 reads the rows' results from the others' shared memory and builds the tree.
+// cluster build (ddtree.cu): a row in the registers of one block of 1024 threads
+// (kDdtreeClusterValuesPerThread values a thread), or of two blocks for rows past
+// kDdtreeClusterHalfVocab tokens ('cluster-halves': a cluster of 2 x depth blocks, past the
+// portable size, where the device holds one; else a block a row), the blocks one thread-block
+// cluster whose block 0 merges the rows' parts from the others' writes and builds the tree.
 constexpr int kDdtreeClusterValuesPerThread = 8;
-constexpr int kDdtreeClusterMaxBlocks = 8;  // the portable cluster size
+constexpr int kDdtreeClusterMaxBlocks = 8;  // rows: the portable cluster size
 constexpr int64_t kDdtreeClusterMaxVocab = int64_t{1024} * kDdtreeClusterValuesPerThread;
-enum class DdtreeBuildForm { kCluster, kFused, kPasses };
+constexpr int64_t kDdtreeClusterHalfVocab = kDdtreeClusterMaxVocab / 2;
+enum class DdtreeBuildForm { kCluster, kClusterHalves, kFused, kPasses };
 DdtreeBuildForm PlanDdtreeBuild(int64_t budget, int64_t depth, int64_t vocab);
 const char* DdtreeBuildFormName(DdtreeBuildForm form);
 

@@ -10,6 +10,7 @@
 //   commit  KV[start + k] = KV[start + path[k]] for k ascending, in every cache tensor
 // Ties follow the reference: tokens by (logit desc, id asc); frontier entries by (log-prob desc, push order).
 #include <algorithm>
+#include <atomic>
 #include <climits>
 
 #include <cooperative_groups.h>
@@ -317,13 +318,12 @@ __device__ __forceinline__ bool PopsBefore(double w, int seq, double w2, int seq
 constexpr int kMaxNodes = static_cast<int>(kMaxDdtreeBudget) + 1;
 
 // The expansion of a small tree (at most kListPops pops) by warp 0 with the frontier in registers:
-// lane i holds the entry that pops i-th, so a pop is lane 0's entry, and the list after it (the
-// rest shifted down, the pop's sibling and child inserted) is one select per lane between its own
-// entry and its neighbours', which are shuffled before the new entries are known: a pop's
-// dependent chain is a shuffle, the log-prob reads, an add and a ballot. An entry goes behind
-// every entry with w >= its own (a new entry has the largest push order yet; the sibling is pushed
-// before the child). Entries past lane 31 are dropped: at most kListPops - 1 pops follow the
-// first, and an entry behind that many others never pops (pushes only go ahead of it or behind).
+// lane i holds the entry that pops i-th, so a pop is lane 0's entry and a shift down, and a push
+// an insertion at the count of entries that pop before it (a ballot) and a shift up; a pop's
+// dependent chain is a few shuffles instead of the pool's scan, reductions and shared-memory
+// round trips. Entries past lane 31 are dropped: at most kListPops - 1 pops follow
+// the first, and an entry behind that many others never pops (pushes only go ahead of it or
+// behind). A new entry has the largest push order yet, so it goes behind entries of equal w.
 constexpr int kListPops = 32;
 __device__ void ExpandWarpList(const double* lp_table, const float* values, const double* logz, int depth, int k, int n, int* at_s, int* parents_s, int* depths_s,
                                int* size_s, int32_t* size_out, float* log_probs) {
@@ -337,12 +337,23 @@ __device__ void ExpandWarpList(const double* lp_table, const float* values, cons
     if (lane == 0) w = lp(0, 0), meta = 1 << 16;  // the root's first child: parent 0, rank 0, depth 1
     len = 1;
   }
+  // inserts (nw, nmeta) behind every entry with w >= nw
+  auto insert = [&](double nw, int nmeta) {
+    const int at = __popc(__ballot_sync(0xffffffffu, lane < len && w >= nw));
+    const double up_w = __shfl_up_sync(0xffffffffu, w, 1);
+    const int up_meta = __shfl_up_sync(0xffffffffu, meta, 1);
+    if (lane == at) w = nw, meta = nmeta;
+    else if (lane > at) w = up_w, meta = up_meta;
+    len = min(len + 1, 32);
+  };
   while (len > 0 && size < n) {
     const double ew = __shfl_sync(0xffffffffu, w, 0);
     const int em = __shfl_sync(0xffffffffu, meta, 0);
-    // the neighbours' entries: lane i's new entry is old entry i + 1, i or i - 1
-    const double next_w = __shfl_down_sync(0xffffffffu, w, 1), prev_w = __shfl_up_sync(0xffffffffu, w, 1);
-    const int next_meta = __shfl_down_sync(0xffffffffu, meta, 1), prev_meta = __shfl_up_sync(0xffffffffu, meta, 1);
+    const double down_w = __shfl_down_sync(0xffffffffu, w, 1);
+    const int down_meta = __shfl_down_sync(0xffffffffu, meta, 1);
+    w = lane < 31 ? down_w : -INFINITY;
+    meta = lane < 31 ? down_meta : 0;
+    --len;
     const int parent = em & 0xFF, rank = em >> 8 & 0xFF, d = em >> 16;
     const int node = size++;
     if (lane == 0) {
@@ -351,33 +362,8 @@ __device__ void ExpandWarpList(const double* lp_table, const float* values, cons
       depths_s[node] = d;
       if (log_probs != nullptr) log_probs[node] = static_cast<float>(ew);
     }
-    const bool sibling = rank + 1 < k, child = d < depth;
-    const double sw = sibling ? ew - lp(d - 1, rank) + lp(d - 1, rank + 1) : 0.0;
-    const double cw = child ? ew + lp(d, 0) : 0.0;
-    const int smeta = parent | (rank + 1) << 8 | d << 16, cmeta = node | (d + 1) << 16;
-    // entries of the rest (old lanes 1 .. len - 1) ahead of each new one
-    const bool rest = lane >= 1 && lane < len;
-    const int s_ahead = __popc(__ballot_sync(0xffffffffu, rest && w >= sw));
-    const int c_ahead = __popc(__ballot_sync(0xffffffffu, rest && w >= cw));
-    // the first new entry at its count, the second behind it too (the max only matters for NaN w)
-    const bool sibling_first = !child || (sibling && sw >= cw);
-    const int first_at = sibling_first ? s_ahead : c_ahead, second_ahead = sibling_first ? c_ahead : s_ahead;
-    const bool two = sibling && child;
-    const int lo = sibling || child ? first_at : 32, hi = two ? max(second_ahead + 1, first_at + 1) : 32;
-    const double lo_w = sibling_first ? sw : cw, hi_w = sibling_first ? cw : sw;
-    const int lo_meta = sibling_first ? smeta : cmeta, hi_meta = sibling_first ? cmeta : smeta;
-    const int shift = (lane > lo) + (lane > hi);  // new entries ahead of this lane
-    const double own_w = w;
-    const int own_meta = meta;
-    if (lane == lo) {
-      w = lo_w, meta = lo_meta;
-    } else if (lane == hi) {
-      w = hi_w, meta = hi_meta;
-    } else {
-      w = shift == 0 ? next_w : shift == 1 ? own_w : prev_w;
-      meta = shift == 0 ? next_meta : shift == 1 ? own_meta : prev_meta;
-    }
-    len = min(len - 1 + static_cast<int>(sibling) + static_cast<int>(child), 32);
+    if (rank + 1 < k) insert(ew - lp(d - 1, rank) + lp(d - 1, rank + 1), parent | (rank + 1) << 8 | d << 16);
+    if (d < depth) insert(ew + lp(d, 0), node | (d + 1) << 16);
   }
   if (lane == 0) {
     *size_s = size;
@@ -644,22 +630,26 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
   BuildTree<kFusedK + 1>(values_s, tok_s, logz_s, depth, k, root, budget, start, true, pool, lp_table, tokens, parents, depths, positions, mask, size_out, log_probs);
 }
 
-// ---- small drafts: a row a block, the rows' blocks one cluster ----
-// Up to 8 rows of up to policy::kDdtreeClusterMaxVocab values: a row fits in the registers of one
-// block (kPerThread values a thread), so block r of a cluster of `depth` blocks takes row r whole
-// and writes its log-sum-exp and k best into block 0's shared memory (distributed shared memory),
-// and block 0 builds the tree. The fused build (above) needs a global round trip, a device-wide
-// fence and a last-block count after its slices, and merges each row's top-k three times (warps,
-// slices, rows); on a small target (a decode step of ~0.2 ms) that serial chain is what made a
-// DDTree step dearer than a chain step of the same nodes. Here a row's k best come from one
-// threshold pass: T = the k-th largest of the 32 warps' maxima leaves at least k values >= T,
-// those above T (typically a few more than k - 1) ranked against each other and those equal to T
-// after them by index. Where the values equal to T are too many to keep (a drafter that gives
-// every unseen token one low logit) the lowest indices among them are found in index order; rows
-// with too many values above T take k rounds of a block-wide pick.
+// ---- small drafts: a row over one or two blocks, the blocks one cluster ----
+// Up to 8 rows of up to policy::kDdtreeClusterMaxVocab values. A part of a row (the whole row, or
+// each half of a row past policy::kDdtreeClusterHalfVocab values) fits in the registers of one block of 1024
+// threads (kPerThread values a thread); the blocks of one cluster take a part each, write its
+// log-sum-exp partial and its k best into block 0's shared memory (distributed shared memory),
+// and block 0 merges each row's parts and builds the tree. The fused build (above) needs a global
+// round trip, a device-wide fence and a last-block count after its slices, and merges each row's
+// top-k three times (warps, slices, rows); on a small target (a decode step of ~0.2 ms) that
+// serial chain is what made a DDTree step dearer than a chain step of the same nodes. A part's
+// pass is bound by its SM's issue rate (f64 exponentials and ordering work for every value), so a
+// row of 8192 runs on two SMs: a cluster of 2 x depth blocks, past the portable size of 8, where
+// the device can hold one. A part's k best come from one threshold pass: T = the k-th largest of
+// its 32 warps' maxima leaves at least k values >= T, those above T (typically a few more than
+// k - 1) ranked against each other and those equal to T after them by index. Where the values
+// equal to T are too many to keep (a drafter that gives every unseen token one low logit) the
+// lowest indices among them are found in index order; parts with too many values above T take k
+// rounds of a block-wide pick.
 constexpr int kClusterCandidates = 256;
 constexpr int kClusterRows = policy::kDdtreeClusterMaxBlocks;
-static_assert(policy::kDdtreeClusterValuesPerThread == 8 && policy::kDdtreeClusterMaxVocab == 1024 * 8, "the cluster build's instances (LaunchDdtreeBuild) follow its limits");
+static_assert(policy::kDdtreeClusterValuesPerThread == 8 && policy::kDdtreeClusterHalfVocab == 4096, "the cluster build's instances (LaunchDdtreeBuild) follow its limits");
 
 // The cluster's barrier in two halves (sm_90): arrive (release: this thread's writes, distributed
 // shared memory included, are visible to whoever waits after it; relaxed: nothing to publish)
@@ -672,21 +662,21 @@ __device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wa
 // A (key, index) pair as one ordered word: larger keys first, then the lower index.
 __device__ __forceinline__ unsigned long long RankWord(uint32_t key, uint32_t index) { return static_cast<unsigned long long>(key) << 32 | (0xFFFFFFFFu - index); }
 
-// Shared memory of ClusterRow.
+// Shared memory of ClusterPart.
 struct ClusterRowScratch {
   uint32_t warp_max[32];
   double warp_sum[32];
   unsigned long long above[kClusterCandidates];  // values above T, as rank words
   int equal[kClusterCandidates];                 // indices of values equal to T
   int above_count, equal_count;
-  uint32_t threshold;
   uint2 pick[2][32];  // per warp: a round's pick, or an index-order step's count (.x)
 };
 
-// The row's log-sum-exp (f64) and its k best (key desc, index asc) as values and tokens, by a
-// block of 1024 threads; thread t holds values t, t + 1024, ... Returns synchronized.
+// A part's log-sum-exp partial (its max, and the f64 sum of exp(x - max)) and its min(k, cols) best
+// (key desc, index asc) as values and tokens (`first` + the index in the part), by a block of
+// 1024 threads; thread t holds values t, t + 1024, ... Returns synchronized.
 template <int kPerThread>
-__device__ void ClusterRow(const float* row, int64_t cols, int k, ClusterRowScratch& sh, float* out_values, int32_t* out_tokens, double* out_logz) {
+__device__ void ClusterPart(const float* row, int64_t cols, int32_t first, int k, ClusterRowScratch& sh, float* out_values, int32_t* out_tokens, double2* out_lse) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const unsigned lanes_before = (1u << lane) - 1;
   const auto valid = [&](int j) { return static_cast<int64_t>(threadIdx.x) + 1024 * j < cols; };
@@ -701,18 +691,39 @@ __device__ void ClusterRow(const float* row, int64_t cols, int k, ClusterRowScra
   if (lane == 0) sh.warp_max[warp] = wmax;
   if (threadIdx.x == 0) sh.above_count = sh.equal_count = 0;
   __syncthreads();
+  // every warp: the row's maximum, and T = the k-th largest warp maximum (k <= 32 warps), from the
+  // 32 maxima sorted descending across the lanes (bitonic)
   uint32_t w = sh.warp_max[lane];
   const uint32_t max_key = __reduce_max_sync(0xffffffffu, w);
-  // warp 0: T = the k-th largest warp maximum (k <= 32 warps), from the 32 maxima sorted
-  // descending across its lanes (bitonic); one warp sorts while the others start on the sum
-  if (warp == 0) {
-    for (int size = 2; size <= 32; size <<= 1) {
-      for (int stride = size >> 1; stride > 0; stride >>= 1) {
-        const uint32_t o = __shfl_xor_sync(0xffffffffu, w, stride);
-        w = (((lane & stride) == 0) == ((lane & size) == 0)) ? max(w, o) : min(w, o);
-      }
+  for (int size = 2; size <= 32; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const uint32_t o = __shfl_xor_sync(0xffffffffu, w, stride);
+      w = (((lane & stride) == 0) == ((lane & size) == 0)) ? max(w, o) : min(w, o);
     }
-    if (lane == k - 1) sh.threshold = w;
+  }
+  const uint32_t threshold = __shfl_sync(0xffffffffu, w, k - 1);
+  // candidates: the values above T and those equal to it, each in any order (ranked below)
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const bool gt = valid(j) && key[j] > threshold, eq = valid(j) && key[j] == threshold;
+    const unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
+    if ((bgt | beq) == 0) continue;
+    const int leader = __ffs(bgt | beq) - 1;
+    int base_gt = 0, base_eq = 0;
+    if (lane == leader) {
+      if (bgt) base_gt = atomicAdd(&sh.above_count, __popc(bgt));
+      if (beq) base_eq = atomicAdd(&sh.equal_count, __popc(beq));
+    }
+    base_gt = __shfl_sync(0xffffffffu, base_gt, leader);
+    base_eq = __shfl_sync(0xffffffffu, base_eq, leader);
+    const uint32_t index = threadIdx.x + 1024 * j;
+    if (gt) {
+      const int at = base_gt + __popc(bgt & lanes_before);
+      if (at < kClusterCandidates) sh.above[at] = RankWord(key[j], index);
+    } else if (eq) {
+      const int at = base_eq + __popc(beq & lanes_before);
+      if (at < kClusterCandidates) sh.equal[at] = static_cast<int>(index);
+    }
   }
   // sum of exp(x - max) in f64: each thread in index order, then a fixed tree. Terms below e^-60
   // are left out: the sum holds the max's term, 1, and 8192 of them add less than 1e-22, below
@@ -729,42 +740,11 @@ __device__ void ClusterRow(const float* row, int64_t cols, int k, ClusterRowScra
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
   if (lane == 0) sh.warp_sum[warp] = sum;
   __syncthreads();
-  const uint32_t threshold = sh.threshold;
-  // candidates: the values above T and those equal to it, each in any order (ranked below); most
-  // warps hold none
-  bool any = false;
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) any |= valid(j) && key[j] >= threshold;
-  if (__any_sync(0xffffffffu, any)) {
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const bool gt = valid(j) && key[j] > threshold, eq = valid(j) && key[j] == threshold;
-      const unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
-      if ((bgt | beq) == 0) continue;
-      const int leader = __ffs(bgt | beq) - 1;
-      int base_gt = 0, base_eq = 0;
-      if (lane == leader) {
-        if (bgt) base_gt = atomicAdd(&sh.above_count, __popc(bgt));
-        if (beq) base_eq = atomicAdd(&sh.equal_count, __popc(beq));
-      }
-      base_gt = __shfl_sync(0xffffffffu, base_gt, leader);
-      base_eq = __shfl_sync(0xffffffffu, base_eq, leader);
-      const uint32_t index = threadIdx.x + 1024 * j;
-      if (gt) {
-        const int at = base_gt + __popc(bgt & lanes_before);
-        if (at < kClusterCandidates) sh.above[at] = RankWord(key[j], index);
-      } else if (eq) {
-        const int at = base_eq + __popc(beq & lanes_before);
-        if (at < kClusterCandidates) sh.equal[at] = static_cast<int>(index);
-      }
-    }
-  }
   if (warp == 0) {
     double total = sh.warp_sum[lane];
     for (int off = 16; off > 0; off >>= 1) total += __shfl_down_sync(0xffffffffu, total, off);
-    if (lane == 0) *out_logz = m == -INFINITY ? -INFINITY : static_cast<double>(m) + log(total);
+    if (lane == 0) *out_lse = make_double2(static_cast<double>(m), total);
   }
-  __syncthreads();
   const int above = sh.above_count, equal = sh.equal_count;
   const float t_value = FromOrderKey(threshold);
   if (above <= kClusterCandidates) {
@@ -775,7 +755,7 @@ __device__ void ClusterRow(const float* row, int64_t cols, int k, ClusterRowScra
       for (int j = 0; j < above; ++j) ahead += sh.above[j] > me;
       if (ahead < k) {
         out_values[ahead] = FromOrderKey(static_cast<uint32_t>(me >> 32));
-        out_tokens[ahead] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(me));
+        out_tokens[ahead] = first + static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(me));
       }
     }
     const int need = k - above;  // from the values equal to T, lowest index first
@@ -786,7 +766,7 @@ __device__ void ClusterRow(const float* row, int64_t cols, int k, ClusterRowScra
         for (int j = 0; j < equal; ++j) ahead += sh.equal[j] < me;
         if (ahead < need) {
           out_values[above + ahead] = t_value;
-          out_tokens[above + ahead] = me;
+          out_tokens[above + ahead] = first + me;
         }
       }
     } else if (need > 0) {
@@ -808,7 +788,7 @@ __device__ void ClusterRow(const float* row, int64_t cols, int k, ClusterRowScra
         const int at = taken + warp_before + __popc(beq & lanes_before);
         if (eq && at < need) {
           out_values[above + at] = t_value;
-          out_tokens[above + at] = static_cast<int32_t>(threadIdx.x + 1024 * j);
+          out_tokens[above + at] = first + static_cast<int32_t>(threadIdx.x + 1024 * j);
         }
         taken += total;
       }
@@ -833,14 +813,49 @@ __device__ void ClusterRow(const float* row, int64_t cols, int k, ClusterRowScra
       prev = RankWord(bk, bi);
       if (threadIdx.x == 0) {
         out_values[r] = FromOrderKey(bk);
-        out_tokens[r] = static_cast<int32_t>(bi);
+        out_tokens[r] = first + static_cast<int32_t>(bi);
       }
     }
   }
   __syncthreads();
 }
 
-template <int kPerThread>
+// Block 0: each row's log-sum-exp and k best from its parts' (kParts lists of k, each sorted by
+// (key desc, index asc), part 0's indices below part 1's), by rank: an entry's place in the row is
+// its place in its list plus the entries of the other list ahead of it.
+template <int kParts>
+__device__ void MergeParts(int depth, int k, const float* part_values, const int32_t* part_tokens, const double2* part_lse, float* values, int32_t* tokens, double* logz) {
+  static_assert(kParts == 1 || kParts == 2, "one or two parts a row");
+  for (int t = threadIdx.x; t < depth * kParts * k; t += blockDim.x) {
+    const int row = t / (kParts * k), part = t / k % kParts, i = t % k;
+    const float v = part_values[t];
+    int ahead = i;
+    if constexpr (kParts == 2) {
+      const uint32_t key = OrderKey(v);
+      const float* other = part_values + (row * 2 + (part ^ 1)) * k;
+      for (int j = 0; j < k; ++j) {
+        const uint32_t o = OrderKey(other[j]);
+        ahead += part == 0 ? o > key : o >= key;  // equal keys: part 0's lower index first
+      }
+    }
+    if (ahead < k) {
+      values[row * k + ahead] = v;
+      tokens[row * k + ahead] = part_tokens[t];
+    }
+  }
+  for (int row = threadIdx.x; row < depth; row += blockDim.x) {
+    double m = part_lse[row * kParts].x;
+    for (int p = 1; p < kParts; ++p) m = fmax(m, part_lse[row * kParts + p].x);
+    double sum = 0.0;
+    for (int p = 0; p < kParts; ++p) {
+      const double2 l = part_lse[row * kParts + p];
+      sum += kParts == 1 ? l.y : l.y * exp(l.x - m);
+    }
+    logz[row] = m == -INFINITY ? -INFINITY : m + log(sum);
+  }
+}
+
+template <int kPerThread, int kParts>
 __global__ void __launch_bounds__(1024) ClusterBuildKernel(const float* x, int depth, int64_t cols, int k, int root, int budget, int64_t start, const int32_t* root_on_device,
                                                            const int32_t* start_on_device, int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask,
                                                            int32_t* size_out, float* log_probs) {
@@ -851,26 +866,34 @@ __global__ void __launch_bounds__(1024) ClusterBuildKernel(const float* x, int d
   ClusterArriveRelaxed();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  const int me = static_cast<int>(cluster.block_rank());  // the row of this block
-  __shared__ float row_values[kFusedK];
-  __shared__ int32_t row_tokens[kFusedK];
-  __shared__ double row_logz;
+  const int me = static_cast<int>(cluster.block_rank());
+  const int row = me / kParts, part = me % kParts;
+  const int64_t per = (cols + kParts - 1) / kParts, lo = part * per, len = min(cols, lo + per) - lo;
+  __shared__ float my_values[kFusedK];
+  __shared__ int32_t my_tokens[kFusedK];
+  __shared__ double2 my_lse;
   __shared__ ClusterRowScratch scratch;
-  ClusterRow<kPerThread>(x + me * cols, cols, k, scratch, row_values, row_tokens, &row_logz);
-  // every row's results into block 0's shared memory; the other blocks then leave (nothing reads
-  // theirs)
-  __shared__ float values_s[kClusterRows * kFusedK];
-  __shared__ int32_t tok_s[kClusterRows * kFusedK];
-  __shared__ double logz_s[kClusterRows];
+  ClusterPart<kPerThread>(x + row * cols + lo, len, static_cast<int32_t>(lo), k, scratch, my_values, my_tokens, &my_lse);
+  // every part's results into block 0's shared memory (a part holds at least k values: k <= the
+  // vocabulary, and a row has two parts only past 4096 values, over 2048 each); the other blocks
+  // then leave (nothing reads theirs)
+  __shared__ float part_values[kClusterRows * kParts * kFusedK];
+  __shared__ int32_t part_tokens[kClusterRows * kParts * kFusedK];
+  __shared__ double2 part_lse[kClusterRows * kParts];
   ClusterWait();
   if (threadIdx.x < k) {
-    cluster.map_shared_rank(values_s, 0)[me * k + threadIdx.x] = row_values[threadIdx.x];
-    cluster.map_shared_rank(tok_s, 0)[me * k + threadIdx.x] = row_tokens[threadIdx.x];
+    cluster.map_shared_rank(part_values, 0)[me * k + threadIdx.x] = my_values[threadIdx.x];
+    cluster.map_shared_rank(part_tokens, 0)[me * k + threadIdx.x] = my_tokens[threadIdx.x];
   }
-  if (threadIdx.x == 0) *cluster.map_shared_rank(logz_s + me, 0) = row_logz;
+  if (threadIdx.x == 0) *cluster.map_shared_rank(part_lse + me, 0) = my_lse;
   ClusterArrive();
   if (me != 0) return;
   ClusterWait();
+  __shared__ float values_s[kClusterRows * kFusedK];
+  __shared__ int32_t tok_s[kClusterRows * kFusedK];
+  __shared__ double logz_s[kClusterRows];
+  MergeParts<kParts>(depth, k, part_values, part_tokens, part_lse, values_s, tok_s, logz_s);
+  __syncthreads();
   __shared__ FrontierEntry pool[kFusedK + 2];
   __shared__ double lp_table[kClusterRows * kFusedK];
   root = static_cast<int>(HostOrDevice(root, root_on_device));
@@ -986,6 +1009,38 @@ Status LaunchRowTopk(const float* x, int64_t rows, int64_t cols, int k, float* v
                    candidates, k, static_cast<const int32_t*>(cand_ids), values, ids);
 }
 
+// Whether this device can hold a cluster of 2 x depth blocks of the build over halves of rows (past 8 blocks
+// the size is not portable: it needs the opt-in and a GPC with that many free SMs), asked once
+// per device and depth; where it cannot, each row runs on one block.
+namespace {
+bool ClusterOfHalvesFits(int depth) {
+  constexpr int kDevices = 64;
+  static std::atomic<int8_t> known[kDevices][kClusterRows + 1];  // 0 not asked, 1 fits, -1 does not
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices || depth < 1 || depth > kClusterRows) return false;
+  std::atomic<int8_t>& slot = known[device][depth];
+  if (const int8_t k = slot.load(std::memory_order_relaxed); k != 0) return k > 0;
+  const auto kernel = ClusterBuildKernel<4, 2>;
+  bool fits = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+  if (fits) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(2 * depth);
+    config.blockDim = dim3(1024);
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 2 * depth;
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+  }
+  cudaGetLastError();  // a refused query leaves no error behind for the next call
+  slot.store(fits ? 1 : -1, std::memory_order_relaxed);
+  return fits;
+}
+}  // namespace
+
 Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scratch, const char** form_out) {
   const int depth = static_cast<int>(a.draft_logits.dim(0));
   const int64_t vocab = a.draft_logits.dim(1);
@@ -993,17 +1048,22 @@ Status LaunchDdtreeBuild(const DdtreeBuildArgs& a, cudaStream_t s, Scratch& scra
   const int kk = std::max(k, 1);
   const policy::DdtreeBuildForm form = policy::PlanDdtreeBuild(a.budget, depth, vocab);
   *form_out = policy::DdtreeBuildFormName(form);
-  if (form == policy::DdtreeBuildForm::kCluster) {
-    const int64_t per_thread = (vocab + 1023) / 1024;
-    const auto launch = [&](auto kernel) -> Status {
-      return LaunchPdlCluster("ddtree build (cluster)", kernel, dim3(depth), dim3(1024), 0, s, depth, a.draft_logits.as<const float>(), depth, vocab, k, a.root, a.budget,
-                              a.start, OnDevice(a.root_on_device), OnDevice(a.start_on_device), a.tokens.as<int32_t>(), a.parents.as<int32_t>(), a.depths.as<int32_t>(),
-                              a.positions.as<int32_t>(), a.mask.as<uint8_t>(), a.size.as<int32_t>(), a.log_probs.present() ? a.log_probs.as<float>() : nullptr);
+  if (form == policy::DdtreeBuildForm::kCluster || form == policy::DdtreeBuildForm::kClusterHalves) {
+    const auto launch = [&](auto kernel, int parts) -> Status {
+      return LaunchPdlCluster("ddtree build (cluster)", kernel, dim3(depth * parts), dim3(1024), 0, s, depth * parts, a.draft_logits.as<const float>(), depth, vocab, k, a.root,
+                              a.budget, a.start, OnDevice(a.root_on_device), OnDevice(a.start_on_device), a.tokens.as<int32_t>(), a.parents.as<int32_t>(),
+                              a.depths.as<int32_t>(), a.positions.as<int32_t>(), a.mask.as<uint8_t>(), a.size.as<int32_t>(),
+                              a.log_probs.present() ? a.log_probs.as<float>() : nullptr);
     };
-    if (per_thread <= 1) return launch(ClusterBuildKernel<1>);
-    if (per_thread <= 2) return launch(ClusterBuildKernel<2>);
-    if (per_thread <= 4) return launch(ClusterBuildKernel<4>);
-    return launch(ClusterBuildKernel<8>);
+    if (form == policy::DdtreeBuildForm::kClusterHalves) {
+      if (ClusterOfHalvesFits(depth)) return launch(ClusterBuildKernel<4, 2>, 2);
+      *form_out = policy::DdtreeBuildFormName(policy::DdtreeBuildForm::kCluster);
+    }
+    const int64_t per_thread = (vocab + 1023) / 1024;
+    if (per_thread <= 1) return launch(ClusterBuildKernel<1, 1>, 1);
+    if (per_thread <= 2) return launch(ClusterBuildKernel<2, 1>, 1);
+    if (per_thread <= 4) return launch(ClusterBuildKernel<4, 1>, 1);
+    return launch(ClusterBuildKernel<8, 1>, 1);
   }
   if (form == policy::DdtreeBuildForm::kFused) {
     // scratch: lse partials [depth, slices], slice candidates (keys, ids) [depth, slices, k]

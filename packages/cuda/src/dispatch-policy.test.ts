@@ -171,10 +171,12 @@ describe('the backend reports the form a call ran', () => {
 
 describe('ddtree_build: one launch for small trees (a cluster of row blocks for small vocabularies), four passes for the rest', () => {
   const form = (depth: number, vocab: number, budget: number) => module.dispatchPolicy({ op: 'ddtreeBuild', m: depth, n: vocab, k: budget, sms: H200.sms, sm90a: true }).form;
-  it('budgets 1..32 over up to 8 depths of up to 8192 tokens take the cluster build (a DFlash block of 8 on the demo\'s walk target)', () => {
-    expect(form(7, 8192, 7)).toBe('cluster');
+  it('budgets 1..32 over up to 8 depths of up to 8192 tokens take the cluster build, rows past 4096 tokens over two blocks (a DFlash block of 8 on the demo\'s walk target)', () => {
+    expect(form(7, 8192, 7)).toBe('cluster-halves');
+    expect(form(8, 8192, 32)).toBe('cluster-halves');
+    expect(form(3, 4097, 1)).toBe('cluster-halves');
+    expect(form(3, 4096, 16)).toBe('cluster');
     expect(form(1, 5, 1)).toBe('cluster');
-    expect(form(8, 8192, 32)).toBe('cluster');
   });
   it('more depths, or larger vocabularies up to 262144 tokens, are fused (a DFlash block of 8 on Kimi K2\'s vocabulary)', () => {
     expect(form(9, 8192, 7)).toBe('fused');

@@ -353,7 +353,7 @@ export type W4A16Form =
   | 'x-in-place-pieces'
   | 'standard-pieces';
 /** The builds of ddtreeBuild on cuda (dispatchPolicy 'ddtreeBuild'). */
-export type DdtreeBuildForm = 'cluster' | 'fused' | 'passes';
+export type DdtreeBuildForm = 'cluster' | 'cluster-halves' | 'fused' | 'passes';
 
 /** What lastForm() reports: a gemm form, a W4A16 form, moeGemm on bf16 experts, a DDTree build, or the cpu twin. */
 export type KernelForm = GemmForm | W4A16Form | 'bf16-experts' | DdtreeBuildForm | 'cpu';
@@ -418,8 +418,10 @@ export interface NativeModule {
   dispatchPolicy(query: DispatchQuery & { op: 'w4a16Gemm' | 'moeGemm' }): W4A16Dispatch;
   /**
    * Which build a ddtreeBuild call of that depth (m), vocabulary (n) and budget (k) runs on cuda:
-   * one launch ('cluster': a row a block, the rows' blocks one cluster; 'fused': slices of the rows
-   * over the grid) or four ('passes').
+   * one launch ('cluster': a row a block, the rows' blocks one cluster; 'cluster-halves': the same
+   * with a row over two blocks, for rows past 4096 tokens, where the device holds a cluster of
+   * 2 x depth blocks (else lastForm() reports 'cluster'); 'fused': slices of the rows over the
+   * grid) or four ('passes').
    */
   dispatchPolicy(query: DispatchQuery & { op: 'ddtreeBuild' }): { form: DdtreeBuildForm };
   build: { version: string; variant: 'cpu' | 'cuda'; cudaArchitectures: string; napiVersion: number };

@@ -31,11 +31,11 @@ function deviceBuild(b: KdtreeBackend, logits: Float32Array, depth: number, voca
 }
 
 const build: KernelCheck = {
-  name: "ddtree_build: tokens, parents, depths, positions, mask and the nodes' cumulative log-probs equal the reference tree (B 0..1024, V 3..163840, L 1..700; budgets 1..32 on the cluster and fused builds, exact ties among the logits, rows of one value, of one value but a few (an ngram draft), an ngram draft's floor past the first 1024 tokens, with a far outlier and with -Infinity), with root and start given by the host or read on the device; lastForm() names the build that ran",
+  name: "ddtree_build: tokens, parents, depths, positions, mask and the nodes' cumulative log-probs equal the reference tree (B 0..1024, V 3..163840, L 1..700; budgets 1..32 on the cluster builds (a row over one block or two) and the fused build, exact ties among the logits, rows of one value, of one value but a few (an ngram draft), an ngram draft's floor past the first 1024 tokens, with a far outlier and with -Infinity), with root and start given by the host or read on the device; lastForm() names the build that ran",
   run(b) {
     const cases: { depth: number; vocab: number; budget: number; ties?: boolean; flat?: boolean; ngram?: boolean; low?: boolean; spike?: boolean; negInf?: boolean }[] = [
       // budgets 1..32 over at most 8 depths of 8192 tokens: the cluster build (dispatchPolicy
-      // 'ddtreeBuild'), a row a block
+      // 'ddtreeBuild'), a row a block, or two past 4096 tokens ('cluster-halves')
       { depth: 1, vocab: 5, budget: 1 },
       { depth: 7, vocab: 8192, budget: 7 },
       { depth: 8, vocab: 7000, budget: 32 },
@@ -52,7 +52,7 @@ const build: KernelCheck = {
       { depth: 4, vocab: 8192, budget: 32, ngram: true },
       // an ngram draft whose first 1500 tokens lie below its floor: the lowest indices at the
       // threshold are past the first 1024
-      { depth: 3, vocab: 8192, budget: 20, ngram: true, low: true },
+      { depth: 3, vocab: 8191, budget: 20, ngram: true, low: true },
       { depth: 2, vocab: 3, budget: 32 },
       { depth: 5, vocab: 2048, budget: 8, spike: true },
       { depth: 3, vocab: 1000, budget: 12, negInf: true },
