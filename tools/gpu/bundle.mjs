@@ -14,6 +14,7 @@
 //   peers.py                  what the two peers share (shapes, token counts, timing)
 //   stream_floor.cu           the pure-read floor under the W4A16 GEMM (built there with nvcc)
 //   wgmma_equiv.cu            whether wgmma rounds as mma.sync on the GEMM's operands (nvcc there)
+//   ddtree_phases.cu          the cluster DDTree build's phases (nvcc there, with native/src: run.sh ddtree-phases)
 //   cuda_check.h              the CHECK macro of those two
 //   node.xz                   this machine's Node, compressed (../shared/gpu/pack-node.sh)
 //   run.sh                    what to run there (tools/gpu/run.sh)
@@ -95,7 +96,7 @@ for (const input of ['gpu/selftest.ts', 'gpu/bench.ts', 'gpu/profile.ts', 'gpu/e
   writeFileSync(`${file}.tmp`, output[0].code);
   renameSync(`${file}.tmp`, file);
 }
-for (const file of ['dense_baseline.py', 'int4_peer.py', 'hf_peer.py', 'peers.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
+for (const file of ['dense_baseline.py', 'int4_peer.py', 'hf_peer.py', 'peers.py', 'ab_table.py', 'stream_floor.cu', 'wgmma_equiv.cu', 'ddtree_phases.cu', 'cuda_check.h']) copyFileSync(join(root, 'tools', 'gpu', file), join(out, file));
 const pack = spawnSync('bash', [join(root, '..', 'shared', 'gpu', 'pack-node.sh'), out], { stdio: 'inherit' });
 if (pack.status !== 0) process.exit(pack.status ?? 1);
 copyFileSync(join(root, 'tools', 'gpu', 'run.sh'), join(out, 'run.sh'));

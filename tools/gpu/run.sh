@@ -7,6 +7,9 @@
 #   bash .gpu/run.sh nccl       NCCL on one GPU (nccl-check.mjs): version, a world-1 communicator, collectives captured
 #                               in a graph, tp-1 decode over NCCL == plain, per-layer all-reduce times; JSON on stdout
 #   bash .gpu/run.sh profile    per-kernel times and throughput of the hot kernels under Nsight Compute
+#   bash .gpu/run.sh ddtree-phases   the cluster DDTree build's phases (ddtree_phases.cu, built here from
+#                               native/src with nvcc): the expansion and a part's pass alone, block 0's clock
+#                               at each phase of a launch, the empty-cluster floor; $OUT/ddtree-phases.md
 #   bash .gpu/run.sh ab         same-run A/B: the self-test of this binary, then the benchmark of it and
 #                               of every other build in .gpu/v*/kdtree_cuda.node, interleaved, twice;
 #                               with AB_NCU=<kernel regex> also each build's Nsight kernel times
@@ -38,6 +41,13 @@ if [ "${1:-}" = engine ]; then
   python3 .gpu/hf_peer.py "$out/hf-peer.json" "${KDTREE_HF_EXPERTS:-384,64}" > "$out/hf-peer.log" 2>&1; hp=$?
   tail -5 "$out/hf-peer.log"
   exit $(( ec || eb || hp ))
+fi
+if [ "${1:-}" = ddtree-phases ]; then
+  nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I native/include -I native/src \
+    -DKDTREE_DDTREE_PHASES .gpu/ddtree_phases.cu native/src/common/dispatch_policy.cc -o /tmp/ddtree_phases \
+    && /tmp/ddtree_phases > "$out/ddtree-phases.md"; rc=$?
+  cat "$out/ddtree-phases.md"
+  exit $rc
 fi
 if [ "${1:-}" = profile ]; then
   /tmp/node .gpu/profile.mjs

@@ -22,6 +22,20 @@ namespace kdtree {
 namespace cuda {
 namespace {
 
+// Block 0's clock at each phase of the cluster build, for tools/gpu/ddtree_phases.cu, which
+// compiles this file with KDTREE_DDTREE_PHASES; the addon's build leaves the marks out.
+#ifdef KDTREE_DDTREE_PHASES
+__device__ long long g_ddtree_phases[8];
+#define DDTREE_PHASE(i)                                                      \
+  do {                                                                       \
+    if (threadIdx.x == 0 && blockIdx.x == 0) g_ddtree_phases[i] = clock64(); \
+  } while (0)
+#else
+#define DDTREE_PHASE(i) \
+  do {                  \
+  } while (0)
+#endif
+
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkWarps = kTopkThreads / 32;
 
@@ -398,6 +412,7 @@ __device__ void BuildTree(const float* values, const int32_t* tok, const double*
     for (int i = threadIdx.x; i < depth * k; i += blockDim.x) lp_table[i] = static_cast<double>(values[i]) - logz[i / k];
   }
   __syncthreads();
+  DDTREE_PHASE(4);
   if (threadIdx.x < 32 && budget <= kListPops) {
     ExpandWarpList(lp_in_smem ? lp_table : nullptr, values, logz, depth, k, n, at_s, parents_s, depths_s, &size_s, size_out, log_probs);
   } else if (threadIdx.x < 32) {
@@ -452,6 +467,7 @@ __device__ void BuildTree(const float* values, const int32_t* tok, const double*
     }
   }
   __syncthreads();
+  DDTREE_PHASE(5);
   const int size = size_s;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     if (i > 0 && i < size) tokens[i] = tok[at_s[i]];
@@ -860,6 +876,7 @@ __global__ void __launch_bounds__(1024) ClusterBuildKernel(const float* x, int d
                                                            const int32_t* start_on_device, int32_t* tokens, int32_t* parents, int32_t* depths, int32_t* positions, uint8_t* mask,
                                                            int32_t* size_out, float* log_probs) {
   PdlWait();
+  DDTREE_PHASE(0);
   PdlLaunchDependents();
   // arrive now and wait before the first write into block 0: by then every block of the cluster
   // has started, so its shared memory exists
@@ -874,6 +891,7 @@ __global__ void __launch_bounds__(1024) ClusterBuildKernel(const float* x, int d
   __shared__ double2 my_lse;
   __shared__ ClusterRowScratch scratch;
   ClusterPart<kPerThread>(x + row * cols + lo, len, static_cast<int32_t>(lo), k, scratch, my_values, my_tokens, &my_lse);
+  DDTREE_PHASE(1);
   // every part's results into block 0's shared memory (a part holds at least k values: k <= the
   // vocabulary, and a row has two parts only past 4096 values, over 2048 each); the other blocks
   // then leave (nothing reads theirs)
@@ -889,16 +907,19 @@ __global__ void __launch_bounds__(1024) ClusterBuildKernel(const float* x, int d
   ClusterArrive();
   if (me != 0) return;
   ClusterWait();
+  DDTREE_PHASE(2);
   __shared__ float values_s[kClusterRows * kFusedK];
   __shared__ int32_t tok_s[kClusterRows * kFusedK];
   __shared__ double logz_s[kClusterRows];
   MergeParts<kParts>(depth, k, part_values, part_tokens, part_lse, values_s, tok_s, logz_s);
   __syncthreads();
+  DDTREE_PHASE(3);
   __shared__ FrontierEntry pool[kFusedK + 2];
   __shared__ double lp_table[kClusterRows * kFusedK];
   root = static_cast<int>(HostOrDevice(root, root_on_device));
   start = HostOrDevice(start, start_on_device);
   BuildTree<kFusedK + 1>(values_s, tok_s, logz_s, depth, k, root, budget, start, true, pool, lp_table, tokens, parents, depths, positions, mask, size_out, log_probs);
+  DDTREE_PHASE(6);
 }
 
 // Accept in two parallel passes instead of a serial child scan per step: first[p] = the lowest
