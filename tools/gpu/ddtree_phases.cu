@@ -2,14 +2,17 @@
 // ddtree-phases` builds and runs it from the repository root):
 //   1. the expansion alone (one warp, the [depth, k] log-probs in shared memory), by tree size;
 //   2. one part's pass alone (a block of 1024 threads over 4096 or 8192 values), by k;
-//   3. the whole build as the addon launches it, per form (a row over two blocks, or one): time a
-//      launch in a graph of 50, and block 0's clock at each phase (median of 11 single launches);
+//   3. the whole build's kernel, per form (a row over two blocks, or one), launched as the addon
+//      launches it but without its programmatic-dependent-launch attribute: time a launch in a
+//      graph of 50, and block 0's clock at each phase (median of 11 single launches);
 //   4. the floor under 3: an empty cluster of the same blocks.
 // It compiles native/src/cuda/ddtree.cu itself with KDTREE_DDTREE_PHASES, which turns on the
 // kernel's phase marks (the addon's build leaves them out), and calls its internal functions.
+// It measures; the trees these calls build are checked by the self-test (ddtree_build).
 #include "cuda/ddtree.cu"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -22,9 +25,8 @@ namespace kdtree {
 namespace cuda {
 namespace {
 
-// lp: [depth, k] log-probs, each row descending. Writes each run's cycles and the tree's
-// (at, parent, depth) per node, packed, for the last run.
-__global__ void ExpandAlone(const double* lp, int depth, int k, int n, int runs, long long* cycles, int* size_out, int* tree_out) {
+// lp: [depth, k] log-probs, each row descending. Writes each run's cycles.
+__global__ void ExpandAlone(const double* lp, int depth, int k, int n, int runs, long long* cycles, int* size_out) {
   __shared__ double lp_s[kClusterRows * kFusedK];
   __shared__ int at_s[kMaxNodes], parents_s[kMaxNodes], depths_s[kMaxNodes], size_s;
   for (int i = threadIdx.x; i < depth * k; i += 32) lp_s[i] = lp[i];
@@ -37,16 +39,17 @@ __global__ void ExpandAlone(const double* lp, int depth, int k, int n, int runs,
     const long long t1 = clock64();
     if (threadIdx.x == 0) cycles[r] = t1 - t0;
   }
-  for (int i = threadIdx.x; i < n; i += 32) tree_out[i] = i == 0 ? 0 : at_s[i] << 16 | parents_s[i] << 8 | depths_s[i];
 }
 
+// kPerThread as the build's instance for a part of that many values (4 for the halves of 8192)
+template <int kPerThread>
 __global__ void __launch_bounds__(1024) PartAlone(const float* row, int cols, int k, long long* cycles, float* values, int32_t* tokens) {
   __shared__ ClusterRowScratch scratch;
   __shared__ double2 lse;
   for (int r = 0; r < 4; ++r) {
     __syncthreads();
     const long long t0 = clock64();
-    ClusterPart<kdtree::policy::kDdtreeClusterValuesPerThread>(row, cols, 0, k, scratch, values, tokens, &lse);
+    ClusterPart<kPerThread>(row, cols, 0, k, scratch, values, tokens, &lse);
     const long long t1 = clock64();
     if (threadIdx.x == 0) cycles[r] = t1 - t0;
   }
@@ -154,11 +157,9 @@ int main() {
   long long* cycles;
   int* size;
   double* lp;
-  int* tree;
   CHECK(cudaMalloc(&cycles, 64 * sizeof(long long)));
   CHECK(cudaMalloc(&size, sizeof(int)));
   CHECK(cudaMalloc(&lp, kClusterRows * kFusedK * sizeof(double)));
-  CHECK(cudaMalloc(&tree, kMaxNodes * sizeof(int)));
 
   std::printf("## 1. the expansion alone (7 depths): cycles for n nodes, median of 15 runs\n\n| k | n | cycles | cycles a pop |\n|---:|---:|---:|---:|\n");
   for (int k : {7, 32}) {
@@ -172,7 +173,7 @@ int main() {
     CHECK(cudaMemcpy(lp, h.data(), h.size() * sizeof(double), cudaMemcpyHostToDevice));
     for (int n : {1, 2, 4, 8, 17, 33}) {
       if (n - 1 > 7 * k) continue;
-      ExpandAlone<<<1, 32>>>(lp, 7, k, n, 16, cycles, size, tree);
+      ExpandAlone<<<1, 32>>>(lp, 7, k, n, 16, cycles, size);
       CHECK(cudaGetLastError());
       std::vector<long long> c(16);
       CHECK(cudaMemcpy(c.data(), cycles, c.size() * sizeof(long long), cudaMemcpyDeviceToHost));
@@ -187,10 +188,17 @@ int main() {
   CHECK(cudaMalloc(&x, kClusterRows * 8192 * sizeof(float)));
   CHECK(cudaMalloc(&values, kFusedK * sizeof(float)));
   CHECK(cudaMalloc(&tokens, kFusedK * sizeof(int32_t)));
-  // a DFlash drafter's rows (N(0, 3)) and an ngram drafter's (-1e4 but one continuation a depth)
+  // a DFlash drafter's rows (N(0, 3)) and an ngram drafter's as bench.ts makes them (-1e4 but two
+  // continuations a depth, both in the first half of the row)
   auto rows = [&](bool ngram) {
     std::vector<float> h(kClusterRows * 8192);
-    for (size_t i = 0; i < h.size(); ++i) h[i] = ngram ? ((i % 8192) % 997 == i / 8192 ? 2.f : -1e4f) : static_cast<float>(normal(gen));
+    for (size_t i = 0; i < h.size(); ++i) h[i] = ngram ? -1e4f : static_cast<float>(normal(gen));
+    if (ngram) {
+      for (int d = 0; d < kClusterRows; ++d) {
+        h[d * 8192 + 17 + 31 * d] = std::log(0.75f);
+        h[d * 8192 + 4000 + d] = std::log(0.25f);
+      }
+    }
     CHECK(cudaMemcpy(x, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
   };
 
@@ -199,7 +207,8 @@ int main() {
     rows(ngram);
     for (int k : {1, 7, 32}) {
       for (int cols : {4096, 8192}) {
-        PartAlone<<<1, 1024>>>(x, cols, k, cycles, values, tokens);
+        if (cols <= 4096) PartAlone<4><<<1, 1024>>>(x, cols, k, cycles, values, tokens);
+        else PartAlone<8><<<1, 1024>>>(x, cols, k, cycles, values, tokens);
         CHECK(cudaGetLastError());
         long long c[4];
         CHECK(cudaMemcpy(c, cycles, sizeof c, cudaMemcpyDeviceToHost));

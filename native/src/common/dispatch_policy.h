@@ -154,8 +154,9 @@ constexpr int64_t kDdtreeFusedMaxVocab = int64_t{kDdtreeFusedSlices} * 32 * 32 *
 // cluster build (ddtree.cu): a row in the registers of one block of 1024 threads
 // (kDdtreeClusterValuesPerThread values a thread), or of two blocks for rows past
 // kDdtreeClusterHalfVocab tokens ('cluster-halves': a cluster of 2 x depth blocks, past the
-// portable size, where the device holds one; else a block a row), the blocks one thread-block
-// cluster whose block 0 merges the rows' parts from the others' writes and builds the tree.
+// portable size of 8 from 5 rows, where the device holds one; else a block a row), the blocks one
+// thread-block cluster whose block 0 merges the rows' parts from the others' writes and builds
+// the tree.
 constexpr int kDdtreeClusterValuesPerThread = 8;
 constexpr int kDdtreeClusterMaxBlocks = 8;  // rows: the portable cluster size
 constexpr int64_t kDdtreeClusterMaxVocab = int64_t{1024} * kDdtreeClusterValuesPerThread;

@@ -1,10 +1,10 @@
 // DDTree on the device (the reference is @kdtree/reference ddtree.ts):
 //   build   per depth the top-K draft tokens and their log-softmax (log-sum-exp in f64), then the
 //           best-first expansion into at most B nodes (one warp: frontier in its registers up to
-//           32 pops, in shared memory beyond), then positions and the ancestor mask. Three forms
-//           (policy::PlanDdtreeBuild): budgets up to 32 in one launch, a row a block of a cluster
-//           (up to 8 rows of 8192) or slices of the rows over the grid (up to 262144); the
-//           rest in four passes (radix select + bitonic sort, segments of a row then their
+//           32 pops, in shared memory beyond), then positions and the ancestor mask. Budgets up to
+//           32 in one launch (policy::PlanDdtreeBuild): a row over one block of a cluster or,
+//           past 4096 tokens, two (up to 8 rows of 8192), or slices of the rows over the grid
+//           (up to 262144); the rest in four passes (radix select + bitonic sort, segments of a row then their
 //           candidates; log-sum-exp slices and their merge; the expansion)
 //   accept  the greedy walk from the root along children whose token is the target's argmax
 //   commit  KV[start + k] = KV[start + path[k]] for k ascending, in every cache tensor
@@ -656,7 +656,7 @@ __global__ void __launch_bounds__(1024) FusedBuildKernel(const float* x, int64_t
 // top-k three times (warps, slices, rows); on a small target (a decode step of ~0.2 ms) that
 // serial chain is what made a DDTree step dearer than a chain step of the same nodes. A part's
 // pass is bound by its SM's issue rate (f64 exponentials and ordering work for every value), so a
-// row of 8192 runs on two SMs: a cluster of 2 x depth blocks, past the portable size of 8, where
+// row of 8192 runs on two SMs: a cluster of 2 x depth blocks (past the portable 8 from 5 rows), where
 // the device can hold one. A part's k best come from one threshold pass: T = the k-th largest of
 // its 32 warps' maxima leaves at least k values >= T, those above T (typically a few more than
 // k - 1) ranked against each other and those equal to T after them by index. Where the values
@@ -893,7 +893,7 @@ __global__ void __launch_bounds__(1024) ClusterBuildKernel(const float* x, int d
   ClusterPart<kPerThread>(x + row * cols + lo, len, static_cast<int32_t>(lo), k, scratch, my_values, my_tokens, &my_lse);
   DDTREE_PHASE(1);
   // every part's results into block 0's shared memory (a part holds at least k values: k <= the
-  // vocabulary, and a row has two parts only past 4096 values, over 2048 each); the other blocks
+  // vocabulary, and a row has two parts only past 4096 values, at least 2048 each); the other blocks
   // then leave (nothing reads theirs)
   __shared__ float part_values[kClusterRows * kParts * kFusedK];
   __shared__ int32_t part_tokens[kClusterRows * kParts * kFusedK];
