@@ -6,6 +6,7 @@
  * --dflash` makes them. In one run, 128 new tokens after the golden prompt:
  *   - greedy; chain and DDTree with the DFlash drafter at equal budgets (3, 7) and DDTree at larger
  *     ones (16, 32, 64) and `auto`; the draft model and ngram for comparison
+ *   - DDTree's tokens/s over the chain's at budgets 3 and 7 from interleaved pairs (median, range)
  *   - every mode checked against this backend's greedy (greedy itself against the f32 reference),
  *     and, with f32 activations and cache, the DFlash DDTree run's tokens and draftTop1 per step against
  *     @kdtree/reference's dflashDecode over the same target and drafter
@@ -43,6 +44,7 @@ const b = createBackend({ backend: smoke ? 'cpu' : 'cuda', searchPaths: [here], 
 const preset = smoke ? 'small' : 'k2-mini';
 const maxNew = smoke ? 48 : 128;
 const BLOCK = 8;
+const EQUAL_PAIRS = 9;  // chain / DDTree pairs a budget, for their ratio at equal budgets
 const log = (s: string) => console.log(s);
 
 const dir = mkdtempSync(join(tmpdir(), 'kdtree-walk-bench-'));
@@ -100,6 +102,24 @@ try {
     ];
     for (const [mode, options] of modes) record(mode, await run(options));
     report.modes = rows;
+    // DDTree against the chain at equal budgets, interleaved: each pair's two generations run back
+    // to back (in alternating order), so a host's drift between modes cancels in the pair's ratio
+    const equal: Record<string, unknown>[] = [];
+    for (const [budget, chain, tree] of [[3, modes[0][1], modes[1][1]], [7, modes[2][1], modes[3][1]]] as const) {
+      const ratios: number[] = [];
+      for (let i = 0; i < EQUAL_PAIRS; i++) {
+        const order = i % 2 === 0 ? [chain, tree] : [tree, chain];
+        const [first, second] = [await engine.complete(prompt, { maxNew, eos: [], ...order[0] }), await engine.complete(prompt, { maxNew, eos: [], ...order[1] })];
+        const [c, t] = i % 2 === 0 ? [first, second] : [second, first];
+        for (const r of [c, t]) if (r.tokens.join() !== greedy.tokens.join()) throw new Error(`budget ${budget}, pair ${i}: a generation differs from greedy`);
+        ratios.push(t.stats.tokensPerSecond / c.stats.tokensPerSecond);
+      }
+      ratios.sort((x, y) => x - y);
+      const median = ratios[Math.floor(ratios.length / 2)];
+      equal.push({ budget, pairs: EQUAL_PAIRS, medianRatio: median, minRatio: ratios[0], maxRatio: ratios[ratios.length - 1] });
+      log(`ddtree / chain at budget ${budget}, ${EQUAL_PAIRS} interleaved pairs: median ${(100 * median).toFixed(1)}% (${(100 * ratios[0]).toFixed(1)}-${(100 * ratios[ratios.length - 1]).toFixed(1)}%)`);
+    }
+    report.equalBudget = equal;
     report.curve = Object.fromEntries(engine.measureCosts(BLOCK - 1).verifyMs);
   } finally {
     await engine.dispose();
