@@ -3,8 +3,8 @@
 //   1. the expansion alone (one warp, the [depth, k] log-probs in shared memory), by tree size;
 //   2. one part's pass alone (a block of 1024 threads over 4096 or 8192 values), by k;
 //   3. the whole build's kernel, per form (a row over two blocks, or one), launched as the addon
-//      launches it but without its programmatic-dependent-launch attribute: time a launch in a
-//      graph of 50, and block 0's clock at each phase (median of 11 single launches);
+//      launches it (LaunchPdlCluster; the two-block form's opt-in by ClusterOfHalvesFits): time a
+//      launch in a graph of 50, and block 0's clock at each phase (median of 11 single launches);
 //   4. the floor under 3: an empty cluster of the same blocks.
 // It compiles native/src/cuda/ddtree.cu itself with KDTREE_DDTREE_PHASES, which turns on the
 // kernel's phase marks (the addon's build leaves them out), and calls its internal functions.
@@ -74,20 +74,13 @@ using namespace kdtree::cuda;
     }                                                                                                      \
   } while (0)
 
-template <typename Kernel, typename... Args>
-cudaError_t LaunchCluster(Kernel kernel, int blocks, cudaStream_t s, Args... args) {
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(1024);
-  config.stream = s;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = blocks;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, args...);
+// A launch's Status (LaunchPdlCluster's: the addon's own launch, with its programmatic dependent
+// launch attribute) as the tool's exit.
+void Check(const kdtree::Status& status) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s\n", status.message.c_str());
+    std::exit(1);
+  }
 }
 
 // One line: us a launch in a graph of 50 launches (best of 5 x 4 graphs), and with `phases` block
@@ -96,12 +89,12 @@ template <typename Launch>
 void Time(const char* what, bool phases, Launch launch) {
   cudaStream_t s;
   CHECK(cudaStreamCreate(&s));
-  CHECK(launch(s));
+  Check(launch(s));
   CHECK(cudaStreamSynchronize(s));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < 50; ++i) CHECK(launch(s));
+  for (int i = 0; i < 50; ++i) Check(launch(s));
   CHECK(cudaStreamEndCapture(s, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaEvent_t a, b;
@@ -125,7 +118,7 @@ void Time(const char* what, bool phases, Launch launch) {
     for (int r = 0; r < kRuns; ++r) {
       const long long zero[8] = {};
       CHECK(cudaMemcpyToSymbol(g_ddtree_phases, zero, sizeof zero));
-      CHECK(launch(s));
+      Check(launch(s));
       CHECK(cudaStreamSynchronize(s));
       CHECK(cudaMemcpyFromSymbol(marks[r], g_ddtree_phases, sizeof zero));
     }
@@ -237,6 +230,10 @@ int main() {
   CHECK(cudaMalloc(&log_probs, kMaxNodes * sizeof(float)));
   CHECK(cudaMalloc(&dummy, sizeof(int)));
   std::printf("\n## 3. the cluster build of [7, 8192], root and start read on the device (us a launch in a graph; block 0's cycles a phase)\n\n");
+  if (!ClusterOfHalvesFits(7)) {
+    std::fprintf(stderr, "this device holds no cluster of 14 blocks: the build runs a row a block here\n");
+    return 1;
+  }
   for (bool ngram : {false, true}) {
     rows(ngram);
     for (int budget : {1, 7, 32}) {
@@ -244,7 +241,8 @@ int main() {
         char what[96];
         std::snprintf(what, sizeof what, "%s B %d, %s (%d blocks)", ngram ? "ngram" : "DFlash", budget, form, blocks);
         Time(what, true, [&](cudaStream_t s) {
-          return LaunchCluster(kernel, blocks, s, static_cast<const float*>(x), 7, int64_t{8192}, budget, 0, budget, int64_t{0}, static_cast<const int32_t*>(root_on_device),
+          return LaunchPdlCluster("ddtree build (cluster)", kernel, dim3(blocks), dim3(1024), 0, s, blocks, static_cast<const float*>(x), 7, int64_t{8192}, budget, 0, budget,
+                                  int64_t{0}, static_cast<const int32_t*>(root_on_device),
                                static_cast<const int32_t*>(start_on_device), out_tokens, parents, depths, positions, mask, out_size, log_probs);
         });
       };
@@ -253,8 +251,12 @@ int main() {
     }
   }
   std::printf("\n## 4. the floor: an empty cluster\n\n");
-  Time("14 blocks of 1024 threads", false, [&](cudaStream_t s) { return LaunchCluster(EmptyKernel, 14, s, dummy); });
-  Time("7 blocks of 1024 threads", false, [&](cudaStream_t s) { return LaunchCluster(EmptyKernel, 7, s, dummy); });
+  CHECK(cudaFuncSetAttribute(EmptyKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  for (const int blocks : {14, 7}) {
+    char what[64];
+    std::snprintf(what, sizeof what, "%d blocks of 1024 threads", blocks);
+    Time(what, false, [&](cudaStream_t s) { return LaunchPdlCluster("empty cluster", EmptyKernel, dim3(blocks), dim3(1024), 0, s, blocks, dummy); });
+  }
   CHECK(cudaDeviceSynchronize());
   return 0;
 }

@@ -66,10 +66,11 @@ try {
   const engine = await createEngine({ model: target, backend: b, cacheTokens: 1024, maxBudget: 64 });
   try {
     const median = (runs: GenerationResult[]) => runs.sort((x, y) => x.stats.tokensPerSecond - y.stats.tokensPerSecond)[1];
+    const once = (options: Partial<GenerateOptions>) => engine.complete(prompt, { maxNew, eos: [], ...options });
     const run = async (options: Partial<GenerateOptions>) => {
-      await engine.complete(prompt, { maxNew, eos: [], ...options });
+      await once(options);
       const runs: GenerationResult[] = [];
-      for (let i = 0; i < 3; i++) runs.push(await engine.complete(prompt, { maxNew, eos: [], ...options }));
+      for (let i = 0; i < 3; i++) runs.push(await once(options));
       return median(runs);
     };
     // every mode against this backend's greedy (bf16 activations and cache on cuda); greedy itself
@@ -88,11 +89,16 @@ try {
     record('greedy', greedy);
     const dflash = `dflash:${flash}`;
     const draftModel = `model:${draft}`;
+    // chain and DDTree at equal budgets: [budget, chain's options, DDTree's]
+    const equalBudgets: [number, Partial<GenerateOptions>, Partial<GenerateOptions>][] = [
+      [3, { spec: 'chain', drafter: dflash, budget: 3, depth: 3 }, { spec: 'ddtree', drafter: dflash, budget: 3 }],
+      [7, { spec: 'chain', drafter: dflash, budget: 7 }, { spec: 'ddtree', drafter: dflash, budget: 7 }],
+    ];
     const modes: [string, Partial<GenerateOptions>][] = [
-      ['chain, dflash, 3', { spec: 'chain', drafter: dflash, budget: 3, depth: 3 }],
-      ['ddtree, dflash, B 3', { spec: 'ddtree', drafter: dflash, budget: 3 }],
-      ['chain, dflash, 7', { spec: 'chain', drafter: dflash, budget: 7 }],
-      ['ddtree, dflash, B 7', { spec: 'ddtree', drafter: dflash, budget: 7 }],
+      ...equalBudgets.flatMap(([budget, chain, tree]): [string, Partial<GenerateOptions>][] => [
+        [`chain, dflash, ${budget}`, chain],
+        [`ddtree, dflash, B ${budget}`, tree],
+      ]),
       ...[16, 32, 64].map((budget): [string, Partial<GenerateOptions>] => [`ddtree, dflash, B ${budget}`, { spec: 'ddtree', drafter: dflash, budget }]),
       ['ddtree, dflash, auto', { spec: 'ddtree', drafter: dflash, budget: 'auto' }],
       ['chain, model, 4', { spec: 'chain', drafter: draftModel, budget: 4, depth: 4 }],
@@ -105,12 +111,18 @@ try {
     // DDTree against the chain at equal budgets, interleaved: each pair's two generations run back
     // to back (in alternating order), so a host's drift between modes cancels in the pair's ratio
     const equal: Record<string, unknown>[] = [];
-    for (const [budget, chain, tree] of [[3, modes[0][1], modes[1][1]], [7, modes[2][1], modes[3][1]]] as const) {
+    for (const [budget, chain, tree] of equalBudgets) {
       const ratios: number[] = [];
       for (let i = 0; i < EQUAL_PAIRS; i++) {
-        const order = i % 2 === 0 ? [chain, tree] : [tree, chain];
-        const [first, second] = [await engine.complete(prompt, { maxNew, eos: [], ...order[0] }), await engine.complete(prompt, { maxNew, eos: [], ...order[1] })];
-        const [c, t] = i % 2 === 0 ? [first, second] : [second, first];
+        let c: GenerationResult;
+        let t: GenerationResult;
+        if (i % 2 === 0) {
+          c = await once(chain);
+          t = await once(tree);
+        } else {
+          t = await once(tree);
+          c = await once(chain);
+        }
         for (const r of [c, t]) if (r.tokens.join() !== greedy.tokens.join()) throw new Error(`budget ${budget}, pair ${i}: a generation differs from greedy`);
         ratios.push(t.stats.tokensPerSecond / c.stats.tokensPerSecond);
       }
