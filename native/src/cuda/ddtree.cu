@@ -838,7 +838,9 @@ __device__ void ClusterPart(const float* row, int64_t cols, int32_t first, int k
 
 // Block 0: each row's log-sum-exp and k best from its parts' (kParts lists of k, each sorted by
 // (key desc, index asc), part 0's indices below part 1's), by rank: an entry's place in the row is
-// its place in its list plus the entries of the other list ahead of it.
+// its place in its list plus the entries of the other list ahead of it (a prefix of that list,
+// found by bisection). The rows' log-sum-exp (an f64 exp and log each) is the last warp's, beside
+// the ranks rather than after them.
 template <int kParts>
 __device__ void MergeParts(int depth, int k, const float* part_values, const int32_t* part_tokens, const double2* part_lse, float* values, int32_t* tokens, double* logz) {
   static_assert(kParts == 1 || kParts == 2, "one or two parts a row");
@@ -849,25 +851,31 @@ __device__ void MergeParts(int depth, int k, const float* part_values, const int
     if constexpr (kParts == 2) {
       const uint32_t key = OrderKey(v);
       const float* other = part_values + (row * 2 + (part ^ 1)) * k;
-      for (int j = 0; j < k; ++j) {
-        const uint32_t o = OrderKey(other[j]);
-        ahead += part == 0 ? o > key : o >= key;  // equal keys: part 0's lower index first
+      int lo = 0, hi = k;  // the other list's first entry that is not ahead of this one
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        const uint32_t o = OrderKey(other[mid]);
+        if (part == 0 ? o > key : o >= key) lo = mid + 1;  // equal keys: part 0's lower index first
+        else hi = mid;
       }
+      ahead += lo;
     }
     if (ahead < k) {
       values[row * k + ahead] = v;
       tokens[row * k + ahead] = part_tokens[t];
     }
   }
-  for (int row = threadIdx.x; row < depth; row += blockDim.x) {
+  for (int row = static_cast<int>(threadIdx.x) - static_cast<int>(blockDim.x - 32); row >= 0 && row < depth; row += 32) {
     double m = part_lse[row * kParts].x;
     for (int p = 1; p < kParts; ++p) m = fmax(m, part_lse[row * kParts + p].x);
+    // as MergeLseWarp: a part of -inf values adds nothing, a NaN part's sum (fmax skips it in m)
+    // still reaches the total, and a row of -inf values gets -inf + log(0) = -inf
     double sum = 0.0;
     for (int p = 0; p < kParts; ++p) {
       const double2 l = part_lse[row * kParts + p];
-      sum += kParts == 1 ? l.y : l.y * exp(l.x - m);
+      sum += kParts == 1 ? l.y : l.x != -INFINITY ? l.y * exp(l.x - m) : 0.0;
     }
-    logz[row] = m == -INFINITY ? -INFINITY : m + log(sum);
+    logz[row] = m + log(sum);
   }
 }
 
@@ -1041,6 +1049,9 @@ bool ClusterOfHalvesFits(int depth) {
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices || depth < 1 || depth > kClusterRows) return false;
   std::atomic<int8_t>& slot = known[device][depth];
   if (const int8_t k = slot.load(std::memory_order_relaxed); k != 0) return k > 0;
+  // A failed query below leaves its error pending; it is cleared so that the next launch's check
+  // does not report it, but only where no earlier call had left one, which stays for its owner.
+  const bool earlier_error_pending = cudaPeekAtLastError() != cudaSuccess;
   const auto kernel = ClusterBuildKernel<4, 2>;
   bool fits = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
   if (fits) {
@@ -1056,7 +1067,7 @@ bool ClusterOfHalvesFits(int depth) {
     int clusters = 0;
     fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
   }
-  cudaGetLastError();  // a refused query leaves no error behind for the next call
+  if (!fits && !earlier_error_pending) cudaGetLastError();
   slot.store(fits ? 1 : -1, std::memory_order_relaxed);
   return fits;
 }
