@@ -37,6 +37,7 @@ const preset = values.preset;
 const maxNew = Number(values['max-new']);
 const BLOCK = 8;
 const DEPTH = BLOCK - 1;
+if (!Number.isInteger(maxNew) || maxNew <= DEPTH) throw new Error(`--max-new must be an integer above ${DEPTH} (a drafted block needs ${DEPTH} tokens after it), got ${values['max-new']}`);
 
 // the walk-bench's models (tools/gpu/walk-bench.ts): the drafter's walk, the target's perturbed
 const dir = mkdtempSync(join(tmpdir(), 'kdtree-walk-drafter-'));
@@ -58,9 +59,10 @@ try {
   const step = (i) => (((walk.coordinate[tokens[i]] - walk.coordinate[tokens[i - 1]]) % V) + V) % V;
   const twoSteps = greedy.filter((_, j) => step(prompt.length + j) === 2).length;
   const q = twoSteps / greedy.length;
+  if (q === 0 || q === 1) throw new Error(`greedy's walk took ${q === 0 ? 'no' : 'only'} +2 steps: no two-candidate draft to calibrate`);
   console.log(`${preset}, the golden prompt, ${maxNew} greedy tokens: ${twoSteps} steps of +2 on the walk (q = ${q.toFixed(3)})`);
 
-  // 1. the drafter at every committed position along greedy's tokens
+  // 1. the drafter at every position of greedy's tokens with DEPTH tokens after it
   const taps = targetTaps(target, model.config.targetLayerIds, tokens.length);
   target.forward(tokens, target.newCache(tokens.length), { logitRows: [tokens.length - 1], onLayer: taps.onLayer });
   const width = model.contextWidth;
@@ -86,6 +88,7 @@ try {
     }
   }
   const pct = (x) => `${(100 * x).toFixed(1)}%`;
+  console.log(`the drafter at the ${perDepth[0].n} positions of greedy's tokens with ${DEPTH} tokens after them:`);
   console.log(table(
     ['depth', 'top-1 probability', 'top-1 right', 'second right', 'logits of the best three'],
     perDepth.map((s, d) => [String(d + 1), (s.p1 / s.n).toFixed(3), pct(s.right1 / s.n), pct(s.right2 / s.n), s.logits.map((x) => (x / s.n).toFixed(1)).join(' / ')]),
@@ -104,6 +107,7 @@ try {
     }
     return [[row.reduce((best, x, i) => (x > row[best] ? i : best), 0), 0]];
   };
+  // tokens a step as the engine counts them: the tokens after prefill's one over the verifies
   const decode = (calibrated, chain, budget) => {
     model.draft = (c, context, n, bonus) => {
       const out = built(c, context, n, bonus);
@@ -116,16 +120,19 @@ try {
       }
       return out;
     };
-    const r = dflashDecode(target, model, prompt, { maxNew, budget, depth: chain ? budget : undefined, eos: [] });
-    model.draft = built;
+    let r;
+    try {
+      r = dflashDecode(target, model, prompt, { maxNew, budget, depth: chain ? budget : undefined, eos: [] });
+    } finally {
+      model.draft = built;
+    }
     if (r.tokens.join() !== greedy.join()) throw new Error(`${chain ? 'chain' : 'DDTree'} ${budget} (${calibrated ? 'calibrated' : 'built'}) differs from greedy`);
-    return (r.tokens.length / r.acceptedPerStep.length).toFixed(2);
+    return ((r.tokens.length - 1) / r.acceptedPerStep.length).toFixed(2);
   };
   console.log(table(
     ['budget', 'chain, built', 'DDTree, built', 'chain, calibrated', 'DDTree, calibrated'],
     [3, 7, 16, 32].map((budget) => {
-      const chainBudget = Math.min(budget, DEPTH);
-      const chainCell = (calibrated) => (budget <= DEPTH ? decode(calibrated, true, chainBudget) : '-');
+      const chainCell = (calibrated) => (budget <= DEPTH ? decode(calibrated, true, budget) : '-');
       return [String(budget), chainCell(false), decode(false, false, budget), chainCell(true), decode(true, false, budget)];
     }),
   ));

@@ -1049,8 +1049,9 @@ bool ClusterOfHalvesFits(int depth) {
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices || depth < 1 || depth > kClusterRows) return false;
   std::atomic<int8_t>& slot = known[device][depth];
   if (const int8_t k = slot.load(std::memory_order_relaxed); k != 0) return k > 0;
-  // A failed query below leaves its error pending; it is cleared so that the next launch's check
-  // does not report it, but only where no earlier call had left one, which stays for its owner.
+  // A failed query below leaves its error as the thread's last error; it is cleared so that the next
+  // launch's check does not report it, unless an earlier call had left an error pending, which is
+  // not cleared with it (CUDA keeps one last error: the query's then stands in its place).
   const bool earlier_error_pending = cudaPeekAtLastError() != cudaSuccess;
   const auto kernel = ClusterBuildKernel<4, 2>;
   bool fits = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
