@@ -10,27 +10,10 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import {
-  dflashDecode,
-  GOLDEN_PROMPT,
-  greedyDecode,
-  loadDflashModel,
-  loadModel,
-  parseModelConfig,
-  perturbWeights,
-  presetConfigJson,
-  randomWeights,
-  targetTaps,
-  walkDflashConfig,
-  walkDflashWeights,
-  walkStructure,
-  walkWeights,
-  WALK_TENSORS,
-  writeDflashDirectory,
-  writeSyntheticModel,
-} from '@kdtree/reference';
-import { table } from './bench-util.mjs';
+import { dflashDecode, GOLDEN_PROMPT, greedyDecode, loadDflashModel, loadModel, parseModelConfig, presetConfigJson, targetTaps, walkStructure } from '@kdtree/reference';
+import { run, table } from './bench-util.mjs';
 
 const { values } = parseArgs({ options: { preset: { type: 'string', default: 'k2-mini' }, 'max-new': { type: 'string', default: '128' } } });
 const preset = values.preset;
@@ -39,18 +22,17 @@ const BLOCK = 8;
 const DEPTH = BLOCK - 1;
 if (!Number.isInteger(maxNew) || maxNew <= DEPTH) throw new Error(`--max-new must be an integer above ${DEPTH} (a drafted block needs ${DEPTH} tokens after it), got ${values['max-new']}`);
 
-// the walk-bench's models (tools/gpu/walk-bench.ts): the drafter's walk, the target's perturbed
+// the demo's and the walk-bench's models, made as a user makes them (seed 1: the walk of
+// walkStructure(config, 1); the target is the draft model's weights plus 5% noise, the walk kept)
+const cli = fileURLToPath(new URL('../../packages/cli/dist/bin.js', import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'kdtree-walk-drafter-'));
 try {
   const config = parseModelConfig(presetConfigJson(preset), preset);
   const V = config.vocabSize;
   const walk = walkStructure(config, 1);
-  const base = walkWeights(config, randomWeights(config, 1), walk);
   const targetPath = join(dir, 'target.kdtr');
   const flashPath = join(dir, 'dflash');
-  await writeSyntheticModel(targetPath, { preset, seed: 1, quant: 'kimi-k2', structure: 'walk', weights: perturbWeights(base, 0.05, 2, WALK_TENSORS) }, 'walk-drafter');
-  const drafter = walkDflashConfig(config, walk, { blockSize: BLOCK });
-  await writeDflashDirectory(flashPath, drafter.json, walkDflashWeights(drafter.config, walk));
+  run(process.execPath, [cli, 'gen-model', '--preset', preset, '--structure', 'walk', '--quant', 'kimi-k2', '-o', targetPath, '--draft', join(dir, 'draft.kdtr'), '--dflash', flashPath, '--dflash-block', String(BLOCK), '--quiet']);
   const target = (await loadModel(targetPath)).model;
   const model = (await loadDflashModel(flashPath, target)).model;
   const prompt = GOLDEN_PROMPT;
