@@ -1,6 +1,6 @@
 // Exit with the failing call, file and line: the standalone GPU probes (stream_floor.cu,
-// wgmma_equiv.cu) have no error handling beyond this. Copied beside them into .gpu/
-// by bundle.mjs.
+// wgmma_equiv.cu, ddtree_phases.cu) have no error handling beyond this. Copied beside them into
+// .gpu/ by bundle.mjs.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -10,6 +10,7 @@
 // kernel's phase marks (the addon's build leaves them out), and calls its internal functions.
 // It measures; the trees these calls build are checked by the self-test (ddtree_build).
 #include "cuda/ddtree.cu"
+#include "cuda_check.h"
 
 #include <algorithm>
 #include <cmath>
@@ -64,15 +65,6 @@ __global__ void __launch_bounds__(1024) EmptyKernel(int* out) {
 }  // namespace kdtree
 
 using namespace kdtree::cuda;
-
-#define CHECK(call)                                                                                        \
-  do {                                                                                                     \
-    const cudaError_t e_ = (call);                                                                         \
-    if (e_ != cudaSuccess) {                                                                               \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));          \
-      std::exit(1);                                                                                        \
-    }                                                                                                      \
-  } while (0)
 
 // A launch's Status (LaunchPdlCluster's: the addon's own launch, with its programmatic dependent
 // launch attribute) as the tool's exit.
