@@ -5,7 +5,8 @@
  * 8), made here as `kdtree gen-model --preset k2-mini --structure walk --quant kimi-k2 --draft
  * --dflash` makes them. In one run, 128 new tokens after the golden prompt:
  *   - greedy; chain and DDTree with the DFlash drafter at equal budgets (3, 7) and DDTree at larger
- *     ones (16, 32, 64) and `auto`; the draft model and ngram for comparison
+ *     ones (8, 16, 32, 64) and `auto` (with the budgets auto ran, from a traced generation); the
+ *     draft model and ngram for comparison
  *   - DDTree's tokens/s over the chain's at budgets 3 and 7 from interleaved pairs (median, range)
  *   - every mode checked against this backend's greedy (greedy itself against the f32 reference),
  *     and, with f32 activations and cache, the DFlash DDTree run's tokens and draftTop1 per step against
@@ -99,7 +100,7 @@ try {
         [`chain, dflash, ${budget}`, chain],
         [`ddtree, dflash, B ${budget}`, tree],
       ]),
-      ...[16, 32, 64].map((budget): [string, Partial<GenerateOptions>] => [`ddtree, dflash, B ${budget}`, { spec: 'ddtree', drafter: dflash, budget }]),
+      ...[8, 16, 32, 64].map((budget): [string, Partial<GenerateOptions>] => [`ddtree, dflash, B ${budget}`, { spec: 'ddtree', drafter: dflash, budget }]),
       ['ddtree, dflash, auto', { spec: 'ddtree', drafter: dflash, budget: 'auto' }],
       ['chain, model, 4', { spec: 'chain', drafter: draftModel, budget: 4, depth: 4 }],
       ['ddtree, model, B 16', { spec: 'ddtree', drafter: draftModel, budget: 16, depth: 4 }],
@@ -108,6 +109,17 @@ try {
     ];
     for (const [mode, options] of modes) record(mode, await run(options));
     report.modes = rows;
+    // the budgets auto ran, step by step (a traced generation: its argmax read back each step, so untimed)
+    const autoSteps = (await once({ spec: 'ddtree', drafter: dflash, budget: 'auto', trace: true })).steps;
+    const byBudget = new Map<number, { steps: number; accepted: number }>();
+    for (const s of autoSteps) {
+      const at = byBudget.get(s.budget) ?? { steps: 0, accepted: 0 };
+      at.steps++;
+      at.accepted += s.accepted;
+      byBudget.set(s.budget, at);
+    }
+    report.autoBudgets = Object.fromEntries([...byBudget].sort((x, y) => x[0] - y[0]));
+    log(`ddtree, dflash, auto (traced): ${[...byBudget].sort((x, y) => x[0] - y[0]).map(([budget, at]) => `budget ${budget} x ${at.steps} (${(at.accepted / at.steps).toFixed(2)} accepted)`).join(', ')}`);
     // DDTree against the chain at equal budgets, interleaved: each pair's two generations run back
     // to back (in alternating order), so a host's drift between modes cancels in the pair's ratio
     const equal: Record<string, unknown>[] = [];

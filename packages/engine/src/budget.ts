@@ -15,8 +15,14 @@
  * of tokens actually accepted to tokens expected over the last few trees. A try that finds nothing
  * (no tree worth running, or a rejected probe) is followed by plain decode steps that pay for its
  * cost at TRY_SHARE of a decode step each (UNPROVEN_TRY_SHARE for a dear drafter never accepted;
- * BudgetPolicy.tryNow, record). A budget planned and
- * accepted a few times in a row runs a few steps without plans (sticky, STICKY_AFTER).
+ * BudgetPolicy.tryNow, record).
+ *
+ * A plan builds a tree for its probabilities and reads them back before the verify: the device
+ * waits for that round trip (tens of microseconds, a tenth of a step of a small model). Every tree
+ * that runs reads its own nodes' probabilities back with its accepted path, so a try plans from the
+ * last tree instead where that tree's nodes decide the plan (planFromLast: a drafter's confidence
+ * changes slowly from one draft to the next). A budget planned and accepted a few times in a row
+ * runs a few steps without plans where they do not (sticky, STICKY_AFTER).
  */
 import { EngineError } from './errors.js';
 
@@ -137,6 +143,12 @@ export class BudgetPolicy {
   private stickyBudget = 0;
   private stickyRun = 0;
   private stickyLeft = 0;
+  /**
+   * planFromLast's nodes: the cumulative draft log-probs (pop order, root excluded) of this
+   * generation's last try that ran a tree: the tree it ran, read back, or after a plan the
+   * planning build's (the same draft; the tree that ran is their first `budget`).
+   */
+  private last: ArrayLike<number> | undefined;
   /** Whether the first measurement (left out of the median) came, and the last one. */
   private measured = false;
   private lastDraftMs: number | undefined;
@@ -250,6 +262,21 @@ export class BudgetPolicy {
     if (this.proven || this.misses < CALIBRATION_PROBES) this.debt = 0;
     this.stickyRun = 0;
     this.stickyLeft = 0;
+    this.last = undefined;
+  }
+
+  /**
+   * The budget of this try planned from the last tree that ran (its nodes' probabilities, read back
+   * with its path), without a tree built for this try's own: where those nodes decide the plan
+   * (decides: no larger bucket could pay more) and it is a calibrated tree. Undefined: plan from
+   * this try's tree (or run a sticky budget). A tree run on this plan is recorded with its own
+   * probabilities (record), as every tree is.
+   */
+  planFromLast(): number | undefined {
+    const last = this.last;
+    if (last === undefined || !this.calibrated || !this.decides(last)) return undefined;
+    const { budget } = this.choose(last);
+    return budget > 0 ? budget : undefined;
   }
 
   /**
@@ -260,10 +287,14 @@ export class BudgetPolicy {
     return this.stickyLeft > 0 ? this.stickyBudget : undefined;
   }
 
-  /** What a sticky step (sticky()) accepted: nothing ends the sticky run; a token is a token (the wait and misses as in record). */
-  recordSticky(accepted: number): void {
+  /**
+   * What a sticky step (sticky()) accepted: nothing ends the sticky run; a token is a token (the
+   * wait and misses as in record). `logProbs`: its tree's, read back, for planFromLast.
+   */
+  recordSticky(accepted: number, logProbs?: ArrayLike<number>): void {
     if (this.stickyLeft <= 0) throw new Error('recordSticky: no sticky step was due');
     this.stickyLeft--;
+    if (logProbs !== undefined) this.last = logProbs;
     if (accepted > 0) {
       this.debt = 0;
       this.misses = 0;
@@ -296,7 +327,9 @@ export class BudgetPolicy {
 
   /**
    * What a try ran (`budget`, 0: a plain decode step; `probe` as planned) and the draft tokens it
-   * accepted (bonus excluded). The trees that ran teach the calibration. A try that ran no tree, or
+   * accepted (bonus excluded); `logProbs`: the tree's nodes (after a plan the planning build's, of
+   * which it ran the first `budget`), which a tree that is not a probe leaves to planFromLast. The trees that ran
+   * teach the calibration. A try that ran no tree, or
    * only a probe that was rejected, found nothing: a wait follows, sized by its cost (stepPayment) and
    * capped by the misses in a row (2^(k-1), FIRST_WAIT, MAX_WAIT); an accepted token ends the wait.
    */
@@ -308,12 +341,19 @@ export class BudgetPolicy {
       this.accepted = CALIBRATION_DECAY * this.accepted + accepted;
       this.expected = CALIBRATION_DECAY * this.expected + sum;
     }
+    // a probe's one node decides nothing past it; a plain step ran no tree
+    this.last = budget > 0 && !probe ? logProbs : undefined;
     // the same budget planned and accepted STICKY_AFTER times in a row: it runs on without plans
+    // (where planFromLast cannot plan); any other tree ends a sticky run still due, since a tree
+    // planned from the last one may run while a run is due
     if (budget > 0 && !probe && accepted > 0) {
       this.stickyRun = budget === this.stickyBudget ? this.stickyRun + 1 : 1;
       this.stickyBudget = budget;
-      if (this.stickyRun >= STICKY_AFTER) this.stickyLeft = STICKY_STEPS;
-    } else this.stickyRun = 0;
+      this.stickyLeft = this.stickyRun >= STICKY_AFTER ? STICKY_STEPS : 0;
+    } else {
+      this.stickyRun = 0;
+      this.stickyLeft = 0;
+    }
     if (accepted > 0) {
       this.debt = 0;
       this.misses = 0;

@@ -43,6 +43,16 @@ function logitsDrafter(engine: Engine, name: string, logits: (tokens: readonly n
   };
 }
 
+/** A drafter certain of greedy's next tokens (logit 30, the rest -30), and right. */
+function alwaysRight(engine: Engine, greedy: number[], name: string): Drafter {
+  return logitsDrafter(engine, name, (tokens, d, V) => {
+    const logits = new Float32Array(d * V).fill(-30);
+    const emitted = tokens.length - PROMPT.length;
+    for (let i = 0; i < d; i++) logits[i * V + (greedy[emitted + i] ?? 0)] = 30;
+    return logits;
+  });
+}
+
 /**
  * Runs `fn` with auto's cost curve at `depth` set to trees cheap to verify (every bucket up to 128
  * useful, each node a little dearer than the last; a decode step `decodeMs`, against which the
@@ -253,21 +263,34 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
 
   it('auto runs a budget it planned and had accepted a few times in a row without plans (no tree built for its probabilities) for a few steps; exact', async () => {
     const { engine, greedy } = setups['kimi-k2'];
-    // certain of greedy's next tokens, and right
-    const right = logitsDrafter(engine, 'always-right', (tokens, d, V) => {
-      const logits = new Float32Array(d * V).fill(-30);
-      const emitted = tokens.length - PROMPT.length;
-      for (let i = 0; i < d; i++) logits[i * V + (greedy[emitted + i] ?? 0)] = 30;
-      return logits;
-    });
+    const right = alwaysRight(engine, greedy, 'always-right');
     await withCheapTrees(engine, 4, async (builds) => {
       const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: right, budget: 'auto', depth: 4, trace: true });
       expect(r.tokens).toEqual(greedy);
       const trees = r.steps.filter((s) => s.budget > 0).length;
-      // the first plans (probes, then STICKY_AFTER trees) build; sticky steps do not
+      // the first plans (probes, then STICKY_AFTER trees) build; sticky steps do not (nor do trees
+      // planned from the last one: with a sure chain of exactly 4 nodes, 4-node trees cannot tell
+      // whether more nodes would pay, so sticky runs are what skips the plans here)
       expect(trees).toBeGreaterThan(STICKY_AFTER + 2);
       expect(builds.length).toBeLessThan(trees);
       expect(r.steps.every((s) => s.budget === 0 || s.accepted > 0)).toBe(true);
+    });
+  });
+
+  it('auto plans a try from the last tree it ran (no tree built for its probabilities) once that tree decides: a drafter sure of 5 tokens runs 6-node trees on plans made once; exact', async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    const right = alwaysRight(engine, greedy, 'always-right-5');
+    await withCheapTrees(engine, 5, async (builds) => {
+      const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: right, budget: 'auto', depth: 5, trace: true });
+      expect(r.tokens).toEqual(greedy);
+      const trees = r.steps.filter((s) => s.budget > 0);
+      // 5 sure nodes: the best bucket is 6 (its sixth node adds nothing, and so decides that no
+      // larger tree pays); a probe and the first plan build, every later try plans from the last tree
+      expect(trees.length).toBeGreaterThan(3);
+      expect(builds).toEqual([32, 32]);
+      // (the last tree stops at maxNew)
+      expect(trees.slice(builds.length).map((s) => s.budget)).toEqual(Array(trees.length - builds.length).fill(6));
+      expect(trees.slice(builds.length, -1).every((s) => s.accepted === 5)).toBe(true);
     });
   });
 

@@ -714,15 +714,22 @@ export class Engine {
     // policy can tell that nodes past those cannot change its plan (decides); the builds and their
     // read-backs are timed with the draft, as a try pays them, and so is the commit of the rows
     // held back during a wait (up to HELD_TAP_ROWS: after a long wait it may cost more than the draft)
-    // a sticky budget (BudgetPolicy.sticky) runs without a plan: the draft only, untimed
-    const sticky = policy?.sticky();
-    const planner = sticky === undefined ? policy : undefined;
+    // a budget planned from the last tree's probabilities (BudgetPolicy.planFromLast), else a
+    // sticky one (BudgetPolicy.sticky), runs without a plan: the draft only (timed where planned
+    // from the last tree, and read once the step's read back has waited for the device anyway)
+    const fromLast = policy?.planFromLast();
+    const sticky = fromLast === undefined ? policy?.sticky() : undefined;
+    const planner = fromLast === undefined && sticky === undefined ? policy : undefined;
     const draft = () => drafter.draft({ tokens: context, depth, out: draftLogits, rootOnDevice: r.token });
     // (assigned in the timed closure below: typed without narrowing to its initial value)
     let logProbs = undefined as Float32Array | undefined;
     if (planner === undefined) {
-      this.commitHeldTaps();
-      draft();
+      const work = () => {
+        this.commitHeldTaps();
+        draft();
+      };
+      if (fromLast !== undefined) this.markTry(work);
+      else work();
     } else {
       const largest = planner.largestUseful;
       const first = this.firstBuild(depth, largest);
@@ -755,24 +762,29 @@ export class Engine {
         const token = this.plainStep(true, more && planner.wait > 0);
         return { emitted: [token], trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
       }
-    } else budget = sticky ?? (state.budget as number);
+    } else budget = fromLast ?? sticky ?? (state.budget as number);
     const n = spec === 'chain' ? Math.min(budget, depth) + 1 : budget + 1;
     // the verify and its reads under the collective's watchdog; the draft above is not a collective's wait
-    const { pathLen, path, emitted } = r.guarded(() => {
+    const { pathLen, path, emitted, treeLogProbs } = r.guarded(() => {
       r.run(spec === 'chain' ? { kind: 'chain', length: n - 1 } : { kind: 'tree', budget, depth });
-      // one read: [pathLen, bonus, path (nodes), tokens (nodes)]
+      // one read: [pathLen, bonus, path (nodes), tokens (nodes), the tree's log-probs (nodes, f32)]
       const back = b.toArray(this.tree.readBack) as Int32Array;
       const nodes = this.tree.tokens.shape[0];
       const pathLen = back[0];
       const path = back.subarray(2, 2 + pathLen);
       const tokens = back.subarray(2 + nodes);
-      return { pathLen, path, emitted: [...Array.from(path.subarray(1), (i) => tokens[i]), back[1]] };
+      // root excluded (auto's: a DDTree step's)
+      const treeLogProbs = policy === undefined ? undefined : new Float32Array(back.buffer, back.byteOffset + (2 + 2 * nodes) * 4, n).slice(1);
+      return { pathLen, path, emitted: [...Array.from(path.subarray(1), (i) => tokens[i]), back[1]], treeLogProbs };
     });
     r.advance(pathLen);
     this.leadTreePath(path);
     this.commitRows(pathLen);
     if (planner !== undefined && logProbs !== undefined) planner.record(logProbs, budget, pathLen - 1, probe);
-    else if (sticky !== undefined) policy!.recordSticky(pathLen - 1);
+    else if (fromLast !== undefined) {
+      policy!.updateDraftMs(this.triedMs());
+      policy!.record(treeLogProbs!, budget, pathLen - 1);
+    } else if (sticky !== undefined) policy!.recordSticky(pathLen - 1, treeLogProbs);
     return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
   }
 
@@ -809,13 +821,22 @@ export class Engine {
 
   /** Device milliseconds from before `fn`'s work to after it, on stream 0 (the engine's two try events). */
   private timeTry(fn: () => void): number {
+    this.markTry(fn);
+    return this.triedMs();
+  }
+
+  /** Records the try events around `fn`'s work on stream 0; triedMs reads them (waiting for the second). */
+  private markTry(fn: () => void): void {
     const n = this.backend.native;
     this.tryEvents ??= [n.createEvent(), n.createEvent()];
-    const [start, end] = this.tryEvents;
-    n.recordEvent(start, 0);
+    n.recordEvent(this.tryEvents[0], 0);
     fn();
-    n.recordEvent(end, 0);
-    return n.elapsedMs(start, end);
+    n.recordEvent(this.tryEvents[1], 0);
+  }
+
+  private triedMs(): number {
+    const [start, end] = this.tryEvents!;
+    return this.backend.native.elapsedMs(start, end);
   }
 
   /**

@@ -36,15 +36,19 @@ export interface TreeBuffers {
   path: DeviceTensor;
   pathLen: DeviceTensor;
   /**
-   * i32 [2 + 2 nodes] = [pathLen, bonus, path (nodes), tokens (nodes)]: all a step's host needs
-   * back, in one buffer, so a speculative step reads once (each read waits for the stream and
-   * costs the host a native call); `tokens`, `path` and `pathLen` are views of it.
+   * i32 [2 + 3 nodes] = [pathLen, bonus, path (nodes), tokens (nodes), logProbs (nodes, f32 bits)]:
+   * all a step's host needs back, in one buffer, so a speculative step reads once (each read waits
+   * for the stream and costs the host a native call); `tokens`, `path`, `pathLen` and `logProbs`
+   * are views of it.
    */
   readBack: DeviceTensor;
   /** f32 [nodes, vocab] and i32 [nodes]: the verify's logits and argmax. */
   logits: DeviceTensor;
   argmax: DeviceTensor;
-  /** f32 [nodes]: the nodes' cumulative draft log-probabilities (what budget 'auto' reads). */
+  /**
+   * f32 [nodes]: the tree's nodes' cumulative draft log-probabilities, root first (what budget
+   * 'auto' plans from: a tree step writes its tree's, beside the path it reads back).
+   */
   logProbs: DeviceTensor;
 }
 
@@ -432,7 +436,7 @@ export class Runner {
   treeBuffers(nodes: number): TreeBuffers {
     const b = this.b;
     const i32 = () => this.own(b.zeros('i32', [nodes]));
-    const readBack = this.own(b.zeros('i32', [2 + 2 * nodes]));
+    const readBack = this.own(b.zeros('i32', [2 + 3 * nodes]));
     return {
       tokens: view(readBack, [nodes], 2 + nodes),
       parents: i32(),
@@ -445,7 +449,7 @@ export class Runner {
       readBack,
       logits: this.own(b.empty('f32', [nodes, this.model.config.vocabSize])),
       argmax: i32(),
-      logProbs: this.own(b.zeros('f32', [nodes])),
+      logProbs: { ...view(readBack, [nodes], 2 + 2 * nodes), dtype: 'f32' },
     };
   }
 
@@ -472,10 +476,11 @@ export class Runner {
 
   /**
    * A DDTree step on the device: the best tree of `budget` nodes under `draftLogits` [depth,
-   * vocab], rooted at `token` at position L, built into `tree`, then verified, accepted and
-   * committed (queueVerify). Under tensor parallelism rank 0 builds the tree and broadcasts it.
+   * vocab], rooted at `token` at position L, built into `tree` (its nodes' log-probabilities too),
+   * then verified, accepted and committed (queueVerify). Under tensor parallelism rank 0 builds the
+   * tree and broadcasts it.
    */
-  queueTreeStep(tree: TreeBuffers, draftLogits: DeviceTensor, budget: number, stream: number, logProbs?: DeviceTensor): void {
+  queueTreeStep(tree: TreeBuffers, draftLogits: DeviceTensor, budget: number, stream: number): void {
     const n = budget + 1;
     const nodes = (x: DeviceTensor) => view(x, [n]);
     const collective = this.model.collective;
@@ -495,7 +500,7 @@ export class Runner {
       positions: nodes(tree.positions),
       mask: view(tree.mask, [n, n]),
       size: tree.size,
-      logProbs: logProbs && view(logProbs, [n]),
+      logProbs: nodes(tree.logProbs),
       stream,
     });
     collective?.broadcast([nodes(tree.tokens), nodes(tree.parents), nodes(tree.depths), nodes(tree.positions), view(tree.mask, [n, n]), tree.size], 0, stream);
