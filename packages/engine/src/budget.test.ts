@@ -565,8 +565,8 @@ describe('BudgetPolicy on the H200 benchmark', () => {
     });
   };
 
-  // Planned from the last tree, auto runs budget 8 on ~95% of its tries and plans ~3 times a
-  // generation: 94-95% of the best fixed budget, 97% of budget 8's rate. The rest is the one
+  // Planned from the last tree, auto runs budget 8 on ~97% of its tries and plans ~3 times a
+  // generation: 95% of the best fixed budget, 97% of budget 8's rate. The rest is the one
   // calibration ratio for every node (it rates 8 above 6, where this drafter's deep nodes are
   // rarer than its first) and the probes after a run of rejections. Planning every try that is not
   // sticky (3 plans in a row, then 4 steps without; a rejection restarts the count) gave 90%.
