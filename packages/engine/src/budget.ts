@@ -328,10 +328,10 @@ export class BudgetPolicy {
   /**
    * What a try ran (`budget`, 0: a plain decode step; `probe` as planned) and the draft tokens it
    * accepted (bonus excluded); `logProbs`: the tree's nodes (after a plan the planning build's, of
-   * which it ran the first `budget`), which a tree that is not a probe leaves to planFromLast. The trees that ran
-   * teach the calibration. A try that ran no tree, or
-   * only a probe that was rejected, found nothing: a wait follows, sized by its cost (stepPayment) and
-   * capped by the misses in a row (2^(k-1), FIRST_WAIT, MAX_WAIT); an accepted token ends the wait.
+   * which it ran the first `budget`), which a tree that is not a probe leaves to planFromLast. The
+   * trees that ran teach the calibration. A try that ran no tree, or only a probe that was
+   * rejected, found nothing: a wait follows, sized by its cost (stepPayment) and capped by the
+   * misses in a row (2^(k-1), FIRST_WAIT, MAX_WAIT); an accepted token ends the wait.
    */
   record(logProbs: ArrayLike<number>, budget: number, accepted: number, probe = false): void {
     if (budget > 0) {
