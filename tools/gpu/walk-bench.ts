@@ -118,8 +118,9 @@ try {
       at.accepted += s.accepted;
       byBudget.set(s.budget, at);
     }
-    report.autoBudgets = Object.fromEntries([...byBudget].sort((x, y) => x[0] - y[0]));
-    log(`ddtree, dflash, auto (traced): ${[...byBudget].sort((x, y) => x[0] - y[0]).map(([budget, at]) => `budget ${budget} x ${at.steps} (${(at.accepted / at.steps).toFixed(2)} accepted)`).join(', ')}`);
+    const ranBudgets = [...byBudget].sort((x, y) => x[0] - y[0]);
+    report.autoBudgets = Object.fromEntries(ranBudgets);
+    log(`ddtree, dflash, auto (traced): ${ranBudgets.map(([budget, at]) => `budget ${budget} x ${at.steps} (${(at.accepted / at.steps).toFixed(2)} accepted)`).join(', ')}`);
     // DDTree against the chain at equal budgets, interleaved: each pair's two generations run back
     // to back (in alternating order), so a host's drift between modes cancels in the pair's ratio
     const equal: Record<string, unknown>[] = [];

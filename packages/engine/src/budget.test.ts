@@ -424,8 +424,8 @@ describe('BudgetPolicy on the H200 benchmark', () => {
 
   /**
    * Tokens per second of one generation of budget 'auto' with `policy` (kept between generations,
-   * as the engine keeps it) on `curve`; a planned try pays `planMs` more than a sticky one (the
-   * tree built for its probabilities and read back before the verify).
+   * as the engine keeps it) on `curve`; a planned try pays `planMs` more than one planned from the
+   * last tree or a sticky one (the tree built for its probabilities and read back before the verify).
    */
   function auto(policy: BudgetPolicy, world: Draft[], draftMs: number, curve = h200, planMs = 0): number {
     let t = 0;
@@ -574,11 +574,21 @@ describe('BudgetPolicy on the H200 benchmark', () => {
     const worlds = Array.from({ length: 16 }, (_, i) => steady(i + 1));
     const best = Math.max(...[...walk.verifyMs.keys()].map((b) => mean(worlds.map((w) => fixed(b, w, 0.09, walk)))));
     const next: number[] = [];
+    const plans: number[] = [];
     for (const w of worlds) {
       const policy = new BudgetPolicy(walk, 0, 7);
       auto(policy, w, 0.09, walk, 0.04);
+      const plan = policy.plan.bind(policy);
+      let planned = 0;
+      policy.plan = (logProbs) => {
+        planned++;
+        return plan(logProbs);
+      };
       next.push(auto(policy, w, 0.09, walk, 0.04));
+      plans.push(planned);
     }
     expect(mean(next)).toBeGreaterThanOrEqual(0.93 * best);
+    // ~3 plans in ~33 tries (about 20 without planning from the last tree)
+    expect(mean(plans)).toBeLessThan(5);
   });
 });
