@@ -240,6 +240,51 @@ describe('BudgetPolicy', () => {
     expect(trusted.wait).toBe(0);
   });
 
+  it('pays for a taken exploring probe that cost more than decoding its tokens: waits of 1, 2, 4, ... steps until a tree pays, kept across generations; a probe that pays waits not', () => {
+    const sure = logs([1, 1, 1, 1, ...Array(60).fill(1e-5)]);
+    // a draft of 3 decode steps: a probe (3 + 1.1 ms) costs more than its 2 tokens' decode steps
+    const dear = new BudgetPolicy(curve, 0, 4);
+    measured(dear, 3);
+    // one probe of a sure node calibrates (an expected token's worth); rejected trees then rule
+    // every tree out, while the drafter's own word would still draft
+    dear.record(sure, PROBE_BUDGET, 1, true);
+    expect(dear.calibrated).toBe(true);
+    for (let i = 0; i < 4; i++) dear.record(sure, 4, 0);
+    expect(dear.plan(sure)).toMatchObject({ budget: PROBE_BUDGET, probe: true });
+    const waits: number[] = [];
+    for (let i = 0; i < 5; i++) {
+      dear.record(sure, PROBE_BUDGET, 1, true);
+      waits.push(dear.wait);
+      if (i === 2) {
+        // a new generation keeps the wait of a drafter exploring
+        dear.begin();
+        expect(dear.wait).toBe(waits[2]);
+      }
+      while (!dear.tryNow());
+    }
+    // each probe lost 3 + 1.1 - 2 = 2.1 ms: 210 steps at 1% of a decode step, capped at 2^(k-1)
+    expect(waits).toEqual([1, 2, 4, 8, 16]);
+    // a tree that pays (4 nodes taken: 5 tokens for 4.4 ms) ends the explorations: a new
+    // generation drops the wait again, and the next taken probe's starts at a step
+    dear.record(sure, 4, 4);
+    expect(dear.wait).toBe(0);
+    for (let i = 0; i < 4; i++) dear.record(sure, 4, 0);
+    dear.record(sure, PROBE_BUDGET, 0, true);
+    expect(dear.wait).toBeGreaterThan(0);
+    dear.begin();
+    expect(dear.wait).toBe(0);
+    dear.record(sure, PROBE_BUDGET, 1, true);
+    expect(dear.wait).toBe(1);
+    // a cheap drafter's taken probe pays for itself (0.1 + 1.1 ms for 2 tokens of 1 ms): no wait
+    const cheap = new BudgetPolicy(curve, 0, 4);
+    measured(cheap, 0.1);
+    cheap.record(sure, PROBE_BUDGET, 1, true);
+    for (let i = 0; i < 4; i++) cheap.record(sure, 4, 0);
+    expect(cheap.plan(sure)).toMatchObject({ budget: PROBE_BUDGET, probe: true });
+    cheap.record(sure, PROBE_BUDGET, 1, true);
+    expect(cheap.wait).toBe(0);
+  });
+
   it('runs a budget planned and accepted STICKY_AFTER times in a row for STICKY_STEPS steps without plans; a rejected sticky tree, a probe, another budget or a new generation ends that', () => {
     const sure = logs([1, 1, 1, 1, ...Array(60).fill(1e-5)]);
     const p = new BudgetPolicy(curve, 0, 4);
@@ -590,5 +635,25 @@ describe('BudgetPolicy on the H200 benchmark', () => {
     expect(mean(next)).toBeGreaterThanOrEqual(0.93 * best);
     // ~3 plans in ~33 tries (about 20 without planning from the last tree)
     expect(mean(plans)).toBeLessThan(5);
+  });
+
+  // The demo on the cpu twin (2 cores): a step is compute-bound, so a verify of n nodes costs about n
+  // decode steps (the curve measured there), and the walk's DFlash drafter costs over two decode
+  // steps a draft: no tree pays, though the drafter's first node is right 80% of the time. Its
+  // probes, once calibrated, explore: each taken one used to end the wait, so auto probed on nearly
+  // every step (0.58x greedy here); paid for by waits, 0.95x.
+  const cpuTwin: CostCurve = {
+    decodeMs: 31.7,
+    verifyMs: new Map([[1, 44.5], [2, 58.3], [3, 72.1], [4, 86], [6, 107.2], [8, 128.3], [12, 170.7], [16, 217.4], [24, 310.7], [32, 404.1], [48, 554.4], [64, 704.8]]),
+  };
+  it('keeps a drafter too dear for its trees to few probes though its first node is often right: within 10% of greedy once its policy is kept', () => {
+    const worlds = Array.from({ length: 16 }, (_, i) => steady(i + 1));
+    const rates: number[] = [];
+    for (const w of worlds) {
+      const policy = new BudgetPolicy(cpuTwin, 0, 7);
+      auto(policy, w, 70, cpuTwin);
+      for (let gen = 0; gen < 3; gen++) rates.push(auto(policy, w, 70, cpuTwin));
+    }
+    expect(mean(rates)).toBeGreaterThanOrEqual((0.9 * 1000) / cpuTwin.decodeMs);
   });
 });

@@ -138,6 +138,8 @@ export class BudgetPolicy {
   /** Tries in a row that found nothing, and whether a draft token was ever accepted. */
   private misses = 0;
   private proven = false;
+  /** Exploring probes taken since a tree that was not a probe last paid (record). */
+  private explorations = 0;
   private readonly draftSamples: number[] = [];
   /** The budget of the last plans that ran a tree and had a token accepted, how many in a row, and the sticky steps left. */
   private stickyBudget = 0;
@@ -254,12 +256,13 @@ export class BudgetPolicy {
   /**
    * A generation starts: the wait left by the last one is dropped (a new context: prompt lookup may
    * match where the last did not), except for a drafter not accepted once in CALIBRATION_PROBES or
-   * more tries. Its wait, sized by what its tries cost, goes on: over many short generations a
-   * drafter that predicts nothing then costs TRY_SHARE (or UNPROVEN_TRY_SHARE) of the decode time,
-   * not a try at each start.
+   * more tries, or one exploring (its probes taken, no tree paying since). Its wait, sized by what
+   * its tries cost, goes on: over many short generations a drafter that predicts nothing, or whose
+   * trees do not pay, then costs TRY_SHARE (or UNPROVEN_TRY_SHARE) of the decode time, not a try at
+   * each start.
    */
   begin(): void {
-    if (this.proven || this.misses < CALIBRATION_PROBES) this.debt = 0;
+    if ((this.proven || this.misses < CALIBRATION_PROBES) && this.explorations === 0) this.debt = 0;
     this.stickyRun = 0;
     this.stickyLeft = 0;
     this.last = undefined;
@@ -299,6 +302,7 @@ export class BudgetPolicy {
       this.debt = 0;
       this.misses = 0;
       this.proven = true;
+      if (this.draftMs + this.verifyMs(this.stickyBudget) <= (1 + accepted) * this.curve.decodeMs) this.explorations = 0;
     } else {
       this.stickyRun = 0;
       this.stickyLeft = 0;
@@ -331,9 +335,13 @@ export class BudgetPolicy {
    * which it ran the first `budget`), which a tree that is not a probe leaves to planFromLast. The
    * trees that ran teach the calibration. A try that ran no tree, or only a probe that was
    * rejected, found nothing: a wait follows, sized by its cost (stepPayment) and capped by the
-   * misses in a row (2^(k-1), FIRST_WAIT, MAX_WAIT); an accepted token ends the wait.
+   * misses in a row (2^(k-1), FIRST_WAIT, MAX_WAIT); an accepted token ends the wait, but for an
+   * exploring probe's (a probe of a calibrated drafter) that cost more than decoding its tokens: its
+   * loss is paid by a wait capped at 2^(k-1) steps for the k-th such probe since a tree last paid.
    */
   record(logProbs: ArrayLike<number>, budget: number, accepted: number, probe = false): void {
+    // a probe of a calibrated drafter explores: its calibration ruled every tree out (plan)
+    const exploring = probe && this.calibrated;
     if (budget > 0) {
       let sum = 0;
       for (let i = 0; i < Math.min(budget, logProbs.length); i++) sum += Math.exp(logProbs[i]);
@@ -354,14 +362,30 @@ export class BudgetPolicy {
       this.stickyRun = 0;
       this.stickyLeft = 0;
     }
-    if (accepted > 0) {
+    const decode = this.curve.decodeMs;
+    const draftMs = this.lastDraftMs ?? this.draftMs;
+    // what the try cost over decoding the tokens it emitted (below 0: it paid)
+    const loss = budget > 0 ? draftMs + this.verifyMs(budget) - (1 + accepted) * decode : 0;
+    if (accepted > 0 && exploring) {
+      // an exploring probe taken: where it did not pay and the calibration it taught still rules
+      // every tree out, the plain steps after it pay for it, the waits growing with the
+      // explorations since a tree last paid (else an accurate first node keeps a drafter too dear
+      // for its trees on probes, each a loss); one that paid is a tree that paid
+      this.misses = 0;
+      this.proven = true;
+      if (loss <= 0) this.explorations = 0;
+      else if (this.choose(logProbs).budget === 0) {
+        this.explorations++;
+        this.debt = Math.min(Math.min(MAX_WAIT, 2 ** (this.explorations - 1)) * this.stepPayment, this.debt + loss);
+      }
+    } else if (accepted > 0) {
       this.debt = 0;
       this.misses = 0;
       this.proven = true;
+      if (!probe && loss <= 0) this.explorations = 0;
     } else if (budget === 0 || probe) {
       this.misses++;
-      const decode = this.curve.decodeMs;
-      const cost = (this.lastDraftMs ?? this.draftMs) + (budget > 0 ? Math.max(0, this.verifyMs(budget) - decode) : 0);
+      const cost = draftMs + (budget > 0 ? Math.max(0, this.verifyMs(budget) - decode) : 0);
       const steps = this.proven || this.misses < CALIBRATION_PROBES ? Math.min(MAX_WAIT, 2 ** (this.misses - 1)) : this.misses === CALIBRATION_PROBES ? FIRST_WAIT : MAX_WAIT;
       this.debt = Math.min(steps * this.stepPayment, this.debt + cost);
     }
@@ -376,8 +400,8 @@ export class BudgetPolicy {
    * What a plain decode step of a wait pays off: TRY_SHARE of a decode step, UNPROVEN_TRY_SHARE for
    * a drafter never accepted whose draft (the median of its tries) costs more than a decode step (a
    * decode measured at 0 ms, a clock too coarse, must not make every wait infinite). Neither input
-   * changes while a debt is left: `proven` comes with a debt of 0, and a try's measurement only
-   * once the wait is over.
+   * changes while a debt is left: `proven` is set before any debt it sizes (a taken token), and a
+   * try's measurement comes only once the wait is over.
    */
   private get stepPayment(): number {
     const decode = Math.max(this.curve.decodeMs, 1e-6);
