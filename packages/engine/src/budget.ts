@@ -138,7 +138,7 @@ export class BudgetPolicy {
   /** Tries in a row that found nothing, and whether a draft token was ever accepted. */
   private misses = 0;
   private proven = false;
-  /** Exploring probes taken since a tree that was not a probe last paid (record). */
+  /** Exploring probes taken at a loss since a tree or probe last paid (record). */
   private explorations = 0;
   private readonly draftSamples: number[] = [];
   /** The budget of the last plans that ran a tree and had a token accepted, how many in a row, and the sticky steps left. */
@@ -336,8 +336,9 @@ export class BudgetPolicy {
    * trees that ran teach the calibration. A try that ran no tree, or only a probe that was
    * rejected, found nothing: a wait follows, sized by its cost (stepPayment) and capped by the
    * misses in a row (2^(k-1), FIRST_WAIT, MAX_WAIT); an accepted token ends the wait, but for an
-   * exploring probe's (a probe of a calibrated drafter) that cost more than decoding its tokens: its
-   * loss is paid by a wait capped at 2^(k-1) steps for the k-th such probe since a tree last paid.
+   * exploring probe's (a probe of a calibrated drafter) that cost more than decoding its tokens while
+   * the calibration still rules every tree out: its loss is paid by a wait capped at 2^(k-1) steps
+   * for the k-th such probe since a tree or probe last paid.
    */
   record(logProbs: ArrayLike<number>, budget: number, accepted: number, probe = false): void {
     // a probe of a calibrated drafter explores: its calibration ruled every tree out (plan)
