@@ -302,7 +302,7 @@ export class BudgetPolicy {
       this.debt = 0;
       this.misses = 0;
       this.proven = true;
-      if (this.draftMs + this.verifyMs(this.stickyBudget) <= (1 + accepted) * this.curve.decodeMs) this.explorations = 0;
+      if (this.lossMs(this.draftMs, this.stickyBudget, accepted) <= 0) this.explorations = 0;
     } else {
       this.stickyRun = 0;
       this.stickyLeft = 0;
@@ -365,8 +365,7 @@ export class BudgetPolicy {
     }
     const decode = this.curve.decodeMs;
     const draftMs = this.lastDraftMs ?? this.draftMs;
-    // what the try cost over decoding the tokens it emitted (below 0: it paid)
-    const loss = budget > 0 ? draftMs + this.verifyMs(budget) - (1 + accepted) * decode : 0;
+    const loss = budget > 0 ? this.lossMs(draftMs, budget, accepted) : 0;
     if (accepted > 0 && exploring) {
       // an exploring probe taken: where it did not pay and the calibration it taught still rules
       // every tree out, the plain steps after it pay for it, the waits growing with the
@@ -442,6 +441,11 @@ export class BudgetPolicy {
     this.draftSamples[this.draftSamples.length - 1] += ms;
     const sorted = [...this.draftSamples].sort((x, y) => x - y);
     this.draftMs = sorted[Math.floor(sorted.length / 2)];
+  }
+
+  /** What a try of a `budget`-node tree cost over decoding the tokens it emitted (at most 0: it paid). */
+  private lossMs(draftMs: number, budget: number, accepted: number): number {
+    return draftMs + this.verifyMs(budget) - (1 + accepted) * this.curve.decodeMs;
   }
 
   private verifyMs(budget: number): number {
