@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { greedyDecode, loadModel, modelDrafter, argmax } from '@kdtree/reference';
-import { BUDGET_BUCKETS, createEngine, EngineError, ModelSource, type Drafter, type Engine, type GenerateOptions } from './index.js';
+import { BUDGET_BUCKETS, createEngine, EngineError, ModelSource, NgramDrafter, type Drafter, type Engine, type GenerateOptions } from './index.js';
 import type { DeviceTensor } from '@kdtree/cuda';
 import { PROBE_BUDGET, STICKY_AFTER, type CostCurve } from './budget.js';
 import { syntheticPair, tempDir, TEST_BACKEND, type ModelPair } from './test-support/models.js';
@@ -168,6 +168,25 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       expect(step.treeSize).toBe(9);
       emitted += step.accepted + 1;
     }
+  });
+
+  it('ngram at a fixed budget decodes plainly where the context has no earlier match of its suffix, and verifies a tree where it has one; exact', async () => {
+    const { engine } = setups['kimi-k2'];
+    const depth = 4;
+    // a prompt that repeats itself, so some steps match and the greedy tokens (which may loop) add more
+    const prompt = [...PROMPT, ...PROMPT.slice(0, 3)];
+    const plain = await engine.complete(prompt, { maxNew: 24, eos: [] });
+    const r = await engine.complete(prompt, { maxNew: 24, eos: [], spec: 'ddtree', drafter: 'ngram', budget: 8, depth, trace: true });
+    expect(r.tokens).toEqual(plain.tokens);
+    let emitted = 1;
+    const kinds = new Set<string>();
+    for (const step of r.steps) {
+      const matched = NgramDrafter.continuations([...prompt, ...plain.tokens.slice(0, emitted)], depth, 4)[0].size > 0;
+      expect(step.treeSize, `step at ${emitted} tokens`).toBe(matched ? 9 : 1);
+      kinds.add(matched ? 'tree' : 'plain');
+      emitted += step.accepted + 1;
+    }
+    expect([...kinds].sort()).toEqual(['plain', 'tree']);
   });
 
   it("a model drafter catches up on tokens decoded without drafting in captured power-of-two steps (36 tokens: 32 + 2 + 1, then the last), and drafts the reference draft model's argmax", async () => {

@@ -54,7 +54,12 @@ export interface Drafter {
   commit?(hidden: readonly DeviceTensor[], rows: number): void;
   /** A new sequence starts (its prompt): forget the previous one (called before its prefill). */
   begin(prompt: readonly number[]): void;
-  draft(request: DraftRequest): void;
+  /**
+   * Writes the request's logits. `false`: it has nothing to propose this step (ngram without an
+   * earlier match): the logits are still written (uniform), but a step of a fixed budget decodes
+   * plainly instead of verifying a tree of guesses.
+   */
+  draft(request: DraftRequest): boolean | void;
   dispose(): void;
 }
 
@@ -100,7 +105,7 @@ export class NgramDrafter implements Drafter {
     return out;
   }
 
-  draft({ tokens, depth, out }: DraftRequest): void {
+  draft({ tokens, depth, out }: DraftRequest): boolean {
     const b = this.b;
     const V = this.vocabSize;
     if (this.floor === undefined || this.floor.shape[0] < depth) {
@@ -114,6 +119,8 @@ export class NgramDrafter implements Drafter {
       for (const c of seen.values()) total += c;
       for (const [token, c] of seen) b.native.upload(out.buffer, Float32Array.of(Math.log(c / total)), (out.offset ?? 0) + (d * V + token) * 4);
     });
+    // a match always continues at depth 1: without one every node would be one of V equal guesses
+    return counts[0].size > 0;
   }
 
   dispose(): void {

@@ -720,7 +720,11 @@ export class Engine {
     const fromLast = policy?.planFromLast();
     const sticky = fromLast === undefined ? policy?.sticky() : undefined;
     const planner = fromLast === undefined && sticky === undefined ? policy : undefined;
-    const draft = () => drafter.draft({ tokens: context, depth, out: draftLogits, rootOnDevice: r.token });
+    // false: the drafter proposes nothing this step (auto's policy sees that in the tree's probabilities)
+    let proposes = true;
+    const draft = () => {
+      proposes = drafter.draft({ tokens: context, depth, out: draftLogits, rootOnDevice: r.token }) !== false;
+    };
     // (assigned in the timed closure below: typed without narrowing to its initial value)
     let logProbs = undefined as Float32Array | undefined;
     if (planner === undefined) {
@@ -730,6 +734,11 @@ export class Engine {
       };
       if (fromLast !== undefined) this.markTry(work);
       else work();
+      if (!proposes && policy === undefined) {
+        // a fixed budget's tree would be all guesses: a plain step accepts the same one token
+        const token = this.plainStep(true, false);
+        return { emitted: [token], trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
+      }
     } else {
       const largest = planner.largestUseful;
       const first = this.firstBuild(depth, largest);

@@ -11,7 +11,7 @@ import { pathToFileURL } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel, type GoldenRecord } from '@kdtree/reference';
 import { createEngine, EngineError, type Engine, type GenerateOptions } from './index.js';
-import { tempDir } from './test-support/models.js';
+import { halfKnowingDrafter, tempDir, treeTokens } from './test-support/models.js';
 import { alive, hasProc, rankChildren, until } from './test-support/processes.js';
 
 const dir = tempDir('kdtree-tp-processes-');
@@ -29,15 +29,18 @@ beforeAll(async () => {
 }, 120_000);
 
 const greedy: GenerateOptions = { maxNew: 16, eos: [] };
-const ddtree: GenerateOptions = { maxNew: 16, eos: [], spec: 'ddtree', drafter: 'ngram', budget: 8, depth: 3 };
+const ddtree: GenerateOptions = { maxNew: 16, eos: [], spec: 'ddtree', budget: 8, depth: 3 };
 
-async function tokens(path: string, prompt: number[], tp: number, options: GenerateOptions, check?: (engine: Engine) => void): Promise<number[]> {
+async function tokens(path: string, golden: GoldenRecord, tp: number, options: GenerateOptions, check?: (engine: Engine) => void): Promise<number[]> {
   const engine = await createEngine({ model: path, backend: 'cpu', cacheTokens: 128, maxBudget: 16, tp, tpRanks: tp > 1 ? 'processes' : undefined });
   let pids: number[] = [];
   try {
     pids = engine.rankPids;
     check?.(engine);
-    return (await engine.complete(prompt, options)).tokens;
+    if (options.spec === undefined || options.spec === 'greedy') return (await engine.complete(golden.prompt, options)).tokens;
+    // a drafter that proposes every step, so that the ranks verify trees and commit accepted paths
+    const drafter = halfKnowingDrafter(engine, golden.prompt, golden.tokens);
+    return treeTokens(await engine.complete(golden.prompt, { ...options, drafter, trace: true }));
   } finally {
     await engine.dispose();
     expect(pids.filter(alive), 'rank processes left after dispose').toEqual([]);
@@ -47,13 +50,13 @@ async function tokens(path: string, prompt: number[], tp: number, options: Gener
 describe('rank processes give the tokens of one rank and of the golden reference', () => {
   it('tiny, float: tp 2, greedy and DDTree', async () => {
     const golden = tinyGolden.tokens;
-    expect(await tokens(tiny, tinyGolden.prompt, 1, greedy)).toEqual(golden);
-    expect(await tokens(tiny, tinyGolden.prompt, 2, greedy, (e) => expect(e.rankPids).toHaveLength(1))).toEqual(golden);
-    expect(await tokens(tiny, tinyGolden.prompt, 2, ddtree)).toEqual(golden);
+    expect(await tokens(tiny, tinyGolden, 1, greedy)).toEqual(golden);
+    expect(await tokens(tiny, tinyGolden, 2, greedy, (e) => expect(e.rankPids).toHaveLength(1))).toEqual(golden);
+    expect(await tokens(tiny, tinyGolden, 2, ddtree)).toEqual(golden);
   }, 120_000);
 
   it('k2-mini, INT4 routed experts: tp 4, DDTree', async () => {
-    expect(await tokens(mini, miniGolden.prompt, 4, ddtree, (e) => expect(e.rankPids).toHaveLength(3))).toEqual(miniGolden.tokens);
+    expect(await tokens(mini, miniGolden, 4, ddtree, (e) => expect(e.rankPids).toHaveLength(3))).toEqual(miniGolden.tokens);
   }, 120_000);
 
   it('rank processes end themselves when the process of rank 0 is SIGKILLed', async () => {

@@ -11,7 +11,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel, type GoldenRecord } from '@kdtree/reference';
 import { createBackend } from '@kdtree/cuda';
 import { createEngine, DeviceModel, Engine, EngineError, ModelSource, type Collective, type GenerateOptions, type MemoryEstimate, type Runner } from './index.js';
-import { tempDir } from './test-support/models.js';
+import { halfKnowingDrafter, tempDir, treeTokens } from './test-support/models.js';
 
 const dir = tempDir('kdtree-tp-');
 // tiny has 2 heads (at most 2 ranks) and INT4 experts too narrow to split (32 = one group), so it
@@ -35,12 +35,16 @@ beforeAll(async () => {
 }, 120_000);
 
 const greedy: GenerateOptions = { maxNew: 16, eos: [] };
-const ddtree: GenerateOptions = { maxNew: 16, eos: [], spec: 'ddtree', drafter: 'ngram', budget: 8, depth: 3 };
+const ddtree: GenerateOptions = { maxNew: 16, eos: [], spec: 'ddtree', budget: 8, depth: 3 };
 
 async function run(path: string, tp: number, options: GenerateOptions, extra: Partial<Parameters<typeof createEngine>[0]> = {}): Promise<number[]> {
   const engine = await createEngine({ model: path, backend: 'cpu', cacheTokens: 128, maxBudget: 16, tp, ...extra });
   try {
-    return (await engine.complete(goldens.get([...paths].find(([, p]) => p === path)![0])!.prompt, options)).tokens;
+    const golden = goldens.get([...paths].find(([, p]) => p === path)![0])!;
+    if (options.spec === undefined || options.spec === 'greedy') return (await engine.complete(golden.prompt, options)).tokens;
+    // a drafter that proposes every step, so that the ranks verify trees and commit accepted paths
+    const drafter = halfKnowingDrafter(engine, golden.prompt, golden.tokens);
+    return treeTokens(await engine.complete(golden.prompt, { ...options, drafter, trace: true }));
   } finally {
     await engine.dispose();
   }

@@ -6,11 +6,13 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll } from 'vitest';
+import { afterAll, expect } from 'vitest';
 import { openBundle } from '@kdtree/format';
 import type { BackendKind } from '@kdtree/cuda';
 import { parseModelConfig, perturbWeights, presetConfigJson, randomWeights, writeSyntheticModel, type GoldenRecord, type ModelPreset } from '@kdtree/reference';
 import type { PresetName } from '@kdtree/quant';
+import type { Drafter } from '../drafters.js';
+import type { Engine, GenerationResult } from '../engine.js';
 
 export const TEST_BACKEND = (process.env.KDTREE_TEST_BACKEND as BackendKind | undefined) ?? 'cpu';
 
@@ -43,4 +45,40 @@ export async function goldenOf(path: string): Promise<GoldenRecord> {
   } finally {
     await b.close();
   }
+}
+
+/**
+ * A drafter that half knows the answer: at each depth seeded noise in [0, 2), with the token that
+ * greedy decoding gives there (`expected` after `prompt`) lifted by 2 while the context follows
+ * them. It proposes on every step, so DDTree verifies a tree of several branches each step and
+ * accepts some of its nodes: the paths a test of tree verification needs, whatever the prompt.
+ */
+export function halfKnowingDrafter(engine: Engine, prompt: readonly number[], expected: readonly number[], seed = 1): Drafter {
+  const V = engine.config.vocabSize;
+  let state = seed >>> 0;
+  const noise = () => {
+    state = (Math.imul(state, 1664525) + 1013904223) >>> 0;
+    return (state / 2 ** 32) * 2;
+  };
+  return {
+    name: 'half-knowing',
+    vocabSize: V,
+    maxDepth: 16,
+    begin() {},
+    draft({ tokens, depth, out }) {
+      const logits = Float32Array.from({ length: depth * V }, noise);
+      const emitted = tokens.length - prompt.length;
+      const follows = emitted >= 1 && tokens.slice(prompt.length).every((t, i) => t === expected[i]);
+      for (let d = 0; follows && d < depth && emitted + d < expected.length; d++) logits[d * V + expected[emitted + d]] += 2;
+      engine.backend.native.upload(out.buffer, logits, out.offset ?? 0);
+    },
+    dispose() {},
+  };
+}
+
+/** The tokens of a traced speculative generation that verified at least one tree (not plain steps only). */
+export function treeTokens(r: GenerationResult): number[] {
+  expect(r.steps.some((s) => s.treeSize > 1), 'a step verified a tree').toBe(true);
+  expect(r.steps.some((s) => s.accepted > 0), 'a step accepted a drafted node').toBe(true);
+  return r.tokens;
 }
