@@ -141,7 +141,7 @@ describe('kdtree CLI', () => {
         const r = runCli(['demo', '--preset', 'small', '--max-new', '24', '--cache', cache, '--backend', 'cpu']);
         expect(r.status, r.stderr).toBe(0);
         expect(r.stdout).toMatch(want);
-        for (const mode of ['greedy', 'chain, dflash, 7 nodes', 'ddtree, dflash, budget 7', 'ddtree, dflash, budget 16', 'ddtree, dflash, budget auto', 'chain, draft model', 'ddtree, draft model, budget 16', 'ddtree, ngram']) {
+        for (const mode of ['greedy', 'chain, dflash, 7 nodes', 'ddtree, dflash, budget 7', 'ddtree, dflash, budget 16', 'ddtree, dflash, budget auto', 'ddtree, dflash, budget auto, 2nd run', 'chain, draft model', 'ddtree, draft model, budget 16', 'ddtree, ngram']) {
           expect(r.stdout).toMatch(new RegExp(`${mode}.*\\byes$`, 'm'));
         }
         // the built drafter predicts the walk: its chain accepts more than the bonus token a step

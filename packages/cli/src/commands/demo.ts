@@ -155,6 +155,8 @@ export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
         { label: `ddtree, dflash, budget ${depth}`, options: { spec: 'ddtree', drafter: flash, budget: depth } },
         { label: 'ddtree, dflash, budget 16', options: { spec: 'ddtree', drafter: flash, budget: 16 } },
         { label: 'ddtree, dflash, budget auto', options: { spec: 'ddtree', drafter: flash, budget: 'auto' } },
+        // the same engine keeps what auto learnt of the drafter: its second generation shows the steady state
+        { label: 'ddtree, dflash, budget auto, 2nd run', options: { spec: 'ddtree', drafter: flash, budget: 'auto' } },
         { label: 'chain, draft model, 4 nodes', options: { spec: 'chain', drafter: model, budget: 4, depth: 4 } },
         { label: 'ddtree, draft model, budget 16, depth 4', options: { spec: 'ddtree', drafter: model, budget: 16, depth: 4 } },
         { label: 'ddtree, ngram, budget 8, depth 4', options: { spec: 'ddtree', drafter: 'ngram', budget: 8, depth: 4 } },
@@ -166,6 +168,8 @@ export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
         io.out('as large as the target, so speculation saves target forwards but not time. On a GPU a step is bound by the');
         io.out('bytes it reads, which a tree verify shares among its nodes (docs/benchmarks/engine.md).');
       }
+      io.out('\nBudget auto learns on its first generation how often the drafter\'s nodes are accepted and what a tree');
+      io.out('costs; it speculates only where that pays. Its 2nd run on the same engine shows what it settled on.');
       io.out('\nThe target walks: each token\'s embedding carries a code of its place on a walk, lm_head scores the next');
       io.out('place or the one after, and the random layers choose between them. The DFlash drafter is built, not trained:');
       io.out(`one forward drafts the likeliest token at each of ${depth} depths; DDTree spends its budget on the drafter\'s`);
