@@ -313,6 +313,51 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     });
   });
 
+  it('auto decodes plainly where a drafter proposes nothing (draft() returns false), in a try planned from the last tree and in a sticky run too; exact', async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    const depth = 4;
+    // sure and right, but on every sixth request silent, its logits all equal (as ngram's without a
+    // match): between silences a plan, a tree planned from the last, a plan, then sticky steps
+    const right = alwaysRight(engine, greedy, 'always-right-silent');
+    const uniform = logitsDrafter(engine, 'uniform', (_, d, V) => new Float32Array(d * V));
+    let requests = 0;
+    let route = 'plan';
+    const silentOn = new Set<string>();
+    const silent: Drafter = {
+      ...right,
+      draft(request) {
+        if (++requests % 6 !== 0) return right.draft(request);
+        silentOn.add(route);
+        uniform.draft(request);
+        return false;
+      },
+    };
+    await withCheapTrees(engine, depth, async () => {
+      const options = { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: silent, budget: 'auto', depth, trace: true } as const;
+      expect((await engine.complete(PROMPT, options)).tokens).toEqual(greedy);
+      // the kept policy, watched: which way each try of the second generation went
+      const policy = engine.autoPolicy(silent, depth)!;
+      const fromLast = policy.planFromLast.bind(policy);
+      const sticky = policy.sticky.bind(policy);
+      policy.planFromLast = () => {
+        const b = fromLast();
+        route = b === undefined ? 'plan' : 'last';
+        return b;
+      };
+      policy.sticky = () => {
+        const b = sticky();
+        if (b !== undefined) route = 'sticky';
+        return b;
+      };
+      silentOn.clear();
+      const r = await engine.complete(PROMPT, options);
+      expect(r.tokens).toEqual(greedy);
+      // silent requests became plain steps, never trees of guesses (which accept nothing)
+      expect(r.steps.every((s) => s.budget === 0 || s.accepted > 0)).toBe(true);
+      expect([...silentOn]).toEqual(expect.arrayContaining(['last', 'sticky']));
+    });
+  });
+
   it('eos stops the generation at the token, in every mode', async () => {
     const { engine, greedy, pair } = setups['kimi-k2'];
     const stop = greedy[13];

@@ -56,8 +56,8 @@ export interface Drafter {
   begin(prompt: readonly number[]): void;
   /**
    * Writes the request's logits. `false`: it has nothing to propose this step (ngram without an
-   * earlier match): the logits are still written (uniform), but a step of a fixed budget decodes
-   * plainly instead of verifying a tree of guesses.
+   * earlier match), and need not write them: the step decodes plainly instead of verifying a tree
+   * of guesses, and nothing reads them.
    */
   draft(request: DraftRequest): boolean | void;
   dispose(): void;
@@ -106,6 +106,9 @@ export class NgramDrafter implements Drafter {
   }
 
   draft({ tokens, depth, out }: DraftRequest): boolean {
+    const counts = NgramDrafter.continuations(tokens, depth, this.maxN);
+    // a match always continues at depth 1: without one every node would be one of V equal guesses
+    if (counts[0].size === 0) return false;
     const b = this.b;
     const V = this.vocabSize;
     if (this.floor === undefined || this.floor.shape[0] < depth) {
@@ -113,14 +116,12 @@ export class NgramDrafter implements Drafter {
       this.floor = b.fromArray('f32', [Math.max(depth, this.maxDepth), V], new Float32Array(Math.max(depth, this.maxDepth) * V).fill(UNSEEN_LOGIT));
     }
     b.native.copy({ dst: out.buffer, dstOffset: out.offset ?? 0, src: this.floor.buffer, bytes: depth * V * 4, stream: 0 });
-    const counts = NgramDrafter.continuations(tokens, depth, this.maxN);
     counts.forEach((seen, d) => {
       let total = 0;
       for (const c of seen.values()) total += c;
       for (const [token, c] of seen) b.native.upload(out.buffer, Float32Array.of(Math.log(c / total)), (out.offset ?? 0) + (d * V + token) * 4);
     });
-    // a match always continues at depth 1: without one every node would be one of V equal guesses
-    return counts[0].size > 0;
+    return true;
   }
 
   dispose(): void {

@@ -720,8 +720,8 @@ export class Engine {
     const fromLast = policy?.planFromLast();
     const sticky = fromLast === undefined ? policy?.sticky() : undefined;
     const planner = fromLast === undefined && sticky === undefined ? policy : undefined;
-    // false: the drafter proposes nothing this step (auto's policy sees that in the tree's probabilities)
-    let proposes = true;
+    // false: the drafter proposes nothing this step (typed without narrowing: set in the closures)
+    let proposes = true as boolean;
     const draft = () => {
       proposes = drafter.draft({ tokens: context, depth, out: draftLogits, rootOnDevice: r.token }) !== false;
     };
@@ -734,11 +734,6 @@ export class Engine {
       };
       if (fromLast !== undefined) this.markTry(work);
       else work();
-      if (!proposes && policy === undefined) {
-        // a fixed budget's tree would be all guesses: a plain step accepts the same one token
-        const token = this.plainStep(true, false);
-        return { emitted: [token], trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
-      }
     } else {
       const largest = planner.largestUseful;
       const first = this.firstBuild(depth, largest);
@@ -746,15 +741,24 @@ export class Engine {
         this.timeTry(() => {
           this.commitHeldTaps();
           draft();
-          logProbs = this.buildForLogProbs(draftLogits, first);
+          if (proposes) logProbs = this.buildForLogProbs(draftLogits, first);
         }),
       );
-      if (first < largest && !planner.decides(logProbs!)) {
+      if (proposes && first < largest && !planner.decides(logProbs!)) {
         const more = this.timeTry(() => {
           logProbs = this.buildForLogProbs(draftLogits, largest);
         });
         planner.amendDraftMs(more);
       }
+    }
+    if (!proposes) {
+      // the tree would be all guesses: a plain step emits the same one token. For auto the try
+      // found nothing (its draft paid by a wait), or a sticky run ends
+      if (fromLast !== undefined) policy!.updateDraftMs(this.triedMs());
+      if (sticky !== undefined) policy!.recordSticky(0);
+      else policy?.record([], 0, 0);
+      const token = this.plainStep(true, more && (policy?.wait ?? 0) > 0);
+      return { emitted: [token], trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
     }
     let draftTop1: number[] = [];
     if (trace) {
