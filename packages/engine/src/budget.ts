@@ -13,7 +13,7 @@
  * 65-node verify of Kimi K2's MoE layer reads ~289 of 384 experts), so the curve, not a constant,
  * decides. Drafters are not perfectly calibrated: the draft probabilities are scaled by the ratio
  * of tokens actually accepted to tokens expected over the last few trees. A try that finds nothing
- * (no tree worth running, or a rejected probe) is followed by plain decode steps that pay for its
+ * (no tree worth running, a rejected probe, or a drafter that proposes nothing) is followed by plain decode steps that pay for its
  * cost at TRY_SHARE of a decode step each (UNPROVEN_TRY_SHARE for a dear drafter never accepted;
  * BudgetPolicy.tryNow, record).
  *
@@ -63,7 +63,7 @@ export const TRY_SHARE = 0.01;
  * replaces, so its tries may cost a quarter of that. A random DFlash drafter of Kimi K2.5's size (a
  * try about two decode steps) then tries every ~800 steps once past its first misses (whose waits
  * are capped at a step, two and FIRST_WAIT whatever the share), about 0.25% of greedy's time.
- * Cheap tries (prompt lookup without a match: a few percent of a step) keep TRY_SHARE: text can
+ * Cheap tries (prompt lookup: next to nothing without a match) keep TRY_SHARE: text can
  * turn repetitive at any step, and their waits stay a few steps long.
  */
 export const UNPROVEN_TRY_SHARE = 0.0025;
@@ -428,6 +428,15 @@ export class BudgetPolicy {
     if (this.draftSamples.length > DRAFT_SAMPLES) this.draftSamples.shift();
     const sorted = [...this.draftSamples].sort((x, y) => x - y);
     this.draftMs = sorted[Math.floor(sorted.length / 2)];
+  }
+
+  /**
+   * The measured cost of a try whose drafter proposed nothing (Drafter.draft returned false): it
+   * sizes the wait after that try (record), but is no sample of what a draft costs (a prompt-lookup
+   * try without a match does almost nothing, and would make trees look cheaper than they are).
+   */
+  updateSilentTryMs(ms: number): void {
+    this.lastDraftMs = ms;
   }
 
   /**

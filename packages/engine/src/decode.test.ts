@@ -313,49 +313,86 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     });
   });
 
-  it('auto decodes plainly where a drafter proposes nothing (draft() returns false), in a try planned from the last tree and in a sticky run too; exact', async () => {
+  it('auto decodes plainly where a drafter proposes nothing (draft() returns false), whichever way the try was planned, and tells its policy; exact', async () => {
     const { engine, greedy } = setups['kimi-k2'];
     const depth = 4;
-    // sure and right, but on every sixth request silent, its logits all equal (as ngram's without a
-    // match): between silences a plan, a tree planned from the last, a plan, then sticky steps
-    const right = alwaysRight(engine, greedy, 'always-right-silent');
-    const uniform = logitsDrafter(engine, 'uniform', (_, d, V) => new Float32Array(d * V));
-    let requests = 0;
-    let route = 'plan';
-    const silentOn = new Set<string>();
-    const silent: Drafter = {
-      ...right,
-      draft(request) {
-        if (++requests % 6 !== 0) return right.draft(request);
-        silentOn.add(route);
-        uniform.draft(request);
-        return false;
-      },
-    };
-    await withCheapTrees(engine, depth, async () => {
-      const options = { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: silent, budget: 'auto', depth, trace: true } as const;
-      expect((await engine.complete(PROMPT, options)).tokens).toEqual(greedy);
-      // the kept policy, watched: which way each try of the second generation went
-      const policy = engine.autoPolicy(silent, depth)!;
-      const fromLast = policy.planFromLast.bind(policy);
-      const sticky = policy.sticky.bind(policy);
-      policy.planFromLast = () => {
-        const b = fromLast();
-        route = b === undefined ? 'plan' : 'last';
-        return b;
+    const routes = new Set<string>();
+    for (const period of [6, 3]) {
+      // sure and right, but silent on every period-th request, its logits then all equal (as if it
+      // proposed V guesses): between silences of period 6 a plan, a tree planned from the last, a
+      // plan, then sticky steps; of period 3 the planned tries fall silent too
+      const right = alwaysRight(engine, greedy, `always-right-silent-${period}`);
+      const uniform = logitsDrafter(engine, 'uniform', (_, d, V) => new Float32Array(d * V));
+      let requests = 0;
+      let route = 'plan';
+      // what each try did, in order: its route when silent, then the policy's calls; and the
+      // trees built for plans before each event
+      const events: string[] = [];
+      const builtBefore: number[] = [];
+      let builds: number[] = [];
+      const log = (e: string) => {
+        events.push(e);
+        builtBefore.push(builds.length);
       };
-      policy.sticky = () => {
-        const b = sticky();
-        if (b !== undefined) route = 'sticky';
-        return b;
+      const silent: Drafter = {
+        ...right,
+        draft(request) {
+          if (++requests % period !== 0) {
+            log('draft');
+            return right.draft(request);
+          }
+          log(`silent ${route}`);
+          uniform.draft(request);
+          return false;
+        },
       };
-      silentOn.clear();
-      const r = await engine.complete(PROMPT, options);
-      expect(r.tokens).toEqual(greedy);
-      // silent requests became plain steps, never trees of guesses (which accept nothing)
-      expect(r.steps.every((s) => s.budget === 0 || s.accepted > 0)).toBe(true);
-      expect([...silentOn]).toEqual(expect.arrayContaining(['last', 'sticky']));
-    });
+      await withCheapTrees(engine, depth, async (planBuilds) => {
+        builds = planBuilds;
+        const options = { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: silent, budget: 'auto', depth, trace: true } as const;
+        expect((await engine.complete(PROMPT, options)).tokens).toEqual(greedy);
+        // the kept policy, watched in the second generation: each try's route, and what it was told
+        const policy = engine.autoPolicy(silent, depth)!;
+        const fromLast = policy.planFromLast.bind(policy);
+        const sticky = policy.sticky.bind(policy);
+        const record = policy.record.bind(policy);
+        const recordSticky = policy.recordSticky.bind(policy);
+        const silentMs = policy.updateSilentTryMs.bind(policy);
+        const draftMs = policy.updateDraftMs.bind(policy);
+        policy.planFromLast = () => {
+          const b = fromLast();
+          route = b === undefined ? 'plan' : 'last';
+          return b;
+        };
+        policy.sticky = () => {
+          const b = sticky();
+          if (b !== undefined) route = 'sticky';
+          return b;
+        };
+        policy.record = (logProbs, budget, accepted, probe) => (log(`record ${budget} ${accepted}`), record(logProbs, budget, accepted, probe));
+        policy.recordSticky = (accepted, logProbs) => (log(`sticky ${accepted}`), recordSticky(accepted, logProbs));
+        policy.updateSilentTryMs = (ms) => (log('silent ms'), silentMs(ms));
+        policy.updateDraftMs = (ms) => (log('draft ms'), draftMs(ms));
+        events.length = 0;
+        builtBefore.length = 0;
+        const r = await engine.complete(PROMPT, options);
+        expect(r.tokens).toEqual(greedy);
+        // silent requests became plain steps, never trees of guesses (which accept nothing)
+        expect(r.steps.every((s) => s.budget === 0 || s.accepted > 0)).toBe(true);
+        // a silent try's cost is no draft sample; it is a try that found nothing, or ends a sticky run
+        const told = { plan: ['silent ms', 'record 0 0'], last: ['silent ms', 'record 0 0'], sticky: ['sticky 0'] } as Record<string, string[]>;
+        events.forEach((e, i) => {
+          if (!e.startsWith('silent ') || e === 'silent ms') return;
+          const r = e.slice('silent '.length);
+          routes.add(r);
+          const end = events.slice(i + 1).findIndex((x) => x === 'draft' || (x.startsWith('silent ') && x !== 'silent ms'));
+          const last = end < 0 ? events.length : i + 1 + end;
+          expect(events.slice(i + 1, last), `${e} (period ${period})`).toEqual(told[r]);
+          // and built no tree for a plan
+          expect((end < 0 ? builds.length : builtBefore[last]) - builtBefore[i], `${e} (period ${period})`).toBe(0);
+        });
+      });
+    }
+    expect([...routes].sort()).toEqual(['last', 'plan', 'sticky']);
   });
 
   it('eos stops the generation at the token, in every mode', async () => {

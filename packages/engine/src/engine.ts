@@ -716,7 +716,8 @@ export class Engine {
     // held back during a wait (up to HELD_TAP_ROWS: after a long wait it may cost more than the draft)
     // a budget planned from the last tree's probabilities (BudgetPolicy.planFromLast), else a
     // sticky one (BudgetPolicy.sticky), runs without a plan: the draft only (timed where planned
-    // from the last tree, and read once the step's read back has waited for the device anyway)
+    // from the last tree, and read once the step's read back has waited for the device anyway, or
+    // at once where the drafter proposed nothing and no step runs)
     const fromLast = policy?.planFromLast();
     const sticky = fromLast === undefined ? policy?.sticky() : undefined;
     const planner = fromLast === undefined && sticky === undefined ? policy : undefined;
@@ -737,13 +738,13 @@ export class Engine {
     } else {
       const largest = planner.largestUseful;
       const first = this.firstBuild(depth, largest);
-      planner.updateDraftMs(
-        this.timeTry(() => {
-          this.commitHeldTaps();
-          draft();
-          if (proposes) logProbs = this.buildForLogProbs(draftLogits, first);
-        }),
-      );
+      const ms = this.timeTry(() => {
+        this.commitHeldTaps();
+        draft();
+        if (proposes) logProbs = this.buildForLogProbs(draftLogits, first);
+      });
+      if (proposes) planner.updateDraftMs(ms);
+      else planner.updateSilentTryMs(ms);
       if (proposes && first < largest && !planner.decides(logProbs!)) {
         const more = this.timeTry(() => {
           logProbs = this.buildForLogProbs(draftLogits, largest);
@@ -754,7 +755,7 @@ export class Engine {
     if (!proposes) {
       // the tree would be all guesses: a plain step emits the same one token. For auto the try
       // found nothing (its draft paid by a wait), or a sticky run ends
-      if (fromLast !== undefined) policy!.updateDraftMs(this.triedMs());
+      if (fromLast !== undefined) policy!.updateSilentTryMs(this.triedMs());
       if (sticky !== undefined) policy!.recordSticky(0);
       else policy?.record([], 0, 0);
       const token = this.plainStep(true, more && (policy?.wait ?? 0) > 0);
