@@ -237,7 +237,7 @@ async function tokens(model: string, tp: number, options: GenerateOptions, golde
   try {
     expect(engine.tp).toBe(tp);
     if (options.spec === undefined || options.spec === 'greedy') return (await engine.complete(golden.prompt, options)).tokens;
-    // a drafter that proposes every step, so that the ranks verify trees and commit accepted paths
+    // a drafter of trees several levels deep, silent on some steps: the ranks verify trees, commit accepted paths and step plainly
     const drafter = halfKnowingDrafter(engine, golden.prompt, golden.tokens);
     return treeTokens(await engine.complete(golden.prompt, { ...options, drafter, trace: true }));
   } finally {

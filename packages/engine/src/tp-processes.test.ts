@@ -38,7 +38,7 @@ async function tokens(path: string, golden: GoldenRecord, tp: number, options: G
     pids = engine.rankPids;
     check?.(engine);
     if (options.spec === undefined || options.spec === 'greedy') return (await engine.complete(golden.prompt, options)).tokens;
-    // a drafter that proposes every step, so that the ranks verify trees and commit accepted paths
+    // a drafter of trees several levels deep, silent on some steps: the ranks verify trees, commit accepted paths and step plainly
     const drafter = halfKnowingDrafter(engine, golden.prompt, golden.tokens);
     return treeTokens(await engine.complete(golden.prompt, { ...options, drafter, trace: true }));
   } finally {

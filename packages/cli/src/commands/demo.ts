@@ -155,7 +155,7 @@ export async function runDemo(p: Parsed, io: CommandIO): Promise<number> {
         { label: `ddtree, dflash, budget ${depth}`, options: { spec: 'ddtree', drafter: flash, budget: depth } },
         { label: 'ddtree, dflash, budget 16', options: { spec: 'ddtree', drafter: flash, budget: 16 } },
         { label: 'ddtree, dflash, budget auto', options: { spec: 'ddtree', drafter: flash, budget: 'auto' } },
-        // the same engine keeps what auto learnt of the drafter: its second generation shows the steady state
+        // the same engine keeps what auto learnt of the drafter: its second generation shows what auto settled on
         { label: 'ddtree, dflash, budget auto, 2nd run', options: { spec: 'ddtree', drafter: flash, budget: 'auto' } },
         { label: 'chain, draft model, 4 nodes', options: { spec: 'chain', drafter: model, budget: 4, depth: 4 } },
         { label: 'ddtree, draft model, budget 16, depth 4', options: { spec: 'ddtree', drafter: model, budget: 16, depth: 4 } },
