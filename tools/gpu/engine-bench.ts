@@ -173,6 +173,15 @@ async function benchModel(experts: number, full: boolean, cacheTokens = 4096, ac
       log(`${label}: ${r.stats.tokensPerSecond.toFixed(1)} tokens/s, ${r.stats.meanAcceptedLength.toFixed(2)} tokens a step, ${exact ? 'exact' : 'DIFFERENT FROM GREEDY'}`);
     }
     out.speculative = rows;
+    // how ngram's steps go at budget 8 and under auto, step by step (traced, so untimed): '.' a
+    // plain step (a wait, no match, or no tree worth it), 'B/a' a tree of B nodes that accepted a
+    const ngramSteps: Record<string, string> = {};
+    for (const budget of [8, 'auto'] as const) {
+      const t = await engine.complete(prompt, { maxNew, eos: [], spec: 'ddtree', drafter: 'ngram', budget, depth: 4, trace: true });
+      ngramSteps[String(budget)] = t.steps.map((s) => (s.treeSize === 1 ? '.' : `${s.budget}/${s.accepted}`)).join(' ');
+      log(`ddtree, ngram, ${budget === 'auto' ? 'auto' : `B ${budget}`} (traced): ${ngramSteps[String(budget)]}`);
+    }
+    out.ngramSteps = ngramSteps;
     draft.dispose();
     if (process.env.KDTREE_BENCH_DFLASH !== '0') out.dflash = await benchDflash(engine, source, prompt, greedy.tokens, maxNew);
     out.greedyTokensRepeat = new Set(greedy.tokens.slice(64)).size;
