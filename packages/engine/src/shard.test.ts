@@ -18,7 +18,7 @@ import { createEngine, DeviceModel, EngineError, ModelSource, ShardSource, write
 import type { Block } from './shard.js';
 import { coalesceReads, READ_GAP } from './model-source.js';
 import { fanOut } from './shard-writer.js';
-import { halfKnowingDrafter, tempDir, treeTokens } from './test-support/models.js';
+import { goldenTokens, tempDir } from './test-support/models.js';
 
 const dir = tempDir('kdtree-shard-');
 const models = [
@@ -236,10 +236,7 @@ async function tokens(model: string, tp: number, options: GenerateOptions, golde
   const engine = await createEngine({ model, backend: 'cpu', cacheTokens: 128, maxBudget: 16, tp });
   try {
     expect(engine.tp).toBe(tp);
-    if (options.spec === undefined || options.spec === 'greedy') return (await engine.complete(golden.prompt, options)).tokens;
-    // a drafter of trees several levels deep, silent on some steps: the ranks verify trees, commit accepted paths and step plainly
-    const drafter = halfKnowingDrafter(engine, golden.prompt, golden.tokens);
-    return treeTokens(await engine.complete(golden.prompt, { ...options, drafter, trace: true }));
+    return await goldenTokens(engine, golden, options);
   } finally {
     await engine.dispose();
   }

@@ -11,7 +11,7 @@ import { pathToFileURL } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel, type GoldenRecord } from '@kdtree/reference';
 import { createEngine, EngineError, type Engine, type GenerateOptions } from './index.js';
-import { halfKnowingDrafter, tempDir, treeTokens } from './test-support/models.js';
+import { goldenTokens, tempDir } from './test-support/models.js';
 import { alive, hasProc, rankChildren, until } from './test-support/processes.js';
 
 const dir = tempDir('kdtree-tp-processes-');
@@ -37,10 +37,7 @@ async function tokens(path: string, golden: GoldenRecord, tp: number, options: G
   try {
     pids = engine.rankPids;
     check?.(engine);
-    if (options.spec === undefined || options.spec === 'greedy') return (await engine.complete(golden.prompt, options)).tokens;
-    // a drafter of trees several levels deep, silent on some steps: the ranks verify trees, commit accepted paths and step plainly
-    const drafter = halfKnowingDrafter(engine, golden.prompt, golden.tokens);
-    return treeTokens(await engine.complete(golden.prompt, { ...options, drafter, trace: true }));
+    return await goldenTokens(engine, golden, options);
   } finally {
     await engine.dispose();
     expect(pids.filter(alive), 'rank processes left after dispose').toEqual([]);

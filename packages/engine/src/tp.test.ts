@@ -11,7 +11,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel, type GoldenRecord } from '@kdtree/reference';
 import { createBackend } from '@kdtree/cuda';
 import { createEngine, DeviceModel, Engine, EngineError, ModelSource, type Collective, type GenerateOptions, type MemoryEstimate, type Runner } from './index.js';
-import { halfKnowingDrafter, tempDir, treeTokens } from './test-support/models.js';
+import { goldenTokens, tempDir } from './test-support/models.js';
 
 const dir = tempDir('kdtree-tp-');
 // tiny has 2 heads (at most 2 ranks) and INT4 experts too narrow to split (32 = one group), so it
@@ -41,10 +41,7 @@ async function run(path: string, tp: number, options: GenerateOptions, extra: Pa
   const engine = await createEngine({ model: path, backend: 'cpu', cacheTokens: 128, maxBudget: 16, tp, ...extra });
   try {
     const golden = goldens.get([...paths].find(([, p]) => p === path)![0])!;
-    if (options.spec === undefined || options.spec === 'greedy') return (await engine.complete(golden.prompt, options)).tokens;
-    // a drafter of trees several levels deep, silent on some steps: the ranks verify trees, commit accepted paths and step plainly
-    const drafter = halfKnowingDrafter(engine, golden.prompt, golden.tokens);
-    return treeTokens(await engine.complete(golden.prompt, { ...options, drafter, trace: true }));
+    return await goldenTokens(engine, golden, options);
   } finally {
     await engine.dispose();
   }

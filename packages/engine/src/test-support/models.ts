@@ -12,7 +12,7 @@ import type { BackendKind } from '@kdtree/cuda';
 import { parseModelConfig, perturbWeights, presetConfigJson, randomWeights, writeSyntheticModel, type GoldenRecord, type ModelPreset } from '@kdtree/reference';
 import type { PresetName } from '@kdtree/quant';
 import type { Drafter } from '../drafters.js';
-import type { Engine, GenerationResult } from '../engine.js';
+import type { Engine, GenerateOptions } from '../engine.js';
 
 export const TEST_BACKEND = (process.env.KDTREE_TEST_BACKEND as BackendKind | undefined) ?? 'cpu';
 
@@ -85,10 +85,15 @@ export function halfKnowingDrafter(engine: Engine, prompt: readonly number[], ex
 }
 
 /**
- * The tokens of a traced speculative generation with halfKnowingDrafter, which verified trees and
- * accepted paths of several nodes, and decoded plainly where the drafter proposed nothing.
+ * `options`' tokens from the golden prompt on `engine`. A speculative generation drafts with
+ * halfKnowingDrafter (trees several levels deep, silent on some steps: tensor-parallel ranks verify
+ * trees, commit accepted paths and step plainly) and must have verified a tree that accepted 2 or
+ * more nodes, and run a plain step.
  */
-export function treeTokens(r: GenerationResult): number[] {
+export async function goldenTokens(engine: Engine, golden: GoldenRecord, options: GenerateOptions): Promise<number[]> {
+  if (options.spec === undefined || options.spec === 'greedy') return (await engine.complete(golden.prompt, options)).tokens;
+  const drafter = halfKnowingDrafter(engine, golden.prompt, golden.tokens);
+  const r = await engine.complete(golden.prompt, { ...options, drafter, trace: true });
   expect(r.steps.some((s) => s.treeSize > 1 && s.accepted >= 2), 'a tree step accepted 2 or more nodes').toBe(true);
   expect(r.steps.some((s) => s.treeSize === 1), 'a plain step').toBe(true);
   return r.tokens;
