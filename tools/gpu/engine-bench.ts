@@ -146,7 +146,8 @@ async function benchModel(experts: number, full: boolean, cacheTokens = 4096, ac
     const stepMs = 1000 / greedy.stats.tokensPerSecond;
     // the tokens' fingerprint: builds and kernel forms that keep the bits decode the same tokens
     const tokensSha256 = createHash('sha256').update(greedy.tokens.join(',')).digest('hex').slice(0, 16);
-    out.greedy = { tokensPerSecond: greedy.stats.tokensPerSecond, stepMs, bytesPerToken: bytes, tokensSha256 };
+    // the tokens themselves: a drafter's steps (ngram's matches) can then be replayed off the GPU
+    out.greedy = { tokensPerSecond: greedy.stats.tokensPerSecond, stepMs, bytesPerToken: bytes, tokensSha256, prompt, tokens: greedy.tokens };
     log(`greedy: ${greedy.stats.tokensPerSecond.toFixed(1)} tokens/s (${stepMs.toFixed(3)} ms a token), ${(bytes / 1e9).toFixed(3)} GB read a token; tokens ${tokensSha256}`);
     const profile = await engine.profileDecode(prompt);
     const st = stages(profile);

@@ -240,6 +240,50 @@ describe('BudgetPolicy', () => {
     expect(trusted.wait).toBe(0);
   });
 
+  it('pays for a try whose drafter proposed nothing by its cost alone: no miss, so tries cheaper than a payment wait for nothing until they add up to one, and the waits after later misses do not grow with them', () => {
+    const sure = logs([1, 1, 1, 1, ...Array(60).fill(1e-5)]);
+    const payment = TRY_SHARE * curve.decodeMs;
+    // a drafter accepted before (prompt lookup in a repetitive stretch), now without a match
+    const p = new BudgetPolicy(curve, 0, 4);
+    measured(p, 0.1);
+    p.record(sure, PROBE_BUDGET, 1, true);
+    // silent tries costing a third of a payment each: the next step tries again, until three of them
+    // owe a whole payment, which one plain step pays (the plain steps before each try)
+    const waits: number[] = [];
+    for (let i = 0; i < 7; i++) {
+      let plain = 0;
+      while (!p.tryNow()) plain++;
+      waits.push(plain);
+      p.recordSilent(payment / 3 + 1e-6);
+    }
+    expect(waits).toEqual([0, 0, 0, 1, 0, 0, 1]);
+    // a silent try is no draft sample: the median stays the drafted tries' 0.1 ms (a rejected probe
+    // then owes 0.1 + 0.1 ms) and, however many silent tries came before, that probe is the first
+    // miss in a row: a step's wait
+    for (let i = 0; i < 8; i++) p.recordSilent(payment / 100);
+    while (!p.tryNow());
+    p.record(sure, PROBE_BUDGET, 0, true);
+    expect(p.wait).toBe(1);
+    while (!p.tryNow());
+    // the wait after a second miss in a row: two steps, silent tries between them or not
+    p.recordSilent(payment / 100);
+    p.record(sure, PROBE_BUDGET, 0, true);
+    expect(p.wait).toBe(2);
+    // a dear silent try is paid for at TRY_SHARE like any other: 0.5 ms is 50 payments, MAX_WAIT at most
+    const q = new BudgetPolicy(curve, 0, 4);
+    q.recordSilent(0.5);
+    expect(q.wait).toBe(Math.round(0.5 / payment));
+    q.recordSilent(1e6);
+    expect(q.wait).toBe(MAX_WAIT);
+    // a silent try ends a sticky run: the next try plans
+    const r = new BudgetPolicy(curve, 0, 4);
+    for (let i = 0; i < STICKY_AFTER; i++) r.record(sure, 4, 4);
+    expect(r.sticky()).toBe(4);
+    r.recordSilent(0);
+    expect(r.sticky()).toBeUndefined();
+    expect(r.planFromLast()).toBeUndefined();
+  });
+
   it('pays for a taken exploring probe that cost more than decoding its tokens: waits of 1, 2, 4, ... steps until a tree pays, kept across generations; a probe that pays waits not', () => {
     const sure = logs([1, 1, 1, 1, ...Array(60).fill(1e-5)]);
     // a draft of 3 decode steps: a probe (3 + 1.1 ms) costs more than its 2 tokens' decode steps

@@ -15,7 +15,7 @@
  * of tokens actually accepted to tokens expected over the last few trees. A try that finds nothing
  * (no tree worth running, a rejected probe, or a drafter that proposes nothing) is followed by plain decode steps that pay for its
  * cost at TRY_SHARE of a decode step each (UNPROVEN_TRY_SHARE for a dear drafter never accepted;
- * BudgetPolicy.tryNow, record).
+ * BudgetPolicy.tryNow, record; one whose drafter proposes nothing is no miss: recordSilent).
  *
  * A plan builds a tree for its probabilities and reads them back before the verify: the device
  * waits for that round trip (tens of microseconds, a tenth of a step of a small model). Every tree
@@ -391,9 +391,13 @@ export class BudgetPolicy {
     }
   }
 
-  /** Plain decode steps left before the next try. */
+  /**
+   * Plain decode steps left before the next try: the whole payments the debt still holds. What is
+   * left of a payment carries over to the next try's debt, so a try cheaper than a payment (prompt
+   * lookup finding no match) waits for nothing until such tries add up to one.
+   */
   get wait(): number {
-    return Math.max(0, Math.ceil(this.debt / this.stepPayment - 1e-9));
+    return Math.max(0, Math.floor(this.debt / this.stepPayment + 1e-9));
   }
 
   /**
@@ -431,12 +435,20 @@ export class BudgetPolicy {
   }
 
   /**
-   * The measured cost of a try whose drafter proposed nothing (Drafter.draft returned false): it
-   * sizes the wait after that try (record), but is no sample of what a draft costs (a prompt-lookup
-   * try without a match does almost nothing, and would make trees look cheaper than they are).
+   * A try whose drafter proposed nothing (Drafter.draft returned false), and its measured cost. Like
+   * every try that found nothing it is paid for by plain decode steps (TRY_SHARE of a decode step
+   * each, as in record), but it is no miss: a drafter with nothing to propose says nothing of how its
+   * proposals fare (prompt lookup finds no earlier match for the last tokens, and may find one at the
+   * next step), so it neither lengthens the waits after later misses nor ends a run of them. Nor is
+   * its cost a sample of what a draft costs (a prompt-lookup try without a match does almost nothing,
+   * and would make trees look cheaper than they are).
    */
-  updateSilentTryMs(ms: number): void {
+  recordSilent(ms: number): void {
     this.lastDraftMs = ms;
+    this.last = undefined;
+    this.stickyRun = 0;
+    this.stickyLeft = 0;
+    this.debt = Math.min(MAX_WAIT * this.stepPayment, this.debt + ms);
   }
 
   /**

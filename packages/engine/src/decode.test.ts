@@ -356,7 +356,7 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
         const sticky = policy.sticky.bind(policy);
         const record = policy.record.bind(policy);
         const recordSticky = policy.recordSticky.bind(policy);
-        const silentMs = policy.updateSilentTryMs.bind(policy);
+        const recordSilent = policy.recordSilent.bind(policy);
         const draftMs = policy.updateDraftMs.bind(policy);
         policy.planFromLast = () => {
           const b = fromLast();
@@ -370,7 +370,7 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
         };
         policy.record = (logProbs, budget, accepted, probe) => (log(`record ${budget} ${accepted}`), record(logProbs, budget, accepted, probe));
         policy.recordSticky = (accepted, logProbs) => (log(`sticky ${accepted}`), recordSticky(accepted, logProbs));
-        policy.updateSilentTryMs = (ms) => (log('silent ms'), silentMs(ms));
+        policy.recordSilent = (ms) => (log('record silent'), recordSilent(ms));
         policy.updateDraftMs = (ms) => (log('draft ms'), draftMs(ms));
         events.length = 0;
         builtBefore.length = 0;
@@ -378,13 +378,13 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
         expect(r.tokens).toEqual(greedy);
         // silent requests became plain steps, never trees of guesses (which accept nothing)
         expect(r.steps.every((s) => s.budget === 0 || s.accepted > 0)).toBe(true);
-        // a silent try's cost is no draft sample; it is a try that found nothing, or ends a sticky run
-        const told = { plan: ['silent ms', 'record 0 0'], last: ['silent ms', 'record 0 0'], sticky: ['sticky 0'] } as Record<string, string[]>;
+        // a silent try's cost is no draft sample and it is no miss: it is recorded as silent, or ends a sticky run
+        const told = { plan: ['record silent'], last: ['record silent'], sticky: ['sticky 0'] } as Record<string, string[]>;
         events.forEach((e, i) => {
-          if (!e.startsWith('silent ') || e === 'silent ms') return;
+          if (!e.startsWith('silent ')) return;
           const r = e.slice('silent '.length);
           routes.add(r);
-          const end = events.slice(i + 1).findIndex((x) => x === 'draft' || (x.startsWith('silent ') && x !== 'silent ms'));
+          const end = events.slice(i + 1).findIndex((x) => x === 'draft' || x.startsWith('silent '));
           const last = end < 0 ? events.length : i + 1 + end;
           expect(events.slice(i + 1, last), `${e} (period ${period})`).toEqual(told[r]);
           // and built no tree for a plan

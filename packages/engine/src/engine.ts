@@ -744,7 +744,7 @@ export class Engine {
         if (proposes) logProbs = this.buildForLogProbs(draftLogits, first);
       });
       if (proposes) planner.updateDraftMs(ms);
-      else planner.updateSilentTryMs(ms);
+      else planner.recordSilent(ms);
       if (proposes && first < largest && !planner.decides(logProbs!)) {
         const more = this.timeTry(() => {
           logProbs = this.buildForLogProbs(draftLogits, largest);
@@ -754,10 +754,10 @@ export class Engine {
     }
     if (!proposes) {
       // the tree would be all guesses: a plain step emits the same one token. For auto the try
-      // found nothing (its draft paid by a wait), or a sticky run ends
-      if (fromLast !== undefined) policy!.updateSilentTryMs(this.triedMs());
+      // proposed nothing (its draft paid by a wait; recorded above where it was planned), or a
+      // sticky run ends
+      if (fromLast !== undefined) policy!.recordSilent(this.triedMs());
       if (sticky !== undefined) policy!.recordSticky(0);
-      else policy?.record([], 0, 0);
       const token = this.plainStep(true, more && (policy?.wait ?? 0) > 0);
       return { emitted: [token], trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
     }
