@@ -137,6 +137,8 @@ export class BudgetPolicy {
   private debt = 0;
   /** Tries in a row that found nothing, and whether a draft token was ever accepted. */
   private misses = 0;
+  /** Tries in a row whose drafter proposed nothing (recordSilent), apart from the misses. */
+  private silences = 0;
   private proven = false;
   /** Exploring probes taken at a loss since a tree or probe last paid (record). */
   private explorations = 0;
@@ -297,6 +299,7 @@ export class BudgetPolicy {
   recordSticky(accepted: number, logProbs?: ArrayLike<number>): void {
     if (this.stickyLeft <= 0) throw new Error('recordSticky: no sticky step was due');
     this.stickyLeft--;
+    this.silences = 0;
     if (logProbs !== undefined) this.last = logProbs;
     if (accepted > 0) {
       this.debt = 0;
@@ -341,6 +344,7 @@ export class BudgetPolicy {
    * for the k-th such probe since a tree or probe last paid.
    */
   record(logProbs: ArrayLike<number>, budget: number, accepted: number, probe = false): void {
+    this.silences = 0;
     // a probe of a calibrated drafter explores: its calibration ruled every tree out (plan)
     const exploring = probe && this.calibrated;
     if (budget > 0) {
@@ -448,7 +452,10 @@ export class BudgetPolicy {
     this.last = undefined;
     this.stickyRun = 0;
     this.stickyLeft = 0;
-    this.debt = Math.min(MAX_WAIT * this.stepPayment, this.debt + ms);
+    // capped as a proven drafter's misses are, by its own count: no match now is little proof that
+    // none comes at the next token
+    this.silences++;
+    this.debt = Math.min(Math.min(MAX_WAIT, 2 ** (this.silences - 1)) * this.stepPayment, this.debt + ms);
   }
 
   /**
