@@ -13,9 +13,10 @@
  * 65-node verify of Kimi K2's MoE layer reads ~289 of 384 experts), so the curve, not a constant,
  * decides. Drafters are not perfectly calibrated: the draft probabilities are scaled by the ratio
  * of tokens actually accepted to tokens expected over the last few trees. A try that finds nothing
- * (no tree worth running, a rejected probe, or a drafter that proposes nothing) is followed by plain decode steps that pay for its
- * cost at TRY_SHARE of a decode step each (UNPROVEN_TRY_SHARE for a dear drafter never accepted;
- * BudgetPolicy.tryNow, record; one whose drafter proposes nothing is no miss: recordSilent).
+ * (no tree worth running, a rejected probe, or a drafter that proposes nothing) is paid for by the
+ * plain decode steps after it, TRY_SHARE of a decode step each (UNPROVEN_TRY_SHARE for a dear
+ * drafter never accepted), as many as its cost holds whole payments (BudgetPolicy.tryNow, record;
+ * a drafter that proposes nothing is no miss: recordSilent).
  *
  * A plan builds a tree for its probabilities and reads them back before the verify: the device
  * waits for that round trip (tens of microseconds, a tenth of a step of a small model). Every tree
@@ -69,7 +70,8 @@ export const TRY_SHARE = 0.01;
 export const UNPROVEN_TRY_SHARE = 0.0025;
 
 /**
- * The most plain decode steps after the k-th try in a row that found nothing: for a drafter whose
+ * The most plain decode steps after the k-th try in a row that found nothing (silent tries apart:
+ * BudgetPolicy.recordSilent): for a drafter whose
  * draft tokens have been accepted, 2^(k-1) since the last one (a rejection is little proof that a
  * good stretch is over: the next try comes after one plain step, and the waits grow to what the
  * cost asks within a few misses). For one never accepted, 2^(k-1) too for its first
@@ -258,13 +260,14 @@ export class BudgetPolicy {
   /**
    * A generation starts: the wait left by the last one is dropped (a new context: prompt lookup may
    * match where the last did not), except for a drafter not accepted once in CALIBRATION_PROBES or
-   * more tries, or one exploring (its probes taken, no tree paying since). Its wait, sized by what
+   * more tries in a row that found nothing or proposed nothing, or one exploring (its probes taken, no tree paying since). Its wait, sized by what
    * its tries cost, goes on: over many short generations a drafter that predicts nothing, or whose
    * trees do not pay, then costs TRY_SHARE (or UNPROVEN_TRY_SHARE) of the decode time, not a try at
    * each start.
    */
   begin(): void {
-    if ((this.proven || this.misses < CALIBRATION_PROBES) && this.explorations === 0) this.debt = 0;
+    const fewTries = this.misses < CALIBRATION_PROBES && this.silences < CALIBRATION_PROBES;
+    if ((this.proven || fewTries) && this.explorations === 0) this.debt = 0;
     this.stickyRun = 0;
     this.stickyLeft = 0;
     this.last = undefined;
@@ -299,7 +302,6 @@ export class BudgetPolicy {
   recordSticky(accepted: number, logProbs?: ArrayLike<number>): void {
     if (this.stickyLeft <= 0) throw new Error('recordSticky: no sticky step was due');
     this.stickyLeft--;
-    this.silences = 0;
     if (logProbs !== undefined) this.last = logProbs;
     if (accepted > 0) {
       this.debt = 0;
@@ -408,8 +410,10 @@ export class BudgetPolicy {
    * What a plain decode step of a wait pays off: TRY_SHARE of a decode step, UNPROVEN_TRY_SHARE for
    * a drafter never accepted whose draft (the median of its tries) costs more than a decode step (a
    * decode measured at 0 ms, a clock too coarse, must not make every wait infinite). Neither input
-   * changes while a debt is left: `proven` is set before any debt it sizes (a taken token), and a
-   * try's measurement comes only once the wait is over.
+   * changes during a wait: `proven` is set before any debt it sizes (a taken token), and a try's
+   * measurement comes only once the wait is over. What is left of a payment when a try runs (wait)
+   * may then be measured in the smaller payment: at most UNPROVEN_TRY_SHARE / TRY_SHARE plain
+   * steps more, once.
    */
   private get stepPayment(): number {
     const decode = Math.max(this.curve.decodeMs, 1e-6);
@@ -448,7 +452,6 @@ export class BudgetPolicy {
    * and would make trees look cheaper than they are).
    */
   recordSilent(ms: number): void {
-    this.lastDraftMs = ms;
     this.last = undefined;
     this.stickyRun = 0;
     this.stickyLeft = 0;
