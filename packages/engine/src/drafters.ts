@@ -75,6 +75,8 @@ const UNSEEN_LOGIT = -1e4;
 export class NgramDrafter implements Drafter {
   readonly name = 'ngram';
   private floor: DeviceTensor | undefined;
+  /** i32 [2 x capacity]: the seen (depth, token) entries' flat indices, then their logits' f32 bits. */
+  private entries: DeviceTensor | undefined;
 
   constructor(
     private readonly b: KdtreeBackend,
@@ -115,18 +117,43 @@ export class NgramDrafter implements Drafter {
       if (this.floor) b.free(this.floor);
       this.floor = b.fromArray('f32', [Math.max(depth, this.maxDepth), V], new Float32Array(Math.max(depth, this.maxDepth) * V).fill(UNSEEN_LOGIT));
     }
-    b.native.copy({ dst: out.buffer, dstOffset: out.offset ?? 0, src: this.floor.buffer, bytes: depth * V * 4, stream: 0 });
+    const offset = out.offset ?? 0;
+    b.native.copy({ dst: out.buffer, dstOffset: offset, src: this.floor.buffer, bytes: depth * V * 4, stream: 0 });
+    // the seen tokens' log-frequencies in one upload and one scatter (kvWrite of one-value rows into
+    // the logits as [depth x V, 1]): an upload from the host's memory waits for the stream, so one
+    // per token (a few dozen where a frequent token has many continuations) kept the device idle
+    let n = 0;
+    for (const seen of counts) n += seen.size;
+    let capacity = (this.entries?.shape[0] ?? 0) / 2;
+    if (capacity < n) {
+      if (this.entries) b.free(this.entries);
+      capacity = 2 ** Math.ceil(Math.log2(Math.max(64, n)));
+      this.entries = b.empty('i32', [2 * capacity]);
+    }
+    const host = new Int32Array(capacity + n);
+    const logits = new Float32Array(host.buffer, capacity * 4, n);
+    let i = 0;
     counts.forEach((seen, d) => {
       let total = 0;
       for (const c of seen.values()) total += c;
-      for (const [token, c] of seen) b.native.upload(out.buffer, Float32Array.of(Math.log(c / total)), (out.offset ?? 0) + (d * V + token) * 4);
+      for (const [token, c] of seen) {
+        host[i] = d * V + token;
+        logits[i++] = Math.log(c / total);
+      }
     });
+    const entries = this.entries!;
+    b.native.upload(entries.buffer, host, entries.offset ?? 0);
+    const values = { buffer: entries.buffer, dtype: 'f32' as const, shape: [n, 1], offset: (entries.offset ?? 0) + capacity * 4 };
+    const rows = { buffer: out.buffer, dtype: 'f32' as const, shape: [depth * V, 1], offset };
+    b.native.kvWrite({ c: values, kpe: values, cacheC: rows, cacheKpe: rows, slots: { buffer: entries.buffer, dtype: 'i32', shape: [n], offset: entries.offset ?? 0 }, stream: 0 });
     return true;
   }
 
   dispose(): void {
     if (this.floor) this.b.free(this.floor);
+    if (this.entries) this.b.free(this.entries);
     this.floor = undefined;
+    this.entries = undefined;
   }
 }
 
