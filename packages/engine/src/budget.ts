@@ -260,10 +260,10 @@ export class BudgetPolicy {
   /**
    * A generation starts: the wait left by the last one is dropped (a new context: prompt lookup may
    * match where the last did not), except for a drafter not accepted once in CALIBRATION_PROBES or
-   * more tries in a row that found nothing or proposed nothing, or one exploring (its probes taken, no tree paying since). Its wait, sized by what
-   * its tries cost, goes on: over many short generations a drafter that predicts nothing, or whose
-   * trees do not pay, then costs TRY_SHARE (or UNPROVEN_TRY_SHARE) of the decode time, not a try at
-   * each start.
+   * more tries in a row that found nothing or proposed nothing, or one exploring (its probes taken,
+   * no tree paying since). Its wait, sized by what its tries cost, goes on: over many short
+   * generations a drafter that predicts nothing, or whose trees do not pay, then costs TRY_SHARE (or
+   * UNPROVEN_TRY_SHARE) of the decode time, not a try at each start.
    */
   begin(): void {
     const fewTries = this.misses < CALIBRATION_PROBES && this.silences < CALIBRATION_PROBES;
