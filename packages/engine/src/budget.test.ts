@@ -668,13 +668,11 @@ describe('BudgetPolicy on the H200 benchmark', () => {
     const largest = Math.max(...budgets);
     return RECORDED.map((_, i) => {
       const t = start + i;
-      const counts = NgramDrafter.continuations(context.slice(0, t), DEPTH, 4);
-      if (counts[0].size === 0) return { logProbs: [], run: 0, silent: true };
+      const frequencies = NgramDrafter.logFrequencies(context.slice(0, t), DEPTH, 4);
+      if (frequencies[0].size === 0) return { logProbs: [], run: 0, silent: true };
       const logits = new Float32Array(DEPTH * vocab).fill(-1e4);
-      counts.forEach((seen, d) => {
-        let total = 0;
-        for (const c of seen.values()) total += c;
-        for (const [token, c] of seen) logits[d * vocab + ids.get(token)!] = Math.log(c / total);
+      frequencies.forEach((seen, d) => {
+        for (const [token, logFrequency] of seen) logits[d * vocab + ids.get(token)!] = logFrequency;
       });
       const tree = buildDraftTree(ids.get(context[t - 1])!, logits, DEPTH, vocab, largest);
       // the target's next token after each node on the output's own path (the only nodes acceptance follows)

@@ -107,10 +107,19 @@ export class NgramDrafter implements Drafter {
     return out;
   }
 
+  /** Per depth: token -> the log of its share of the continuations there (what draft writes; every other token gets UNSEEN_LOGIT). */
+  static logFrequencies(tokens: readonly number[], depth: number, maxN: number): Map<number, number>[] {
+    return NgramDrafter.continuations(tokens, depth, maxN).map((seen) => {
+      let total = 0;
+      for (const c of seen.values()) total += c;
+      return new Map([...seen].map(([token, c]) => [token, Math.log(c / total)]));
+    });
+  }
+
   draft({ tokens, depth, out }: DraftRequest): boolean {
-    const counts = NgramDrafter.continuations(tokens, depth, this.maxN);
+    const frequencies = NgramDrafter.logFrequencies(tokens, depth, this.maxN);
     // a match always continues at depth 1: without one every node would be one of V equal guesses
-    if (counts[0].size === 0) return false;
+    if (frequencies[0].size === 0) return false;
     const b = this.b;
     const V = this.vocabSize;
     if (this.floor === undefined || this.floor.shape[0] < depth) {
@@ -123,7 +132,7 @@ export class NgramDrafter implements Drafter {
     // the logits as [depth x V, 1]): an upload from the host's memory waits for the stream, so one
     // per token (a few dozen where a frequent token has many continuations) kept the device idle
     let n = 0;
-    for (const seen of counts) n += seen.size;
+    for (const seen of frequencies) n += seen.size;
     let capacity = (this.entries?.shape[0] ?? 0) / 2;
     if (capacity < n) {
       if (this.entries) b.free(this.entries);
@@ -133,12 +142,10 @@ export class NgramDrafter implements Drafter {
     const host = new Int32Array(capacity + n);
     const logits = new Float32Array(host.buffer, capacity * 4, n);
     let i = 0;
-    counts.forEach((seen, d) => {
-      let total = 0;
-      for (const c of seen.values()) total += c;
-      for (const [token, c] of seen) {
+    frequencies.forEach((seen, d) => {
+      for (const [token, logFrequency] of seen) {
         host[i] = d * V + token;
-        logits[i++] = Math.log(c / total);
+        logits[i++] = logFrequency;
       }
     });
     const entries = this.entries!;
