@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { acceptTree, buildDraftTree } from '@kdtree/reference';
 import { NgramDrafter } from './drafters.js';
-import { BudgetPolicy, bucketsUpTo, CALIBRATION_DECAY, CALIBRATION_PROBES, DRAFT_SAMPLES, FIRST_WAIT, MAX_WAIT, MIN_CALIBRATION, PROBE_BUDGET, STICKY_AFTER, STICKY_STEPS, TRY_SHARE, UNPROVEN_TRY_SHARE, type CostCurve } from './budget.js';
+import { BudgetPolicy, bucketsUpTo, CALIBRATION_DECAY, CALIBRATION_PROBES, DRAFT_SAMPLE_EVERY, DRAFT_SAMPLES, FIRST_WAIT, MAX_WAIT, MIN_CALIBRATION, PROBE_BUDGET, STICKY_AFTER, STICKY_STEPS, TRY_SHARE, UNPROVEN_TRY_SHARE, type CostCurve } from './budget.js';
 
 // a MoE-like curve: a decode step 1 ms, a verify growing with the tree (distinct experts touched)
 const curve = { decodeMs: 1, verifyMs: new Map([[1, 1.1], [2, 1.2], [4, 1.4], [8, 1.9], [16, 2.8], [32, 4.5], [64, 8]]) };
@@ -474,6 +474,32 @@ describe('BudgetPolicy', () => {
     expect(p.choose(chain).budget).toBe(8);
     for (let i = 0; i < DRAFT_SAMPLES; i++) p.updateDraftMs(40);
     expect(p.choose(chain).budget).toBe(0);
+  });
+
+  it('wants a draft sample at every try until the median has DRAFT_SAMPLES of them, then at one in DRAFT_SAMPLE_EVERY', () => {
+    const p = new BudgetPolicy(curve, 0);
+    // the first measurement is left out of the median: DRAFT_SAMPLES + 1 timed tries fill it
+    for (let i = 0; i <= DRAFT_SAMPLES; i++) {
+      expect(p.sampleDue()).toBe(true);
+      p.updateDraftMs(0.2);
+    }
+    const due = Array.from({ length: 3 * DRAFT_SAMPLE_EVERY }, () => p.sampleDue());
+    expect(due.filter(Boolean)).toHaveLength(3);
+    expect(due.indexOf(true)).toBe(DRAFT_SAMPLE_EVERY - 1);
+  });
+
+  it('charges an untimed silent try what the last timed one cost', () => {
+    const payment = TRY_SHARE * curve.decodeMs;
+    const timed = new BudgetPolicy(curve, 0, 4);
+    const untimed = new BudgetPolicy(curve, 0, 4);
+    timed.recordSilent(2.5 * payment);
+    untimed.recordSilent(2.5 * payment);
+    expect(untimed.wait).toBe(timed.wait);
+    // the next silent try, not timed, costs the same as the one timed before it
+    timed.recordSilent(2.5 * payment);
+    untimed.recordSilent();
+    expect(untimed.wait).toBe(timed.wait);
+    expect(untimed.wait).toBeGreaterThan(0);
   });
 
   it('never considers a tree dearer than depth + 1 decode steps', () => {

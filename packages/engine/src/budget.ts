@@ -102,6 +102,14 @@ export const STICKY_STEPS = 4;
 /** The drafter's last step times the policy takes the median of. */
 export const DRAFT_SAMPLES = 5;
 
+/**
+ * Once the median has its DRAFT_SAMPLES, one try in this many planned from the last tree is timed
+ * (sampleDue): a draft's cost changes slowly, and timing one costs the host three native calls (two
+ * events and their read), a tenth of a step of a small model. A try that plans is always timed: a
+ * wait after one that found nothing is sized by its own cost.
+ */
+export const DRAFT_SAMPLE_EVERY = 8;
+
 /** What a try runs: a budget (0: a plain decode step), and whether it is a probe (PROBE_BUDGET testing whether the drafter predicts). */
 export interface BudgetPlan {
   budget: number;
@@ -158,6 +166,10 @@ export class BudgetPolicy {
   /** Whether the first measurement (left out of the median) came, and the last one. */
   private measured = false;
   private lastDraftMs: number | undefined;
+  /** Tries planned from the last tree since the last one timed (sampleDue). */
+  private unsampled = 0;
+  /** The last measured cost of a try whose drafter proposed nothing (recordSilent). */
+  private silentMs = 0;
 
   constructor(
     readonly curve: CostCurve,
@@ -443,7 +455,8 @@ export class BudgetPolicy {
   }
 
   /**
-   * A try whose drafter proposed nothing (Drafter.draft returned false), and its measured cost. Like
+   * A try whose drafter proposed nothing (Drafter.draft returned false), and its measured cost
+   * (undefined: it was not timed, see sampleDue; the last silent try's measurement stands in). Like
    * every try that found nothing it is paid for by plain decode steps (TRY_SHARE of a decode step
    * each, as in record), but it is no miss: a drafter with nothing to propose says nothing of how its
    * proposals fare (prompt lookup finds no earlier match for the last tokens, and may find one at the
@@ -451,7 +464,9 @@ export class BudgetPolicy {
    * its cost a sample of what a draft costs (a prompt-lookup try without a match does almost nothing,
    * and would make trees look cheaper than they are).
    */
-  recordSilent(ms: number): void {
+  recordSilent(measuredMs?: number): void {
+    if (measuredMs !== undefined) this.silentMs = measuredMs;
+    const ms = this.silentMs;
     this.last = undefined;
     this.stickyRun = 0;
     this.stickyLeft = 0;
@@ -459,6 +474,19 @@ export class BudgetPolicy {
     // none comes at the next token
     this.silences++;
     this.debt = Math.min(Math.min(MAX_WAIT, 2 ** (this.silences - 1)) * this.stepPayment, this.debt + ms);
+  }
+
+  /**
+   * Whether this try planned from the last tree is to be timed (then updateDraftMs, or recordSilent
+   * with its cost): while the median lacks DRAFT_SAMPLES samples, then every DRAFT_SAMPLE_EVERY-th
+   * such try. Counts the try.
+   */
+  sampleDue(): boolean {
+    if (this.draftSamples.length < DRAFT_SAMPLES || ++this.unsampled >= DRAFT_SAMPLE_EVERY) {
+      this.unsampled = 0;
+      return true;
+    }
+    return false;
   }
 
   /**

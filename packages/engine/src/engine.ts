@@ -715,12 +715,14 @@ export class Engine {
     // read-backs are timed with the draft, as a try pays them, and so is the commit of the rows
     // held back during a wait (up to HELD_TAP_ROWS: after a long wait it may cost more than the draft)
     // a budget planned from the last tree's probabilities (BudgetPolicy.planFromLast), else a
-    // sticky one (BudgetPolicy.sticky), runs without a plan: the draft only (timed where planned
-    // from the last tree, and read once the step's read back has waited for the device anyway, or
-    // at once where the drafter proposed nothing and no step runs)
+    // sticky one (BudgetPolicy.sticky), runs without a plan: the draft only, timed where planned
+    // from the last tree and the policy wants a sample of the draft's cost (sampleDue: a timing
+    // is three native calls, a tenth of a small model's step), and read once the step's read back
+    // has waited for the device anyway, or at once where the drafter proposed nothing
     const fromLast = policy?.planFromLast();
     const sticky = fromLast === undefined ? policy?.sticky() : undefined;
     const planner = fromLast === undefined && sticky === undefined ? policy : undefined;
+    const timedFromLast = fromLast !== undefined && policy!.sampleDue();
     // false: the drafter proposes nothing this step (typed without narrowing: set in the closures)
     let proposes = true as boolean;
     const draft = () => {
@@ -733,7 +735,7 @@ export class Engine {
         this.commitHeldTaps();
         draft();
       };
-      if (fromLast !== undefined) this.markTry(work);
+      if (timedFromLast) this.markTry(work);
       else work();
     } else {
       const largest = planner.largestUseful;
@@ -756,7 +758,7 @@ export class Engine {
       // the tree would be all guesses: a plain step emits the same one token. For auto the try
       // proposed nothing (its draft paid by a wait; recorded above where it was planned), or a
       // sticky run ends
-      if (fromLast !== undefined) policy!.recordSilent(this.triedMs());
+      if (fromLast !== undefined) policy!.recordSilent(timedFromLast ? this.triedMs() : undefined);
       if (sticky !== undefined) policy!.recordSticky(0);
       const token = this.plainStep(true, more && (policy?.wait ?? 0) > 0);
       return { emitted: [token], trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
@@ -796,7 +798,7 @@ export class Engine {
     this.commitRows(pathLen);
     if (planner !== undefined && logProbs !== undefined) planner.record(logProbs, budget, pathLen - 1, probe);
     else if (fromLast !== undefined) {
-      policy!.updateDraftMs(this.triedMs());
+      if (timedFromLast) policy!.updateDraftMs(this.triedMs());
       policy!.record(treeLogProbs!, budget, pathLen - 1);
     } else if (sticky !== undefined) policy!.recordSticky(pathLen - 1, treeLogProbs);
     return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
