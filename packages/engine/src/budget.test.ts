@@ -488,18 +488,25 @@ describe('BudgetPolicy', () => {
     expect(due.indexOf(true)).toBe(DRAFT_SAMPLE_EVERY - 1);
   });
 
-  it('charges an untimed silent try what the last timed one cost', () => {
+  it('charges an untimed silent try what the last timed silent try cost, or before any the last draft', () => {
     const payment = TRY_SHARE * curve.decodeMs;
-    const timed = new BudgetPolicy(curve, 0, 4);
-    const untimed = new BudgetPolicy(curve, 0, 4);
-    timed.recordSilent(2.5 * payment);
-    untimed.recordSilent(2.5 * payment);
-    expect(untimed.wait).toBe(timed.wait);
-    // the next silent try, not timed, costs the same as the one timed before it
-    timed.recordSilent(2.5 * payment);
-    untimed.recordSilent();
-    expect(untimed.wait).toBe(timed.wait);
-    expect(untimed.wait).toBeGreaterThan(0);
+    const p = new BudgetPolicy(curve, 0, 4);
+    // under the caps (1, 2, 4 payments for silent tries in a row): each try adds 0.7 of a payment
+    p.recordSilent(0.7 * payment);
+    expect(p.wait).toBe(0);
+    // a timed draft in between does not stand in for a silent try
+    p.updateDraftMs(3 * payment);
+    p.recordSilent();
+    expect(p.wait).toBe(1); // 1.4 payments
+    p.recordSilent();
+    expect(p.wait).toBe(2); // 2.1 payments
+    // no silent try timed yet: the last draft's measurement (more than a silent try costs) stands in
+    const q = new BudgetPolicy(curve, 0, 4);
+    q.updateDraftMs(0.7 * payment);
+    q.recordSilent();
+    expect(q.wait).toBe(0);
+    q.recordSilent();
+    expect(q.wait).toBe(1);
   });
 
   it('never considers a tree dearer than depth + 1 decode steps', () => {

@@ -169,7 +169,7 @@ export class BudgetPolicy {
   /** Tries planned from the last tree since the last one timed (sampleDue). */
   private unsampled = 0;
   /** The last measured cost of a try whose drafter proposed nothing (recordSilent). */
-  private silentMs = 0;
+  private silentMs: number | undefined;
 
   constructor(
     readonly curve: CostCurve,
@@ -440,7 +440,8 @@ export class BudgetPolicy {
    * The policy's first measurement is left out of the median: that try built its tree at the
    * largest budget before any cost was known and may have captured the drafter's graphs, so the
    * first plan takes the drafter at its word (a probe at most, while uncalibrated). What a try
-   * that found nothing costs (the wait after it) is always its own measurement.
+   * that found nothing costs (the wait after it) is its own measurement, but for a silent try that
+   * was not timed (recordSilent).
    */
   updateDraftMs(ms: number): void {
     this.lastDraftMs = ms;
@@ -456,7 +457,8 @@ export class BudgetPolicy {
 
   /**
    * A try whose drafter proposed nothing (Drafter.draft returned false), and its measured cost
-   * (undefined: it was not timed, see sampleDue; the last silent try's measurement stands in). Like
+   * (undefined: it was not timed, see sampleDue; the last timed silent try's cost stands in, or
+   * before any, the last draft's, which is more). Like
    * every try that found nothing it is paid for by plain decode steps (TRY_SHARE of a decode step
    * each, as in record), but it is no miss: a drafter with nothing to propose says nothing of how its
    * proposals fare (prompt lookup finds no earlier match for the last tokens, and may find one at the
@@ -466,7 +468,7 @@ export class BudgetPolicy {
    */
   recordSilent(measuredMs?: number): void {
     if (measuredMs !== undefined) this.silentMs = measuredMs;
-    const ms = this.silentMs;
+    const ms = this.silentMs ?? this.lastDraftMs ?? this.draftMs;
     this.last = undefined;
     this.stickyRun = 0;
     this.stickyLeft = 0;
