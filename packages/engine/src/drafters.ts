@@ -130,7 +130,9 @@ export class NgramDrafter implements Drafter {
     b.native.copy({ dst: out.buffer, dstOffset: offset, src: this.floor.buffer, bytes: depth * V * 4, stream: 0 });
     // the seen tokens' log-frequencies in one upload and one scatter (kvWrite of one-value rows into
     // the logits as [depth x V, 1]): an upload from the host's memory waits for the stream, so one
-    // per token (a few dozen where a frequent token has many continuations) kept the device idle
+    // per token (a few dozen where a frequent token has many continuations) kept the device idle.
+    // kvWrite writes a latent part and a rope part; both are these values into these rows (the same
+    // n floats twice: a scatter needs no op of its own for that)
     let n = 0;
     for (const seen of frequencies) n += seen.size;
     let capacity = (this.entries?.shape[0] ?? 0) / 2;
