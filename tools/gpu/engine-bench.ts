@@ -163,7 +163,7 @@ async function benchModel(experts: number, full: boolean, cacheTokens = 4096, ac
       ...[4, 8, 16, 32, 64].map((budget): [string, Partial<GenerateOptions>] => [`ddtree, model, B ${budget}`, { spec: 'ddtree', drafter: draft, budget, depth: 4 }]),
       ['ddtree, model, auto', { spec: 'ddtree', drafter: draft, budget: 'auto', depth: 4 }],
       ['chain, ngram, 4', { spec: 'chain', drafter: 'ngram', budget: 4, depth: 4 }],
-      ...[8, 32].map((budget): [string, Partial<GenerateOptions>] => [`ddtree, ngram, B ${budget}`, { spec: 'ddtree', drafter: 'ngram', budget, depth: 4 }]),
+      ...[4, 6, 8, 32].map((budget): [string, Partial<GenerateOptions>] => [`ddtree, ngram, B ${budget}`, { spec: 'ddtree', drafter: 'ngram', budget, depth: 4 }]),
       ['ddtree, ngram, auto', { spec: 'ddtree', drafter: 'ngram', budget: 'auto', depth: 4 }],
     ];
     const rows: Record<string, unknown>[] = [];

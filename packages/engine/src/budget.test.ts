@@ -16,6 +16,7 @@ describe('BudgetPolicy', () => {
   it('buckets stop at the engine\'s largest budget', () => {
     expect(bucketsUpTo(16)).toEqual([1, 2, 3, 4, 6, 8, 12, 16]);
     expect(() => bucketsUpTo(0)).toThrow(/maxBudget must be >= 1/);
+    expect(() => new BudgetPolicy({ decodeMs: 1, verifyMs: new Map() }, 0)).toThrow(/the cost curve has no verify bucket/);
   });
 
   it('picks the bucket with the most expected tokens per millisecond', () => {

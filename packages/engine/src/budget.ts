@@ -23,7 +23,9 @@
  * that runs reads its own nodes' probabilities back with its accepted path, so a try plans from the
  * last tree instead where that tree's nodes decide the plan (planFromLast: a drafter's confidence
  * changes slowly from one draft to the next). A budget planned and accepted a few times in a row
- * runs a few steps without plans where they do not (sticky, STICKY_AFTER).
+ * runs a few steps without plans where they do not (sticky, STICKY_AFTER). A drafter that knows its
+ * tree on the host (Drafter.treeLogProbs: prompt lookup) plans every try afresh instead: the engine
+ * asks neither planFromLast nor sticky, since its plan costs the device nothing.
  */
 import { EngineError } from './errors.js';
 
@@ -170,14 +172,26 @@ export class BudgetPolicy {
   private unsampled = 0;
   /** The last measured cost of a try whose drafter proposed nothing (recordSilent). */
   private silentMs: number | undefined;
+  /**
+   * The curve's buckets in ascending budget, taken once: every try asks the policy several
+   * questions over them, and on a small model's ~0.3 ms step sorting the curve for each one cost a
+   * few percent of the step.
+   */
+  private readonly buckets: readonly (readonly [budget: number, ms: number])[];
+  /** largestUseful for the draftMs it was found with (the draft's median moves a few times a generation). */
+  private largest = { draftMs: NaN, budget: 0 };
 
   constructor(
+    /** Measured before the policy is made, and not changed after (the policy keeps its buckets). */
     readonly curve: CostCurve,
     /** Milliseconds the drafter takes per step (paid whatever the budget). */
     private draftMs: number,
     /** The draft depth: a step emits at most depth + 1 tokens. */
     private readonly depth = Infinity,
-  ) {}
+  ) {
+    if (curve.verifyMs.size === 0) throw new EngineError('KDTREE_ENGINE_ARGUMENT', 'the cost curve has no verify bucket', 'curve');
+    this.buckets = [...curve.verifyMs].sort((x, y) => x[0] - y[0]);
+  }
 
   /**
    * The largest budget that could ever pay: a step emits at most depth + 1 tokens, so a verify
@@ -185,9 +199,10 @@ export class BudgetPolicy {
    * The engine builds the tree at this budget to read its nodes' probabilities.
    */
   get largestUseful(): number {
-    const buckets = [...this.curve.verifyMs].sort((x, y) => x[0] - y[0]);
-    let largest = buckets[0][0];
-    for (const [b, ms] of buckets) if (ms + this.draftMs <= (this.depth + 1) * this.curve.decodeMs) largest = b;
+    if (this.largest.draftMs === this.draftMs) return this.largest.budget;
+    let largest = this.buckets[0][0];
+    for (const [b, ms] of this.buckets) if (ms + this.draftMs <= (this.depth + 1) * this.curve.decodeMs) largest = b;
+    this.largest = { draftMs: this.draftMs, budget: largest };
     return largest;
   }
 
@@ -221,7 +236,7 @@ export class BudgetPolicy {
     let sum = 0;
     let i = 0;
     const largest = this.largestUseful;
-    for (const [b, ms] of [...this.curve.verifyMs].sort((x, y) => x[0] - y[0])) {
+    for (const [b, ms] of this.buckets) {
       if (b > largest) break;
       for (; i < Math.min(b, logProbs.length); i++) sum += Math.exp(logProbs[i]);
       const expected = 1 + cal * sum;
@@ -251,7 +266,7 @@ export class BudgetPolicy {
     let prefix = 0;
     for (let i = 0; i < m; i++) prefix += Math.exp(logProbs[i]);
     const last = Math.exp(logProbs[m - 1]);
-    const buckets = [...this.curve.verifyMs].sort((x, y) => x[0] - y[0]);
+    const buckets = this.buckets;
     for (const cal of [this.calibration, 1]) {
       let best = 1 / this.curve.decodeMs;
       let sum = 0;

@@ -4,7 +4,7 @@
  * tolerance). Then the API's contract: tracing, eos, errors that leave the engine usable, abort,
  * queued generations, dispose.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { greedyDecode, loadModel, modelDrafter, argmax } from '@kdtree/reference';
 import { BUDGET_BUCKETS, createEngine, EngineError, ModelSource, NgramDrafter, type Drafter, type Engine, type GenerateOptions } from './index.js';
 import type { DeviceTensor } from '@kdtree/cuda';
@@ -187,6 +187,31 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       emitted += step.accepted + 1;
     }
     expect([...kinds].sort()).toEqual(['plain', 'tree']);
+  });
+
+  it('ngram auto plans every try on the host (NgramDrafter.treeLogProbs): no tree built for its probabilities, none planned from the last tree or sticky; exact', async () => {
+    const { engine } = setups['kimi-k2'];
+    const depth = 4;
+    const prompt = [...PROMPT, ...PROMPT.slice(0, 3)];
+    const plain = await engine.complete(prompt, { maxNew: 24, eos: [] });
+    const plans = vi.spyOn(NgramDrafter.prototype, 'treeLogProbs');
+    try {
+      await withCheapTrees(engine, depth, async (builds) => {
+        // twice: the second generation starts from the calibration the first taught
+        for (let g = 0; g < 2; g++) {
+          plans.mockClear();
+          const r = await engine.complete(prompt, { maxNew: 24, eos: [], spec: 'ddtree', drafter: 'ngram', budget: 'auto', depth, trace: true });
+          expect(r.tokens).toEqual(plain.tokens);
+          const trees = r.steps.filter((s) => s.budget > 0).length;
+          expect(trees).toBeGreaterThan(0);
+          // each tree that ran was planned from its own draft's tree
+          expect(plans.mock.calls.length).toBeGreaterThanOrEqual(trees);
+        }
+        expect(builds).toEqual([]);
+      });
+    } finally {
+      plans.mockRestore();
+    }
   });
 
   it("a model drafter catches up on tokens decoded without drafting in captured power-of-two steps (36 tokens: 32 + 2 + 1, then the last), and drafts the reference draft model's argmax", async () => {

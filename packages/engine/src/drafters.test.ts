@@ -57,4 +57,35 @@ describe('NgramDrafter', () => {
     expect(drafter.draft({ tokens: [1, 2, 3, 4], depth, out })).toBe(false);
     expect(Array.from(logits())).toEqual(Array.from(before));
   });
+
+  it("gives on the host the logProbs of the device's best tree under its last draft (treeLogProbs), -Infinity past the nodes there are", () => {
+    /** The device build's logProbs of the best `budget`-node tree under the logits at `at`, root excluded. */
+    function built(at: typeof out, rows: number, budget: number): Float32Array {
+      const n = budget + 1;
+      const t = { tokens: b.zeros('i32', [n]), parents: b.zeros('i32', [n]), depths: b.zeros('i32', [n]), positions: b.zeros('i32', [n]), mask: b.zeros('u8', [n, n]), size: b.zeros('i32', [1]), logProbs: b.zeros('f32', [n]) };
+      try {
+        b.native.ddtreeBuild({ draftLogits: { ...at, shape: [rows, V] }, root: 0, budget, start: 0, ...t });
+        return (b.toArray(t.logProbs) as Float32Array).slice(1);
+      } finally {
+        for (const x of Object.values(t)) b.free(x);
+      }
+    }
+    const close = (host: Float32Array, device: Float32Array) => {
+      expect(host.length).toBe(device.length);
+      // both sum at most `depth` f32 log-probs; a node through an unseen token sits near -1e4
+      host.forEach((x, i) => (device[i] === -Infinity ? expect(x).toBe(-Infinity) : expect(Math.abs(x - device[i])).toBeLessThanOrEqual(1e-5 * Math.max(1, Math.abs(device[i])))));
+    };
+    // alternatives at every depth; one token followed by most others; a match whose last depth saw
+    // nothing (its V logits all UNSEEN: uniform there)
+    const contexts = [[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 9, 1, 0, 1, 2], Array.from({ length: 60 }, (_, i) => [0, (i % 30) + 1]).flat().concat([0]), [5, 6, 5]];
+    for (const tokens of contexts) {
+      expect(drafter.draft({ tokens, depth, out })).toBe(true);
+      for (const budget of [1, 3, 8, 40]) close(drafter.treeLogProbs(budget), built(out, depth, budget));
+    }
+    // one depth of V = 97 tokens: a tree of 128 nodes has 97
+    expect(drafter.draft({ tokens: contexts[0], depth: 1, out: { ...out, shape: [1, V] } })).toBe(true);
+    const host = drafter.treeLogProbs(128);
+    close(host, built(out, 1, 128));
+    expect(host.findIndex((x) => x === -Infinity)).toBe(97);
+  });
 });

@@ -60,6 +60,14 @@ export interface Drafter {
    * of guesses, and nothing reads them.
    */
   draft(request: DraftRequest): boolean | void;
+  /**
+   * Optional, for a drafter whose logits the host knows: the cumulative draft log-probabilities
+   * (root excluded, in the order a DDTree build pops them, -Infinity past the nodes there are) of
+   * the best tree of `budget` nodes under its last draft's logits, as `ddtreeBuild`'s logProbs
+   * give them up to f32 rounding. Budget `auto` plans a try with them instead of building that
+   * tree on the device and reading it back before the verify.
+   */
+  treeLogProbs?(budget: number): Float32Array;
   dispose(): void;
 }
 
@@ -77,6 +85,8 @@ export class NgramDrafter implements Drafter {
   private floor: DeviceTensor | undefined;
   /** i32 [2 x capacity]: the seen (depth, token) entries' flat indices, then their logits' f32 bits. */
   private entries: DeviceTensor | undefined;
+  /** Per depth of the last draft: its seen tokens' log-frequencies, largest first (what treeLogProbs expands). */
+  private ranked: number[][] = [];
 
   constructor(
     private readonly b: KdtreeBackend,
@@ -118,6 +128,7 @@ export class NgramDrafter implements Drafter {
 
   draft({ tokens, depth, out }: DraftRequest): boolean {
     const frequencies = NgramDrafter.logFrequencies(tokens, depth, this.maxN);
+    this.ranked = frequencies.map((seen) => [...seen.values()].sort((x, y) => y - x));
     // a match always continues at depth 1: without one every node would be one of V equal guesses
     if (frequencies[0].size === 0) return false;
     const b = this.b;
@@ -156,6 +167,57 @@ export class NgramDrafter implements Drafter {
     const rows = { buffer: out.buffer, dtype: 'f32' as const, shape: [depth * V, 1], offset };
     b.native.kvWrite({ c: values, kpe: values, cacheC: rows, cacheKpe: rows, slots: { buffer: entries.buffer, dtype: 'i32', shape: [n], offset: entries.offset ?? 0 }, stream: 0 });
     return true;
+  }
+
+  /**
+   * The last draft's best tree on the host: a node is a path of one token a depth, scored by the sum
+   * of their log-probabilities, and the build pops nodes best first, so the first `budget` scores in
+   * descending order are its logProbs. A depth's r-th best token has its log-frequency if it was
+   * seen (its logit less a log-sum-exp of 0: the unseen tokens' exp(-1e4) adds nothing in f32),
+   * UNSEEN_LOGIT if not, and -log V at a depth where nothing was seen (all V logits equal). The
+   * expansion keeps a heap of candidates: popping a node offers its best child and its next
+   * sibling, so it touches O(budget) entries whatever the vocabulary.
+   */
+  treeLogProbs(budget: number): Float32Array {
+    const V = this.vocabSize;
+    const ranked = this.ranked;
+    const depth = ranked.length;
+    const at = (d: number, r: number) => (ranked[d].length === 0 ? -Math.log(V) : r < ranked[d].length ? ranked[d][r] : UNSEEN_LOGIT);
+    const out = new Float32Array(budget).fill(-Infinity);
+    if (depth === 0) return out;
+    // candidates: [score, depth index, rank at that depth, the parent's score]
+    const heap: [number, number, number, number][] = [[at(0, 0), 0, 0, 0]];
+    const push = (c: [number, number, number, number]) => {
+      heap.push(c);
+      for (let i = heap.length - 1; i > 0; ) {
+        const up = (i - 1) >> 1;
+        if (heap[up][0] >= heap[i][0]) break;
+        [heap[up], heap[i]] = [heap[i], heap[up]];
+        i = up;
+      }
+    };
+    const pop = () => {
+      const top = heap[0];
+      const last = heap.pop()!;
+      if (heap.length > 0) {
+        heap[0] = last;
+        for (let i = 0; ; ) {
+          const l = 2 * i + 1;
+          const m = l + 1 < heap.length && heap[l + 1][0] > heap[l][0] ? l + 1 : l;
+          if (l >= heap.length || heap[i][0] >= heap[m][0]) break;
+          [heap[m], heap[i]] = [heap[i], heap[m]];
+          i = m;
+        }
+      }
+      return top;
+    };
+    for (let n = 0; n < budget && heap.length > 0; n++) {
+      const [score, d, r, parent] = pop();
+      out[n] = score;
+      if (d + 1 < depth) push([score + at(d + 1, 0), d + 1, 0, score]);
+      if (r + 1 < V) push([parent + at(d, r + 1), d, r + 1, parent]);
+    }
+    return out;
   }
 
   dispose(): void {

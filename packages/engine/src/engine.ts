@@ -718,11 +718,16 @@ export class Engine {
     // sticky one (BudgetPolicy.sticky), runs without a plan: the draft only, timed where planned
     // from the last tree and the policy wants a sample of the draft's cost (sampleDue: a timing
     // is three native calls, a tenth of a small model's step), and read once the step's read back
-    // has waited for the device anyway, or at once where the drafter proposed nothing
-    const fromLast = policy?.planFromLast();
-    const sticky = fromLast === undefined ? policy?.sticky() : undefined;
+    // has waited for the device anyway, or at once where the drafter proposed nothing. A drafter
+    // that knows its tree on the host (Drafter.treeLogProbs) plans every try afresh instead: its
+    // plan builds nothing on the device and reads nothing back before the verify, and its last tree
+    // says little of this one (prompt lookup's matches change from token to token); its draft is
+    // timed as one planned from the last tree is
+    const hostPlans = policy !== undefined && drafter.treeLogProbs !== undefined;
+    const fromLast = hostPlans ? undefined : policy?.planFromLast();
+    const sticky = fromLast === undefined && !hostPlans ? policy?.sticky() : undefined;
     const planner = fromLast === undefined && sticky === undefined ? policy : undefined;
-    const timedFromLast = fromLast !== undefined && policy!.sampleDue();
+    const timed = (fromLast !== undefined || hostPlans) && policy!.sampleDue();
     // false: the drafter proposes nothing this step (typed without narrowing: set in the closures)
     let proposes = true as boolean;
     const draft = () => {
@@ -730,13 +735,15 @@ export class Engine {
     };
     // (assigned in the timed closure below: typed without narrowing to its initial value)
     let logProbs = undefined as Float32Array | undefined;
-    if (planner === undefined) {
-      const work = () => {
-        this.commitHeldTaps();
-        draft();
-      };
-      if (timedFromLast) this.markTry(work);
+    const work = () => {
+      this.commitHeldTaps();
+      draft();
+    };
+    if (planner === undefined || hostPlans) {
+      if (timed) this.markTry(work);
       else work();
+      if (hostPlans && proposes) logProbs = drafter.treeLogProbs!(policy!.largestUseful);
+      else if (hostPlans) policy!.recordSilent(timed ? this.triedMs() : undefined);
     } else {
       const largest = planner.largestUseful;
       const first = this.firstBuild(depth, largest);
@@ -758,7 +765,7 @@ export class Engine {
       // the tree would be all guesses: a plain step emits the same one token. For auto the try
       // proposed nothing (its draft paid by a wait; recorded above where it was planned), or a
       // sticky run ends
-      if (fromLast !== undefined) policy!.recordSilent(timedFromLast ? this.triedMs() : undefined);
+      if (fromLast !== undefined) policy!.recordSilent(timed ? this.triedMs() : undefined);
       if (sticky !== undefined) policy!.recordSticky(0);
       const token = this.plainStep(true, more && (policy?.wait ?? 0) > 0);
       return { emitted: [token], trace: trace ? { draftTop1: [], treeSize: 1, accepted: 0, budget: 0 } : undefined };
@@ -773,7 +780,8 @@ export class Engine {
     if (planner !== undefined && logProbs !== undefined) {
       ({ budget, probe } = planner.plan(logProbs));
       if (budget === 0) {
-        // no tree worth running: the policy waits a while before the next try
+        // no tree worth running: the policy waits a while before the next try, sized by its cost
+        if (timed) planner.updateDraftMs(this.triedMs());
         planner.record(logProbs, 0, 0);
         const token = this.plainStep(true, more && planner.wait > 0);
         return { emitted: [token], trace: trace ? { draftTop1, treeSize: 1, accepted: 0, budget: 0 } : undefined };
@@ -796,9 +804,12 @@ export class Engine {
     r.advance(pathLen);
     this.leadTreePath(path);
     this.commitRows(pathLen);
-    if (planner !== undefined && logProbs !== undefined) planner.record(logProbs, budget, pathLen - 1, probe);
+    if (planner !== undefined && logProbs !== undefined) {
+      if (timed) planner.updateDraftMs(this.triedMs());
+      planner.record(logProbs, budget, pathLen - 1, probe);
+    }
     else if (fromLast !== undefined) {
-      if (timedFromLast) policy!.updateDraftMs(this.triedMs());
+      if (timed) policy!.updateDraftMs(this.triedMs());
       policy!.record(treeLogProbs!, budget, pathLen - 1);
     } else if (sticky !== undefined) policy!.recordSticky(pathLen - 1, treeLogProbs);
     return { emitted, trace: trace ? { draftTop1, treeSize: n, accepted: pathLen - 1, budget } : undefined };
