@@ -103,6 +103,10 @@ describe('kdtree import / inspect of a DFlash drafter', () => {
       expect(out.stats.drafter).toBe(`dflash:${bundle}`);
       expect(out.steps[0].draft_top1).toHaveLength(3);
     }
+    // a block of 4 drafts depths 1..3: deeper is the flag's error, naming where the bound comes from
+    const deep = runCli(['run', target, '--prompt', prompt.join(','), '--max-new', '4', '--backend', 'cpu', '--spec', 'ddtree', '--drafter', `dflash:${bundle}`, '--depth', '4']);
+    expect(deep.status).toBe(2);
+    expect(deep.stderr).toMatch(new RegExp(`--depth: expected an integer in \\[1, 3\\] \\(the deepest draft of dflash:${bundle.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\\), got 4`));
     const small = join(dir, 'small-dflash');
     const smallJson = dflashConfigJson(parseModelConfig(presetConfigJson('small'), 'small'));
     await writeDflashDirectory(small, smallJson, randomDflashWeights(parseDflashConfig(smallJson), 6));

@@ -3,13 +3,14 @@
  * and speculative decoding (which emits exactly greedy's tokens, whatever the options).
  */
 import { BACKEND_KINDS } from '@kdtree/cuda';
-import { createEngine, launchPlans, SPECS, type Engine, type LaunchPlan, type Spec, type TpMaster } from '@kdtree/engine';
+import { createEngine, EngineError, launchPlans, SPECS, type Engine, type LaunchPlan, type Spec, type TpMaster } from '@kdtree/engine';
 import { parseChoice, parseIntArg, type OptionSpec, type Parsed } from './args.js';
 import { CliUsageError } from './cli-error.js';
 import type { CommandIO } from './io.js';
 import { formatBytes } from './output.js';
 
 export const ENGINE_OPTIONS: OptionSpec = {
+  config: { type: 'string' },
   backend: { type: 'string' },
   device: { type: 'string' },
   spec: { type: 'string' },
@@ -25,6 +26,7 @@ export const ENGINE_OPTIONS: OptionSpec = {
 };
 
 export const ENGINE_HELP = [
+  '--config FILE         config.json for a safetensors checkpoint without one beside it',
   '--backend KIND        auto (cuda, else cpu), cuda or cpu; default: $KDTREE_BACKEND, else auto',
   '--device N            CUDA device ordinal (default 0)',
   '--spec MODE           greedy (default), chain or ddtree',
@@ -78,9 +80,11 @@ export function parseLaunch(p: Parsed, args: EngineArgs, env: NodeJS.ProcessEnv 
 }
 
 /** The usage text of the engine options. */
-export const ENGINE_USAGE = '[--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH|dflash:PATH] [--budget B|auto] [--depth L] [--cache-tokens N] [--tp N [--ranks threads|processes]]';
+export const ENGINE_USAGE = '[--config FILE] [--backend auto|cpu|cuda] [--spec greedy|chain|ddtree] [--drafter ngram|model:PATH|dflash:PATH] [--budget B|auto] [--depth L] [--cache-tokens N] [--tp N [--ranks threads|processes]]';
 
 export interface EngineArgs {
+  /** A config.json for a checkpoint that has none beside it. */
+  config?: string;
   backend?: (typeof BACKEND_KINDS)[number];
   device?: number;
   cacheTokens?: number;
@@ -105,6 +109,7 @@ export function parseEngineArgs(p: Parsed, command: string): EngineArgs {
     throw new CliUsageError(`${command}: --drafter, --budget and --depth apply to --spec chain or ddtree`, command);
   }
   return {
+    config: p.values.config as string | undefined,
     backend: parseChoice(p.values.backend as string | undefined, '--backend', BACKEND_KINDS),
     device: parseIntArg(p.values.device as string | undefined, '--device', { min: 0, max: 2 ** 31 - 1 }),
     cacheTokens: parseIntArg(p.values['cache-tokens'] as string | undefined, '--cache-tokens', { min: 2, max: 2 ** 30 }),
@@ -124,6 +129,7 @@ export async function openEngine(model: string, args: EngineArgs, io: CommandIO,
   let bar = progress;
   const engine = await createEngine({
     model,
+    config: args.config,
     backend: args.backend,
     device: args.device,
     cacheTokens: args.cacheTokens,
@@ -151,4 +157,19 @@ export function decodingLine(engine: Engine, args: EngineArgs): string {
   const depth = d.depth ?? (d.drafter?.startsWith('dflash:') ? 'block_size - 1' : 4);
   const detail = d.spec === 'greedy' ? '' : ` (${d.drafter ?? 'ngram'}, budget ${d.budget ?? 16}, depth ${depth})`;
   return `${d.spec}${detail} on ${engine.backend.kind} (${engine.device}${engine.tp > 1 ? `, ${engine.tp} ranks` : ''})`;
+}
+
+/** The flag of each engine option a command line sets (`EngineError.field` -> flag). */
+const OPTION_FLAGS: Record<string, string> = { maxNew: '--max-new', cacheTokens: '--cache-tokens', depth: '--depth', budget: '--budget', spec: '--spec', tp: '--tp' };
+
+/**
+ * An engine's refusal of an option the command line set, as the usage error it is (exit 2), named
+ * by its flag: `depth: expected ...` becomes `--depth: expected ...`. Undefined for any other error
+ * (a token outside the vocabulary is bad input, exit 1).
+ */
+export function usageErrorOf(error: EngineError): CliUsageError | undefined {
+  const flag = error.field === undefined ? undefined : OPTION_FLAGS[error.field];
+  if (flag === undefined || (error.code !== 'KDTREE_ENGINE_ARGUMENT' && error.code !== 'KDTREE_ENGINE_CAPACITY')) return undefined;
+  const prefix = `${error.field}: `;
+  return new CliUsageError(`${flag}: ${error.message.startsWith(prefix) ? error.message.slice(prefix.length) : error.message}`);
 }

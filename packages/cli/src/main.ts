@@ -6,6 +6,7 @@ import { GoldenReferenceError } from '@kdtree/reference';
 import { TokenizerError } from '@kdtree/tokenizer';
 import { didYouMean, helpText, parseCommand, terminalWidth, wrap, type CommandSpec, type Parsed } from './args.js';
 import { CliError } from './cli-error.js';
+import { usageErrorOf } from './engine-args.js';
 import { backendSpec, runBackend } from './commands/backend.js';
 import { demoSpec, runDemo } from './commands/demo.js';
 import { exportSpec, runExport } from './commands/export.js';
@@ -92,6 +93,11 @@ export function reportError(error: unknown, io: CommandIO): number {
   if (error instanceof CliError) {
     io.err(`kdtree: error: ${error.message}`);
     return error.exitCode;
+  }
+  const usage = error instanceof EngineError ? usageErrorOf(error) : undefined;
+  if (usage !== undefined) {
+    io.err(`kdtree: error: ${usage.message}`);
+    return usage.exitCode;
   }
   if (error instanceof FormatError || error instanceof QuantError || error instanceof GoldenReferenceError || error instanceof AddonLoadError || error instanceof EngineError || error instanceof TokenizerError) {
     io.err(`kdtree: error: ${error.message}`);

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, renameSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -22,7 +22,8 @@ describe('kdtree run', () => {
     expect(r.status, r.stderr).toBe(0);
     const out = JSON.parse(r.stdout);
     expect(out).toMatchObject({ schema: 'kdtree.run/1', prompt: golden.prompt, tokens: golden.tokens, stats: { backend: 'cpu', spec: 'greedy', steps: 15 } });
-    for (const key of ['tokens_per_second', 'prefill_ms', 'decode_ms', 'target_forwards', 'mean_accepted_length']) expect(typeof out.stats[key]).toBe('number');
+    for (const key of ['tokens_per_second', 'prefill_ms', 'calibration_ms', 'decode_ms', 'target_forwards', 'mean_accepted_length']) expect(typeof out.stats[key]).toBe('number');
+    expect(out.stats.calibration_ms).toBe(0);
   });
 
   it('ddtree and chain with the draft model stream the same tokens; --trace records each step', () => {
@@ -40,12 +41,34 @@ describe('kdtree run', () => {
     expect(out.steps[0]).toMatchObject({ tree_size: 17, draft_top1: expect.any(Array), accepted: expect.any(Number) });
   });
 
+  it('runs the safetensors checkpoint kdtree export writes (its NAME.config.json beside it, or one named by --config)', () => {
+    const exported = join(dir, 'tiny-export.safetensors');
+    const e = runCli(['export', target, '-o', exported]);
+    expect(e.status, e.stderr).toBe(0);
+    const r = runCli(['run', exported, '--prompt', golden.prompt.join(','), '--max-new', '16', '--eos', '', '--backend', 'cpu', '--json']);
+    expect(r.status, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout).tokens).toEqual(golden.tokens);
+    // elsewhere, the config is named with --config
+    const config = join(dir, 'elsewhere.json');
+    renameSync(join(dir, 'tiny-export.config.json'), config);
+    const bare = runCli(['run', exported, '--prompt', '1,2', '--max-new', '2', '--backend', 'cpu']);
+    expect(bare.status).toBe(1);
+    expect(bare.stderr).toMatch(/tiny-export\.safetensors: config\.json: no model config beside the checkpoint \(looked for \S*tiny-export\.config\.json and \S*config\.json; pass one explicitly, e\.g\. --config FILE\)/);
+    const named = runCli(['run', exported, '--config', config, '--prompt', golden.prompt.join(','), '--max-new', '16', '--eos', '', '--backend', 'cpu', '--json']);
+    expect(named.status, named.stderr).toBe(0);
+    expect(JSON.parse(named.stdout).tokens).toEqual(golden.tokens);
+  });
+
   it('bad requests exit with one clear line', () => {
     const cases: [string[], number, RegExp][] = [
       [['--prompt', '1,500', '--max-new', '4'], 1, /prompt\[1\]: token 500 is outside the vocabulary \[0, 128\)/],
       [['--prompt', '1,2', '--max-new', '4', '--spec', 'ddtree', '--budget', '0'], 2, /--budget: must be in \[1, 1024\], got '0'/],
       [['--prompt', '1,2', '--max-new', '4', '--depth', '3'], 2, /--drafter, --budget and --depth apply to --spec chain or ddtree/],
       [['--prompt', '1,2', '--max-new', '4', '--spec', 'ddtree', '--drafter', 'model:/nonexistent.kdtr'], 1, /nonexistent\.kdtr/],
+      // the engine's refusals of a flag's value are usage errors named by the flag
+      [['--prompt', '1,2', '--max-new', '5000'], 2, /--max-new: prompt \(2\) \+ maxNew \(5000\) .* exceed the KV cache of 512 tokens \(cacheTokens; kdtree run --cache-tokens\)/],
+      [['--prompt', '1,2', '--max-new', '4', '--cache-tokens', '999999'], 2, /--cache-tokens: expected an integer in \[2, 512\] \(the model's max_position_embeddings\), got 999999/],
+      [['--prompt', '1,2', '--max-new', '4', '--spec', 'chain', '--budget', 'auto'], 2, /--budget: 'auto' chooses a DDTree budget; chain decoding takes a number/],
     ];
     for (const [args, status, message] of cases) {
       const r = runCli(['run', target, '--backend', 'cpu', ...args]);

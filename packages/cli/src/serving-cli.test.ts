@@ -201,7 +201,7 @@ describe('kdtree serve options', () => {
       [['serve', model, '--budget', '4'], 2, /serve: --drafter, --budget and --depth apply to --spec chain or ddtree/],
       [['serve', model, '--max-concurency', '1'], 2, /unknown option '--max-concurency' \(did you mean --max-concurrency\?\)/],
       [['chat', tiny, ...ENGINE], 1, /tiny\.kdtr: the bundle carries no tokenizer/],
-      [['run', tiny, '--text', 'x', '--max-new', '2', ...ENGINE], 1, /tiny\.kdtr: the bundle carries no tokenizer/],
+      [['run', tiny, '--text', 'x', '--max-new', '2', ...ENGINE], 1, /tiny\.kdtr: the bundle carries no tokenizer \(metadata\.tokenizer\); give the model directory it came from with --tokenizer DIR/],
       [['run', model, '--text', 'x', '--prompt', '1', '--max-new', '2'], 2, /run: give --prompt IDS or --text TEXT, not both/],
     ];
     for (const [args, status, message] of cases) {

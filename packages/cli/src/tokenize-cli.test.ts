@@ -67,7 +67,7 @@ describe('kdtree tokenize / detokenize', () => {
     expect(runCli(['detokenize', bundle, tokenizer.encode(text).join(',')]).stdout).toBe(`${text}\n`);
     const r = runCli(['tokenize', bare, 'x']);
     expect(r.status).toBe(1);
-    expect(r.stderr).toMatch(/bare\.kdtr: the bundle carries no tokenizer \(metadata\.tokenizer\)/);
+    expect(r.stderr).toMatch(/bare\.kdtr: the bundle carries no tokenizer \(metadata\.tokenizer\); give the model directory it came from as MODEL/);
   });
 
   it('reports bad input in one line naming it', () => {

@@ -189,6 +189,27 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     expect([...kinds].sort()).toEqual(['plain', 'tree']);
   });
 
+  it("reports budget auto's measurement of the cost curve (once per depth) apart from the prefill: calibrationMs", async () => {
+    const { engine } = setups['kimi-k2'];
+    const e = engine as unknown as { costs: Map<number, CostCurve> };
+    const depth = 3;
+    const saved = e.costs.get(depth);
+    e.costs.delete(depth);
+    try {
+      // a drafter of its own: no policy kept for it, so its first generation measures the curve
+      const drafter = logitsDrafter(engine, 'flat', (_, d, V) => new Float32Array(d * V));
+      const options = { maxNew: 4, eos: [], spec: 'ddtree', drafter, budget: 'auto', depth } as const;
+      const first = await engine.complete(PROMPT, options);
+      expect(e.costs.has(depth)).toBe(true);
+      expect(first.stats.calibrationMs).toBeGreaterThan(0);
+      const again = await engine.complete(PROMPT, options);
+      expect(again.stats.calibrationMs).toBe(0);
+      expect((await engine.complete(PROMPT, { maxNew: 4, eos: [] })).stats.calibrationMs).toBe(0);
+    } finally {
+      if (saved !== undefined) e.costs.set(depth, saved);
+    }
+  });
+
   it('ngram auto plans every try on the host (NgramDrafter.treeLogProbs): no tree built for its probabilities, none planned from the last tree or sticky; exact', async () => {
     const { engine } = setups['kimi-k2'];
     const depth = 4;
@@ -512,12 +533,13 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       ['token outside the vocabulary', () => engine.complete([1, 128], { maxNew: 4 }), /prompt\[1\]: token 128 is outside the vocabulary \[0, 128\)/],
       ['empty prompt', () => engine.complete([], { maxNew: 4 }), /prompt: needs at least one token/],
       ['beyond the cache', () => engine.complete(PROMPT, { maxNew: 250 }), /exceed the KV cache of 256 tokens/],
-      ['budget out of range', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', budget: 129 }), /budget: expected an integer in \[1, 128\], got 129/],
+      ['budget out of range', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', budget: 129 }), /budget: expected an integer in \[1, 128\] \(the engine's maxBudget\), got 129/],
       ['auto for a chain', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', budget: 'auto' }), /budget: 'auto' chooses a DDTree budget/],
-      ['depth out of range', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', depth: 17 }), /depth: expected an integer in \[1, 16\], got 17/],
+      ['depth out of range', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', depth: 17 }), /depth: expected an integer in \[1, 16\] \(the engine's maxDepth\), got 17/],
       ['unknown spec', () => engine.complete(PROMPT, { maxNew: 4, spec: 'beam' as 'greedy' }), /spec: expected one of greedy, chain, ddtree/],
       ['unknown drafter', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', drafter: 'oracle' }), /drafter: expected 'ngram', 'model:PATH' or 'dflash:PATH'/],
-      ['maxNew not an integer', () => engine.complete(PROMPT, { maxNew: 1.5 }), /maxNew: expected an integer/],
+      ['maxNew not an integer', () => engine.complete(PROMPT, { maxNew: 1.5 }), /maxNew: expected an integer >= 0, got 1\.5/],
+      ['maxNew negative', () => engine.complete(PROMPT, { maxNew: -1 }), /maxNew: expected an integer >= 0, got -1/],
     ];
     for (const [what, call, message] of bad) {
       const error = await call().then(() => undefined, (e: unknown) => e);

@@ -31,13 +31,13 @@
 import type { DeviceTensor, Graph, KdtreeBackend } from '@kdtree/cuda';
 import { bf16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorStore } from '@kdtree/format';
 import { floatToF32 } from '@kdtree/quant';
-import { checkDflashPairing, checkDflashTensors, dflashWeightPrefix, parseDflashConfig, PairingError, ropeTablesFor, type DflashConfig } from '@kdtree/reference';
+import { checkDflashPairing, checkDflashTensors, configFor, dflashWeightPrefix, parseDflashConfig, PairingError, ropeTablesFor, type DflashConfig } from '@kdtree/reference';
 import type { Drafter, DraftRequest } from './drafters.js';
 import { EngineError, modelError } from './errors.js';
 import { applyLinear, linearTensors, loadLinear, view, type DeviceLinear, type LinearSource } from './linear.js';
 import { checkFits, estimateDflashMemory } from './memory.js';
 import type { DeviceModel } from './model.js';
-import { configFor, pickCols, type HostBf16 } from './model-source.js';
+import { pickCols, type HostBf16 } from './model-source.js';
 import type { ActivationDtype } from './workspace.js';
 
 interface DflashLayer {

@@ -136,8 +136,13 @@ export interface GenerationStats {
   drafter: string | null;
   /** Tokens after the first, per second of decoding. */
   tokensPerSecond: number;
-  /** Until the first token (the prompt's forward). */
+  /** Until the first token (the prompt's forward), calibrationMs apart. */
   prefillMs: number;
+  /**
+   * Budget `auto`'s one-time measurement of the verify cost curve on this backend at this depth
+   * (its first generation at a depth; 0 after, and for fixed budgets), before the prefill.
+   */
+  calibrationMs: number;
   decodeMs: number;
   /** Target forward passes: prefill chunks and one per step. */
   targetForwards: number;
@@ -365,7 +370,9 @@ export class Engine {
     const spec = options.spec ?? 'greedy';
     if (!SPECS.includes(spec)) throw argumentError('spec', `expected one of ${SPECS.join(', ')}, got '${String(spec)}'`);
     const cap = this.options.cacheTokens;
-    const maxNew = checkInt('maxNew', options.maxNew, 0, cap);
+    // too many for the cache is the capacity check's (below), which names the cache's size
+    const maxNew = options.maxNew;
+    if (typeof maxNew !== 'number' || !Number.isSafeInteger(maxNew) || maxNew < 0) throw argumentError('maxNew', `expected an integer >= 0, got ${typeof maxNew === 'number' ? maxNew : JSON.stringify(maxNew)}`);
     const V = this.config.vocabSize;
     const eos = new Set(options.eos ?? this.config.eosTokenIds);
     for (const e of eos) if (!Number.isInteger(e) || e < 0 || e >= V) throw argumentError('eos', `token ${e} is outside the vocabulary [0, ${V})`);
@@ -379,11 +386,13 @@ export class Engine {
         if (bad !== undefined) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${drafter.name} reads target layer ${bad}, outside the target's ${this.config.numLayers} layers`, 'drafter');
         if (this.tp > 1) throw argumentError('drafter', `drafter ${drafter.name} reads the target's hidden states, which the engine taps on one device only; use tp 1`);
       }
-      const depth = checkInt('depth', options.depth ?? Math.min(drafter.defaultDepth ?? 4, this.options.maxDepth), 1, Math.min(this.options.maxDepth, drafter.maxDepth));
+      const maxDepth = Math.min(this.options.maxDepth, drafter.maxDepth);
+      const depthBound = drafter.maxDepth < this.options.maxDepth ? `the deepest draft of ${drafter.name}` : "the engine's maxDepth";
+      const depth = checkInt('depth', options.depth ?? Math.min(drafter.defaultDepth ?? 4, this.options.maxDepth), 1, maxDepth, depthBound);
       const budget = options.budget ?? 16;
       if (budget === 'auto') {
         if (spec !== 'ddtree') throw argumentError('budget', "'auto' chooses a DDTree budget; chain decoding takes a number");
-      } else checkInt('budget', budget, 1, this.options.maxBudget);
+      } else checkInt('budget', budget, 1, this.options.maxBudget, "the engine's maxBudget");
       state = { drafter, depth, budget };
     }
     const lookahead = this.scratchSlots({ spec, budget: state?.budget, depth: state?.depth });
@@ -487,10 +496,11 @@ export class Engine {
     const steps: StepTrace[] = [];
     const t0 = performance.now();
     let prefillMs = 0;
+    let calibrationMs = 0;
     let forwards = 0;
     let stoppedBy: 'eos' | 'max' = 'max';
     const finish = (): GenerationResult => {
-      const decodeMs = performance.now() - t0 - prefillMs;
+      const decodeMs = performance.now() - t0 - calibrationMs - prefillMs;
       const stepCount = Math.max(0, forwards - Math.ceil(prompt.length / this.options.prefillChunk));
       const stats: GenerationStats = {
         backend: this.backend.kind,
@@ -500,6 +510,7 @@ export class Engine {
         drafter: state?.drafter.name ?? null,
         tokensPerSecond: out.length > 1 && decodeMs > 0 ? ((out.length - 1) * 1000) / decodeMs : 0,
         prefillMs,
+        calibrationMs,
         decodeMs,
         targetForwards: forwards,
         steps: stepCount,
@@ -532,7 +543,12 @@ export class Engine {
     // captures those steps as graphs of their own), and each committed row reaches commit()
     this.tapping = state?.drafter.targetLayers !== undefined ? state.drafter : undefined;
     r.taps = this.tapping === undefined ? undefined : this.tapsFor(this.tapping.targetLayers!);
-    if (state?.budget === 'auto') (state.policy = await this.budgetPolicy(state)).begin();
+    if (state?.budget === 'auto') {
+      const curve = this.costs.get(state.depth);
+      (state.policy = await this.budgetPolicy(state)).begin();
+      // the curve measured now (once per depth), not a kept one
+      if (this.costs.get(state.depth) !== curve) calibrationMs = performance.now() - t0;
+    }
     state?.drafter.begin(prompt);
     this.resetHeldRows();
     // the prefill and its read under the collective's watchdog, its deadline one step's per chunk
@@ -542,7 +558,7 @@ export class Engine {
     }, r.prefillPasses(prompt.length));
     forwards += Math.ceil(prompt.length / this.options.prefillChunk);
     const first = take([firstToken]);
-    prefillMs = performance.now() - t0;
+    prefillMs = performance.now() - t0 - calibrationMs;
     if (first.done) {
       const result = finish();
       yield { tokens: first.taken, stats: result.stats };
@@ -1002,7 +1018,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
   let collective: Collective | undefined;
   try {
     const c = source.config;
-    const cacheTokens = checkInt('cacheTokens', options.cacheTokens ?? Math.min(4096, c.maxPositionEmbeddings), 2, c.maxPositionEmbeddings);
+    const cacheTokens = checkInt('cacheTokens', options.cacheTokens ?? Math.min(4096, c.maxPositionEmbeddings), 2, c.maxPositionEmbeddings, "the model's max_position_embeddings");
     // f32 on the cpu twin, where memory is plentiful and the cache then matches the f32 reference
     const cacheDtype = options.cacheDtype ?? (backend.kind === 'cuda' ? 'bf16' : 'f32');
     if (cacheDtype !== 'bf16' && cacheDtype !== 'f32') throw argumentError('cacheDtype', `expected 'bf16' or 'f32', got '${String(cacheDtype)}'`);

@@ -41,10 +41,10 @@ export function modelError(field: string, message: string, source: string): Engi
   return new EngineError('KDTREE_ENGINE_MODEL', `${source}: ${field}: ${message}`, field);
 }
 
-/** Throws an argument error unless `value` is an integer in [min, max]. */
-export function checkInt(field: string, value: unknown, min: number, max: number): number {
+/** Throws an argument error unless `value` is an integer in [min, max]; `bound` says where max comes from. */
+export function checkInt(field: string, value: unknown, min: number, max: number, bound?: string): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < min || value > max) {
-    throw argumentError(field, `expected an integer in [${min}, ${max}], got ${typeof value === 'number' ? value : JSON.stringify(value)}`);
+    throw argumentError(field, `expected an integer in [${min}, ${max}]${bound ? ` (${bound})` : ''}, got ${typeof value === 'number' ? value : JSON.stringify(value)}`);
   }
   return value;
 }

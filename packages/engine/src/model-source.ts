@@ -4,11 +4,9 @@
  * compressed-tensors' pack-quantized form are read in place). Tensors are read one at a time, as
  * the layer that owns them asks, so loading streams with bounded host memory.
  */
-import { readFile, stat } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
 import { f16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorStore, type TensorInfo } from '@kdtree/format';
 import { describeCompressedTensors, findCompressedTensorsConfig, floatToF32, readInt4, readQuantizationMetadata, type Int4Descriptor, type QuantizationMetadata } from '@kdtree/quant';
-import { parseModelConfig, type ModelConfig } from '@kdtree/reference';
+import { configFor, parseModelConfig, type ModelConfig } from '@kdtree/reference';
 import { EngineError, modelError } from './errors.js';
 import { checkShard, WHOLE, type Block, type Shard } from './shard.js';
 
@@ -308,21 +306,3 @@ export function pickRows<T extends Rows>(data: T, width: number, rows: readonly 
   return out;
 }
 
-/** A checkpoint's config.json object: `configPath`, a bundle's metadata.config, or config.json beside the weights. */
-export async function configFor(store: AnyTensorStore, path: string, configPath?: string): Promise<{ json: unknown; source: string }> {
-  if (configPath !== undefined) return { json: JSON.parse(await readFile(configPath, 'utf8')), source: configPath };
-  const meta = store.metadata as Record<string, unknown>;
-  if (store.format.startsWith('kdtr')) {
-    if (meta.config === undefined) throw modelError('metadata.config', 'the bundle has no model config (import it with --config config.json)', path);
-    return { json: meta.config, source: `${path} (metadata.config)` };
-  }
-  const dir = (await stat(path)).isDirectory() ? path : dirname(path);
-  const candidate = join(dir, 'config.json');
-  let text: string;
-  try {
-    text = await readFile(candidate, 'utf8');
-  } catch {
-    throw modelError('config.json', `no config.json next to the checkpoint (looked for ${candidate}; pass one explicitly)`, path);
-  }
-  return { json: JSON.parse(text), source: candidate };
-}

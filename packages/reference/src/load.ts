@@ -3,8 +3,8 @@
  * directory (config.json + safetensors), or a safetensors file / index with a config.json beside it.
  */
 import { stat } from 'node:fs/promises';
-import { dirname } from 'node:path';
-import { findModelConfig, openTensors, readJsonFile, typedView, type AnyTensorStore } from '@kdtree/format';
+import { dirname, join } from 'node:path';
+import { findModelConfig, modelConfigNameFor, openTensors, readJsonFile, typedView, type AnyTensorStore } from '@kdtree/format';
 import { describeCompressedTensors, findCompressedTensorsConfig, readQuantizationMetadata } from '@kdtree/quant';
 import { parseModelConfig, type ModelConfig } from './config.js';
 import { checkDflashPairing, parseDflashConfig, type DflashConfig } from './dflash-config.js';
@@ -32,8 +32,10 @@ export async function configFor(store: AnyTensorStore, path: string, configPath?
   // NAME.config.json beside NAME.safetensors (what `kdtree export` writes), else config.json.
   const candidate = await findModelConfig(path);
   if (candidate === undefined) {
-    const dir = (await stat(path)).isDirectory() ? path : dirname(path);
-    throw new ConfigError(`no config.json next to the checkpoint (looked in ${dir}; pass one explicitly)`, 'config.json', path);
+    const isDir = (await stat(path)).isDirectory();
+    const dir = isDir ? path : dirname(path);
+    const looked = [...new Set([...(isDir ? [] : [modelConfigNameFor(path)]), 'config.json'])].map((name) => join(dir, name));
+    throw new ConfigError(`no model config beside the checkpoint (looked for ${looked.join(' and ')}; pass one explicitly, e.g. --config FILE)`, 'config.json', path);
   }
   return { json: await readJsonFile(candidate, 'model config'), source: candidate };
 }

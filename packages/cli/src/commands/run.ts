@@ -11,7 +11,7 @@ import { tokenList } from '../token-list.js';
 export const runSpec: CommandSpec = {
   name: 'run',
   summary:
-    "Decode with the engine on the best native backend (cuda, else the cpu twin): greedy, or chain / DDTree speculation with an ngram or draft-model drafter, which emit exactly the tokens of greedy decoding. The prompt is token ids (--prompt), or text (--text) encoded with the model's tokenizer, which then decodes the answer as it streams (the text kdtree serve's /v1/completions answers). Tokens or text stream to stdout as steps accept them; the stats go to stderr.",
+    "Decode with the engine on the best native backend (cuda, else the cpu twin): greedy, or chain / DDTree speculation with an ngram, draft-model or DFlash drafter, which emit exactly the tokens of greedy decoding. The prompt is token ids (--prompt), or text (--text) encoded with the model's tokenizer, which then decodes the answer as it streams (the text kdtree serve's /v1/completions answers). Tokens or text stream to stdout as steps accept them; the stats go to stderr.",
   usage: `kdtree run MODEL --prompt 1,2,3 | --text "..." --max-new N ${ENGINE_USAGE} ${LAUNCH_USAGE} [--eos IDS] [--tokenizer DIR] [--json] [--trace]`,
   help: [
     '--prompt IDS          comma-separated token ids',
@@ -40,12 +40,12 @@ export const runSpec: CommandSpec = {
 
 function statsLine(s: GenerationStats, tokens: number): string {
   const spec = s.drafter ? `${s.spec} (${s.drafter})` : s.spec;
-  return `${tokens} tokens, ${spec} on ${s.backend} (${s.device}${s.tp > 1 ? `, ${s.tp} ranks` : ''}): ${s.tokensPerSecond.toFixed(1)} tokens/s, prefill ${s.prefillMs.toFixed(1)} ms, decode ${s.decodeMs.toFixed(1)} ms, ${s.targetForwards} target forwards, ${s.meanAcceptedLength.toFixed(2)} tokens per step`;
+  return `${tokens} tokens, ${spec} on ${s.backend} (${s.device}${s.tp > 1 ? `, ${s.tp} ranks` : ''}): ${s.tokensPerSecond.toFixed(1)} tokens/s, prefill ${s.prefillMs.toFixed(1)} ms, ${s.calibrationMs > 0 ? `cost curve measured in ${s.calibrationMs.toFixed(1)} ms, ` : ''}decode ${s.decodeMs.toFixed(1)} ms, ${s.targetForwards} target forwards, ${s.meanAcceptedLength.toFixed(2)} tokens per step`;
 }
 
 /** The --json forms of the engine's stats and step traces: snake_case, as every --json output. */
 function statsJson(s: GenerationStats) {
-  return { backend: s.backend, device: s.device, tp: s.tp, spec: s.spec, drafter: s.drafter, tokens_per_second: s.tokensPerSecond, prefill_ms: s.prefillMs, decode_ms: s.decodeMs, target_forwards: s.targetForwards, steps: s.steps, mean_accepted_length: s.meanAcceptedLength, stopped_by: s.stoppedBy };
+  return { backend: s.backend, device: s.device, tp: s.tp, spec: s.spec, drafter: s.drafter, tokens_per_second: s.tokensPerSecond, prefill_ms: s.prefillMs, calibration_ms: s.calibrationMs, decode_ms: s.decodeMs, target_forwards: s.targetForwards, steps: s.steps, mean_accepted_length: s.meanAcceptedLength, stopped_by: s.stoppedBy };
 }
 
 function stepJson(t: StepTrace) {

@@ -54,7 +54,7 @@ export async function runTokenize(p: Parsed, io: CommandIO): Promise<number> {
   const file = p.values.file as string | undefined;
   if ((text === undefined) === (file === undefined)) throw new CliUsageError(`tokenize: give the text or --file F, not ${text === undefined ? 'neither' : 'both'}\nusage: ${tokenizeSpec.usage}`, 'tokenize');
   const input = text ?? (await readText(file!));
-  const tokenizer = await openTokenizer(model);
+  const tokenizer = await openTokenizer(model, 'as MODEL');
   const ids = tokenizer.encode(input, { allowSpecial: !p.values['no-special'] });
   io.out(p.values.json ? json({ schema: 'kdtree.tokenize/1', ids }) : ids.join(','));
   return 0;
@@ -73,7 +73,7 @@ export function parseIds(text: string, vocabSize: number): number[] {
 
 export async function runDetokenize(p: Parsed, io: CommandIO): Promise<number> {
   const [model, idsText] = p.positionals;
-  const tokenizer = await openTokenizer(model);
+  const tokenizer = await openTokenizer(model, 'as MODEL');
   const ids = parseIds(idsText, tokenizer.vocabSize);
   const text = tokenizer.decode(ids, { skipSpecial: Boolean(p.values['skip-special']) });
   io.out(p.values.json ? json({ schema: 'kdtree.detokenize/1', text }) : text);
