@@ -62,7 +62,11 @@ Status CheckTensor(const OpContext& ctx, const Tensor& t, std::initializer_list<
     if (d < 0) return Invalid(ctx, t.name, " has a negative dimension");
   }
   if (t.data == nullptr && t.numel() > 0) return Invalid(ctx, t.name, " has no buffer");
-  const int64_t need = t.numel() * DTypeSize(t.dtype);
+  // buffers start aligned, so this is the offset's alignment: a misaligned element load faults on
+  // the device (and leaves the context unusable) and is undefined behaviour on the host
+  const int size = DTypeSize(t.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % size != 0) return Invalid(ctx, t.name, " must start at a multiple of its ", size, "-byte elements (its offset into the buffer)");
+  const int64_t need = t.numel() * size;
   if (need > t.bytes) return Invalid(ctx, t.name, " needs ", need, " bytes but its buffer holds ", t.bytes, " from its offset");
   return Status::Ok();
 }
@@ -497,7 +501,7 @@ Status ValidateDdtreeBuild(const DdtreeBuildArgs& a) {
   for (const Tensor* t : {&a.tokens, &a.parents, &a.depths, &a.positions}) KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, *t, {DType::kI32}, 1));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.mask, {DType::kU8}, 2));
   KDTREE_RETURN_IF_ERROR(CheckTensor(ctx, a.size, {DType::kI32}, 1));
-  const int64_t n = a.budget + 1, v = a.draft_logits.dim(1);
+  const int64_t n = static_cast<int64_t>(a.budget) + 1, v = a.draft_logits.dim(1);
   if (a.budget < 0 || a.budget > kMaxDdtreeBudget) return Invalid(ctx, "budget ", a.budget, " must be in [0, ", kMaxDdtreeBudget, "]");
   if (a.draft_logits.dim(0) < 1) return Invalid(ctx, "needs at least one draft depth");
   // positions are i32 start + depth, depth <= L

@@ -209,7 +209,8 @@ class CpuBackend final : public Backend {
 
  private:
   static Status Copy(void* dst, const void* src, size_t bytes) {
-    std::memmove(dst, src, bytes);
+    // an empty or detached view may pass a null pointer, which memmove may not take even for 0 bytes
+    if (bytes > 0) std::memmove(dst, src, bytes);
     return Status::Ok();
   }
   ThreadPool pool_;

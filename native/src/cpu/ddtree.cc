@@ -106,11 +106,17 @@ Status KvCommit(const KvCommitArgs& a, ThreadPool& pool) {
   if (len < 1 || len > a.path.dim(0)) return Invalid("kv_commit: path_len ", len, " is outside [1, ", a.path.dim(0), "]");
   const int64_t start = a.start_on_device.present() ? a.start_on_device.as<const int32_t>()[0] : a.start;
   if (start < 0) return Invalid("kv_commit: startOnDevice holds ", start, ", a negative slot");
+  // every cache's slots checked before any row moves: a refused commit leaves every cache as it was
+  for (const Tensor& c : a.caches) {
+    for (int32_t k = 0; k < len; ++k) {
+      const int32_t src = a.path.as<const int32_t>()[k];
+      if (src < k || start + src >= c.dim(0)) return Invalid("kv_commit: path[", k, "] = ", src, " is not a slot at or after ", k, " inside ", c.Describe(), " from start ", start);
+    }
+  }
   for (const Tensor& c : a.caches) {
     const int64_t row_bytes = c.dim(1) * DTypeSize(c.dtype);
     for (int32_t k = 0; k < len; ++k) {
       const int32_t src = a.path.as<const int32_t>()[k];
-      if (src < k || start + src >= c.dim(0)) return Invalid("kv_commit: path[", k, "] = ", src, " is not a slot at or after ", k, " inside ", c.Describe(), " from start ", start);
       std::memmove(c.as<char>() + (start + k) * row_bytes, c.as<const char>() + (start + src) * row_bytes, row_bytes);
     }
   }

@@ -294,6 +294,26 @@ const getters: ChildCase[] = [
   },
 ];
 
+const offsets: ChildCase[] = [
+  {
+    name: 'a tensor that does not start at a multiple of its element size is rejected, whichever op',
+    run(native, h) {
+      const buffer = native.alloc(4096);
+      const at = (dtype: 'f32' | 'bf16' | 'i32', shape: number[], offset: number) => h.tensor(buffer, dtype, shape, offset);
+      const calls: [string, number, () => void][] = [
+        ['add a (f32)', 4, () => native.add({ a: at('f32', [4], 2), b: at('f32', [4], 64), out: at('f32', [4], 128) })],
+        ['add out (f32)', 4, () => native.add({ a: at('f32', [4], 0), b: at('f32', [4], 64), out: at('f32', [4], 129) })],
+        ['rmsNorm weight (bf16)', 2, () => native.rmsNorm({ x: at('f32', [1, 8], 0), weight: at('bf16', [8], 257), out: at('bf16', [1, 8], 512), eps: 1e-6 })],
+        ['argmax out (i32)', 4, () => native.argmax({ x: at('f32', [1, 8], 0), out: at('i32', [1], 1026) })],
+      ];
+      for (const [what, size, call] of calls) h.expectThrows(what, call, new RegExp(`^KDTREE_INVALID_ARGUMENT: .*must start at a multiple of its ${size}-byte elements \\(its offset into the buffer\\)`));
+      // aligned, the same calls run
+      native.add({ a: at('f32', [4], 0), b: at('f32', [4], 64), out: at('f32', [4], 128) });
+      native.free(buffer);
+    },
+  },
+];
+
 const scalars: ChildCase[] = [
   {
     name: 'flags must be booleans: w4a16Pack interleaveGateUp, rope interleave, router normTopkProb',
@@ -393,4 +413,5 @@ export const BINDING_CHECKS = [
   childCheck('binding: objects made with new from JavaScript and foreign receivers throw, never crash', receivers),
   childCheck('binding: getters that free buffers or make native calls while a call reads its arguments (captures and GC included) cannot make it use freed memory', getters),
   childCheck('binding: flags must be booleans, float scalars finite, positions within i32; unknown streams and events and unrecorded events are rejected', scalars),
+  childCheck('binding: tensors must start at a multiple of their element size', offsets),
 ];

@@ -188,6 +188,11 @@ const acceptAndCommit: KernelCheck = {
         // the cpu backend reads device scalars on the host and rejects what the GPU kernels skip or write as is
         expectThrows('root on device value', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [2, 8])), rootOnDevice: track(b.fromArray('i32', [1], Int32Array.of(8))), budget: 0, tokens: one(), parents: one(), depths: one(), positions: one(), mask: track(b.zeros('u8', [1, 1])), size: one() }), /rootOnDevice holds token 8, outside the vocabulary \[0, 8\)/);
         expectThrows('start on device value', () => b.native.kvCommit({ caches: [track(b.zeros('f32', [4, 2]))], path: one(), pathLen: track(b.fromArray('i32', [1], Int32Array.of(1))), startOnDevice: track(b.fromArray('i32', [1], Int32Array.of(4))) }), /kv_commit: path\[0\] = 0 is not a slot at or after 0 inside caches\[0\]: f32 \[4, 2\] from start 4/);
+        // a path that fits the first cache but not the second: refused before any row moves
+        const first = Float32Array.from({ length: 8 }, (_, i) => i);
+        const roomy = track(b.fromArray('f32', [8, 1], first));
+        expectThrows('a commit refused by a later cache', () => b.native.kvCommit({ caches: [roomy, track(b.zeros('f32', [3, 1]))], path: track(b.fromArray('i32', [2], Int32Array.of(0, 5))), pathLen: track(b.fromArray('i32', [1], Int32Array.of(2))), start: 0 }), /kv_commit: path\[1\] = 5 is not a slot at or after 1 inside caches\[1\]: f32 \[3, 1\] from start 0/);
+        expectEqual('the first cache after a refused commit', Array.from(b.toArray(roomy)), Array.from(first));
       }
       expectThrows('root', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [2, 8])), root: 9, budget: 0, start: 0, tokens: track(b.zeros('i32', [1])), parents: track(b.zeros('i32', [1])), depths: track(b.zeros('i32', [1])), positions: track(b.zeros('i32', [1])), mask: track(b.zeros('u8', [1, 1])), size: track(b.zeros('i32', [1])) }), /root token 9 is outside the vocabulary \[0, 8\)/);
     });
