@@ -145,3 +145,31 @@ describe('failures name the user\'s path, and leave nothing behind', () => {
     expect(temps()).toEqual([]);
   });
 });
+
+describe('an output directory that cannot be made', () => {
+  it.runIf(process.platform === 'linux')('fails in one line, never spins (procfs refuses a child of a directory that exists)', () => {
+    for (const args of [['export', model, '-o', '/proc/kdtree-no-such/out/'], ['shard', model, '--tp', '2', '-o', '/proc/kdtree-no-such/sh']]) {
+      const r = runCli(args, { timeoutMs: 60_000 });
+      expect(r.status, `${args.join(' ')}: ${r.stderr}`).toBe(1);
+      expect(r.stderr).toMatch(/kdtree: error: \/proc\/kdtree-no-such: no such file or directory/);
+    }
+  });
+
+  it('gen-model writes its DFlash drafter first: a path it cannot take fails before any bundle is written, and nothing is left', () => {
+    const at = mkdtempSync(join(dir, 'dflash-'));
+    writeFileSync(join(at, 'afile'), 'x');
+    const target = join(at, 'walk.kdtr');
+    const r = runCli(['gen-model', '--preset', 'tiny', '-o', target, '--draft', join(at, 'walk-draft.kdtr'), '--structure', 'walk', '--dflash', join(at, 'afile', 'sub'), '-q']);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(/afile: not a directory/);
+    expect(readdirSync(at)).toEqual(['afile']);
+  });
+
+  it('gen-model publishes the target, its draft and its drafter together: the draft and the drafter appear only with the target', () => {
+    const at = mkdtempSync(join(dir, 'together-'));
+    const r = runCli(['gen-model', '--preset', 'tiny', '-o', join(at, 't.kdtr'), '--draft', join(at, 'd.kdtr'), '--structure', 'walk', '--dflash', join(at, 'f'), '-q']);
+    expect(r.status, r.stderr).toBe(0);
+    expect(readdirSync(at).sort()).toEqual(['d.kdtr', 'f', 't.kdtr']);
+    expect(readdirSync(join(at, 'f')).sort()).toEqual(['config.json', 'model.safetensors']);
+  });
+});

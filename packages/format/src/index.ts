@@ -24,6 +24,7 @@ export {
 } from './half.js';
 export { crc32, formatCrc32 } from './crc32.js';
 export { AtomicFile, removeStaleTemps, writeFileAtomic } from './atomic-file.js';
+export { makeDirectories } from './directories.js';
 export { MAX_JSON_FILE_BYTES, readJsonFile } from './file-access.js';
 export { isIntegerLiteral, MAX_JSON_DEPTH, parseStrictJson, parseStrictJsonBytes, type StrictJsonContext } from './strict-json.js';
 export type { TensorData } from './tensor-data.js';

@@ -3,9 +3,9 @@
  * random weights (bf16-representable, scaled so activations stay O(1)), and a HuggingFace-style
  * directory (config.json + model.safetensors, the public checkpoints' tensor names).
  */
-import { mkdir, writeFile } from 'node:fs/promises';
+import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { bf16ArrayToF32, f32ArrayToBf16, writeSafetensors } from '@kdtree/format';
+import { bf16ArrayToF32, f32ArrayToBf16, makeDirectories, writeSafetensors } from '@kdtree/format';
 import type { ModelConfig } from './config.js';
 import { DFLASH_ARCHITECTURE, parseDflashConfig, type DflashConfig } from './dflash-config.js';
 import { DflashModel, dflashWeightSpecs, loadDflashWeights, type DflashTargetWeights } from './dflash.js';
@@ -83,7 +83,7 @@ export async function dflashFromWeights(config: DflashConfig, weights: Map<strin
 /** Writes a drafter directory: config.json and model.safetensors (bf16), as z-lab publishes them. */
 export async function writeDflashDirectory(dir: string, configJson: Record<string, unknown>, weights: Map<string, Float32Array>): Promise<void> {
   const config = parseDflashConfig(configJson, join(dir, 'config.json'));
-  await mkdir(dir, { recursive: true });
+  await makeDirectories(dir);
   await writeFile(join(dir, 'config.json'), `${JSON.stringify(configJson, null, 2)}\n`);
   const tensors = dflashWeightSpecs(config).map((s) => ({ name: s.name, dtype: 'BF16' as const, shape: s.shape, data: f32ArrayToBf16(weights.get(s.name)!) }));
   await writeSafetensors(join(dir, 'model.safetensors'), tensors, { metadata: { format: 'pt' } });

@@ -1,10 +1,10 @@
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { homedir, tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { BACKEND_KINDS } from '@kdtree/cuda';
 import { createEngine, type Engine, type GenerateOptions } from '@kdtree/engine';
-import { openBundle } from '@kdtree/format';
+import { makeDirectories, openBundle } from '@kdtree/format';
 import { greedyDecode, loadModel, MODEL_PRESET_NAMES, type GoldenRecord } from '@kdtree/reference';
 import { MIN_SYNTHETIC_VOCAB, TOKENIZER_METADATA_KEY } from '@kdtree/tokenizer';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
@@ -78,7 +78,7 @@ async function demoModels(dir: string, preset: string, io: CommandIO): Promise<D
       io.err(`demo: the cached models in ${dir} are stale or damaged; generating them again`);
     }
   }
-  await mkdir(dir, { recursive: true });
+  await makeDirectories(dir);
   // the drafter directory and the oracles of models about to be replaced go with them
   await rm(models.dflash, { recursive: true, force: true });
   for (const name of await readdir(dir)) if (name.startsWith(`${basename(models.target)}.greedy-`)) await rm(join(dir, name), { force: true });

@@ -1,6 +1,6 @@
-import { mkdir, stat, unlink } from 'node:fs/promises';
+import { stat, unlink } from 'node:fs/promises';
 import { dirname, join, sep } from 'node:path';
-import { modelConfigNameFor, writeFileAtomic, writeSafetensors, type AnyTensorStore, type SafetensorsTensor } from '@kdtree/format';
+import { makeDirectories, modelConfigNameFor, writeFileAtomic, writeSafetensors, type AnyTensorStore, type SafetensorsTensor } from '@kdtree/format';
 import { planCompressedTensorsExport, quantizationConfigFor, SAFETENSORS_QUANTIZATION_KEY, validateQuantizedStore, withQuantizationConfig } from '@kdtree/quant';
 import { tokenizerFromMetadata } from '@kdtree/tokenizer';
 import { parseChoice, type CommandSpec, type Parsed } from '../args.js';
@@ -112,7 +112,7 @@ export async function runExport(p: Parsed, io: CommandIO): Promise<number> {
       tokenizer.free();
     }
     await refuseOverwritingInputs('export', [{ flag: '-o', path: file }, ...sideFiles], storeFiles([store]));
-    if (targets.isDir) await mkdir(output, { recursive: true });
+    if (targets.isDir) await makeDirectories(output);
     await writeSafetensors(file, plan.tensors, { metadata: plan.metadata });
     const written: string[] = [];
     try {

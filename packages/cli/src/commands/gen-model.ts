@@ -1,6 +1,7 @@
+import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync, statSync } from 'node:fs';
-import { stat } from 'node:fs/promises';
-import { resolve } from 'node:path';
+import { rename, rm, stat } from 'node:fs/promises';
+import { basename, dirname, join, resolve } from 'node:path';
 import { PRESETS } from '@kdtree/quant';
 import { MODEL_PRESET_NAMES, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, walkDflashConfig, walkDflashWeights, walkStructure, walkWeights, WALK_TENSORS, weightSpecs, writeDflashDirectory, writeSyntheticModel } from '@kdtree/reference';
 import { MIN_SYNTHETIC_VOCAB, SPECIAL_SLOTS, syntheticTokenizerFiles, Tokenizer, tokenizerMetadata, TOKENIZER_METADATA_KEY, type TokenizerMetadata } from '@kdtree/tokenizer';
@@ -118,19 +119,35 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   const walk = structure === 'walk' ? walkStructure(config, seed) : undefined;
   // the walk's weights; a random target's are made by writeSyntheticModel unless a draft needs them
   let target = walk === undefined ? undefined : walkWeights(config, randomWeights(config, seed), walk);
+  // The outputs are written under temporary names beside their own and renamed into place together
+  // at the end: a run that fails or is stopped leaves every earlier output as it was (never a new
+  // draft beside an old target, or a drafter directory half written). The drafter comes first, so
+  // a path it cannot be written to fails before the bundles take their time.
+  const pending = (path: string) => join(dirname(path), `.${basename(path)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  const dflashPending = walk !== undefined && dflashDir !== undefined ? pending(dflashDir) : undefined;
+  const draftPending = draftPath === undefined ? undefined : pending(draftPath);
   let draftGolden;
-  if (draftPath !== undefined) {
-    const base = target ?? randomWeights(config, seed);
-    log(`draft model -> ${draftPath}`);
-    draftGolden = await writeSyntheticModel(draftPath, { preset, seed, weights: base, quant, structure, extraMetadata, onProgress: (s) => log(`draft: ${s}`) }, reference);
-    target = perturbWeights(base, noise, seed + 1, walk === undefined ? undefined : WALK_TENSORS);
-  }
-  log(`target model -> ${output}`);
-  const golden = await writeSyntheticModel(output, { preset, seed, quant, weights: target, structure, extraMetadata, onProgress: log }, reference);
-  if (walk !== undefined && dflashDir !== undefined) {
-    log(`DFlash drafter -> ${dflashDir}`);
-    const drafter = walkDflashConfig(config, walk, { blockSize: dflashBlock ?? DEFAULT_DFLASH_BLOCK });
-    await writeDflashDirectory(dflashDir, drafter.json, walkDflashWeights(drafter.config, walk));
+  let golden;
+  try {
+    if (dflashPending !== undefined) {
+      log(`DFlash drafter -> ${dflashDir}`);
+      const drafter = walkDflashConfig(config, walk!, { blockSize: dflashBlock ?? DEFAULT_DFLASH_BLOCK });
+      await writeDflashDirectory(dflashPending, drafter.json, walkDflashWeights(drafter.config, walk!));
+    }
+    if (draftPending !== undefined) {
+      const base = target ?? randomWeights(config, seed);
+      log(`draft model -> ${draftPath}`);
+      draftGolden = await writeSyntheticModel(draftPending, { preset, seed, weights: base, quant, structure, extraMetadata, onProgress: (s) => log(`draft: ${s}`) }, reference);
+      target = perturbWeights(base, noise, seed + 1, walk === undefined ? undefined : WALK_TENSORS);
+    }
+    log(`target model -> ${output}`);
+    golden = await writeSyntheticModel(output, { preset, seed, quant, weights: target, structure, extraMetadata, onProgress: log }, reference);
+    if (draftPending !== undefined) await rename(draftPending, draftPath!);
+    if (dflashPending !== undefined) await rename(dflashPending, dflashDir!);
+  } catch (error) {
+    // (a pending path under a file is ENOTDIR to rm too: the error that matters is the first)
+    for (const path of [draftPending, dflashPending]) if (path !== undefined) await rm(path, { recursive: true, force: true }).catch(() => undefined);
+    throw error;
   }
   const params = weightSpecs(config).reduce((s, w) => s + w.shape.reduce((a, b) => a * b, 1), 0);
   const bytes = (await stat(output)).size;

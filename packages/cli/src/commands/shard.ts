@@ -1,5 +1,6 @@
-import { mkdir, readdir, rm, stat } from 'node:fs/promises';
+import { readdir, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
+import { makeDirectories } from '@kdtree/format';
 import { ModelSource, rankFileName, SHARD_INDEX_NAME, shardIndexPath, writeShards } from '@kdtree/engine';
 import { parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliError, CliUsageError } from '../cli-error.js';
@@ -54,7 +55,7 @@ export async function runShard(p: Parsed, io: CommandIO): Promise<number> {
     const outputs = [SHARD_INDEX_NAME, ...Array.from({ length: tp }, (_, r) => rankFileName(r))].map((name) => ({ flag: '-o', path: join(dir, name) }));
     await refuseOverwritingInputs('shard', outputs, [...storeFiles([source.store]), ...(configPath ? [configPath] : [])]);
     // the first directory this made, removed again when the model does not split (nothing else is in it then)
-    const created = await mkdir(dir, { recursive: true });
+    const created = await makeDirectories(dir);
     const quiet = Boolean(p.values.quiet || p.values.json);
     const started = performance.now();
     let bar: ReturnType<CommandIO['progress']> | undefined;
