@@ -160,7 +160,7 @@ export function decodingLine(engine: Engine, args: EngineArgs): string {
 }
 
 /** The flag of each engine option a command line sets (`EngineError.field` -> flag). */
-const OPTION_FLAGS: Record<string, string> = { maxNew: '--max-new', cacheTokens: '--cache-tokens', depth: '--depth', budget: '--budget', spec: '--spec', tp: '--tp' };
+const OPTION_FLAGS: Record<string, string> = { maxNew: '--max-new', cacheTokens: '--cache-tokens', depth: '--depth', budget: '--budget', spec: '--spec', drafter: '--drafter', tp: '--tp', device: '--device' };
 
 /**
  * An engine's refusal of an option the command line set, as the usage error it is (exit 2), named

@@ -216,22 +216,35 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     const prompt = [...PROMPT, ...PROMPT.slice(0, 3)];
     const plain = await engine.complete(prompt, { maxNew: 24, eos: [] });
     const plans = vi.spyOn(NgramDrafter.prototype, 'treeLogProbs');
+    // a drafter of its own: a fresh policy, whatever earlier tests taught the engine's 'ngram'
+    const drafter = new NgramDrafter(engine.backend, engine.config.vocabSize, 16);
     try {
+      // a decode step of a second on the curve: the tries' measured costs (a fraction of a
+      // millisecond here) never add up to a wait, so every step with a match tries and plans
       await withCheapTrees(engine, depth, async (builds) => {
         // twice: the second generation starts from the calibration the first taught
         for (let g = 0; g < 2; g++) {
           plans.mockClear();
-          const r = await engine.complete(prompt, { maxNew: 24, eos: [], spec: 'ddtree', drafter: 'ngram', budget: 'auto', depth, trace: true });
+          const r = await engine.complete(prompt, { maxNew: 24, eos: [], spec: 'ddtree', drafter, budget: 'auto', depth, trace: true });
           expect(r.tokens).toEqual(plain.tokens);
           const trees = r.steps.filter((s) => s.budget > 0).length;
           expect(trees).toBeGreaterThan(0);
-          // each tree that ran was planned from its own draft's tree
-          expect(plans.mock.calls.length).toBeGreaterThanOrEqual(trees);
+          // each step whose context has a match planned from its own draft's tree (no waits here),
+          // and each tree that ran was one of those
+          let emitted = 1;
+          let matched = 0;
+          for (const step of r.steps) {
+            if (NgramDrafter.continuations([...prompt, ...plain.tokens.slice(0, emitted)], depth, 4)[0].size > 0) matched++;
+            emitted += step.accepted + 1;
+          }
+          expect(plans.mock.calls.length).toBe(matched);
+          expect(trees).toBeLessThanOrEqual(matched);
         }
         expect(builds).toEqual([]);
-      });
+      }, 1000);
     } finally {
       plans.mockRestore();
+      drafter.dispose();
     }
   });
 
@@ -540,6 +553,16 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       ['unknown drafter', () => engine.complete(PROMPT, { maxNew: 4, spec: 'chain', drafter: 'oracle' }), /drafter: expected 'ngram', 'model:PATH' or 'dflash:PATH'/],
       ['maxNew not an integer', () => engine.complete(PROMPT, { maxNew: 1.5 }), /maxNew: expected an integer >= 0, got 1\.5/],
       ['maxNew negative', () => engine.complete(PROMPT, { maxNew: -1 }), /maxNew: expected an integer >= 0, got -1/],
+      // eslint-disable-next-line no-sparse-arrays
+      ['a hole in the prompt', () => engine.complete([1, , 3] as number[], { maxNew: 4 }), /prompt\[1\]: expected an integer token id, got nothing \(a hole in the array\)/],
+      ['a prompt of text', () => engine.complete('1,2' as unknown as number[], { maxNew: 4 }), /prompt: expected an array of token ids, got string/],
+      ['a token as a string', () => engine.complete(['1'] as unknown as number[], { maxNew: 4 }), /prompt\[0\]: expected an integer token id, got "1" \(a string\)/],
+      ['no options', () => engine.complete(PROMPT, undefined as unknown as { maxNew: number }), /options: expected the generation's options/],
+      ['eos not an array', () => engine.complete(PROMPT, { maxNew: 4, eos: 5 as unknown as number[] }), /eos: expected an array of token ids, got number/],
+      ['a drafter that is no Drafter', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: {} as Drafter }), /drafter: expected 'ngram', 'model:PATH', 'dflash:PATH' or a Drafter/],
+      ['a drafter of no depth', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: { ...logitsDrafter(engine, 'shallow', (_, d, V) => new Float32Array(d * V)), maxDepth: 0 } }), /drafter shallow: maxDepth must be a positive integer, got 0/],
+      ['model: without a path', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: 'model:' }), /drafter: model: needs the path of its model after the colon/],
+      ['a drafter path that does not exist', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: 'dflash:/nonexistent/dir' }), /drafter dflash:\/nonexistent\/dir: \/nonexistent\/dir: no such file or directory/],
     ];
     for (const [what, call, message] of bad) {
       const error = await call().then(() => undefined, (e: unknown) => e);
@@ -547,6 +570,8 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       expect((error as Error).message, what).toMatch(message);
     }
     expect((await engine.complete(PROMPT, { maxNew: 8, eos: [] })).tokens).toEqual(greedy.slice(0, 8));
+    // a typed array is a prompt too
+    expect((await engine.complete(Int32Array.from(PROMPT) as unknown as number[], { maxNew: 8, eos: [] })).tokens).toEqual(greedy.slice(0, 8));
   });
 
   it('a drafter of another vocabulary is refused', async () => {

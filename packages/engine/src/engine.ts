@@ -11,13 +11,14 @@
  * Generations on one engine run one after another (a call waits for the previous one to finish).
  * Speculative decoding (chain, ddtree) emits exactly the tokens of greedy decoding of the target.
  */
+import { stat } from 'node:fs/promises';
 import { createBackend, KdtreeBackend, type BackendKind, type DeviceTensor } from '@kdtree/cuda';
 import type { DflashConfig } from '@kdtree/reference';
 import { BUDGET_BUCKETS, bucketsUpTo, BudgetPolicy, type CostCurve } from './budget.js';
 import { HostCollective, type Collective } from './collective.js';
 import { DflashDrafter, type DrafterWeights } from './dflash-drafter.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
-import { argumentError, checkInt, EngineError } from './errors.js';
+import { argumentError, checkInt, EngineError, modelError } from './errors.js';
 import type { CacheDtype } from './kv-cache.js';
 import type { ActivationDtype } from './workspace.js';
 import { view } from './linear.js';
@@ -282,7 +283,7 @@ export class Engine {
 
   /** Loads (once) and returns the drafter `spec` names. */
   async drafter(spec: DrafterSpec): Promise<Drafter> {
-    if (typeof spec !== 'string') return spec;
+    if (typeof spec !== 'string') return checkDrafter(spec);
     let d = this.drafters.get(spec);
     if (d === undefined) {
       d = this.makeDrafter(spec);
@@ -295,8 +296,11 @@ export class Engine {
   private async makeDrafter(spec: string): Promise<Drafter> {
     const V = this.config.vocabSize;
     if (spec === 'ngram') return new NgramDrafter(this.backend, V, this.options.maxDepth);
+    const path = spec.slice(spec.indexOf(':') + 1);
+    if ((spec.startsWith('model:') || spec.startsWith('dflash:')) && path === '') throw argumentError('drafter', `${spec} needs the path of its model after the colon`);
+    if ((spec.startsWith('model:') || spec.startsWith('dflash:')) && !(await exists(path))) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${spec}: ${path}: no such file or directory`, 'drafter');
     if (spec.startsWith('model:')) {
-      const source = await ModelSource.open(spec.slice('model:'.length));
+      const source = await ModelSource.open(path);
       try {
         return await this.modelDrafter(source, spec);
       } finally {
@@ -305,7 +309,7 @@ export class Engine {
     }
     if (spec.startsWith('dflash:')) {
       this.checkOneDevice();
-      return DflashDrafter.load(this.backend, spec.slice('dflash:'.length), this.model, { ...this.dflashOptions(), name: spec });
+      return DflashDrafter.load(this.backend, path, this.model, { ...this.dflashOptions(), name: spec });
     }
     throw argumentError('drafter', `expected 'ngram', 'model:PATH' or 'dflash:PATH', got '${spec}'`);
   }
@@ -350,13 +354,22 @@ export class Engine {
     return release;
   }
 
-  private checkPrompt(prompt: readonly number[]): number[] {
-    if (!Array.isArray(prompt) || prompt.length === 0) throw argumentError('prompt', 'needs at least one token');
+  /** `field`'s token ids: an array (or a typed array) of integers in the vocabulary, every index set. */
+  private checkPrompt(prompt: readonly number[], field = 'prompt'): number[] {
+    if (!Array.isArray(prompt) && !(ArrayBuffer.isView(prompt) && !(prompt instanceof DataView))) {
+      throw argumentError(field, `expected an array of token ids, got ${prompt === null ? 'null' : typeof prompt}`);
+    }
+    if (prompt.length === 0) throw argumentError(field, 'needs at least one token');
     const V = this.config.vocabSize;
-    prompt.forEach((t, i) => {
-      if (!Number.isInteger(t) || t < 0 || t >= V) throw argumentError(`prompt[${i}]`, `token ${t} is outside the vocabulary [0, ${V})`);
-    });
-    return [...prompt];
+    // by index, not forEach: a hole in a sparse array is no token (forEach would skip it)
+    const ids: number[] = [];
+    for (let i = 0; i < prompt.length; i++) {
+      const t = prompt[i] as unknown;
+      if (typeof t !== 'number' || !Number.isInteger(t)) throw argumentError(`${field}[${i}]`, `expected an integer token id, got ${t === undefined ? 'nothing (a hole in the array)' : typeof t === 'number' ? t : `${JSON.stringify(String(t))} (a ${typeof t})`}`);
+      if (t < 0 || t >= V) throw argumentError(`${field}[${i}]`, `token ${t} is outside the vocabulary [0, ${V})`);
+      ids.push(t);
+    }
+    return ids;
   }
 
   /**
@@ -367,6 +380,7 @@ export class Engine {
   async *generate(prompt: readonly number[], options: GenerateOptions): AsyncGenerator<GenerationChunk, GenerationResult> {
     if (this.disposed) throw new EngineError('KDTREE_ENGINE_DISPOSED', 'the engine was disposed', 'engine');
     const tokens = this.checkPrompt(prompt);
+    if (typeof options !== 'object' || options === null) throw argumentError('options', `expected the generation's options ({ maxNew, ... }), got ${options === null ? 'null' : typeof options}`);
     const spec = options.spec ?? 'greedy';
     if (!SPECS.includes(spec)) throw argumentError('spec', `expected one of ${SPECS.join(', ')}, got '${String(spec)}'`);
     const cap = this.options.cacheTokens;
@@ -374,8 +388,10 @@ export class Engine {
     const maxNew = options.maxNew;
     if (typeof maxNew !== 'number' || !Number.isSafeInteger(maxNew) || maxNew < 0) throw argumentError('maxNew', `expected an integer >= 0, got ${typeof maxNew === 'number' ? maxNew : JSON.stringify(maxNew)}`);
     const V = this.config.vocabSize;
+    if (options.eos !== undefined && !Array.isArray(options.eos)) throw argumentError('eos', `expected an array of token ids, got ${options.eos === null ? 'null' : typeof options.eos}`);
     const eos = new Set(options.eos ?? this.config.eosTokenIds);
-    for (const e of eos) if (!Number.isInteger(e) || e < 0 || e >= V) throw argumentError('eos', `token ${e} is outside the vocabulary [0, ${V})`);
+    const eosFrom = options.eos === undefined ? " (the model config's eos_token_id)" : '';
+    for (const e of eos) if (!Number.isInteger(e) || e < 0 || e >= V) throw argumentError('eos', `token ${e}${eosFrom} is outside the vocabulary [0, ${V})`);
     let state: SpecState | undefined;
     if (spec !== 'greedy') {
       const drafter = await this.drafter(options.drafter ?? 'ngram');
@@ -429,8 +445,9 @@ export class Engine {
    * transformers returns as hidden_states[1:]), for checking the engine against a reference.
    */
   async teacherForced(tokens: readonly number[]): Promise<{ logits: Float32Array; hidden: Float32Array[] }> {
-    const ids = this.checkPrompt(tokens);
+    const ids = this.checkPrompt(tokens, 'tokens');
     const rows = this.model.workspace.rows;
+    if (ids.length > this.options.cacheTokens) throw new EngineError('KDTREE_ENGINE_CAPACITY', `${ids.length} tokens exceed the KV cache of ${this.options.cacheTokens} (cacheTokens)`, 'tokens');
     if (ids.length > rows) throw argumentError('tokens', `at most ${rows} tokens in one pass (createEngine's prefillChunk / maxBudget), got ${ids.length}`);
     const release = await this.lock();
     const b = this.backend;
@@ -986,6 +1003,20 @@ export class Engine {
   }
 }
 
+/** A drafter object as the engine needs it: the interface's members, its sizes positive integers. */
+function checkDrafter(d: Drafter): Drafter {
+  if (typeof d !== 'object' || d === null || typeof d.draft !== 'function') {
+    throw argumentError('drafter', `expected 'ngram', 'model:PATH', 'dflash:PATH' or a Drafter (an object with draft()), got ${d === null ? 'null' : typeof d}`);
+  }
+  for (const key of ['vocabSize', 'maxDepth'] as const) {
+    const v = d[key] as unknown;
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${String(d.name)}: ${key} must be a positive integer, got ${String(v)}`, 'drafter');
+  }
+  return d;
+}
+
+const exists = (path: string) => stat(path).then(() => true, () => false);
+
 /** Opens the model, checks it fits, loads it on the chosen backend (on `tp` ranks when asked). */
 export async function createEngine(options: EngineOptions): Promise<Engine> {
   const given = options?.model;
@@ -1005,6 +1036,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
   const faultText = options.tpFault ?? process.env.KDTREE_TP_FAULT;
   const fault: TpFault | undefined = tp > 1 && faultText ? parseTpFault(faultText, tp) : undefined;
   if (tp > 1 && typeof given !== 'string') throw argumentError('model', 'tensor parallelism (tp > 1) needs the path of a bundle or checkpoint, which every rank reads its shard of');
+  if (options.device !== undefined) checkInt('device', options.device, 0, 2 ** 31 - 1);
   const backend = options.backend instanceof KdtreeBackend ? options.backend : createBackend({ backend: options.backend, device: options.device, log: options.log });
   const cuda = tp > 1 && backend.kind === 'cuda';
   if (cuda && options.tpRanks === 'threads') throw argumentError('tpRanks', 'ranks on the cuda backend are processes, one per device; use tpRanks: processes');
@@ -1018,6 +1050,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
   let collective: Collective | undefined;
   try {
     const c = source.config;
+    if (c.maxPositionEmbeddings < 2) throw modelError('max_position_embeddings', `must be at least 2 (a prompt token and the next), got ${c.maxPositionEmbeddings}`, typeof given === 'string' ? given : 'the model');
     const cacheTokens = checkInt('cacheTokens', options.cacheTokens ?? Math.min(4096, c.maxPositionEmbeddings), 2, c.maxPositionEmbeddings, "the model's max_position_embeddings");
     // f32 on the cpu twin, where memory is plentiful and the cache then matches the f32 reference
     const cacheDtype = options.cacheDtype ?? (backend.kind === 'cuda' ? 'bf16' : 'f32');
