@@ -36,6 +36,22 @@ describe('AtomicFile', () => {
     }
   });
 
+  it("removes a dead run's output pending under a temp name (a file or a directory) and that pending output's own temp", async () => {
+    const out = join(dir, 'pending.kdtr');
+    const pid = deadPid();
+    const file = join(dir, `.pending.kdtr.tmp-${pid}-0123abcd`);
+    const directory = join(dir, `.pending.kdtr.tmp-${pid}-4567abcd`);
+    const nested = join(dir, `..pending.kdtr.tmp-${pid}-89abcdef.tmp-${pid}-01234567`);
+    const unrelated = join(dir, `..pending.kdtr.notes`);
+    writeFileSync(file, 'x');
+    mkdirSync(directory);
+    writeFileSync(join(directory, 'config.json'), '{}');
+    writeFileSync(nested, 'x');
+    writeFileSync(unrelated, 'x');
+    expect((await removeStaleTemps(out)).sort()).toEqual([nested, file, directory].sort());
+    expect([file, directory, nested, unrelated].map(existsSync)).toEqual([false, false, false, true]);
+  });
+
   it('every writer cleans up after a writer killed mid-write', async () => {
     const out = join(dir, 'killed.kdtr');
     // A writer that is killed while its temp file is open, as with kill -9 during an import.

@@ -9,7 +9,7 @@
  * on other hosts, whose pids mean nothing here.)
  */
 import { randomBytes } from 'node:crypto';
-import { open, readdir, rename, stat, unlink, type FileHandle } from 'node:fs/promises';
+import { open, readdir, rename, rm, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { FileWriteError, OutputPathError } from './errors.js';
 import { nonRegularKind } from './file-access.js';
@@ -95,20 +95,25 @@ async function refuseNonRegular(path: string): Promise<void> {
 }
 
 const TEMP_SUFFIX = /\.tmp-(\d+)-[0-9a-f]{8}$/;
+/** A temp of a temp: `..NAME.tmp-<pid>-<hex>.tmp-<pid>-<hex>`, an AtomicFile writing a pending output. */
+const NESTED_SUFFIX = /\.tmp-(\d+)-[0-9a-f]{8}\.tmp-\d+-[0-9a-f]{8}$/;
 
-/** Removes `.NAME.tmp-<pid>-<hex>` files of `path` whose writing process no longer exists. */
+/**
+ * Removes `.NAME.tmp-<pid>-<hex>` entries of `path` whose writing process no longer exists: an
+ * AtomicFile's temp file, or an output written whole under that name before its rename (a file,
+ * or a directory such as a DFlash drafter's), and the temp file of such a pending output.
+ */
 export async function removeStaleTemps(path: string): Promise<string[]> {
-  const prefix = `.${basename(path)}`;
+  const base = basename(path);
   const names = await readdir(dirname(path)).catch(() => [] as string[]);
   const removed: string[] = [];
   for (const name of names) {
-    if (!name.startsWith(prefix)) continue;
-    const m = TEMP_SUFFIX.exec(name.slice(prefix.length));
+    const m = name.startsWith(`..${base}`) ? NESTED_SUFFIX.exec(name.slice(base.length + 2)) : name.startsWith(`.${base}`) ? TEMP_SUFFIX.exec(name.slice(base.length + 1)) : null;
     if (m === null || m.index !== 0) continue;
     const pid = Number(m[1]);
     if (pid === process.pid || processAlive(pid)) continue;
     const full = join(dirname(path), name);
-    if (await unlink(full).then(() => true, () => false)) removed.push(full);
+    if (await rm(full, { recursive: true }).then(() => true, () => false)) removed.push(full);
   }
   return removed;
 }

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -18,6 +18,11 @@ describe('makeDirectories', () => {
   it('fails naming the path where a component is a file', async () => {
     writeFileSync(join(dir, 'file'), 'x');
     await expect(makeDirectories(join(dir, 'file', 'sub'))).rejects.toMatchObject({ code: 'ENOTDIR', path: join(dir, 'file') });
+  });
+
+  it('fails where a dangling symlink stands in the way (mkdir -p does too)', async () => {
+    symlinkSync(join(dir, 'nowhere'), join(dir, 'dangling'));
+    await expect(makeDirectories(join(dir, 'dangling'))).rejects.toMatchObject({ code: 'EEXIST' });
   });
 
   it.runIf(process.platform === 'linux')('fails, never loops, where the kernel refuses a child of a directory that exists (procfs)', async () => {

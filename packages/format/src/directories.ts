@@ -6,7 +6,7 @@
 import { mkdir, stat } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 
-/** Makes `dir` and any missing parents; returns the first directory it made (undefined: it existed), as `mkdir(dir, { recursive: true })` does. */
+/** Makes `dir` and any missing parents; returns the first directory it made (undefined: it existed), as `mkdir(dir, { recursive: true })` does; a dangling symlink in the way is an error. */
 export async function makeDirectories(dir: string): Promise<string | undefined> {
   const missing: string[] = [];
   for (let at = resolve(dir); ; at = dirname(at)) {
@@ -22,11 +22,17 @@ export async function makeDirectories(dir: string): Promise<string | undefined> 
     missing.unshift(at);
     if (dirname(at) === at) break;
   }
+  let first: string | undefined;
   for (const at of missing) {
-    await mkdir(at).catch((error: NodeJS.ErrnoException) => {
-      // another writer made it in between
-      if (error.code !== 'EEXIST') throw error;
-    });
+    const made = await mkdir(at).then(
+      () => true,
+      async (error: NodeJS.ErrnoException) => {
+        // another writer made it in between: a directory, or an error as for one that was there
+        if (error.code !== 'EEXIST' || !(await stat(at).then((s) => s.isDirectory(), () => false))) throw error;
+        return false;
+      },
+    );
+    if (made) first ??= at;
   }
-  return missing[0];
+  return first;
 }
