@@ -159,6 +159,9 @@ export function decodingLine(engine: Engine, args: EngineArgs): string {
   return `${d.spec}${detail} on ${engine.backend.kind} (${engine.device}${engine.tp > 1 ? `, ${engine.tp} ranks` : ''})`;
 }
 
+/** The commands that take ENGINE_OPTIONS, whose engine errors usageErrorOf names by their flags. */
+export const ENGINE_COMMANDS: readonly string[] = ['run', 'chat', 'serve'];
+
 /** The flag of each engine option a command line sets (`EngineError.field` -> flag). */
 const OPTION_FLAGS: Record<string, string> = { maxNew: '--max-new', cacheTokens: '--cache-tokens', depth: '--depth', budget: '--budget', spec: '--spec', drafter: '--drafter', tp: '--tp', device: '--device' };
 

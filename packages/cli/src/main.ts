@@ -6,7 +6,7 @@ import { GoldenReferenceError } from '@kdtree/reference';
 import { TokenizerError } from '@kdtree/tokenizer';
 import { didYouMean, helpText, parseCommand, terminalWidth, wrap, type CommandSpec, type Parsed } from './args.js';
 import { CliError } from './cli-error.js';
-import { usageErrorOf } from './engine-args.js';
+import { ENGINE_COMMANDS, usageErrorOf } from './engine-args.js';
 import { backendSpec, runBackend } from './commands/backend.js';
 import { demoSpec, runDemo } from './commands/demo.js';
 import { exportSpec, runExport } from './commands/export.js';
@@ -85,16 +85,17 @@ export async function main(argv: string[], io: CommandIO = processIO({ quiet: ar
     }
     return await command.run(parsed, io);
   } catch (error) {
-    return reportError(error, io);
+    return reportError(error, io, name);
   }
 }
 
-export function reportError(error: unknown, io: CommandIO): number {
+/** `command`: the command that failed, whose flags an engine error may be named by (ENGINE_COMMANDS). */
+export function reportError(error: unknown, io: CommandIO, command?: string): number {
   if (error instanceof CliError) {
     io.err(`kdtree: error: ${error.message}`);
     return error.exitCode;
   }
-  const usage = error instanceof EngineError ? usageErrorOf(error) : undefined;
+  const usage = error instanceof EngineError && command !== undefined && ENGINE_COMMANDS.includes(command) ? usageErrorOf(error) : undefined;
   if (usage !== undefined) {
     io.err(`kdtree: error: ${usage.message}`);
     return usage.exitCode;

@@ -165,11 +165,27 @@ describe('an output directory that cannot be made', () => {
     expect(readdirSync(at)).toEqual(['afile']);
   });
 
-  it('gen-model publishes the target, its draft and its drafter together: the draft and the drafter appear only with the target', () => {
+  it("gen-model's outputs appear under their own names, nothing else left; a draft path that is a directory is refused before anything is written", () => {
     const at = mkdtempSync(join(dir, 'together-'));
     const r = runCli(['gen-model', '--preset', 'tiny', '-o', join(at, 't.kdtr'), '--draft', join(at, 'd.kdtr'), '--structure', 'walk', '--dflash', join(at, 'f'), '-q']);
     expect(r.status, r.stderr).toBe(0);
     expect(readdirSync(at).sort()).toEqual(['d.kdtr', 'f', 't.kdtr']);
     expect(readdirSync(join(at, 'f')).sort()).toEqual(['config.json', 'model.safetensors']);
+    const other = mkdtempSync(join(dir, 'draft-dir-'));
+    mkdirSync(join(other, 'd.kdtr'));
+    const refusal = runCli(['gen-model', '--preset', 'tiny', '-o', join(other, 't.kdtr'), '--draft', join(other, 'd.kdtr'), '-q']);
+    expect(refusal.status).toBe(2);
+    expect(refusal.stderr).toMatch(/gen-model: --draft \S*d\.kdtr is a directory; give the path of a bundle file/);
+    expect(readdirSync(other)).toEqual(['d.kdtr']);
+  });
+
+  it("gen-model clears a killed run's outputs pending under temporary names", () => {
+    const at = mkdtempSync(join(dir, 'stale-'));
+    const dead = Number(spawnSync(process.execPath, ['-e', 'process.stdout.write(String(process.pid))'], { encoding: 'utf8' }).stdout);
+    writeFileSync(join(at, `.d.kdtr.tmp-${dead}-0123abcd`), 'x');
+    mkdirSync(join(at, `.f.tmp-${dead}-4567abcd`));
+    const r = runCli(['gen-model', '--preset', 'tiny', '-o', join(at, 't.kdtr'), '--draft', join(at, 'd.kdtr'), '--structure', 'walk', '--dflash', join(at, 'f'), '-q']);
+    expect(r.status, r.stderr).toBe(0);
+    expect(readdirSync(at).sort()).toEqual(['d.kdtr', 'f', 't.kdtr']);
   });
 });

@@ -2,11 +2,12 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
+import { removeStaleTemps } from '@kdtree/format';
 import { PRESETS } from '@kdtree/quant';
 import { MODEL_PRESET_NAMES, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, walkDflashConfig, walkDflashWeights, walkStructure, walkWeights, WALK_TENSORS, weightSpecs, writeDflashDirectory, writeSyntheticModel } from '@kdtree/reference';
 import { MIN_SYNTHETIC_VOCAB, SPECIAL_SLOTS, syntheticTokenizerFiles, Tokenizer, tokenizerMetadata, TOKENIZER_METADATA_KEY, type TokenizerMetadata } from '@kdtree/tokenizer';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
-import { CliUsageError } from '../cli-error.js';
+import { CliError, CliUsageError } from '../cli-error.js';
 import { CLI_VERSION, jsonReport, type CommandIO } from '../io.js';
 import { checkOutputName, refuseOverwritingInputs } from '../output-paths.js';
 import { formatBytes, formatDuration } from '../output.js';
@@ -100,8 +101,15 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   if (dflashDir !== undefined && structure !== 'walk') {
     throw new CliUsageError('gen-model: --dflash needs --structure walk (no drafter can predict a target of random weights: its next token depends on every weight)', 'gen-model');
   }
+  // checked before anything is written (the outputs are written under temporary names beside their
+  // own: an error then would name those): each bundle output a regular file or absent, in a directory
+  for (const [flag, path] of [['-o', output], ['--draft', draftPath]] as const) {
+    if (path === undefined) continue;
+    const info = await stat(path).catch(() => undefined);
+    if (info !== undefined && !info.isFile()) throw new CliUsageError(`gen-model: ${flag} ${path} is ${info.isDirectory() ? 'a directory' : 'not a regular file'}; give the path of a bundle file`, 'gen-model');
+    if (!(await stat(dirname(resolve(path))).then((d) => d.isDirectory(), () => false))) throw new CliError(`${path}: cannot create the output: ${dirname(path)} is not a directory`);
+  }
   if (dflashDir !== undefined) {
-    // checked before anything is written: the drafter comes last, after the bundles
     if (existsSync(dflashDir) && (!statSync(dflashDir).isDirectory() || readdirSync(dflashDir).length > 0)) {
       throw new CliUsageError(`gen-model: --dflash ${dflashDir} already exists${statSync(dflashDir).isDirectory() ? ' and is not empty' : ' (a file)'}; choose a new directory`, 'gen-model');
     }
@@ -123,9 +131,12 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   // at the end: a run that fails or is stopped leaves every earlier output as it was (never a new
   // draft beside an old target, or a drafter directory half written). The drafter comes first, so
   // a path it cannot be written to fails before the bundles take their time.
+  // (named as AtomicFile names its temp files, so removeStaleTemps also clears a killed run's)
   const pending = (path: string) => join(dirname(path), `.${basename(path)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  for (const path of [output, draftPath, dflashDir]) if (path !== undefined) await removeStaleTemps(path);
   const dflashPending = walk !== undefined && dflashDir !== undefined ? pending(dflashDir) : undefined;
   const draftPending = draftPath === undefined ? undefined : pending(draftPath);
+  const targetPending = pending(output);
   let draftGolden;
   let golden;
   try {
@@ -141,12 +152,14 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
       target = perturbWeights(base, noise, seed + 1, walk === undefined ? undefined : WALK_TENSORS);
     }
     log(`target model -> ${output}`);
-    golden = await writeSyntheticModel(output, { preset, seed, quant, weights: target, structure, extraMetadata, onProgress: log }, reference);
+    golden = await writeSyntheticModel(targetPending, { preset, seed, quant, weights: target, structure, extraMetadata, onProgress: log }, reference);
+    // the target last: a rename that fails leaves the target as it was
     if (draftPending !== undefined) await rename(draftPending, draftPath!);
     if (dflashPending !== undefined) await rename(dflashPending, dflashDir!);
+    await rename(targetPending, output);
   } catch (error) {
     // (a pending path under a file is ENOTDIR to rm too: the error that matters is the first)
-    for (const path of [draftPending, dflashPending]) if (path !== undefined) await rm(path, { recursive: true, force: true }).catch(() => undefined);
+    for (const path of [targetPending, draftPending, dflashPending]) if (path !== undefined) await rm(path, { recursive: true, force: true }).catch(() => undefined);
     throw error;
   }
   const params = weightSpecs(config).reduce((s, w) => s + w.shape.reduce((a, b) => a * b, 1), 0);
