@@ -561,6 +561,7 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       ['eos not an array', () => engine.complete(PROMPT, { maxNew: 4, eos: 5 as unknown as number[] }), /eos: expected an array of token ids, got number/],
       ['a drafter that is no Drafter', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: {} as Drafter }), /drafter: expected 'ngram', 'model:PATH', 'dflash:PATH' or a Drafter/],
       ['a drafter of no depth', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: { ...logitsDrafter(engine, 'shallow', (_, d, V) => new Float32Array(d * V)), maxDepth: 0 } }), /drafter shallow: maxDepth must be a positive integer, got 0/],
+      ['a drafter without begin()', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: { ...logitsDrafter(engine, 'headless', (_, d, V) => new Float32Array(d * V)), begin: undefined } as unknown as Drafter }), /drafter headless: begin must be a method/],
       ['model: without a path', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: 'model:' }), /drafter: model: needs the path of its model after the colon/],
       ['a drafter path that does not exist', () => engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: 'dflash:/nonexistent/dir' }), /drafter dflash:\/nonexistent\/dir: \/nonexistent\/dir: no such file or directory/],
     ];
@@ -570,8 +571,8 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       expect((error as Error).message, what).toMatch(message);
     }
     expect((await engine.complete(PROMPT, { maxNew: 8, eos: [] })).tokens).toEqual(greedy.slice(0, 8));
-    // a typed array is a prompt too
-    expect((await engine.complete(Int32Array.from(PROMPT) as unknown as number[], { maxNew: 8, eos: [] })).tokens).toEqual(greedy.slice(0, 8));
+    // a typed array is a prompt too, and a Set an eos
+    expect((await engine.complete(Int32Array.from(PROMPT) as unknown as number[], { maxNew: 8, eos: new Set<number>() as unknown as number[] })).tokens).toEqual(greedy.slice(0, 8));
   });
 
   it('a drafter of another vocabulary is refused', async () => {

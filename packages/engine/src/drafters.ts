@@ -128,9 +128,13 @@ export class NgramDrafter implements Drafter {
 
   draft({ tokens, depth, out }: DraftRequest): boolean {
     const frequencies = NgramDrafter.logFrequencies(tokens, depth, this.maxN);
-    this.ranked = frequencies.map((seen) => [...seen.values()].sort((x, y) => y - x));
     // a match always continues at depth 1: without one every node would be one of V equal guesses
-    if (frequencies[0].size === 0) return false;
+    // (and there is no last draft for treeLogProbs: the device's logits are the previous one's)
+    if (frequencies[0].size === 0) {
+      this.ranked = [];
+      return false;
+    }
+    this.ranked = frequencies.map((seen) => [...seen.values()].sort((x, y) => y - x));
     const b = this.b;
     const V = this.vocabSize;
     if (this.floor === undefined || this.floor.shape[0] < depth) {

@@ -388,7 +388,8 @@ export class Engine {
     const maxNew = options.maxNew;
     if (typeof maxNew !== 'number' || !Number.isSafeInteger(maxNew) || maxNew < 0) throw argumentError('maxNew', `expected an integer >= 0, got ${typeof maxNew === 'number' ? maxNew : JSON.stringify(maxNew)}`);
     const V = this.config.vocabSize;
-    if (options.eos !== undefined && !Array.isArray(options.eos)) throw argumentError('eos', `expected an array of token ids, got ${options.eos === null ? 'null' : typeof options.eos}`);
+    const given = options.eos as unknown;
+    if (given !== undefined && !Array.isArray(given) && !(given instanceof Set) && !(ArrayBuffer.isView(given) && !(given instanceof DataView))) throw argumentError('eos', `expected an array of token ids, got ${given === null ? 'null' : typeof given}`);
     const eos = new Set(options.eos ?? this.config.eosTokenIds);
     const eosFrom = options.eos === undefined ? " (the model config's eos_token_id)" : '';
     for (const e of eos) if (!Number.isInteger(e) || e < 0 || e >= V) throw argumentError('eos', `token ${e}${eosFrom} is outside the vocabulary [0, ${V})`);
@@ -1008,6 +1009,8 @@ function checkDrafter(d: Drafter): Drafter {
   if (typeof d !== 'object' || d === null || typeof d.draft !== 'function') {
     throw argumentError('drafter', `expected 'ngram', 'model:PATH', 'dflash:PATH' or a Drafter (an object with draft()), got ${d === null ? 'null' : typeof d}`);
   }
+  const missing = ['begin', 'dispose', ...(d.targetLayers !== undefined ? ['commit'] : []), ...('treeLogProbs' in d ? ['treeLogProbs'] : [])].filter((m) => typeof (d as unknown as Record<string, unknown>)[m] !== 'function');
+  if (missing.length > 0) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${String(d.name)}: ${missing.join(', ')} must be ${missing.length > 1 ? 'methods' : 'a method'}`, 'drafter');
   for (const key of ['vocabSize', 'maxDepth'] as const) {
     const v = d[key] as unknown;
     if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${String(d.name)}: ${key} must be a positive integer, got ${String(v)}`, 'drafter');
