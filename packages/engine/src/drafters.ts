@@ -10,6 +10,7 @@
  *   dflash:PATH  a DFlash block-diffusion drafter over the target's hidden states (dflash-drafter.ts)
  */
 import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
+import { expandDraftTree } from '@kdtree/reference';
 import { EngineError } from './errors.js';
 import { view } from './linear.js';
 import type { DeviceModel } from './model.js';
@@ -174,53 +175,30 @@ export class NgramDrafter implements Drafter {
   }
 
   /**
-   * The last draft's best tree on the host: a node is a path of one token a depth, scored by the sum
-   * of their log-probabilities, and the build pops nodes best first, so the first `budget` scores in
-   * descending order are its logProbs. A depth's r-th best token has its log-frequency if it was
-   * seen (its logit less a log-sum-exp of 0: the unseen tokens' exp(-1e4) adds nothing in f32),
-   * UNSEEN_LOGIT if not, and -log V at a depth where nothing was seen (all V logits equal). The
-   * expansion keeps a heap of candidates: popping a node offers its best child and its next
-   * sibling, so it touches O(budget) entries whatever the vocabulary.
+   * The last draft's best tree on the host: each depth's k best log-probabilities, then DDTree's
+   * best-first expansion over them (@kdtree/reference's expandDraftTree, the build's own order). A
+   * depth's r-th best token has its log-frequency if it was seen (its logit less a log-sum-exp of 0:
+   * the unseen tokens' exp(-1e4) adds nothing in f32), UNSEEN_LOGIT if not, and -log V at a depth
+   * where nothing was seen (all V logits equal).
    */
   treeLogProbs(budget: number): Float32Array {
     const V = this.vocabSize;
     const ranked = this.ranked;
     const depth = ranked.length;
-    const at = (d: number, r: number) => (ranked[d].length === 0 ? -Math.log(V) : r < ranked[d].length ? ranked[d][r] : UNSEEN_LOGIT);
     const out = new Float32Array(budget).fill(-Infinity);
     if (depth === 0) return out;
-    // candidates: [score, depth index, rank at that depth, the parent's score]
-    const heap: [number, number, number, number][] = [[at(0, 0), 0, 0, 0]];
-    const push = (c: [number, number, number, number]) => {
-      heap.push(c);
-      for (let i = heap.length - 1; i > 0; ) {
-        const up = (i - 1) >> 1;
-        if (heap[up][0] >= heap[i][0]) break;
-        [heap[up], heap[i]] = [heap[i], heap[up]];
-        i = up;
+    const k = Math.min(budget, V);
+    const top = new Float64Array(depth * k);
+    ranked.forEach((seen, d) => {
+      const row = top.subarray(d * k, (d + 1) * k);
+      if (seen.length === 0) row.fill(-Math.log(V));
+      else {
+        row.fill(UNSEEN_LOGIT);
+        row.set(seen.slice(0, k));
       }
-    };
-    const pop = () => {
-      const top = heap[0];
-      const last = heap.pop()!;
-      if (heap.length > 0) {
-        heap[0] = last;
-        for (let i = 0; ; ) {
-          const l = 2 * i + 1;
-          const m = l + 1 < heap.length && heap[l + 1][0] > heap[l][0] ? l + 1 : l;
-          if (l >= heap.length || heap[i][0] >= heap[m][0]) break;
-          [heap[m], heap[i]] = [heap[i], heap[m]];
-          i = m;
-        }
-      }
-      return top;
-    };
-    for (let n = 0; n < budget && heap.length > 0; n++) {
-      const [score, d, r, parent] = pop();
-      out[n] = score;
-      if (d + 1 < depth) push([score + at(d + 1, 0), d + 1, 0, score]);
-      if (r + 1 < V) push([parent + at(d, r + 1), d, r + 1, parent]);
-    }
+    });
+    // root excluded
+    out.set(expandDraftTree(top, depth, k, budget).logProbs.subarray(1));
     return out;
   }
 

@@ -297,8 +297,10 @@ export class Engine {
     const V = this.config.vocabSize;
     if (spec === 'ngram') return new NgramDrafter(this.backend, V, this.options.maxDepth);
     const path = spec.slice(spec.indexOf(':') + 1);
-    if ((spec.startsWith('model:') || spec.startsWith('dflash:')) && path === '') throw argumentError('drafter', `${spec} needs the path of its model after the colon`);
-    if ((spec.startsWith('model:') || spec.startsWith('dflash:')) && !(await exists(path))) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${spec}: ${path}: no such file or directory`, 'drafter');
+    if (spec.startsWith('model:') || spec.startsWith('dflash:')) {
+      if (path === '') throw argumentError('drafter', `${spec} needs the path of its model after the colon`);
+      if (!(await exists(path))) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${spec}: ${path}: no such file or directory`, 'drafter');
+    }
     if (spec.startsWith('model:')) {
       const source = await ModelSource.open(path);
       try {

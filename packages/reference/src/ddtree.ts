@@ -114,32 +114,47 @@ export function buildDraftTree(root: number, draftLogits: Float32Array, depth: n
   if (!Number.isInteger(budget) || budget < 0) throw new ReferenceUsageError(`DDTree budget must be a non-negative integer, got ${budget}`);
   if (draftLogits.length !== depth * vocab) throw new ReferenceUsageError(`draft logits have ${draftLogits.length} values, expected depth ${depth} x vocab ${vocab}`);
   const k = Math.min(budget, vocab);
+  const top = topKLogProbs(draftLogits, depth, vocab, k);
+  const tree = expandDraftTree(top.logProbs, depth, k, budget);
+  const tokens = new Int32Array(tree.size);
+  tokens[0] = root;
+  for (let node = 1; node < tree.size; node++) tokens[node] = top.tokens[(tree.depths[node] - 1) * k + tree.ranks[node]];
+  return { size: tree.size, tokens, parents: tree.parents, depths: tree.depths, logProbs: tree.logProbs };
+}
+
+/**
+ * DDTree's best-first expansion: from each depth's k best log-probabilities `top` [depth, k]
+ * (each row descending), the nodes of the best tree of `budget` draft nodes in pop order, the root
+ * first (node 0: parent -1, depth 0, log-prob 0). A node is a path of one ranked token a depth
+ * scored by the sum of their log-probs; popping one offers its next sibling and its first child, so
+ * the nodes come out in descending score. `ranks[i]` is node i's rank at its depth. Fewer than
+ * budget + 1 nodes where the table holds fewer paths.
+ */
+export function expandDraftTree(top: ArrayLike<number>, depth: number, k: number, budget: number): { size: number; parents: Int32Array; depths: Int32Array; ranks: Int32Array; logProbs: Float64Array } {
   const n = budget + 1;
-  const tokens = new Int32Array(n);
   const parents = new Int32Array(n);
   const depths = new Int32Array(n);
+  const ranks = new Int32Array(n);
   const logProbs = new Float64Array(n);
-  tokens[0] = root;
   parents[0] = -1;
   let size = 1;
   if (k > 0) {
-    const top = topKLogProbs(draftLogits, depth, vocab, k);
     const heap = new Heap();
     let seq = 0;
-    heap.push({ w: top.logProbs[0], parent: 0, depth: 1, rank: 0, seq: seq++ });
+    heap.push({ w: top[0], parent: 0, depth: 1, rank: 0, seq: seq++ });
     while (heap.size > 0 && size < n) {
       const e = heap.pop();
       const node = size++;
       const at = (e.depth - 1) * k + e.rank;
-      tokens[node] = top.tokens[at];
       parents[node] = e.parent;
       depths[node] = e.depth;
+      ranks[node] = e.rank;
       logProbs[node] = e.w;
-      if (e.rank + 1 < k) heap.push({ w: e.w - top.logProbs[at] + top.logProbs[at + 1], parent: e.parent, depth: e.depth, rank: e.rank + 1, seq: seq++ });
-      if (e.depth < depth) heap.push({ w: e.w + top.logProbs[e.depth * k], parent: node, depth: e.depth + 1, rank: 0, seq: seq++ });
+      if (e.rank + 1 < k) heap.push({ w: e.w - top[at] + top[at + 1], parent: e.parent, depth: e.depth, rank: e.rank + 1, seq: seq++ });
+      if (e.depth < depth) heap.push({ w: e.w + top[e.depth * k], parent: node, depth: e.depth + 1, rank: 0, seq: seq++ });
     }
   }
-  return { size, tokens: tokens.slice(0, size), parents: parents.slice(0, size), depths: depths.slice(0, size), logProbs: logProbs.slice(0, size) };
+  return { size, parents: parents.slice(0, size), depths: depths.slice(0, size), ranks: ranks.slice(0, size), logProbs: logProbs.slice(0, size) };
 }
 
 /** Tree positions: start + depth. */

@@ -39,6 +39,7 @@ export { walkDflashConfig, walkDflashConfigJson, walkDflashWeights, walkStructur
 export {
   acceptTree,
   buildDraftTree,
+  expandDraftTree,
   commitPath,
   ddtreeDecode,
   modelDrafter,
