@@ -790,7 +790,13 @@ class NativeBackend : public Napi::ObjectWrap<NativeBackend> {
     }
     NotCapturing(env, op, stream);
     Check(env, be().CheckStream(stream));
-    char* host = static_cast<char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset();
+    // napi_get_typedarray_info's data pointer, not ta.ArrayBuffer().Data(): the latter refuses a
+    // view of a SharedArrayBuffer (it is no ArrayBuffer), whose bytes copy just the same
+    void* view_data = nullptr;
+    if (napi_get_typedarray_info(env, ta, nullptr, nullptr, &view_data, nullptr, nullptr) != napi_ok) {
+      Throw(env, Code::kInvalidArgument, std::string(op) + ": the second argument's memory could not be read (" + Describe(info[1]) + ")");
+    }
+    char* host = static_cast<char*>(view_data);
     char* dev = static_cast<char*>(b->ptr()) + offset;
     if (!up) {
       Check(env, be().CopyToHost(host, dev, bytes, stream));

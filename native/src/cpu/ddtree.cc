@@ -81,7 +81,8 @@ Status DdtreeBuild(const DdtreeBuildArgs& a, ThreadPool& pool) {
 
 Status DdtreeAccept(const DdtreeAcceptArgs& a, ThreadPool& pool) {
   const int32_t size = a.size.as<const int32_t>()[0];
-  if (size < 1 || size > a.tokens.dim(0) || size > a.target_argmax.dim(0)) return Invalid("ddtree_accept: size ", size, " is outside [1, ", a.tokens.dim(0), "]");
+  if (size < 1 || size > a.tokens.dim(0)) return Invalid("ddtree_accept: size ", size, " is outside [1, ", a.tokens.dim(0), "] (tokens' nodes)");
+  if (size > a.target_argmax.dim(0)) return Invalid("ddtree_accept: size ", size, " is more nodes than targetArgmax's ", a.target_argmax.dim(0), " (one target argmax a node)");
   int32_t cur = 0, len = 1;
   a.path.as<int32_t>()[0] = 0;
   for (;;) {

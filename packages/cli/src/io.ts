@@ -8,6 +8,12 @@ export interface CommandIO {
   write(text: string): void;
   err(text: string): void;
   progress(label: string, total: number, options?: ProgressOptions): Progress;
+  /**
+   * stdout and stderr are one terminal: a stderr line written while streamed tokens leave a
+   * stdout line open must end that line first. Elsewhere (pipes, files, tests) that newline would
+   * be a blank line in the stderr log.
+   */
+  sharedTerminal?: boolean;
 }
 
 const closedStreams = new WeakSet<NodeJS.WritableStream>();
@@ -42,6 +48,7 @@ export function processIO(options: { quiet?: boolean } = {}): CommandIO {
     },
     err: (text) => writeLine(process.stderr, text),
     progress: (label, total, progressOptions) => new Progress(label, total, { enabled: !options.quiet, ...progressOptions }),
+    sharedTerminal: Boolean(process.stdout.isTTY && process.stderr.isTTY),
   };
 }
 

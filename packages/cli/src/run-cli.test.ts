@@ -32,6 +32,9 @@ describe('kdtree run', () => {
       expect(r.status, r.stderr).toBe(0);
       expect(r.stdout.trim()).toBe(golden.tokens.join(', '));
       expect(r.stderr).toMatch(/step 1: draft top-1 \[\d+, \d+, \d+\], tree \d+ nodes, \d+ accepted/);
+      // stderr is no terminal here: one line a step, no blank lines between them
+      expect(r.stderr).toMatch(/^step 1: .*\nstep 2: /m);
+      expect(r.stderr).not.toMatch(/\n\n/);
       expect(r.stderr).toMatch(new RegExp(`16 tokens, ${spec} \\(model:.*\\) on cpu`));
     }
     const j = runCli(['run', target, '--prompt', golden.prompt.join(','), '--max-new', '16', '--eos', '', '--backend', 'cpu', '--spec', 'ddtree', '--drafter', `model:${draft}`, '--json', '--trace']);

@@ -76,6 +76,9 @@ describe('safetensors reader', () => {
     writeFileSync(join(model, 'model.safetensors.index.json'), JSON.stringify({ metadata: {}, weight_map: {} }));
     await expect(openTensors(model)).rejects.toThrow(InvalidFieldError);
     await expect(openTensors(model)).rejects.toThrow(/model\.safetensors\.index\.json: field 'weight_map': weight_map names no tensor/);
+    // A model's config.json given where its weights were meant names the directory to pass.
+    writeFileSync(join(model, 'config.json'), JSON.stringify({ architectures: ['DeepseekV3ForCausalLM'], hidden_size: 8 }));
+    await expect(openTensors(join(model, 'config.json'))).rejects.toThrow(/config\.json: this is a model's config\.json, not its weights; pass the directory that holds it \(.*hf-model\)/);
   });
 
   it('finds the config of a checkpoint, and refuses one that is not a file', async () => {

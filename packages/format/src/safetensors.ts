@@ -177,6 +177,10 @@ async function openSafetensorsIndex(path: string, limit: number): Promise<Safete
     new HeaderTooLargeError('index larger than the limit', { file: path, format: 'safetensors-index', expected: `at most ${limit} bytes`, actual: `${size}` }),
   );
   const json = parseJsonBytes(bytes, path, 'safetensors-index');
+  if (isPlainObject(json) && json.weight_map === undefined && ('architectures' in json || 'model_type' in json)) {
+    // A model's config.json passed where its weights were meant: name the directory instead.
+    throw new UsageError(`this is a model's config.json, not its weights; pass the directory that holds it (${dirname(path)})`, { file: path, format: 'safetensors-index' });
+  }
   if (!isPlainObject(json) || !isPlainObject(json.weight_map)) {
     throw new InvalidFieldError('index must have a weight_map object', { file: path, format: 'safetensors-index', field: 'weight_map' });
   }

@@ -155,6 +155,10 @@ export function parseDflashConfig(json: unknown, source = 'config.json'): Dflash
   if (!Number.isInteger(maskRaw) || (maskRaw as number) < 0 || (maskRaw as number) >= vocabSize) {
     r.fail('dflash_config.mask_token_id', `expected a token id in [0, ${vocabSize}), got ${JSON.stringify(maskRaw)}`);
   }
+  const maxPositionEmbeddings = r.int('max_position_embeddings');
+  // A draft puts the whole block at positions past the context: a block longer than the drafter's
+  // RoPE table could never be drafted.
+  if (blockSize > maxPositionEmbeddings) r.fail('block_size', `${blockSize} is past max_position_embeddings (${maxPositionEmbeddings}): a block must fit the drafter's positions`);
   const { types, window } = layerTypes(r, json, numLayers);
   return {
     vocabSize,
@@ -166,7 +170,7 @@ export function parseDflashConfig(json: unknown, source = 'config.json'): Dflash
     headDim,
     rmsNormEps: r.num('rms_norm_eps', { positive: true }),
     rope: parseRope(r),
-    maxPositionEmbeddings: r.int('max_position_embeddings'),
+    maxPositionEmbeddings,
     blockSize,
     targetLayerIds,
     numTargetLayers,

@@ -66,6 +66,8 @@ describe('DFlash config', () => {
     expect(configError({ ...KIMI, dflash_config: { ...KIMI.dflash_config, block_size: 16 } }).message).toMatch(/block_size: 8 differs from dflash_config.block_size 16/);
     expect(configError(rest).message).toMatch(/block_size: missing/);
     expect(configError({ ...KIMI, block_size: 1 }).message).toMatch(/block_size: expected an integer >= 2/);
+    expect(configError({ ...KIMI, max_position_embeddings: 4 }).message).toMatch(/block_size: 8 is past max_position_embeddings \(4\)/);
+    expect(parseDflashConfig({ ...KIMI, max_position_embeddings: 8 }).blockSize).toBe(8);
   });
 
   it('names the field of every bad value', () => {

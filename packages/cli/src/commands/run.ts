@@ -113,16 +113,25 @@ export async function runRun(p: Parsed, io: CommandIO): Promise<number> {
       const stops = new Set(eos ?? []);
       const decoder = tokenizer?.streamDecoder({ skipSpecial: true });
       let answer = '';
+      // whether streamed output has left a stdout line open since the last trace line
+      let lineOpen = false;
       for await (const chunk of engine.generate(prompt, options)) {
         if (decoder !== undefined) {
           const piece = decoder.push(chunk.tokens.filter((t) => !stops.has(t)));
           answer += piece;
           if (!p.values.json) io.write(piece);
-        } else if (!p.values.json && chunk.tokens.length > 0) io.write(`${tokens.length > 0 ? ', ' : ''}${chunk.tokens.join(', ')}`);
+          lineOpen ||= piece !== '';
+        } else if (!p.values.json && chunk.tokens.length > 0) {
+          io.write(`${tokens.length > 0 ? ', ' : ''}${chunk.tokens.join(', ')}`);
+          lineOpen = true;
+        }
         tokens.push(...chunk.tokens);
         if (chunk.step) {
           steps.push(chunk.step);
-          if (!p.values.json) io.err(`\nstep ${steps.length}: draft top-1 [${chunk.step.draftTop1.join(', ')}], tree ${chunk.step.treeSize} nodes, ${chunk.step.accepted} accepted`);
+          if (!p.values.json) {
+            io.err(`${lineOpen && io.sharedTerminal ? '\n' : ''}step ${steps.length}: draft top-1 [${chunk.step.draftTop1.join(', ')}], tree ${chunk.step.treeSize} nodes, ${chunk.step.accepted} accepted`);
+            lineOpen = false;
+          }
         }
         stats = chunk.stats ?? stats;
       }

@@ -314,6 +314,23 @@ const offsets: ChildCase[] = [
   },
 ];
 
+const hostCopies: ChildCase[] = [
+  {
+    name: 'upload and download take a view of a SharedArrayBuffer at its byte offset; a non-view is named',
+    run(native, h) {
+      const buffer = native.alloc(64);
+      const shared = new Float32Array(new SharedArrayBuffer(80), 16, 16);
+      shared.forEach((_, i) => (shared[i] = i + 0.5));
+      native.upload(buffer, shared);
+      const back = new Float32Array(new SharedArrayBuffer(72), 8, 16);
+      native.download(buffer, back);
+      h.assert(back.every((v, i) => v === i + 0.5), `round trip through shared memory: ${Array.from(back.slice(0, 4))}`);
+      h.expectThrows('upload of a SharedArrayBuffer itself', () => native.upload(buffer, new SharedArrayBuffer(64) as never), /^KDTREE_INVALID_ARGUMENT: upload\(buffer, typedArray, offset\?, stream\?\): the second argument must be a TypedArray or Buffer/);
+      native.free(buffer);
+    },
+  },
+];
+
 const scalars: ChildCase[] = [
   {
     name: 'flags must be booleans: w4a16Pack interleaveGateUp, rope interleave, router normTopkProb',
@@ -414,4 +431,5 @@ export const BINDING_CHECKS = [
   childCheck('binding: getters that free buffers or make native calls while a call reads its arguments (captures and GC included) cannot make it use freed memory', getters),
   childCheck('binding: flags must be booleans, float scalars finite, positions within i32; unknown streams and events and unrecorded events are rejected', scalars),
   childCheck('binding: tensors must start at a multiple of their element size', offsets),
+  childCheck('binding: upload and download copy through any TypedArray view, a SharedArrayBuffer\'s included', hostCopies),
 ];

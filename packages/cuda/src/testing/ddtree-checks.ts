@@ -187,6 +187,11 @@ const acceptAndCommit: KernelCheck = {
       if (b.kind === 'cpu') {
         // the cpu backend reads device scalars on the host and rejects what the GPU kernels skip or write as is
         expectThrows('root on device value', () => b.native.ddtreeBuild({ draftLogits: track(b.zeros('f32', [2, 8])), rootOnDevice: track(b.fromArray('i32', [1], Int32Array.of(8))), budget: 0, tokens: one(), parents: one(), depths: one(), positions: one(), mask: track(b.zeros('u8', [1, 1])), size: one() }), /rootOnDevice holds token 8, outside the vocabulary \[0, 8\)/);
+        const fromI32 = (...v: number[]) => track(b.fromArray('i32', [v.length], Int32Array.from(v)));
+        const accept = (size: number, argmaxRows: number) => () =>
+          b.native.ddtreeAccept({ tokens: fromI32(0, 1, 2), parents: fromI32(-1, 0, 1), size: fromI32(size), targetArgmax: track(b.zeros('i32', [argmaxRows])), path: track(b.zeros('i32', [3])), pathLen: one(), bonus: one() });
+        expectThrows('accept size past the nodes', accept(4, 3), /ddtree_accept: size 4 is outside \[1, 3\] \(tokens' nodes\)/);
+        expectThrows('accept size past targetArgmax', accept(3, 2), /ddtree_accept: size 3 is more nodes than targetArgmax's 2 \(one target argmax a node\)/);
         expectThrows('start on device value', () => b.native.kvCommit({ caches: [track(b.zeros('f32', [4, 2]))], path: one(), pathLen: track(b.fromArray('i32', [1], Int32Array.of(1))), startOnDevice: track(b.fromArray('i32', [1], Int32Array.of(4))) }), /kv_commit: path\[0\] = 0 is not a slot at or after 0 inside caches\[0\]: f32 \[4, 2\] from start 4/);
         // a path that fits the first cache but not the second: refused before any row moves
         const first = Float32Array.from({ length: 8 }, (_, i) => i);

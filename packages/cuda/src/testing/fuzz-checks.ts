@@ -31,6 +31,8 @@ class CallBuilder {
   readonly buffers: NativeBuffer[] = [];
   /** Why the call being built must be rejected (a non-finite float, a flag that is not a boolean), if it must. */
   mustReject: string | undefined;
+  /** The argument value that makes it so (shapelessArgs may replace it with junk). */
+  mustRejectValue: unknown;
   constructor(
     private readonly native: NativeBackend,
     readonly r: Random,
@@ -56,6 +58,7 @@ class CallBuilder {
     if (!this.chance(WRONG)) return v;
     const bad = this.pick([Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY]);
     this.mustReject = `a float scalar of ${bad}`;
+    this.mustRejectValue = bad;
     return bad;
   }
   /** A flag: true with probability p, or now and then a value of another type, which the call must reject. */
@@ -63,6 +66,7 @@ class CallBuilder {
     if (!this.chance(WRONG)) return this.chance(p);
     const bad = this.pick<unknown>([0, 1, 'true', '', null, {}, []]);
     this.mustReject = `a flag of ${JSON.stringify(bad)}`;
+    this.mustRejectValue = bad;
     return bad as boolean;
   }
 
@@ -266,6 +270,8 @@ function shapelessArgs(c: CallBuilder, args: Record<string, unknown>): unknown {
   if (c.chance(0.01)) return c.pick(junk);
   if (c.chance(0.03)) {
     const key = c.pick(Object.keys(args));
+    // the value that had to be rejected is gone: whatever the junk does, nothing is owed
+    if (c.mustReject !== undefined && Object.is(args[key], c.mustRejectValue)) c.mustReject = undefined;
     return { ...args, [key]: c.pick(junk) };
   }
   return args;
