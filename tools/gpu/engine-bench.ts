@@ -25,7 +25,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createBackend, type KdtreeBackend } from '@kdtree/cuda';
 import { createEngine, SeededSource, weightBytes, type Engine, type GenerateOptions, type GenerationResult } from '@kdtree/engine';
-import { dflashConfigJson, parseDflashConfig, presetConfigJson } from '@kdtree/reference';
+import { dflashConfigJson, lcgTokens, parseDflashConfig, presetConfigJson } from '@kdtree/reference';
 
 const here = dirname(fileURLToPath(import.meta.url));
 // KDTREE_BENCH_SMOKE=1: the same run on the cpu twin at toy sizes, to check the script itself
@@ -96,13 +96,6 @@ function decodeBytes(source: SeededSource, contextTokens: number): number {
   return total - embed + c.hiddenSize * 2 - experts + moeLayers * c.numExpertsPerTok * perExpert + cache;
 }
 
-function promptOf(n: number, seed: number, vocab: number): number[] {
-  let x = seed;
-  return Array.from({ length: n }, () => {
-    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
-    return x % vocab;
-  });
-}
 
 async function median<T>(runs: number, fn: () => Promise<T>, key: (t: T) => number): Promise<T> {
   const out: T[] = [];
@@ -139,7 +132,7 @@ async function benchModel(experts: number, full: boolean, cacheTokens = 4096, ac
   log(`\n== ${layers} layers, ${experts} experts, ${activations ?? 'default'} activations, ${cacheTokens}-token cache: loaded in ${loadS.toFixed(1)} s (${(engine.memory.total / 2 ** 30).toFixed(1)} GiB)`);
   try {
     const V = source.config.vocabSize;
-    const prompt = promptOf(64, 1, V);
+    const prompt = lcgTokens(64, 1, V);
     const maxNew = 128;
     const greedy = await median(3, () => engine.complete(prompt, { maxNew, eos: [] }), (r) => r.stats.tokensPerSecond);
     const bytes = decodeBytes(source, prompt.length + maxNew / 2);
@@ -186,7 +179,7 @@ async function benchModel(experts: number, full: boolean, cacheTokens = 4096, ac
     draft.dispose();
     if (process.env.KDTREE_BENCH_DFLASH !== '0') out.dflash = await benchDflash(engine, source, prompt, greedy.tokens, maxNew);
     out.greedyTokensRepeat = new Set(greedy.tokens.slice(64)).size;
-    const long = promptOf(2048, 3, V);
+    const long = lcgTokens(2048, 3, V);
     const prefill = await median(3, () => engine.complete(long, { maxNew: 1, eos: [] }), (r) => r.stats.prefillMs);
     out.prefill2048Ms = prefill.stats.prefillMs;
     log(`prefill of 2048 tokens: ${prefill.stats.prefillMs.toFixed(1)} ms`);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { acceptTree, buildDraftTree } from '@kdtree/reference';
+import { acceptTree, buildDraftTree, lcgTokens } from '@kdtree/reference';
 import { NgramDrafter } from './drafters.js';
 import { BudgetPolicy, bucketsUpTo, CALIBRATION_DECAY, CALIBRATION_PROBES, DRAFT_SAMPLE_EVERY, DRAFT_SAMPLES, FIRST_WAIT, MAX_WAIT, MIN_CALIBRATION, PROBE_BUDGET, STICKY_AFTER, STICKY_STEPS, TRY_SHARE, UNPROVEN_TRY_SHARE, type CostCurve } from './budget.js';
 
@@ -560,11 +560,8 @@ describe('BudgetPolicy on the H200 benchmark', () => {
    */
   const SILENT_MS = 0.005;
 
-  /** The benchmark's prompt (promptOf in tools/gpu/engine-bench.ts): n tokens of a 32-bit LCG from `seed`. */
-  const seededPrompt = (n: number, seed: number): number[] => {
-    let x = seed;
-    return Array.from({ length: n }, () => (x = (Math.imul(x, 1103515245) + 12345) >>> 0) % V);
-  };
+  /** The benchmark's prompt (tools/gpu/engine-bench.ts): n tokens of its LCG from `seed`. */
+  const seededPrompt = (n: number, seed: number): number[] => lcgTokens(n, seed, V);
 
   /** xorshift32: the same draws for every policy. */
   const draws = (seed: number) => () => {

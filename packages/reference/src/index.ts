@@ -57,6 +57,7 @@ export {
   checkQuantizable,
   GOLDEN_MAX_NEW,
   GOLDEN_PROMPT,
+  lcgTokens,
   MODEL_PRESET_NAMES,
   MODEL_PRESETS,
   modelFromWeights,

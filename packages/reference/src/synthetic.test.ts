@@ -7,7 +7,7 @@ import { GroupShapeError, MissingPartError } from '@kdtree/quant';
 import { parseModelConfig } from './config.js';
 import { greedyDecode, teacherForcedLogits } from './generate.js';
 import { loadModel } from './load.js';
-import { checkQuantizable, GOLDEN_PROMPT, presetConfigJson, randomWeights, SeededRandom, writeSyntheticModel } from './synthetic.js';
+import { checkQuantizable, GOLDEN_PROMPT, lcgTokens, presetConfigJson, randomWeights, SeededRandom, writeSyntheticModel } from './synthetic.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'kdtree-synth-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -78,5 +78,17 @@ describe('synthetic models', () => {
     const config = parseModelConfig({ ...presetConfigJson('tiny'), moe_intermediate_size: 40 });
     expect(() => checkQuantizable(config, 'kimi-k2')).toThrow(GroupShapeError);
     expect(() => checkQuantizable(config, 'kimi-k2')).toThrow(/model\.layers\.1\.mlp\.experts\.0\.down_proj\.weight.*K = 40/);
+  });
+});
+
+describe('lcgTokens', () => {
+  it('draws the recurrence x = 1103515245 x + 12345 mod 2^32 (checked in exact integers), ids modulo the vocabulary', () => {
+    for (const [seed, vocab] of [[1, 163840], [3, 163840], [0xdeadbeef, 257]] as const) {
+      let x = BigInt(seed);
+      const want = Array.from({ length: 200 }, () => Number((x = (1103515245n * x + 12345n) % 2n ** 32n) % BigInt(vocab)));
+      expect(lcgTokens(200, seed, vocab)).toEqual(want);
+    }
+    // the engine benchmark's 64-token prompt starts so (its recorded outputs were decoded from it)
+    expect(lcgTokens(5, 1, 163840)).toEqual([65190, 110823, 91284, 72509, 155442]);
   });
 });

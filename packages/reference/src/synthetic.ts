@@ -87,6 +87,16 @@ export function presetConfigJson(preset: ModelPreset): Record<string, unknown> {
 }
 
 /**
+ * `n` token ids below `vocab` from a 32-bit LCG (x = 1103515245 x + 12345 mod 2^32) seeded with
+ * `seed`: the engine benchmark's prompts, which the recorded outputs its policy tests replay were
+ * decoded from, so every caller must draw the same ids.
+ */
+export function lcgTokens(n: number, seed: number, vocab: number): number[] {
+  let x = seed >>> 0;
+  return Array.from({ length: n }, () => (x = (Math.imul(x, 1103515245) + 12345) >>> 0) % vocab);
+}
+
+/**
  * A deterministic generator that uses only integer and IEEE add/multiply operations (no
  * Math.log/cos, whose last bits may differ between engines), so a seed gives the same weights
  * everywhere: xorshift128+ uniforms; normals by the sum of 12 uniforms minus 6.
