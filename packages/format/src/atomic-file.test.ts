@@ -2,7 +2,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { AtomicFile, removeStaleTemps, writeFileAtomic } from './atomic-file.js';
+import { AtomicFile, removeStaleTemps, tempPathFor, writeFileAtomic } from './atomic-file.js';
 import { OutputPathError } from './errors.js';
 import { KdtrWriter } from './kdtr-writer.js';
 import { writeSafetensors } from './safetensors.js';
@@ -50,6 +50,14 @@ describe('AtomicFile', () => {
     writeFileSync(unrelated, 'x');
     expect((await removeStaleTemps(out)).sort()).toEqual([nested, file, directory].sort());
     expect([file, directory, nested, unrelated].map(existsSync)).toEqual([false, false, false, true]);
+    // tempPathFor names a pending output so: beside it, this process's pid, fresh each time; a live
+    // writer's is kept
+    const mine = tempPathFor(out);
+    expect(mine).toMatch(new RegExp(`^${dir.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}/\\.pending\\.kdtr\\.tmp-${process.pid}-[0-9a-f]{8}$`));
+    expect(tempPathFor(out)).not.toBe(mine);
+    writeFileSync(mine, 'x');
+    expect(await removeStaleTemps(out)).toEqual([]);
+    expect(existsSync(mine)).toBe(true);
   });
 
   it('every writer cleans up after a writer killed mid-write', async () => {

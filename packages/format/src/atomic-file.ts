@@ -14,6 +14,15 @@ import { basename, dirname, join } from 'node:path';
 import { FileWriteError, OutputPathError } from './errors.js';
 import { nonRegularKind } from './file-access.js';
 
+/**
+ * A fresh temporary name beside `path`: `.NAME.tmp-<pid>-<8 hex>`, the name removeStaleTemps
+ * clears once its process is gone. Outputs published by a rename of their own (a directory, or
+ * several outputs renamed together) are written under it too.
+ */
+export function tempPathFor(path: string): string {
+  return join(dirname(path), `.${basename(path)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+}
+
 export class AtomicFile {
   private state: 'open' | 'committed' | 'aborted' = 'open';
 
@@ -30,7 +39,7 @@ export class AtomicFile {
   static async create(path: string): Promise<AtomicFile> {
     await refuseNonRegular(path);
     await removeStaleTemps(path);
-    const tempPath = join(dirname(path), `.${basename(path)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+    const tempPath = tempPathFor(path);
     let handle: FileHandle;
     try {
       handle = await open(tempPath, 'wx', 0o644);

@@ -23,7 +23,7 @@ export {
   f32ToF16,
 } from './half.js';
 export { crc32, formatCrc32 } from './crc32.js';
-export { AtomicFile, removeStaleTemps, writeFileAtomic } from './atomic-file.js';
+export { AtomicFile, removeStaleTemps, tempPathFor, writeFileAtomic } from './atomic-file.js';
 export { makeDirectories } from './directories.js';
 export { MAX_JSON_FILE_BYTES, readJsonFile } from './file-access.js';
 export { isIntegerLiteral, MAX_JSON_DEPTH, parseStrictJson, parseStrictJsonBytes, type StrictJsonContext } from './strict-json.js';

@@ -1,8 +1,7 @@
-import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { rename, rm, stat } from 'node:fs/promises';
-import { basename, dirname, join, resolve } from 'node:path';
-import { removeStaleTemps } from '@kdtree/format';
+import { dirname, resolve } from 'node:path';
+import { removeStaleTemps, tempPathFor } from '@kdtree/format';
 import { PRESETS } from '@kdtree/quant';
 import { MODEL_PRESET_NAMES, parseModelConfig, perturbWeights, presetConfigJson, randomWeights, walkDflashConfig, walkDflashWeights, walkStructure, walkWeights, WALK_TENSORS, weightSpecs, writeDflashDirectory, writeSyntheticModel } from '@kdtree/reference';
 import { MIN_SYNTHETIC_VOCAB, SPECIAL_SLOTS, syntheticTokenizerFiles, Tokenizer, tokenizerMetadata, TOKENIZER_METADATA_KEY, type TokenizerMetadata } from '@kdtree/tokenizer';
@@ -131,12 +130,11 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
   // at the end: a run that fails or is stopped leaves every earlier output as it was (never a new
   // draft beside an old target, or a drafter directory half written). The drafter comes first, so
   // a path it cannot be written to fails before the bundles take their time.
-  // (named as AtomicFile names its temp files, so removeStaleTemps also clears a killed run's)
-  const pending = (path: string) => join(dirname(path), `.${basename(path)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  // (AtomicFile's temp names: removeStaleTemps also clears a killed run's)
   for (const path of [output, draftPath, dflashDir]) if (path !== undefined) await removeStaleTemps(path);
-  const dflashPending = walk !== undefined && dflashDir !== undefined ? pending(dflashDir) : undefined;
-  const draftPending = draftPath === undefined ? undefined : pending(draftPath);
-  const targetPending = pending(output);
+  const dflashPending = walk !== undefined && dflashDir !== undefined ? tempPathFor(dflashDir) : undefined;
+  const draftPending = draftPath === undefined ? undefined : tempPathFor(draftPath);
+  const targetPending = tempPathFor(output);
   let draftGolden;
   let golden;
   try {
