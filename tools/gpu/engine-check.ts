@@ -190,9 +190,10 @@ for (const preset of ['tiny', 'k2-mini'] as ModelPreset[]) {
       begin: (prompt) => inner.begin(prompt),
       commit: (hidden, rows) => inner.commit!(hidden, rows),
       draft(request) {
-        inner.draft(request);
+        if (!inner.draft(request)) return false;
         const logits = exact.backend.toArray(request.out) as Float32Array;
         drafts.push({ tokens: [...request.tokens], top1: Array.from({ length: request.depth }, (_, d) => argmax(logits, d * V, V)) });
+        return true;
       },
       dispose() {},
     };

@@ -134,13 +134,21 @@ describe('kdtree CLI', () => {
     expect(runCli(['verify', index, '-q']).status).toBe(0);
   });
 
-  it('runs the demo on the engine: every mode exact; a second run reuses the cached models', () => {
+  it('runs the demo on the engine: every mode exact; a second run reuses the cached models, a third regenerates a damaged drafter', () => {
     const cache = mkdtempSync(join(tmpdir(), 'kdtree-demo-cache-'));
+    const weights = join(cache, 'small-seed1-walk-dflash8', 'model.safetensors');
     try {
-      for (const want of [/generated .*small-seed1-walk-int4\.kdtr/, /reused .*small-seed1-walk-int4\.kdtr/]) {
+      for (const run of ['first', 'second', 'damaged'] as const) {
+        if (run === 'damaged') {
+          // the DFlash drafter's weights damaged in the cache (safetensors carry no checksum)
+          const bytes = readFileSync(weights);
+          bytes.fill(0x55, bytes.length - 4000);
+          writeFileSync(weights, bytes);
+        }
         const r = runCli(['demo', '--preset', 'small', '--max-new', '24', '--cache', cache, '--backend', 'cpu']);
         expect(r.status, r.stderr).toBe(0);
-        expect(r.stdout).toMatch(want);
+        expect(r.stdout).toMatch(run === 'second' ? /reused .*small-seed1-walk-int4\.kdtr/ : /generated .*small-seed1-walk-int4\.kdtr/);
+        if (run === 'damaged') expect(r.stderr).toMatch(/the cached models in .* are stale or damaged; generating them again/);
         for (const mode of ['greedy', 'chain, dflash, 7 nodes', 'ddtree, dflash, budget 7', 'ddtree, dflash, budget 16', 'ddtree, dflash, budget auto', 'ddtree, dflash, budget auto, 2nd run', 'chain, draft model', 'ddtree, draft model, budget 16', 'ddtree, ngram']) {
           expect(r.stdout).toMatch(new RegExp(`${mode}.*\\byes$`, 'm'));
         }

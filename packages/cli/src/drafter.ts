@@ -36,7 +36,7 @@ export function drafterMetadata(config: DflashConfig): DrafterMetadata {
 /** One line for inspect: what the drafter taps and drafts. */
 export function drafterSummary(d: DrafterMetadata): string {
   const of = d.num_target_layers === null ? '' : ` of ${d.num_target_layers}`;
-  return `dflash, block_size ${d.block_size} (depths 1..${d.depths}), target layers [${d.target_layer_ids.join(', ')}]${of}, mask token ${d.mask_token_id}, ${d.layers} layers, hidden ${d.hidden_size}, vocab ${d.vocab_size}`;
+  return `dflash, block_size ${d.block_size} (depths 1..${d.depths}), target layers [${d.target_layer_ids.join(', ')}]${of}, mask token ${d.mask_token_id}, ${d.layers} layer${d.layers === 1 ? '' : 's'}, hidden ${d.hidden_size}, vocab ${d.vocab_size}`;
 }
 
 /** Checks the drafter against a target's config.json (--target); a PairingError names both. */

@@ -112,7 +112,8 @@ export function parseEngineArgs(p: Parsed, command: string): EngineArgs {
     config: p.values.config as string | undefined,
     backend: parseChoice(p.values.backend as string | undefined, '--backend', BACKEND_KINDS),
     device: parseIntArg(p.values.device as string | undefined, '--device', { min: 0, max: 2 ** 31 - 1 }),
-    cacheTokens: parseIntArg(p.values['cache-tokens'] as string | undefined, '--cache-tokens', { min: 2, max: 2 ** 30 }),
+    // the upper bound is the model's (max_position_embeddings), which the engine names
+    cacheTokens: parseIntArg(p.values['cache-tokens'] as string | undefined, '--cache-tokens', { min: 2 }),
     cacheDtype: parseChoice(p.values['cache-dtype'] as string | undefined, '--cache-dtype', ['bf16', 'f32'] as const),
     activations: parseChoice(p.values.activations as string | undefined, '--activations', ['bf16', 'f32'] as const),
     tp: parseIntArg(p.values.tp as string | undefined, '--tp', { min: 1, max: 64 }),
@@ -163,16 +164,20 @@ export function decodingLine(engine: Engine, args: EngineArgs): string {
 export const ENGINE_COMMANDS: readonly string[] = ['run', 'chat', 'serve'];
 
 /** The flag of each engine option a command line sets (`EngineError.field` -> flag). */
-const OPTION_FLAGS: Record<string, string> = { maxNew: '--max-new', cacheTokens: '--cache-tokens', depth: '--depth', budget: '--budget', spec: '--spec', drafter: '--drafter', tp: '--tp', device: '--device' };
+const OPTION_FLAGS: Readonly<Record<string, string>> = { maxNew: '--max-new', cacheTokens: '--cache-tokens', depth: '--depth', budget: '--budget', spec: '--spec', drafter: '--drafter', tp: '--tp', device: '--device', config: '--config' };
 
 /**
  * An engine's refusal of an option the command line set, as the usage error it is (exit 2), named
- * by its flag: `depth: expected ...` becomes `--depth: expected ...`. Undefined for any other error
- * (a token outside the vocabulary is bad input, exit 1).
+ * by its flag: `depth: expected ...` becomes `--depth: expected ...`, and an element's field by its
+ * list's flag (`prompt[1]: token 512 ...` becomes `--prompt: id 2: token 512 ...`, given `prompt`
+ * in `extra`, the flags a command sets beyond ENGINE_OPTIONS). Undefined for any other error.
  */
-export function usageErrorOf(error: EngineError): CliUsageError | undefined {
-  const flag = error.field === undefined ? undefined : OPTION_FLAGS[error.field];
+export function usageErrorOf(error: EngineError, extra: Readonly<Record<string, string>> = {}): CliUsageError | undefined {
+  const element = error.field === undefined ? null : /^(.*)\[(\d+)\]$/.exec(error.field);
+  const field = element === null ? error.field : element[1];
+  const flag = field === undefined ? undefined : (extra[field] ?? OPTION_FLAGS[field]);
   if (flag === undefined || (error.code !== 'KDTREE_ENGINE_ARGUMENT' && error.code !== 'KDTREE_ENGINE_CAPACITY')) return undefined;
   const prefix = `${error.field}: `;
-  return new CliUsageError(`${flag}: ${error.message.startsWith(prefix) ? error.message.slice(prefix.length) : error.message}`);
+  const detail = error.message.startsWith(prefix) ? error.message.slice(prefix.length) : error.message;
+  return new CliUsageError(`${flag}: ${element === null ? '' : `id ${Number(element[2]) + 1}: `}${detail}`);
 }

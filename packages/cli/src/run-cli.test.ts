@@ -1,4 +1,4 @@
-import { mkdtempSync, renameSync, rmSync } from 'node:fs';
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -64,18 +64,34 @@ describe('kdtree run', () => {
 
   it('bad requests exit with one clear line', () => {
     const cases: [string[], number, RegExp][] = [
-      [['--prompt', '1,500', '--max-new', '4'], 1, /prompt\[1\]: token 500 is outside the vocabulary \[0, 128\)/],
+      [['--prompt', '1,500', '--max-new', '4'], 2, /--prompt: id 2: token 500 is outside the vocabulary \[0, 128\)/],
+      [['--prompt', '1,2', '--max-new', '4', '--eos', '3,999'], 2, /--eos: token 999 is outside the vocabulary \[0, 128\)/],
+      [['--prompt', '1,2', '--max-new', '4', '--cache-tokens', '0'], 2, /--cache-tokens: must be >= 2, got '0'/],
       [['--prompt', '1,2', '--max-new', '4', '--spec', 'ddtree', '--budget', '0'], 2, /--budget: must be in \[1, 1024\], got '0'/],
       [['--prompt', '1,2', '--max-new', '4', '--depth', '3'], 2, /--drafter, --budget and --depth apply to --spec chain or ddtree/],
       [['--prompt', '1,2', '--max-new', '4', '--spec', 'ddtree', '--drafter', 'model:/nonexistent.kdtr'], 1, /nonexistent\.kdtr/],
       // the engine's refusals of a flag's value are usage errors named by the flag
-      [['--prompt', '1,2', '--max-new', '5000'], 2, /--max-new: prompt \(2\) \+ maxNew \(5000\) .* exceed the KV cache of 512 tokens \(cacheTokens; kdtree run --cache-tokens\)/],
+      [['--prompt', '1,2', '--max-new', '5000'], 2, /--max-new: prompt \(2\) \+ maxNew \(5000\) .* exceed the KV cache of 512 tokens \(the model's max_position_embeddings\)/],
+      [['--prompt', '1,2', '--max-new', '5000', '--cache-tokens', '100'], 2, /--max-new: .* exceed the KV cache of 100 tokens \(cacheTokens; kdtree run --cache-tokens\)/],
       [['--prompt', '1,2', '--max-new', '4', '--cache-tokens', '999999'], 2, /--cache-tokens: expected an integer in \[2, 512\] \(the model's max_position_embeddings\), got 999999/],
       [['--prompt', '1,2', '--max-new', '4', '--spec', 'chain', '--budget', 'auto'], 2, /--budget: 'auto' chooses a DDTree budget; chain decoding takes a number/],
     ];
     for (const [args, status, message] of cases) {
       const r = runCli(['run', target, '--backend', 'cpu', ...args]);
       expect(r.status, r.stderr).toBe(status);
+      expect(r.stderr).toMatch(message);
+      expect(r.stderr).not.toMatch(/internal error|    at /);
+    }
+    // a model that is not there, and a JSON file that is no model
+    const notJson = join(dir, 'notes.json');
+    writeFileSync(notJson, '{"hello": 1}');
+    const models: [string, RegExp][] = [
+      [join(dir, 'absent.kdtr'), /^kdtree: error: model: .*absent\.kdtr: no such file or directory$/m],
+      [notJson, /notes\.json: field 'weight_map': not a safetensors index \(model\.safetensors\.index\.json\) or a KDTR index .*found \(absent\)/],
+    ];
+    for (const [model, message] of models) {
+      const r = runCli(['run', model, '--backend', 'cpu', '--prompt', '1,2', '--max-new', '4']);
+      expect(r.status, r.stderr).toBe(1);
       expect(r.stderr).toMatch(message);
       expect(r.stderr).not.toMatch(/internal error|    at /);
     }

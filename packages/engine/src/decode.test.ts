@@ -613,4 +613,92 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
     await engine.dispose();
     await expect(engine.complete(PROMPT, { maxNew: 2 })).rejects.toMatchObject({ code: 'KDTREE_ENGINE_DISPOSED' });
   });
+
+  it('a budget past what a tree of its depth can hold over the vocabulary is refused; up to it, and auto, stay exact', async () => {
+    const { pair, greedy } = setups['kimi-k2'];
+    const engine = await createEngine({ model: pair.target, backend: TEST_BACKEND, cacheTokens: 256, maxBudget: 160 });
+    try {
+      await expect(engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: 'ngram', budget: 129, depth: 1 })).rejects.toMatchObject({
+        code: 'KDTREE_ENGINE_ARGUMENT',
+        field: 'budget',
+        message: 'budget: expected an integer in [1, 128] (a tree of depth 1 over 128 tokens holds 128 nodes), got 129',
+      });
+      // depth 2 holds 128 + 128^2: the engine's maxBudget bounds it
+      await expect(engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: 'ngram', budget: 161, depth: 2 })).rejects.toThrow("budget: expected an integer in [1, 160] (the engine's maxBudget), got 161");
+      for (const budget of [128, 'auto'] as const) {
+        expect((await engine.complete(PROMPT, { maxNew: 12, eos: [], spec: 'ddtree', drafter: 'ngram', budget, depth: 1 })).tokens, String(budget)).toEqual(greedy.slice(0, 12));
+      }
+    } finally {
+      await engine.dispose();
+    }
+  });
+
+  it('a queued generation aborted while it waits ends at once, not when its turn comes; the queue goes on', async () => {
+    const { engine, greedy } = setups['kimi-k2'];
+    // the running generation is held at its second chunk until the waiting one has ended
+    let resume!: () => void;
+    const held = new Promise<void>((r) => (resume = r));
+    const running = (async () => {
+      const seen: number[] = [];
+      for await (const chunk of engine.generate(PROMPT, { maxNew: 12, eos: [] })) {
+        seen.push(...chunk.tokens);
+        if (seen.length === 1) await held;
+      }
+      return seen;
+    })();
+    const controller = new AbortController();
+    const queued = engine.complete(PROMPT, { maxNew: 4, eos: [], signal: controller.signal });
+    const after = engine.complete(PROMPT, { maxNew: 6, eos: [] });
+    const already = engine.complete(PROMPT, { maxNew: 4, eos: [], signal: AbortSignal.abort() });
+    await expect(already).rejects.toMatchObject({ code: 'KDTREE_ENGINE_ABORTED' });
+    controller.abort(new Error('the client left'));
+    await expect(queued).rejects.toMatchObject({ code: 'KDTREE_ENGINE_ABORTED', cause: new Error('the client left') });
+    resume();
+    expect(await running).toEqual(greedy.slice(0, 12));
+    expect((await after).tokens).toEqual(greedy.slice(0, 6));
+  });
+
+  it('dispose() ends a running generation at its next step and queued ones at once, then frees the engine', async () => {
+    const pair = setups['kimi-k2'].pair;
+    const engine = await createEngine({ model: pair.target, backend: TEST_BACKEND, cacheTokens: 64 });
+    const seen: number[] = [];
+    let queued: Promise<unknown> | undefined;
+    let disposal: Promise<void> | undefined;
+    const running = (async () => {
+      for await (const chunk of engine.generate(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: 'ngram', budget: 4 })) {
+        seen.push(...chunk.tokens);
+        if (queued !== undefined) continue;
+        // one queued behind this generation, then the engine disposed
+        queued = engine.complete(PROMPT, { maxNew: 4, eos: [] }).then(() => 'ran', (e: unknown) => e);
+        disposal = engine.dispose();
+      }
+    })();
+    await expect(running).rejects.toMatchObject({ code: 'KDTREE_ENGINE_DISPOSED' });
+    expect(await queued).toMatchObject({ code: 'KDTREE_ENGINE_DISPOSED' });
+    expect(seen.length).toBeLessThan(MAX_NEW);
+    await disposal;
+    // idempotent, and the engine stays refused
+    await engine.dispose();
+    await expect(engine.complete(PROMPT, { maxNew: 2 })).rejects.toMatchObject({ code: 'KDTREE_ENGINE_DISPOSED' });
+  });
+
+  it('createEngine names a model path that is not there and turns a load stopped by its signal into KDTREE_ENGINE_ABORTED', async () => {
+    const missing = `${dir}/no-such-model.kdtr`;
+    await expect(createEngine({ model: missing, backend: TEST_BACKEND })).rejects.toMatchObject({ code: 'KDTREE_ENGINE_ARGUMENT', field: 'model', message: `model: ${missing}: no such file or directory` });
+    const pair = setups['kimi-k2'].pair;
+    await expect(createEngine({ model: pair.target, backend: TEST_BACKEND, cacheTokens: 64, config: missing })).rejects.toMatchObject({ code: 'KDTREE_ENGINE_ARGUMENT', field: 'config' });
+    for (const abortAt of ['before', 'during'] as const) {
+      const controller = new AbortController();
+      if (abortAt === 'before') controller.abort(new Error('stop'));
+      const parts: string[] = [];
+      const onLoadProgress = (p: { part: string }) => {
+        parts.push(p.part);
+        controller.abort(new Error('stop'));
+      };
+      const error = await createEngine({ model: pair.target, backend: TEST_BACKEND, cacheTokens: 64, signal: controller.signal, onLoadProgress }).then(() => undefined, (e: unknown) => e);
+      expect(error, abortAt).toBeInstanceOf(EngineError);
+      expect(error, abortAt).toMatchObject({ code: 'KDTREE_ENGINE_ABORTED', field: 'signal', cause: new Error('stop') });
+      expect(parts.length, abortAt).toBe(abortAt === 'before' ? 0 : 1);
+    }
+  });
 });

@@ -31,7 +31,7 @@
 import type { DeviceTensor, Graph, KdtreeBackend } from '@kdtree/cuda';
 import { bf16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorStore } from '@kdtree/format';
 import { floatToF32 } from '@kdtree/quant';
-import { checkDflashPairing, checkDflashTensors, configFor, dflashWeightPrefix, parseDflashConfig, PairingError, ropeTablesFor, type DflashConfig } from '@kdtree/reference';
+import { checkDflashPairing, checkDflashTensors, ConfigError, configFor, dflashWeightPrefix, parseDflashConfig, PairingError, ropeTablesFor, type DflashConfig } from '@kdtree/reference';
 import type { Drafter, DraftRequest } from './drafters.js';
 import { EngineError, modelError } from './errors.js';
 import { applyLinear, linearTensors, loadLinear, view, type DeviceLinear, type LinearSource } from './linear.js';
@@ -197,7 +197,11 @@ export class DflashDrafter implements Drafter {
   static async load(b: KdtreeBackend, path: string, target: DeviceModel, options: DflashLoadOptions): Promise<DflashDrafter> {
     const store = await openTensors(path);
     try {
-      const { json, source } = await configFor(store, path);
+      const { json, source } = await configFor(store, path).catch((error: unknown) => {
+        // configFor's hint (--config) is the target's flag: a drafter's config sits beside its weights
+        if (!(error instanceof ConfigError && error.field === 'config.json')) throw error;
+        throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter dflash:${path}: no config.json beside its weights; a DFlash drafter is its directory (config.json + safetensors) or the bundle \`kdtree import\` makes of it`, 'drafter', { cause: error });
+      });
       const config = parseDflashConfig(json, source);
       checkDflashTensors(config, [...store.tensors], path);
       const prefix = dflashWeightPrefix(store) ?? '';
@@ -360,7 +364,7 @@ export class DflashDrafter implements Drafter {
     b.native.rope({ x: view(out, [rows, nkv, D]), positions, invFreq: this.invFreq, attentionFactor: this.attentionFactor, interleave: false, stream });
   }
 
-  draft({ tokens, depth, out, rootOnDevice }: DraftRequest): void {
+  draft({ tokens, depth, out, rootOnDevice }: DraftRequest): boolean {
     const b = this.b;
     const c = this.config;
     const B = c.blockSize;
@@ -369,7 +373,11 @@ export class DflashDrafter implements Drafter {
     if (tokens.length - 1 !== this.length) {
       throw new EngineError('KDTREE_ENGINE_ARGUMENT', `the DFlash drafter holds the hidden states of ${this.length} tokens, but the sequence has ${tokens.length - 1} committed before its root: commit() each step's accepted rows`, 'hidden');
     }
-    if (this.length + B > c.maxPositionEmbeddings) throw new EngineError('KDTREE_ENGINE_CAPACITY', `the block at positions ${this.length}.. passes the drafter's max_position_embeddings ${c.maxPositionEmbeddings}`, 'tokens');
+    // a block past the positions the drafter was made for, or one whose keys a sliding-window
+    // layer's window no longer covers (the public implementation's eager and flash paths differ
+    // there, so there is no one answer to match): it proposes nothing, and the engine decodes those
+    // steps plainly (the output is greedy's either way; the context rows still commit)
+    if (this.length + B > Math.min(c.maxPositionEmbeddings, c.slidingWindow ?? Infinity)) return false;
     if (rootOnDevice !== undefined) {
       if (rootOnDevice.dtype !== 'i32' || rootOnDevice.shape.reduce((x, y) => x * y, 1) !== 1) throw new EngineError('KDTREE_ENGINE_ARGUMENT', `rootOnDevice must be i32 [1], got ${rootOnDevice.dtype} [${rootOnDevice.shape.join(', ')}]`, 'rootOnDevice');
       // the root copied on the device, inside the draft's graph: nothing here waits for the stream
@@ -377,10 +385,11 @@ export class DflashDrafter implements Drafter {
         b.native.copy({ dst: this.ids.buffer, dstOffset: this.ids.offset ?? 0, src: rootOnDevice.buffer, srcOffset: rootOnDevice.offset ?? 0, bytes: 4, stream });
         this.queueDraft(depth, out, stream);
       });
-      return;
+      return true;
     }
     b.native.upload(this.ids.buffer, Int32Array.of(tokens[tokens.length - 1]), this.ids.offset ?? 0);
     this.replay(`draft ${depth} ${tensorKey(out)}`, (stream) => this.queueDraft(depth, out, stream));
+    return true;
   }
 
   /** draft()'s ops, for the block at the committed length on the device. */

@@ -5,7 +5,7 @@
  * after step). A tiny synthetic target (its last layer tapped: the final-norm path) paired with a
  * random drafter written as z-lab publishes one.
  */
-import { readFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
@@ -92,11 +92,12 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
         inner.commit(hidden, rows);
       },
       draft(request) {
-        inner.draft(request);
+        if (!inner.draft(request)) return false;
         if (b.kind === 'cpu') for (const until = performance.now() + SLOW_DRAFT_MS; performance.now() < until; );
         else b.native.hold(SLOW_DRAFT_MS * 1000, 0);
         const logits = b.toArray(request.out) as Float32Array;
         drafts.push({ tokens: [...request.tokens], top1: Array.from({ length: request.depth }, (_, d) => argmax(logits, d * V, V)) });
+        return true;
       },
       dispose() {},
     };
@@ -297,6 +298,29 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     expect((await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [] })).tokens).toEqual(greedy);
   });
 
+  it("decodes plainly where a block would pass the drafter's max_position_embeddings or a sliding layer's window, and stays exact", async () => {
+    const tiny = parseModelConfig(presetConfigJson('tiny'), 'tiny');
+    // 16 positions: the prompt's 8 and a block of 5 fit; from 12 committed tokens on, no block does
+    const limits: [string, Record<string, unknown>][] = [
+      ['max_position_embeddings', { max_position_embeddings: 16 }],
+      ['sliding_window', { layer_types: ['sliding_attention', 'full_attention'], sliding_window: 16 }],
+    ];
+    for (const [what, fields] of limits) {
+      const limited = join(dir, `tiny-dflash-${what}`);
+      const json = { ...dflashConfigJson(tiny, { blockSize: BLOCK, heads: 6, kvHeads: 2, headDim: 24, intermediate: 96 }), ...fields };
+      await writeDflashDirectory(limited, json, randomDflashWeights(parseDflashConfig(json), 22));
+      const r = await engine.complete(PROMPT, { maxNew: MAX_NEW, eos: [], spec: 'ddtree', drafter: `dflash:${limited}`, budget: 4, trace: true });
+      expect(r.tokens, what).toEqual(greedy);
+      // a step's context is the prompt and the tokens before its root: a draft while it fits, none after
+      let committed = PROMPT.length;
+      for (const step of r.steps) {
+        expect(step.draftTop1.length, `${what}, after ${committed} committed`).toBe(committed + BLOCK <= 16 ? BLOCK - 1 : 0);
+        committed += step.accepted + 1;
+      }
+      expect(r.steps.at(-1)!.treeSize, what).toBe(1);
+    }
+  });
+
   it('refuses a drafter that does not fit the target with the pairing check, and a depth past the block', async () => {
     const small = parseModelConfig(presetConfigJson('small'), 'small');
     const other = join(dir, 'small-dflash');
@@ -306,6 +330,20 @@ describe(`the DFlash drafter on the engine (${TEST_BACKEND})`, () => {
     await expect(refused).rejects.toBeInstanceOf(EngineError);
     await expect(refused).rejects.toMatchObject({ code: 'KDTREE_ENGINE_DRAFTER', message: expect.stringContaining(`${other} does not fit the target model: hidden_size ${small.hiddenSize} != the target's 64`) });
     await expect(engine.complete(PROMPT, { maxNew: 4, spec: 'chain', drafter: `dflash:${drafter}`, depth: BLOCK })).rejects.toMatchObject({ code: 'KDTREE_ENGINE_ARGUMENT', field: 'depth' });
+    // a DFlash directory given as a draft model, or as the model to run, names the spec it needs
+    await expect(engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: `model:${drafter}` })).rejects.toMatchObject({
+      code: 'KDTREE_ENGINE_DRAFTER',
+      message: expect.stringContaining(`drafter model:${drafter}: ${drafter} is a DFlash drafter (${drafter}/config.json: architectures ["DFlashDraftModel"]), not a model to decode or draft with as one: pass it as a drafter, dflash:${drafter}`),
+    });
+    await expect(createEngine({ model: drafter, backend: TEST_BACKEND })).rejects.toMatchObject({ code: 'KDTREE_ENGINE_MODEL', field: 'architectures' });
+    // its weights alone, without the config.json beside them
+    const lone = join(dir, 'lone');
+    mkdirSync(lone);
+    copyFileSync(join(drafter, 'model.safetensors'), join(lone, 'w.safetensors'));
+    await expect(engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: `dflash:${lone}/w.safetensors` })).rejects.toMatchObject({
+      code: 'KDTREE_ENGINE_DRAFTER',
+      message: `drafter dflash:${lone}/w.safetensors: no config.json beside its weights; a DFlash drafter is its directory (config.json + safetensors) or the bundle \`kdtree import\` makes of it`,
+    });
     // the engine is still usable
     expect((await engine.complete(PROMPT, { maxNew: 6, eos: [], spec: 'chain', drafter: `dflash:${drafter}`, budget: 4 })).tokens).toEqual(greedy.slice(0, 6));
   });

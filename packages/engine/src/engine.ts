@@ -218,7 +218,9 @@ export class Engine {
     return Math.min(HELD_TAP_ROWS, this.model.workspace.rows);
   }
   private tail: Promise<void> = Promise.resolve();
-  private disposed = false;
+  /** Aborted when dispose() begins: a running generation ends at its next step, a queued one at once. */
+  private readonly closing = new AbortController();
+  private disposal: Promise<void> | undefined;
 
   /** @internal createEngine builds engines: it checks the options and the memory first. */
   constructor(
@@ -302,7 +304,10 @@ export class Engine {
       if (!(await exists(path))) throw new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${spec}: ${path}: no such file or directory`, 'drafter');
     }
     if (spec.startsWith('model:')) {
-      const source = await ModelSource.open(path);
+      const source = await ModelSource.open(path).catch((error: unknown) => {
+        // a DFlash directory given as a draft model: the drafter's refusal, naming the right spec
+        throw error instanceof EngineError && error.field === 'architectures' ? new EngineError('KDTREE_ENGINE_DRAFTER', `drafter ${spec}: ${error.message}`, 'drafter', { cause: error }) : error;
+      });
       try {
         return await this.modelDrafter(source, spec);
       } finally {
@@ -348,12 +353,27 @@ export class Engine {
     return new ModelDrafter(this.backend, model, name, this.options.cacheTokens, this.options.maxDepth);
   }
 
-  private async lock(): Promise<() => void> {
+  /**
+   * Waits for the engine's turn and returns its release. With `signals`, a wait that one of them
+   * aborts gives the turn up at once (rejecting): whoever queued behind it goes when the holder
+   * before it releases.
+   */
+  private async lock(signals: readonly AbortSignal[] = []): Promise<() => void> {
     const previous = this.tail;
     let release!: () => void;
     this.tail = new Promise((r) => (release = r));
-    await previous;
+    try {
+      await untilAborted(previous, signals);
+    } catch (error) {
+      void previous.then(release);
+      throw error;
+    }
     return release;
+  }
+
+  /** Throws KDTREE_ENGINE_DISPOSED once dispose() has begun. */
+  private checkOpen(): void {
+    if (this.closing.signal.aborted) throw new EngineError('KDTREE_ENGINE_DISPOSED', 'the engine was disposed', 'engine');
   }
 
   /** `field`'s token ids: an array (or a typed array) of integers in the vocabulary, every index set. */
@@ -380,7 +400,7 @@ export class Engine {
    * usable after any error or abort.
    */
   async *generate(prompt: readonly number[], options: GenerateOptions): AsyncGenerator<GenerationChunk, GenerationResult> {
-    if (this.disposed) throw new EngineError('KDTREE_ENGINE_DISPOSED', 'the engine was disposed', 'engine');
+    this.checkOpen();
     const tokens = this.checkPrompt(prompt);
     if (typeof options !== 'object' || options === null) throw argumentError('options', `expected the generation's options ({ maxNew, ... }), got ${options === null ? 'null' : typeof options}`);
     const spec = options.spec ?? 'greedy';
@@ -409,18 +429,28 @@ export class Engine {
       const depthBound = drafter.maxDepth < this.options.maxDepth ? `the deepest draft of ${drafter.name}` : "the engine's maxDepth";
       const depth = checkInt('depth', options.depth ?? Math.min(drafter.defaultDepth ?? 4, this.options.maxDepth), 1, maxDepth, depthBound);
       const budget = options.budget ?? 16;
+      // a tree cannot hold more nodes than the vocabulary offers at its depths (depth 1: V)
+      const holds = spec === 'ddtree' ? treeCapacity(V, depth) : Infinity;
       if (budget === 'auto') {
         if (spec !== 'ddtree') throw argumentError('budget', "'auto' chooses a DDTree budget; chain decoding takes a number");
-      } else checkInt('budget', budget, 1, this.options.maxBudget, "the engine's maxBudget");
+      } else if (holds < this.options.maxBudget) checkInt('budget', budget, 1, holds, `a tree of depth ${depth} over ${V} tokens holds ${holds} nodes`);
+      else checkInt('budget', budget, 1, this.options.maxBudget, "the engine's maxBudget");
       state = { drafter, depth, budget };
     }
     const lookahead = this.scratchSlots({ spec, budget: state?.budget, depth: state?.depth });
     if (tokens.length + maxNew + lookahead > cap) {
-      throw new EngineError('KDTREE_ENGINE_CAPACITY', `prompt (${tokens.length}) + maxNew (${maxNew}) + a step's ${lookahead} scratch slots exceed the KV cache of ${cap} tokens (cacheTokens; kdtree run --cache-tokens)`, 'maxNew');
+      // a cache already as long as the model's positions cannot grow: only a shorter request fits
+      const room = cap >= this.config.maxPositionEmbeddings ? "the model's max_position_embeddings" : 'cacheTokens; kdtree run --cache-tokens';
+      throw new EngineError('KDTREE_ENGINE_CAPACITY', `prompt (${tokens.length}) + maxNew (${maxNew}) + a step's ${lookahead} scratch slots exceed the KV cache of ${cap} tokens (${room})`, 'maxNew');
     }
-    const release = await this.lock();
+    // queued behind other generations until its turn: an abort or a dispose() meanwhile ends it there
+    const release = await this.lock(options.signal === undefined ? [this.closing.signal] : [this.closing.signal, options.signal]).catch((error: unknown) => {
+      this.checkOpen();
+      this.checkAbort(options.signal);
+      throw error;
+    });
     try {
-      if (this.disposed) throw new EngineError('KDTREE_ENGINE_DISPOSED', 'the engine was disposed', 'engine');
+      this.checkOpen();
       this.checkRanks();
       return yield* this.decode(tokens, maxNew, eos, spec, state, options);
     } catch (error) {
@@ -459,6 +489,7 @@ export class Engine {
     const taps = new Map<number, DeviceTensor>();
     let logits: DeviceTensor | undefined;
     try {
+      this.checkOpen();
       return await this.guarded(() => {
         for (let l = 0; l < c.numLayers; l++) taps.set(l, b.empty('f32', [T, c.hiddenSize]));
         const out = b.empty('f32', [T, c.vocabSize]);
@@ -488,6 +519,7 @@ export class Engine {
     if (tokens.length + 3 > this.options.cacheTokens) throw argumentError('prompt', `needs ${tokens.length + 3} cache slots, the cache has ${this.options.cacheTokens}`);
     const release = await this.lock();
     try {
+      this.checkOpen();
       this.runner.prefill(tokens, 0);
       this.runner.profileDecode();
       return this.runner.profileDecode();
@@ -559,6 +591,7 @@ export class Engine {
       return result;
     }
     this.checkAbort(o.signal);
+    this.checkOpen();
     // a drafter of hidden states: every target pass of this generation taps its layers (the runner
     // captures those steps as graphs of their own), and each committed row reaches commit()
     this.tapping = state?.drafter.targetLayers !== undefined ? state.drafter : undefined;
@@ -596,6 +629,7 @@ export class Engine {
         // even when the consumer awaits the next chunk at once
         await new Promise<void>((resolve) => setImmediate(resolve));
         this.checkAbort(o.signal);
+        this.checkOpen();
         // whether a step may follow this one (its token is not the last maxNew allows)
         const more = out.length + 1 < maxNew;
         const step = state === undefined ? { emitted: [this.plainStep(false, more)] } : this.speculativeStep(spec, state, context, o.trace ?? false, more);
@@ -959,7 +993,7 @@ export class Engine {
     this.backend.native.upload(this.draftLogits.buffer, noise);
     const decodeMs = this.timeStep(() => r.run({ kind: 'decode' }));
     const verifyMs = new Map<number, number>();
-    const buckets = bucketsUpTo(this.options.maxBudget);
+    const buckets = bucketsUpTo(Math.min(this.options.maxBudget, treeCapacity(this.config.vocabSize, depth)));
     // the cpu twin's steps are compute-bound, nearly linear in the nodes: every third bucket and
     // the last are timed, the others interpolated (a verify of 65 nodes there takes most of a second)
     const timed = this.backend.kind === 'cuda' ? buckets : buckets.filter((_, i) => i % 3 === 0 || i === buckets.length - 1);
@@ -974,11 +1008,20 @@ export class Engine {
     return { decodeMs, verifyMs };
   }
 
-  async dispose(): Promise<void> {
-    if (this.disposed) return;
+  /**
+   * Ends the engine: queued generations reject with KDTREE_ENGINE_DISPOSED at once, a running one
+   * at its next step (an iterator its consumer has paused ends when it is resumed or closed, and
+   * the engine waits for that), then the device memory is freed. Idempotent.
+   */
+  dispose(): Promise<void> {
+    this.closing.abort();
+    this.disposal ??= this.close();
+    return this.disposal;
+  }
+
+  private async close(): Promise<void> {
     const release = await this.lock();
     try {
-      this.disposed = true;
       for (const d of this.drafters.values()) {
         try {
           (await d).dispose();
@@ -1022,6 +1065,35 @@ function checkDrafter(d: Drafter): Drafter {
 
 const exists = (path: string) => stat(path).then(() => true, () => false);
 
+/** The most nodes a tree of `depth` levels over `vocab` tokens holds: vocab + vocab^2 + ... (capped at 2^31). */
+function treeCapacity(vocab: number, depth: number): number {
+  let total = 0;
+  let level = 1;
+  for (let d = 0; d < depth && total < 2 ** 31; d++) {
+    level *= vocab;
+    total += level;
+  }
+  return Math.min(total, 2 ** 31);
+}
+
+/** Resolves with `wait`, or rejects as soon as one of `signals` aborts; its listeners are removed either way. */
+function untilAborted(wait: Promise<void>, signals: readonly AbortSignal[]): Promise<void> {
+  if (signals.length === 0) return wait;
+  if (signals.some((s) => s.aborted)) return Promise.reject(new Error('aborted while queued'));
+  return new Promise((resolve, reject) => {
+    const detach = () => signals.forEach((s) => s.removeEventListener('abort', stop));
+    const stop = () => {
+      detach();
+      reject(new Error('aborted while queued'));
+    };
+    signals.forEach((s) => s.addEventListener('abort', stop));
+    void wait.then(() => {
+      detach();
+      resolve();
+    });
+  });
+}
+
 /** Opens the model, checks it fits, loads it on the chosen backend (on `tp` ranks when asked). */
 export async function createEngine(options: EngineOptions): Promise<Engine> {
   const given = options?.model;
@@ -1050,7 +1122,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
   if (cuda) rankDevice(0, localRanks, backend.loaded.probe?.deviceCount ?? 0);
   const ranks: TpRanks = options.tpRanks ?? (spread || cuda ? 'processes' : 'threads');
   const shard: Shard = { rank: 0, world: tp };
-  const source = typeof given === 'string' ? await openModel(given, { config: options.config, shard }) : given;
+  const source = typeof given === 'string' ? await openModelAt(given, { config: options.config, shard }) : given;
   let group: TpGroup | undefined;
   let collective: Collective | undefined;
   try {
@@ -1098,9 +1170,29 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     await group?.close();
     // the run failed with its ranks: the communicator is aborted, not destroyed (a peer may be gone)
     if (collective instanceof NcclCollective) collective.close(true);
+    // a load stopped through its signal (wherever the abort surfaced) is the engine's typed abort
+    if (options.signal?.aborted && !(error instanceof EngineError && error.code === 'KDTREE_ENGINE_ABORTED')) {
+      throw new EngineError('KDTREE_ENGINE_ABORTED', 'loading the model was aborted', 'signal', { cause: options.signal.reason });
+    }
     throw error;
   } finally {
     await source.close();
+  }
+}
+
+/** What the file system says of a model path the engine cannot open, by error code. */
+const PATH_ERRORS: Record<string, string> = { ENOENT: 'no such file or directory', EACCES: 'permission denied', ENOTDIR: 'a path component is not a directory', ELOOP: 'too many symbolic links' };
+
+/** openModel, with a model (or config) path that is not there or not readable as the engine's argument error naming it. */
+async function openModelAt(path: string, options: { config?: string; shard?: Shard }): ReturnType<typeof openModel> {
+  try {
+    return await openModel(path, options);
+  } catch (error) {
+    const errno = error as NodeJS.ErrnoException;
+    const what = typeof errno?.code === 'string' ? PATH_ERRORS[errno.code] : undefined;
+    if (what === undefined) throw error;
+    const field = options.config !== undefined && errno.path === options.config ? 'config' : 'model';
+    throw new EngineError('KDTREE_ENGINE_ARGUMENT', `${field}: ${errno.path ?? path}: ${what}`, field, { cause: error });
   }
 }
 

@@ -6,7 +6,7 @@
  */
 import { f16ArrayToF32, f32ArrayToBf16, openTensors, typedView, type AnyTensorStore, type TensorInfo } from '@kdtree/format';
 import { describeCompressedTensors, findCompressedTensorsConfig, floatToF32, readInt4, readQuantizationMetadata, type Int4Descriptor, type QuantizationMetadata } from '@kdtree/quant';
-import { configFor, parseModelConfig, type ModelConfig } from '@kdtree/reference';
+import { configFor, isDflashConfig, parseModelConfig, type ModelConfig } from '@kdtree/reference';
 import { EngineError, modelError } from './errors.js';
 import { checkShard, WHOLE, type Block, type Shard } from './shard.js';
 
@@ -79,6 +79,9 @@ export class ModelSource implements WeightReader {
     const store = await openTensors(path);
     try {
       const { json, source } = await configFor(store, path, options.config);
+      if (isDflashConfig(json)) {
+        throw new EngineError('KDTREE_ENGINE_MODEL', `${path} is a DFlash drafter (${source}: architectures ${JSON.stringify((json as { architectures: unknown }).architectures)}), not a model to decode or draft with as one: pass it as a drafter, dflash:${path}`, 'architectures');
+      }
       const config = parseModelConfig(json, source);
       let quantization = readQuantizationMetadata(store);
       if (quantization === undefined) {

@@ -21,6 +21,11 @@ import type { WeightReader } from './model-source.js';
 import { blockRange, cutsOf, shardBlock, WHOLE, type Shard, type TensorCut, type WeightRead } from './shard.js';
 import { Workspace, type ActivationDtype } from './workspace.js';
 
+/** A load's abort through its signal, as the engine's typed error (the signal's reason as its cause). */
+function checkLoadAbort(signal: AbortSignal | undefined): void {
+  if (signal?.aborted) throw new EngineError('KDTREE_ENGINE_ABORTED', 'loading the model was aborted', 'signal', { cause: signal.reason });
+}
+
 export interface LoadProgress {
   /** Device bytes of weights loaded so far, and in all. */
   bytesDone: number;
@@ -110,7 +115,7 @@ export class DeviceModel {
     const total = sizes.reduce((s, p) => s + p.bytes, 0);
     let done = 0;
     const step = (i: number) => {
-      options.signal?.throwIfAborted();
+      checkLoadAbort(options.signal);
       done += sizes[i].bytes;
       options.onProgress?.({ bytesDone: done, bytesTotal: total, part: sizes[i].part });
     };
@@ -120,7 +125,7 @@ export class DeviceModel {
       return t;
     };
     try {
-      options.signal?.throwIfAborted();
+      checkLoadAbort(options.signal);
       const embed = track(b.fromArray('bf16', [c.vocabSize, c.hiddenSize], (await source.readBf16('model.embed_tokens.weight', [c.vocabSize, c.hiddenSize])).bits));
       step(0);
       const layers: Layer[] = [];

@@ -182,7 +182,14 @@ async function openSafetensorsIndex(path: string, limit: number): Promise<Safete
     throw new UsageError(`this is a model's config.json, not its weights; pass the directory that holds it (${dirname(path)})`, { file: path, format: 'safetensors-index' });
   }
   if (!isPlainObject(json) || !isPlainObject(json.weight_map)) {
-    throw new InvalidFieldError('index must have a weight_map object', { file: path, format: 'safetensors-index', field: 'weight_map' });
+    // any other JSON file: say what a JSON model file must be, not only which key is missing
+    throw new InvalidFieldError('not a safetensors index (model.safetensors.index.json) or a KDTR index ("format": "kdtr-index")', {
+      file: path,
+      format: 'safetensors-index',
+      field: 'weight_map',
+      expected: 'a weight_map object of tensor name -> shard file',
+      actual: isPlainObject(json) ? (json.weight_map === undefined ? '(absent)' : JSON.stringify(json.weight_map).slice(0, 40)) : `a JSON ${Array.isArray(json) ? 'array' : json === null ? 'null' : typeof json}`,
+    });
   }
   const weightMap = json.weight_map;
   if (Object.keys(weightMap).length === 0) {

@@ -1,10 +1,11 @@
 import { existsSync } from 'node:fs';
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { homedir, tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { BACKEND_KINDS } from '@kdtree/cuda';
 import { createEngine, type Engine, type GenerateOptions } from '@kdtree/engine';
-import { makeDirectories, openBundle } from '@kdtree/format';
+import { makeDirectories, openBundle, tempPathFor } from '@kdtree/format';
 import { greedyDecode, loadModel, MODEL_PRESET_NAMES, type GoldenRecord } from '@kdtree/reference';
 import { MIN_SYNTHETIC_VOCAB, TOKENIZER_METADATA_KEY } from '@kdtree/tokenizer';
 import { parseChoice, parseIntArg, type CommandSpec, type Parsed } from '../args.js';
@@ -20,7 +21,7 @@ export const demoSpec: CommandSpec = {
   name: 'demo',
   summary:
     'The main job end to end on a small Kimi K2-shaped model (INT4 routed experts, a structure a drafter can learn, a correlated draft model and a DFlash drafter built to predict it): generate them (or reuse them from a cache folder), verify the bundle, decode it with the golden reference, then on the engine on the best backend decode greedily and with chain and DDTree speculation (the DFlash drafter, the draft model, n-grams), check every result against the golden tokens, print one table, and round-trip the weights through the compressed-tensors format of the real Kimi K2.x checkpoints.',
-  usage: 'kdtree demo [--preset k2-mini|small|tiny] [--max-new N] [--backend auto|cpu|cuda] [--cache DIR | --no-cache] [--keep DIR]',
+  usage: `kdtree demo [--preset ${MODEL_PRESET_NAMES.join('|')}] [--max-new N] [--backend auto|cpu|cuda] [--cache DIR | --no-cache] [--keep DIR]`,
   help: [
     '--preset NAME         model size (default k2-mini: Kimi K2\'s ratios, shrunk)',
     '--max-new N           tokens each mode generates (default 32)',
@@ -54,10 +55,22 @@ interface DemoModels {
   reused: boolean;
 }
 
+/**
+ * The sha256 of each file of a drafter directory, by name: safetensors and config.json carry no
+ * checksum of their own, so the demo records these beside the directory it generates and compares
+ * them before reusing it.
+ */
+async function directoryDigest(dir: string): Promise<string> {
+  const names = (await readdir(dir)).sort();
+  const sums = await Promise.all(names.map(async (name) => `${createHash('sha256').update(await readFile(join(dir, name))).digest('hex')}  ${name}`));
+  return `${sums.join('\n')}\n`;
+}
+
 /** The cached models when all exist, verify, and were written by this version for this preset; else fresh ones. */
 async function demoModels(dir: string, preset: string, io: CommandIO): Promise<DemoModels> {
   const stem = join(dir, `${preset}-seed${SEED}-walk`);
   const models = { target: `${stem}-int4.kdtr`, draft: `${stem}-draft.kdtr`, dflash: `${stem}-dflash${DFLASH_BLOCK}` };
+  const dflashSums = `${models.dflash}.sha256`;
   if (existsSync(models.target) && existsSync(models.draft) && existsSync(join(models.dflash, 'model.safetensors'))) {
     try {
       for (const path of [models.target, models.draft]) {
@@ -73,6 +86,7 @@ async function demoModels(dir: string, preset: string, io: CommandIO): Promise<D
           await b.close();
         }
       }
+      if ((await directoryDigest(models.dflash)) !== (await readFile(dflashSums, 'utf8'))) throw new Error('drafter checksum');
       return { ...models, reused: true };
     } catch {
       io.err(`demo: the cached models in ${dir} are stale or damaged; generating them again`);
@@ -81,8 +95,12 @@ async function demoModels(dir: string, preset: string, io: CommandIO): Promise<D
   await makeDirectories(dir);
   // the drafter directory and the oracles of models about to be replaced go with them
   await rm(models.dflash, { recursive: true, force: true });
+  await rm(dflashSums, { force: true });
   for (const name of await readdir(dir)) if (name.startsWith(`${basename(models.target)}.greedy-`)) await rm(join(dir, name), { force: true });
   await runGenModel({ values: { preset, seed: String(SEED), output: models.target, quant: 'kimi-k2', structure: 'walk', draft: models.draft, dflash: models.dflash, 'dflash-block': String(DFLASH_BLOCK), quiet: true }, positionals: [] }, io);
+  const pending = tempPathFor(dflashSums);
+  await writeFile(pending, await directoryDigest(models.dflash));
+  await rename(pending, dflashSums);
   return { ...models, reused: false };
 }
 

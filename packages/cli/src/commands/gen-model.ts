@@ -171,7 +171,7 @@ export async function runGenModel(p: Parsed, io: CommandIO): Promise<number> {
     io.out(`golden: prompt [${golden.prompt.join(', ')}] -> [${golden.tokens.join(', ')}]${golden.float_tokens ? `\n        float weights -> [${golden.float_tokens.join(', ')}]` : ''}`);
     io.out(`tokenizer: ${tokenizerLine(config.vocabSize, tokenizer?.summary)}`);
     if (draftPath) io.out(`draft:  ${draftPath} (target = draft + ${noise} x noise)`);
-    if (dflash) io.out(`dflash: ${dflash.output} (block ${dflash.block_size}: drafts ${dflash.block_size - 1} tokens a forward; run with --drafter dflash:${dflash.output})`);
+    if (dflash) io.out(`dflash: ${dflash.output} (block ${dflash.block_size}: drafts ${dflash.block_size - 1} token${dflash.block_size === 2 ? '' : 's'} a forward; run with --drafter dflash:${dflash.output})`);
   }
   return 0;
 }

@@ -1,9 +1,9 @@
-import type { GenerateOptions, GenerationStats, StepTrace } from '@kdtree/engine';
+import { EngineError, type GenerateOptions, type GenerationStats, type StepTrace } from '@kdtree/engine';
 import { completionStopTokens } from '@kdtree/server';
 import { parseIntArg, type CommandSpec, type Parsed } from '../args.js';
 import { CliUsageError } from '../cli-error.js';
 import { joinAsRank, startNodeRanks, TP_TIMEOUT_MS } from '@kdtree/engine';
-import { ENGINE_HELP, ENGINE_OPTIONS, ENGINE_USAGE, LAUNCH_HELP, LAUNCH_OPTIONS, LAUNCH_USAGE, openEngine, parseEngineArgs, parseLaunch, type EngineArgs, type Launch } from '../engine-args.js';
+import { ENGINE_HELP, ENGINE_OPTIONS, ENGINE_USAGE, LAUNCH_HELP, LAUNCH_OPTIONS, LAUNCH_USAGE, openEngine, parseEngineArgs, parseLaunch, usageErrorOf, type EngineArgs, type Launch } from '../engine-args.js';
 import { jsonReport, type CommandIO } from '../io.js';
 import { openTokenizer } from '../model-tokenizer.js';
 import { tokenList } from '../token-list.js';
@@ -21,7 +21,7 @@ export const runSpec: CommandSpec = {
     ...LAUNCH_HELP,
     "--eos IDS             stop tokens (default: the config's eos_token_id, and with --text the tokenizer's eos; \"\" for none)",
     "--tokenizer DIR       the tokenizer's model directory (default: the one the bundle carries, or MODEL's directory)",
-    '--json                print the result as JSON (schema "kdtree.run/1": prompt, tokens, stats; with --text also text) at the end instead of streaming',
+    '--json                print the result as JSON (schema "kdtree.run/1": prompt, tokens, stats; with --text also text, with --trace also steps) at the end instead of streaming',
     "--trace               with each step: the drafter's argmax per depth, the tree size and the tokens accepted",
   ],
   options: {
@@ -56,6 +56,15 @@ function stepJson(t: StepTrace) {
  * A node other than node 0 (its ranks join rank 0 and run until it ends the run), or a torchrun
  * process of a rank other than 0 (it is that rank, and ends its process with the run).
  */
+/** `chunks`, with the engine's refusal of a value a flag gave (`flags`: field -> flag) as that flag's usage error. */
+async function* refusedAsUsage<T, R>(chunks: AsyncGenerator<T, R>, flags: Readonly<Record<string, string>>): AsyncGenerator<T, R> {
+  try {
+    return yield* chunks;
+  } catch (error) {
+    throw (error instanceof EngineError ? usageErrorOf(error, flags) : undefined) ?? error;
+  }
+}
+
 async function joinRun(launch: Launch, model: string, args: EngineArgs, io: CommandIO): Promise<number> {
   const timeoutMs = args.tpTimeoutMs ?? TP_TIMEOUT_MS;
   const [first] = launch.plans;
@@ -115,7 +124,9 @@ export async function runRun(p: Parsed, io: CommandIO): Promise<number> {
       let answer = '';
       // whether streamed output has left a stdout line open since the last trace line
       let lineOpen = false;
-      for await (const chunk of engine.generate(prompt, options)) {
+      // the ids and stop tokens given on the command line are named by their flags when refused
+      const flags = { ...(ids !== undefined ? { prompt: '--prompt' } : {}), ...(eosGiven !== undefined ? { eos: '--eos' } : {}) };
+      for await (const chunk of refusedAsUsage(engine.generate(prompt, options), flags)) {
         if (decoder !== undefined) {
           const piece = decoder.push(chunk.tokens.filter((t) => !stops.has(t)));
           answer += piece;
