@@ -52,10 +52,6 @@ function stepJson(t: StepTrace) {
   return { draft_top1: t.draftTop1, tree_size: t.treeSize, accepted: t.accepted, budget: t.budget };
 }
 
-/**
- * A node other than node 0 (its ranks join rank 0 and run until it ends the run), or a torchrun
- * process of a rank other than 0 (it is that rank, and ends its process with the run).
- */
 /** `chunks`, with the engine's refusal of a value a flag gave (`flags`: field -> flag) as that flag's usage error. */
 async function* refusedAsUsage<T, R>(chunks: AsyncGenerator<T, R>, flags: Readonly<Record<string, string>>): AsyncGenerator<T, R> {
   try {
@@ -65,6 +61,10 @@ async function* refusedAsUsage<T, R>(chunks: AsyncGenerator<T, R>, flags: Readon
   }
 }
 
+/**
+ * A node other than node 0 (its ranks join rank 0 and run until it ends the run), or a torchrun
+ * process of a rank other than 0 (it is that rank, and ends its process with the run).
+ */
 async function joinRun(launch: Launch, model: string, args: EngineArgs, io: CommandIO): Promise<number> {
   const timeoutMs = args.tpTimeoutMs ?? TP_TIMEOUT_MS;
   const [first] = launch.plans;
