@@ -96,7 +96,6 @@ function decodeBytes(source: SeededSource, contextTokens: number): number {
   return total - embed + c.hiddenSize * 2 - experts + moeLayers * c.numExpertsPerTok * perExpert + cache;
 }
 
-
 async function median<T>(runs: number, fn: () => Promise<T>, key: (t: T) => number): Promise<T> {
   const out: T[] = [];
   for (let i = 0; i < runs; i++) out.push(await fn());

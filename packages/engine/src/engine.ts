@@ -18,7 +18,7 @@ import { BUDGET_BUCKETS, bucketsUpTo, BudgetPolicy, type CostCurve } from './bud
 import { HostCollective, type Collective } from './collective.js';
 import { DflashDrafter, type DrafterWeights } from './dflash-drafter.js';
 import { ModelDrafter, NgramDrafter, type Drafter } from './drafters.js';
-import { argumentError, checkInt, EngineError, modelError } from './errors.js';
+import { argumentError, checkInt, EngineError, modelError, throwIfAborted } from './errors.js';
 import type { CacheDtype } from './kv-cache.js';
 import type { ActivationDtype } from './workspace.js';
 import { view } from './linear.js';
@@ -539,7 +539,7 @@ export class Engine {
   }
 
   private checkAbort(signal: AbortSignal | undefined): void {
-    if (signal?.aborted) throw new EngineError('KDTREE_ENGINE_ABORTED', 'the generation was aborted', 'signal', { cause: signal.reason });
+    throwIfAborted(signal, 'the generation');
   }
 
   private async *decode(prompt: number[], maxNew: number, eos: Set<number>, spec: Spec, state: SpecState | undefined, o: GenerateOptions): AsyncGenerator<GenerationChunk, GenerationResult> {
@@ -1171,9 +1171,7 @@ export async function createEngine(options: EngineOptions): Promise<Engine> {
     // the run failed with its ranks: the communicator is aborted, not destroyed (a peer may be gone)
     if (collective instanceof NcclCollective) collective.close(true);
     // a load stopped through its signal (wherever the abort surfaced) is the engine's typed abort
-    if (options.signal?.aborted && !(error instanceof EngineError && error.code === 'KDTREE_ENGINE_ABORTED')) {
-      throw new EngineError('KDTREE_ENGINE_ABORTED', 'loading the model was aborted', 'signal', { cause: options.signal.reason });
-    }
+    if (!(error instanceof EngineError && error.code === 'KDTREE_ENGINE_ABORTED')) throwIfAborted(options.signal, 'loading the model');
     throw error;
   } finally {
     await source.close();

@@ -33,6 +33,11 @@ export class EngineError extends Error {
   }
 }
 
+/** Throws KDTREE_ENGINE_ABORTED for `what` (the generation, loading the model) once `signal` has aborted; its reason is the cause. */
+export function throwIfAborted(signal: AbortSignal | undefined, what: string): void {
+  if (signal?.aborted) throw new EngineError('KDTREE_ENGINE_ABORTED', `${what} was aborted`, 'signal', { cause: signal.reason });
+}
+
 export function argumentError(field: string, message: string): EngineError {
   return new EngineError('KDTREE_ENGINE_ARGUMENT', `${field}: ${message}`, field);
 }

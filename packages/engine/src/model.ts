@@ -14,17 +14,12 @@
 import type { DeviceTensor, KdtreeBackend } from '@kdtree/cuda';
 import { isMoeLayer, ropeTables, softmaxScale, type ModelConfig } from '@kdtree/reference';
 import type { Collective } from './collective.js';
-import { EngineError } from './errors.js';
+import { EngineError, throwIfAborted } from './errors.js';
 import { MlaAttention, Mlp, Moe, type AttentionConstants, type Pass } from './layers.js';
 import { applyLinear, linearBytes, linearTensors, loadLinear, specReads, view, type DeviceLinear } from './linear.js';
 import type { WeightReader } from './model-source.js';
 import { blockRange, cutsOf, shardBlock, WHOLE, type Shard, type TensorCut, type WeightRead } from './shard.js';
 import { Workspace, type ActivationDtype } from './workspace.js';
-
-/** A load's abort through its signal, as the engine's typed error (the signal's reason as its cause). */
-function checkLoadAbort(signal: AbortSignal | undefined): void {
-  if (signal?.aborted) throw new EngineError('KDTREE_ENGINE_ABORTED', 'loading the model was aborted', 'signal', { cause: signal.reason });
-}
 
 export interface LoadProgress {
   /** Device bytes of weights loaded so far, and in all. */
@@ -115,7 +110,7 @@ export class DeviceModel {
     const total = sizes.reduce((s, p) => s + p.bytes, 0);
     let done = 0;
     const step = (i: number) => {
-      checkLoadAbort(options.signal);
+      throwIfAborted(options.signal, 'loading the model');
       done += sizes[i].bytes;
       options.onProgress?.({ bytesDone: done, bytesTotal: total, part: sizes[i].part });
     };
@@ -125,7 +120,7 @@ export class DeviceModel {
       return t;
     };
     try {
-      checkLoadAbort(options.signal);
+      throwIfAborted(options.signal, 'loading the model');
       const embed = track(b.fromArray('bf16', [c.vocabSize, c.hiddenSize], (await source.readBf16('model.embed_tokens.weight', [c.vocabSize, c.hiddenSize])).bits));
       step(0);
       const layers: Layer[] = [];
