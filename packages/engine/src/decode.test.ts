@@ -625,8 +625,11 @@ describe(`decoding on the engine (${TEST_BACKEND})`, () => {
       });
       // depth 2 holds 128 + 128^2: the engine's maxBudget bounds it
       await expect(engine.complete(PROMPT, { maxNew: 4, spec: 'ddtree', drafter: 'ngram', budget: 161, depth: 2 })).rejects.toThrow("budget: expected an integer in [1, 160] (the engine's maxBudget), got 161");
+      // the draft model proposes at every step: trees of the whole vocabulary at depth 1 run
       for (const budget of [128, 'auto'] as const) {
-        expect((await engine.complete(PROMPT, { maxNew: 12, eos: [], spec: 'ddtree', drafter: 'ngram', budget, depth: 1 })).tokens, String(budget)).toEqual(greedy.slice(0, 12));
+        const r = await engine.complete(PROMPT, { maxNew: 12, eos: [], spec: 'ddtree', drafter: `model:${pair.draft}`, budget, depth: 1, trace: true });
+        expect(r.tokens, String(budget)).toEqual(greedy.slice(0, 12));
+        if (budget === 128) expect(r.steps.length > 0 && r.steps.every((step) => step.treeSize === 129), 'every step a tree of 128 nodes').toBe(true);
       }
     } finally {
       await engine.dispose();
